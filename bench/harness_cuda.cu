@@ -1,0 +1,84 @@
+// CUDA side of the harness: event timing and the two bandwidth ceilings.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "bench/harness.hpp"
+#include "cuda/check.cuh"
+
+namespace kvcore::cli {
+
+Timing time_cuda(int device, int reps, int warmup, const std::function<void(int)>& fn) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(device));
+  for (int i = 0; i < warmup; ++i) fn(i);
+  KVCORE_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  KVCORE_CUDA_CHECK(cudaEventCreate(&a));
+  KVCORE_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    KVCORE_CUDA_CHECK(cudaEventRecord(a));
+    fn(i);
+    KVCORE_CUDA_CHECK(cudaEventRecord(b));
+    KVCORE_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    KVCORE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(ms * 1e3);
+  }
+  KVCORE_CUDA_CHECK(cudaEventDestroy(a));
+  KVCORE_CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us.front(), reps};
+}
+
+namespace {
+
+__global__ void copy_kernel(const int4* __restrict__ src, int4* __restrict__ dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
+}
+
+__global__ void read_kernel(const int4* __restrict__ src, size_t n, int* __restrict__ out) {
+  int acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const int4 v = src[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7fffffff) *out = acc;  // practically never: keeps the loads alive
+}
+
+__global__ void fill_kernel(int4* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = make_int4(int(i * 2654435761u), int(i), int(~i), 7);
+}
+
+}  // namespace
+
+Ceilings measure_cuda_ceilings(int device) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  KVCORE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const size_t bytes = size_t{2} << 30;  // 2 GiB each: ~35x the H200's L2
+  const size_t n = bytes / sizeof(int4);
+  int4 *a = nullptr, *b = nullptr;
+  int* out = nullptr;
+  KVCORE_CUDA_CHECK(cudaMalloc(&a, bytes));
+  KVCORE_CUDA_CHECK(cudaMalloc(&b, bytes));
+  KVCORE_CUDA_CHECK(cudaMalloc(&out, sizeof(int)));
+  const int blocks = prop.multiProcessorCount * 8, threads = 512;
+  fill_kernel<<<blocks, threads>>>(a, n);
+  fill_kernel<<<blocks, threads>>>(b, n);
+  KVCORE_CUDA_CHECK_LAUNCH("fill_kernel");
+  const Timing tc = time_cuda(device, 20, 3, [&](int rep) {
+    if (rep % 2) copy_kernel<<<blocks, threads>>>(a, b, n);
+    else copy_kernel<<<blocks, threads>>>(b, a, n);
+  });
+  const Timing tr = time_cuda(device, 20, 3, [&](int rep) { read_kernel<<<blocks, threads>>>(rep % 2 ? a : b, n, out); });
+  KVCORE_CUDA_CHECK_LAUNCH("ceiling kernels");
+  KVCORE_CUDA_CHECK(cudaFree(a));
+  KVCORE_CUDA_CHECK(cudaFree(b));
+  KVCORE_CUDA_CHECK(cudaFree(out));
+  return {2.0 * bytes / tc.median_us / 1e3, 1.0 * bytes / tr.median_us / 1e3};
+}
+
+}  // namespace kvcore::cli

@@ -1,0 +1,14 @@
+// Stream: an opaque CUDA stream handle (a cudaStream_t stored as void*), so
+// the public API carries streams without pulling CUDA headers into CPU-only
+// users. The default-constructed stream is CUDA's default stream; CPU ops
+// ignore it.
+#pragma once
+
+namespace kvcore {
+
+struct Stream {
+  void* handle = nullptr;
+  static Stream from_native(void* cuda_stream) { return Stream{cuda_stream}; }
+};
+
+}  // namespace kvcore

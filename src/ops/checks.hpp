@@ -1,0 +1,53 @@
+// Argument checks shared by every op entry point. Each throws
+// kvcore::Error(InvalidArgument) with a message that names the argument.
+#pragma once
+#include <string_view>
+
+#include "kvcore/error.hpp"
+#include "kvcore/tensor.hpp"
+
+namespace kvcore::checks {
+
+inline void dtype_is(std::string_view op, std::string_view name, const TensorRef& t, DType want) {
+  require_arg(t.dtype() == want, op, ": ", name, " must be ", dtype_name(want), ", got ", dtype_name(t.dtype()));
+}
+
+inline void ndim_is(std::string_view op, std::string_view name, const TensorRef& t, int want) {
+  require_arg(t.ndim() == want, op, ": ", name, " must have ", want, " dims, got ", t.describe());
+}
+
+inline void size_is(std::string_view op, std::string_view name, const TensorRef& t, int dim, int64_t want) {
+  require_arg(t.size(dim) == want, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", t.describe());
+}
+
+inline void same_device(std::string_view op, std::string_view a_name, const TensorRef& a, std::string_view b_name,
+                        const TensorRef& b) {
+  require_arg(a.device() == b.device(), op, ": ", a_name, " is on ", a.device().str(), " but ", b_name, " is on ",
+              b.device().str());
+}
+
+inline void not_null(std::string_view op, std::string_view name, const TensorRef& t) {
+  require_arg(t.data() != nullptr || t.numel() == 0, op, ": ", name, " has no data pointer");
+}
+
+inline void innermost_contiguous(std::string_view op, std::string_view name, const TensorRef& t) {
+  require_arg(t.ndim() == 0 || t.stride(t.ndim() - 1) == 1, op, ": ", name, " must have stride 1 in its last dim, got ",
+              t.stride(t.ndim() - 1));
+}
+
+inline void non_negative_strides(std::string_view op, std::string_view name, const TensorRef& t) {
+  for (int d = 0; d < t.ndim(); ++d)
+    require_arg(t.stride(d) >= 0, op, ": ", name, ".stride[", d, "] must be >= 0, got ", t.stride(d));
+}
+
+// Throws NotSupported when a CUDA tensor reaches a build without the CUDA backend.
+inline void backend_available(std::string_view op, Device d) {
+#if !KVCORE_WITH_CUDA
+  require(d.is_cpu(), ErrorCode::NotSupported, op, ": tensors are on ", d.str(), " but this kvcore build has no CUDA backend");
+#else
+  (void)op;
+  (void)d;
+#endif
+}
+
+}  // namespace kvcore::checks

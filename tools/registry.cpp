@@ -1,0 +1,15 @@
+#include "tools/registry.hpp"
+
+namespace kvcore::cli {
+
+std::map<int, DemoSection>& demo_sections() {
+  static std::map<int, DemoSection> sections;
+  return sections;
+}
+
+std::map<std::string, BenchEntry>& bench_entries() {
+  static std::map<std::string, BenchEntry> entries;
+  return entries;
+}
+
+}  // namespace kvcore::cli
