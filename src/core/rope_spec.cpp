@@ -153,3 +153,18 @@ std::vector<float> rope_frequencies(const RopeSpec& spec) {
 }
 
 }  // namespace kvcore
+
+namespace kvcore {
+
+math::RopeTable make_rope_table(const RopeSpec& spec, int head_dim) {
+  math::RopeTable t{};
+  t.layout = spec.layout(head_dim);  // validates
+  require_arg(t.layout.n_pairs() <= math::RopeTable::kMaxPairs, "RopeSpec.n_rot = ", spec.n_rot, " exceeds ",
+              2 * math::RopeTable::kMaxPairs, " rotated dims");
+  const std::vector<float> w = rope_frequencies(spec);
+  for (int i = 0; i < t.layout.n_pairs(); ++i) t.freq[i] = w[i];
+  t.attention_factor = static_cast<float>(spec.attention_factor);
+  return t;
+}
+
+}  // namespace kvcore

@@ -47,4 +47,23 @@ KVCORE_HD void rotate_pair(float& x0, float& x1, float c, float s) {
 
 KVCORE_HD float rope_angle(float position, float freq) { return position * freq; }
 
+// Everything a kernel needs to rotate rows: the layout, the per-pair frequencies
+// and the write-time magnitude. Passed by value in kernel Params (about 1 KB).
+struct RopeTable {
+  static constexpr int32_t kMaxPairs = 256;  // head_dim up to 512 fully rotated
+  RopeLayout layout;
+  float attention_factor = 1.0f;  // applied by rope_apply only; shifts use 1
+  float freq[kMaxPairs];
+};
+
+// Rotate the rotated dims of one f32 row (head_dim values) by angle
+// `position * freq[i]` per pair, scaling cos and sin by `magnitude`.
+KVCORE_HD void rope_rotate_row(float* row, const RopeTable& t, float position, float magnitude) {
+  for (int32_t i = 0; i < t.layout.n_pairs(); ++i) {
+    float s, c;
+    sincos_f32(rope_angle(position, t.freq[i]), &s, &c);
+    rotate_pair(row[t.layout.dim0(i)], row[t.layout.dim1(i)], c * magnitude, s * magnitude);
+  }
+}
+
 }  // namespace kvcore::math

@@ -49,6 +49,8 @@ struct RopeSpec {
 
 // n_rot/2 frequencies w_i (radians per position), computed in double and rounded to f32.
 std::vector<float> rope_frequencies(const RopeSpec& spec);
+// The table kernels take: layout for this head_dim, f32 frequencies, attention factor.
+math::RopeTable make_rope_table(const RopeSpec& spec, int head_dim);
 // The same in double, for float64 references.
 std::vector<double> rope_frequencies_f64(const RopeSpec& spec);
 
