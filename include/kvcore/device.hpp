@@ -1,5 +1,6 @@
 // Device: where memory lives and where an op runs.
 #pragma once
+#include <cstdint>
 #include <ostream>
 #include <string>
 
