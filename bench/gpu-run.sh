@@ -14,33 +14,33 @@ COMMIT=${KVCORE_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "== $(date +%T) $*"; }
 
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader | tee "$OUT/build.log"
+# At most 8 files come back from the device: build.log tests.log bench.log bench.jsonl baselines.log baselines.jsonl summary.md
 if has build; then
   log "build (commit $COMMIT)"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DKVCORE_GIT_COMMIT="$COMMIT" > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build build -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E 'error|Error' -A3 "$OUT/build.log" | head -60; exit 1; }
+        -DKVCORE_GIT_COMMIT="$COMMIT" >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  cmake --build build -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { grep -E 'error|Error' -A3 "$OUT/build.log" | head -60; exit 1; }
   ./build/kvcore info
 fi
 if has tests; then
   log "CUDA tests (CUDA against CPU) and the CPU suite"
-  (cd build && ctest -L gpu --output-on-failure --timeout 600 -j 4) > "$OUT/gpu-tests.log" 2>&1
-  tail -15 "$OUT/gpu-tests.log"
-  (cd build && ctest -L cpu -j 16 --timeout 300) > "$OUT/cpu-tests.log" 2>&1
-  tail -3 "$OUT/cpu-tests.log"
+  (cd build && ctest -L gpu --output-on-failure --timeout 600 -j 4) > "$OUT/tests.log" 2>&1
+  grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/tests.log" | head -40
+  (cd build && ctest -L cpu -j 16 --timeout 300) >> "$OUT/tests.log" 2>&1
+  grep -E "tests passed" "$OUT/tests.log" | tail -1
 fi
 if has bench; then
   log "benchmarks"
   rm -f "$OUT/bench.jsonl"
-  ./build/kvcore bench --device cuda --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} "$@" 2> "$OUT/bench.err" | tee "$OUT/bench.txt"
-  tail -5 "$OUT/bench.err"
+  ./build/kvcore bench --device cuda --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\]"
 fi
 if has baselines; then
   log "PyTorch / HF baselines"
   for s in bench/*_baseline.py; do
     [ -f "$s" ] || continue
     log "$s"
-    python3 "$s" --json "$OUT/baselines.jsonl" 2>&1 | tail -40
+    python3 "$s" --json "$OUT/baselines.jsonl" 2>&1 | tee -a "$OUT/baselines.log" | tail -25
   done
 fi
 if [ -f bench/summarize.py ]; then
