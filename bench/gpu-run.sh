@@ -32,8 +32,13 @@ if has tests; then
 fi
 if has bench; then
   log "benchmarks"
-  rm -f "$OUT/bench.jsonl"
-  ./build/kvcore bench --device cuda --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\]"
+  names=("$@")
+  [ ${#names[@]} -gt 0 ] || names=($(./build/kvcore info | awk '/^benchmarks:/{b=1;next} b&&/^  /{print $1}'))
+  for n in "${names[@]}"; do
+    log "bench $n"
+    timeout "${BENCH_TIMEOUT:-300}" ./build/kvcore bench "$n" --device cuda --json "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 \
+      | tee -a "$OUT/bench.log" | grep -v "^\[bench\]"
+  done
 fi
 if has baselines; then
   log "PyTorch / HF baselines"
