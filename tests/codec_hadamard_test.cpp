@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -53,7 +54,8 @@ TEST(CodecHadamard, MatchesTheFloat64Matrix) {
     check_against_matrix<64>(s, &worst);
     check_against_matrix<256>(s, &worst);
   }
-  RecordProperty("worst_error_over_l1_norm", std::to_string(worst));
+  std::printf("hadamard: worst abs error / (l1 norm / sqrt(N)) = %.3g (bound for N = 128: 9 * 2^-24 = %.3g)\n", worst,
+              9 * std::ldexp(1.0, -24));
   EXPECT_LT(worst, 1e-6);
 }
 
