@@ -53,7 +53,7 @@ KVCORE_HD void hadamard_transform(float* x) {
 
 KVCORE_HD void hadamard128(float* x) { hadamard_transform<kHadamardDim>(x); }
 
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 // Warp-cooperative 128-point transform: lane l holds x[4l .. 4l+3] in v[0..3].
 // Same butterfly network and order as hadamard_transform<128>, so the same bits.
 // All 32 lanes of the warp must call it together.
