@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/check.cuh"
+#include "cuda/fp8_hw.cuh"
 #include "kvcore/math/fp8_block.hpp"
 #include "kvcore/math/half.hpp"
 #include "ops/fp8_params.hpp"
@@ -100,9 +101,13 @@ __device__ __forceinline__ void round_trip_row(const Fp8RoundTripParams& p, int6
     for (int g = 0; g < kGroup; ++g) {
       const int32_t idx = base + g * kChunk + lane * kVec;
       const int k = block_scale_exponent<kVec>(v[g], idx, p.n_nope);
+      const float inv_scale = math::pow2f(-k), scale = math::pow2f(k);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j)
-        if (idx + j < p.n_nope) v[g][j] = math::e4m3_round_trip(v[g][j], k);
+      for (int j = 0; j < kVec; j += 2) {
+        const float2 q = cuda_fp8::decode2(cuda_fp8::encode2_scaled(v[g][j], v[g][j + 1], inv_scale));
+        if (idx + j < p.n_nope) v[g][j] = q.x * scale;
+        if (idx + j + 1 < p.n_nope) v[g][j + 1] = q.y * scale;
+      }
     }
 #pragma unroll
     for (int g = 0; g < kGroup; ++g)
@@ -140,9 +145,9 @@ __device__ __forceinline__ void pack_row(const Fp8PackParams& p, int64_t row, in
         scales[int64_t(idx / math::kFp8Block) * p.scale_rows.col_stride] = math::ue8m0_encode(k);
       if constexpr (kVector) {
         if (idx < p.n_nope) {
-          uint32_t w = 0;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) w |= uint32_t(math::fp8_encode_scaled(v[g][j], k)) << (8 * j);
+          const float inv_scale = math::pow2f(-k);
+          const uint32_t w = cuda_fp8::encode2_scaled(v[g][0], v[g][1], inv_scale) |
+                             (cuda_fp8::encode2_scaled(v[g][2], v[g][3], inv_scale) << 16);
           *reinterpret_cast<uint32_t*>(codes + idx) = w;
         } else if (tail != nullptr && idx < p.cols) {
           uint2 q;
@@ -151,11 +156,16 @@ __device__ __forceinline__ void pack_row(const Fp8PackParams& p, int64_t row, in
           *reinterpret_cast<uint2*>(tail + (idx - p.n_nope)) = q;
         }
       } else {
+        const float inv_scale = math::pow2f(-k);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const int32_t c = idx + j;
-          if (c < p.n_nope) codes[int64_t(c) * cs] = math::fp8_encode_scaled(v[g][j], k);
-          else if (tail != nullptr && c < p.cols) tail[int64_t(c - p.n_nope) * ts] = from_f32<Tail>(v[g][j]);
+        for (int j = 0; j < kVec; j += 2) {
+          const uint32_t w = cuda_fp8::encode2_scaled(v[g][j], v[g][j + 1], inv_scale);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int32_t c = idx + j + h;
+            if (c < p.n_nope) codes[int64_t(c) * cs] = uint8_t(w >> (8 * h));
+            else if (tail != nullptr && c < p.cols) tail[int64_t(c - p.n_nope) * ts] = from_f32<Tail>(v[g][j + h]);
+          }
         }
       }
     }
@@ -187,9 +197,12 @@ __device__ __forceinline__ void unpack_row(const Fp8UnpackParams& p, int64_t row
       if constexpr (kVector) {
         if (idx < p.n_nope) {
           const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + idx);
-          const uint8_t s = scales[int64_t(idx / math::kFp8Block) * p.scale_rows.col_stride];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) v[g][j] = math::fp8_decode_scaled(uint8_t(w >> (8 * j)), s);
+          const float scale = math::ue8m0_decode(scales[int64_t(idx / math::kFp8Block) * p.scale_rows.col_stride]);
+          const float2 lo = cuda_fp8::decode2(w), hi = cuda_fp8::decode2(w >> 16);
+          v[g][0] = lo.x * scale;
+          v[g][1] = lo.y * scale;
+          v[g][2] = hi.x * scale;
+          v[g][3] = hi.y * scale;
         } else if (tail != nullptr && idx < p.cols) {
           const uint2 q = *reinterpret_cast<const uint2*>(tail + (idx - p.n_nope));
           v[g][0] = to_f32(from_bits<Tail>(uint16_t(q.x & 0xffffu)));

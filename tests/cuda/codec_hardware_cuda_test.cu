@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/check.cuh"
+#include "cuda/fp8_hw.cuh"
 #include "kvcore/math/fp4.hpp"
 #include "kvcore/math/fp8.hpp"
 #include "kvcore/math/hadamard.hpp"
@@ -31,6 +32,12 @@ using namespace kvcore::math;
 namespace {
 
 constexpr uint64_t kAll = uint64_t{1} << 32;
+// Whether the device pass uses the hardware conversions (sm_89+ unless KVCORE_FP8_INTEGER_CODEC).
+#if !defined(KVCORE_FP8_INTEGER_CODEC)
+constexpr int KVCORE_FP8_HW_HOST_VIEW = 1;
+#else
+constexpr int KVCORE_FP8_HW_HOST_VIEW = 0;
+#endif
 
 bool have_gpu() {
   int n = 0;
@@ -42,7 +49,7 @@ bool have_gpu() {
 }
 
 struct Counts {
-  unsigned long long e4m3_bad, bf16_bad, fp4_bad, e4m3_finite;
+  unsigned long long e4m3_bad, bf16_bad, fp4_bad, e4m3_finite, kernel_codec_bad;
   unsigned int first_e4m3_bad[4], first_bf16_bad[4], first_fp4_bad[4];
 };
 
@@ -68,6 +75,10 @@ __global__ void sweep_kernel(Counts* c) {
       const uint16_t hw = __bfloat16_as_ushort(__float2bfloat16_rn(x));
       if (hw != f32_to_bf16_bits(x)) note_first(c->first_bf16_bad, atomicAdd(&c->bf16_bad, 1ull), u);
     }
+    // the codec the fp8 kernels use (src/cuda/fp8_hw.cuh), NaN and inf included, scaled by 2^-3
+    const uint32_t w = kvcore::cuda_fp8::encode2_scaled(x, -x, 0.125f);
+    const uint32_t want = uint32_t(e4m3_encode(e4m3_scaled(x, 0.125f))) | (uint32_t(e4m3_encode(e4m3_scaled(-x, 0.125f))) << 8);
+    if (w != want) atomicAdd(&c->kernel_codec_bad, 1ull);
     const uint8_t hw4 = __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest);
     if (hw4 != e2m1_encode(x)) note_first(c->first_fp4_bad, atomicAdd(&c->fp4_bad, 1ull), u);
   }
@@ -166,6 +177,31 @@ TEST(CodecHardware, EveryFloatAgainstTheGpuConversions) {
   EXPECT_EQ(c.e4m3_bad, 0u);
   EXPECT_EQ(c.bf16_bad, 0u);
   EXPECT_EQ(c.fp4_bad, 0u);
+  std::printf("[hardware] fp8 kernel codec (cuda/fp8_hw.cuh, hardware=%d): %llu mismatches with math::e4m3_encode\n",
+              KVCORE_FP8_HW_HOST_VIEW, c.kernel_codec_bad);
+  EXPECT_EQ(c.kernel_codec_bad, 0u);
+}
+
+__global__ void decode2_kernel(unsigned int* bad) {
+  const uint32_t w = blockIdx.x * blockDim.x + threadIdx.x;  // every pair of codes
+  if (w >= 65536) return;
+  const float2 d = kvcore::cuda_fp8::decode2(w);
+  const float a = e4m3_decode(uint8_t(w & 0xff)), b = e4m3_decode(uint8_t(w >> 8));
+  const bool ok_a = (a != a) ? (d.x != d.x) : __float_as_uint(d.x) == __float_as_uint(a);
+  const bool ok_b = (b != b) ? (d.y != d.y) : __float_as_uint(d.y) == __float_as_uint(b);
+  if (!ok_a || !ok_b) atomicAdd(bad, 1u);
+}
+
+TEST(CodecHardware, KernelDecodeOfEveryCodePair) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  unsigned int* d = device_alloc<unsigned int>(1);
+  KVCORE_CUDA_CHECK(cudaMemset(d, 0, 4));
+  decode2_kernel<<<256, 256>>>(d);
+  KVCORE_CUDA_CHECK_LAUNCH("decode2_kernel");
+  unsigned int bad = 0;
+  KVCORE_CUDA_CHECK(cudaMemcpy(&bad, d, 4, cudaMemcpyDeviceToHost));
+  KVCORE_CUDA_CHECK(cudaFree(d));
+  EXPECT_EQ(bad, 0u);
 }
 
 TEST(CodecHardware, WhatNanAndInfinityBecome) {
