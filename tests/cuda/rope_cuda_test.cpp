@@ -76,17 +76,19 @@ struct Stats {
 
 TEST(RopeCuda, MatchesCpuOnAwkwardShapes) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  std::printf("RopeCuda seed %llu\n", (unsigned long long)seed);
+  std::mt19937_64 rng(seed);
   const Device gpu = Device::cuda(0);
   Stats stats[3];
   const int head_dims[] = {64, 66, 80, 128, 192, 256, 512};
-  const int token_counts[] = {1, 37, 1001, 4099};
+  const int token_counts[] = {1, 37, 1001, 2053};
   int case_id = 0;
   for (int hd : head_dims)
     for (const RopeSpec& spec : all_variants(hd, rng)) {
       const int di = case_id % 3;
       const DType dt = di == 0 ? DType::F32 : di == 1 ? DType::F16 : DType::BF16;
-      const int tokens = token_counts[(case_id / 3) % 4], heads = 1 + (case_id / 2) % 8;
+      const int tokens = token_counts[(case_id / 3) % 4], heads = 1 + (case_id / 2) % 5;
       const int mode = (case_id / 5) % 3;
       const bool in_place = (case_id % 2) == 0;
       const DType pdt = (case_id % 7) < 3 ? DType::I64 : DType::I32;
