@@ -101,10 +101,11 @@ KVCORE_HD double dfloor(double a) {
 }
 }  // namespace rope_detail
 
-// sin and cos of an f32 angle, rounded once from double: within about half an
-// f32 ulp of the true values for |a| < 2^28 (measured over 2^-24..2^25 in
-// tests/rope_frequencies_test.cpp); beyond, a reduction modulo the double 2*pi
-// keeps results finite, deterministic and close. NaN or inf give NaN.
+// sin and cos of an f32 angle, rounded once from double: within half an f32 ulp
+// of the true values for every |a| < 2^26 (swept exhaustively in
+// tests/exhaustive/rope_sincos_exhaustive_test.cpp) and accurate to 2^28; beyond,
+// a reduction modulo the double 2*pi keeps results finite, deterministic and
+// close. NaN or inf give NaN.
 KVCORE_HD void sincos_f32(float a, float* s, float* c) {
   using namespace rope_detail;
   double x = a;

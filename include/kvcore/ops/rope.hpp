@@ -18,7 +18,8 @@
 //
 // Each pair is computed in f32 (angle = f32(position) * f32 freq, sin/cos rounded from
 // double, rotation in f32) and rounded once to the storage type; the CPU and CUDA backends
-// run the same math (math/rope.hpp) and produce identical bits.
+// run the same math (math/rope.hpp) and produce identical bits for finite inputs (a NaN
+// input gives NaN; its payload may differ between backends).
 //
 // Every argument is checked first: a bad one throws kvcore::Error(InvalidArgument) naming
 // it and its value (NotSupported for a CUDA tensor in a CPU-only build) and nothing is
