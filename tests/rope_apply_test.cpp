@@ -361,6 +361,8 @@ TEST(RopeApply, BadArgumentsWriteNothing) {
   expect_error("aliased rows in place", IA, "overlap, so writes would race", [&] { rope_apply(x_alias, pv, good, Skip); });
   TensorRef o_overlap(x.buf.data() + 4 * D, DType::F32, Device::cpu(), {T, H, D});
   expect_error("partial overlap", IA, "overlaps x", [&] { rope_apply(xv, pv, good, Skip, o_overlap); });
+  TensorRef p_inside(x.buf.data() + 4 * D, DType::I32, Device::cpu(), {T});
+  expect_error("positions inside x", IA, "overlap the rows being written", [&] { rope_apply(xv, p_inside, good, Skip); });
   TensorRef x_null(nullptr, DType::F32, Device::cpu(), {T, H, D});
   expect_error("null x", IA, "x has no data pointer", [&] { rope_apply(x_null, pv, good, Skip); });
 

@@ -85,6 +85,12 @@ void run(const TensorRef& x, const TensorRef& positions, const math::RopeTable& 
   const TensorRef& written = in_place ? x : out;
   require_arg(rows_disjoint(written), kOp, ": the rows of ", in_place ? "x" : "out", " ", written.describe(),
               " with strides [", written.stride(0), ", ", written.stride(1), ", 1] overlap, so writes would race");
+  if (written.numel() > 0 && positions.numel() > 0) {
+    const auto* wb = static_cast<const char*>(written.data());
+    const auto* pb = static_cast<const char*>(positions.data());
+    require_arg(!(pb < wb + written.span_bytes() && wb < pb + positions.span_bytes()), kOp, ": positions ",
+                positions.describe(), " overlap the rows being written");
+  }
   checks::backend_available(kOp, x.device());
   if (tokens == 0 || heads == 0) return;
 
