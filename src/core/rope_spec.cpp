@@ -18,13 +18,15 @@ void RopeSpec::validate(int head_dim) const {
   if (scaling != RopeScaling::None)
     require_arg(std::isfinite(factor) && factor > 0, "RopeSpec.factor must be > 0, got ", factor);
   if (scaling == RopeScaling::Llama3) {
-    require_arg(high_freq_factor > low_freq_factor, "RopeSpec: Llama-3 high_freq_factor (", high_freq_factor,
+    require_arg(std::isfinite(low_freq_factor) && low_freq_factor > 0, "RopeSpec: Llama-3 low_freq_factor must be > 0, got ",
+                low_freq_factor);
+    require_arg(std::isfinite(high_freq_factor) && high_freq_factor > low_freq_factor, "RopeSpec: Llama-3 high_freq_factor (", high_freq_factor,
                 ") must exceed low_freq_factor (", low_freq_factor, ")");
     require_arg(original_max_position > 0, "RopeSpec.original_max_position must be > 0, got ", original_max_position);
   }
   if (scaling == RopeScaling::Yarn) {
     require_arg(original_max_position > 0, "RopeSpec.original_max_position must be > 0, got ", original_max_position);
-    require_arg(beta_fast > 0 && beta_slow > 0, "RopeSpec: YaRN betas must be > 0, got beta_fast ", beta_fast, ", beta_slow ", beta_slow);
+    require_arg(std::isfinite(beta_fast) && std::isfinite(beta_slow) && beta_fast > 0 && beta_slow > 0, "RopeSpec: YaRN betas must be > 0, got beta_fast ", beta_fast, ", beta_slow ", beta_slow);
   }
   require_arg(freq_factors.empty() || freq_factors.size() == static_cast<size_t>(n_rot / 2),
               "RopeSpec.freq_factors must have n_rot/2 = ", n_rot / 2, " entries, got ", freq_factors.size());
@@ -145,6 +147,12 @@ std::vector<double> rope_frequencies_f64(const RopeSpec& spec) {
     for (int i = 0; i < h; ++i) w[i] /= spec.freq_factors[i];
   }
   return w;
+}
+
+double yarn_attention_factor(double factor, double mscale, double mscale_all_dim) {
+  auto m = [&](double k) { return factor <= 1.0 ? 1.0 : 0.1 * k * std::log(factor) + 1.0; };
+  if (mscale != 0.0 && mscale_all_dim != 0.0) return m(mscale) / m(mscale_all_dim);
+  return m(1.0);
 }
 
 std::vector<float> rope_frequencies(const RopeSpec& spec) {

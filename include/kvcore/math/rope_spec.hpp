@@ -54,4 +54,10 @@ math::RopeTable make_rope_table(const RopeSpec& spec, int head_dim);
 // The same in double, for float64 references.
 std::vector<double> rope_frequencies_f64(const RopeSpec& spec);
 
+// YaRN's attention factor as HF transformers derives it when a config gives none
+// (modeling_rope_utils._compute_yarn_parameters): with m(s, k) = 1 for s <= 1, else
+// 0.1 * k * ln(s) + 1, it is m(factor, mscale) / m(factor, mscale_all_dim) when both
+// mscales are given (non-zero), else m(factor, 1). DeepSeek-V4 sets it to 1 explicitly.
+double yarn_attention_factor(double factor, double mscale = 0.0, double mscale_all_dim = 0.0);
+
 }  // namespace kvcore
