@@ -14,6 +14,8 @@ namespace {
 using ops::ShiftKind;
 using ops::ShiftTensorParams;
 
+constexpr int64_t kParallelMin = 4096;  // head rows below which one thread does the work
+
 void rotate_head(const ShiftTensorParams& t, uint8_t* head, uint8_t* scales, const math::RopeLayout& l,
                  const float* c, const float* s, float* scratch) {
   const math::ShiftSerialLanes lanes;
@@ -34,7 +36,8 @@ void shift_dense(const ops::ShiftDenseParams& p) {
   for (int32_t i = 0; i < p.n_tensors; ++i)
     for (int32_t h = 0; h < p.tensors[i].n_heads; ++h) units.emplace_back(i, h);
   const int64_t n_units = static_cast<int64_t>(units.size());
-#pragma omp parallel for schedule(dynamic, 1)
+  const bool big = n_units * p.n_moved >= kParallelMin;  // small shifts: threads cost more than they save
+#pragma omp parallel for schedule(dynamic, 1) if (big)
   for (int64_t u = 0; u < n_units; ++u) {
     const ShiftTensorParams& t = p.tensors[units[u].first];
     const int64_t h = units[u].second;
@@ -69,7 +72,8 @@ void shift_dense(const ops::ShiftDenseParams& p) {
 void rope_shift_rows(const ops::RopeShiftRowsParams& p) {
   const ShiftTensorParams& t = p.k;
   const math::RopeLayout& l = p.table.layout;
-#pragma omp parallel for schedule(static)
+  const bool big = p.rows * t.n_heads >= kParallelMin;
+#pragma omp parallel for schedule(static) if (big)
   for (int64_t r = 0; r < p.rows; ++r) {
     const int32_t delta = p.delta[r];
     if (delta == 0) continue;
