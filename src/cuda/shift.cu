@@ -20,7 +20,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cuda/check.cuh"
@@ -275,11 +278,19 @@ int32_t tiles_in_band(const TileStream& s, int64_t band_tokens) {
   return static_cast<int32_t>(ceil_div64(band_tokens, s.tokens_per_tile) * s.n_chunks);
 }
 
-int blocks_per_sm(bool fp8) {
-  int n = 0;
-  if (fp8) KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, shift_dense_kernel<true>, kThreads, 0));
-  else KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, shift_dense_kernel<false>, kThreads, 0));
-  return std::max(n, 1);
+int sm_count(int device);
+
+// Resident blocks of the shift kernel on the whole device (cached; call under workspace_mutex()).
+int blocks_per_sm(int device, bool fp8) {
+  static std::map<std::pair<int, bool>, int> cache;
+  int& n = cache[{device, fp8}];
+  if (n == 0) {
+    int per_sm = 0;
+    if (fp8) KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, shift_dense_kernel<true>, kThreads, 0));
+    else KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, shift_dense_kernel<false>, kThreads, 0));
+    n = std::max(per_sm, 1) * sm_count(device);
+  }
+  return n;
 }
 
 // ---- rope_shift_rows ----------------------------------------------------------------------
@@ -312,6 +323,30 @@ __global__ void __launch_bounds__(kThreads) rope_shift_rows_kernel(const __grid_
       rotate_head(p.k.kind, head, scales, l, s_cos, s_sin, scratch, lanes);
     }
   }
+}
+
+// The band counters live in a workspace kept per (device, stream): calls on one
+// stream run in order, so they can share it; the lock also keeps one call's
+// memset and kernels together in the stream. Never freed (a few KB per stream).
+std::mutex& workspace_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+int* workspace(int device, cudaStream_t s, size_t bytes) {
+  static std::map<std::pair<int, cudaStream_t>, std::pair<int*, size_t>> cache;
+  auto& e = cache[{device, s}];
+  if (e.second < bytes) {
+    if (e.first) {
+      KVCORE_CUDA_CHECK(cudaStreamSynchronize(s));  // earlier shifts on this stream are done with it
+      KVCORE_CUDA_CHECK(cudaFree(e.first));
+      e = {nullptr, 0};
+    }
+    const size_t grown = std::max(bytes, size_t{1} << 16);
+    KVCORE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&e.first), grown));
+    e.second = grown;
+  }
+  return e.first;
 }
 
 int sm_count(int device) {
@@ -369,19 +404,12 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
     cur->streams[cur->n_streams++] = ts;
   }
 
-  const int64_t counters_per_launch = 1 + n_bands;
-  const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * launches.size();
-  int* ws = nullptr;
-  KVCORE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), ws_bytes, s));
-  KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
-  const int max_blocks = blocks_per_sm(any_fp8) * sm_count(p.device_index);
-  for (size_t g = 0; g < launches.size(); ++g) {
-    LaunchParams& L = *launches[g];
+  for (auto& Lp : launches) {  // finish every launch's tiling first: errors come before any work is queued
+    LaunchParams& L = *Lp;
     L.n_keep = p.n_keep;
     L.n_discard = D;
     L.n_moved = p.n_moved;
     L.n_bands = static_cast<int32_t>(n_bands);
-    L.counters = ws + g * counters_per_launch;
     L.prefix_full[0] = L.prefix_last[0] = 0;
     for (int32_t k = 0; k < L.n_streams; ++k) {
       L.prefix_full[k + 1] = L.prefix_full[k] + tiles_in_band(L.streams[k], full_len);
@@ -390,16 +418,24 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
     L.tiles_full = L.prefix_full[L.n_streams];
     L.tiles_last = L.prefix_last[L.n_streams];
     L.total_tiles = (n_bands - 1) * int64_t{L.tiles_full} + L.tiles_last;
-    if (L.total_tiles >= (int64_t{1} << 31) - kThreads * 1024) {
-      cudaFreeAsync(ws, s);
-      throw Error(ErrorCode::InvalidArgument, detail::concat("shift_dense: ", L.total_tiles, " tiles exceed one launch; shift fewer tokens or layers per call"));
-    }
+    if (L.total_tiles >= (int64_t{1} << 31) - kThreads * 1024)
+      throw Error(ErrorCode::InvalidArgument, detail::concat("shift_dense: ", L.total_tiles,
+                                                             " tiles exceed one launch; shift fewer tokens or layers per call"));
+  }
+  const int64_t counters_per_launch = 1 + n_bands;
+  const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * launches.size();
+  const std::lock_guard<std::mutex> lock(workspace_mutex());
+  const int max_blocks = blocks_per_sm(p.device_index, any_fp8);
+  int* ws = workspace(p.device_index, s, ws_bytes);
+  KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
+  for (size_t g = 0; g < launches.size(); ++g) {
+    LaunchParams& L = *launches[g];
+    L.counters = ws + g * counters_per_launch;
     const int grid = static_cast<int>(std::min<int64_t>(L.total_tiles, max_blocks));
     if (any_fp8) shift_dense_kernel<true><<<grid, kThreads, 0, s>>>(L);
     else shift_dense_kernel<false><<<grid, kThreads, 0, s>>>(L);
     KVCORE_CUDA_CHECK_LAUNCH("shift_dense_kernel");
   }
-  KVCORE_CUDA_CHECK(cudaFreeAsync(ws, s));
 }
 
 void rope_shift_rows(const ops::RopeShiftRowsParams& p, Stream stream) {
