@@ -260,12 +260,12 @@ int widest_access(uintptr_t base, int64_t stride, int32_t head_bytes) {
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Fill the tiling of one stream; returns false when the tile budget cannot hold one head.
+// The tiling of one stream: whole heads, as many tokens as fit in a tile (at most one band).
 TileStream make_stream(const ShiftTensorParams& t, int64_t band_tokens) {
   TileStream s{};
   s.t = t;
   const int per_head = t.head_bytes + t.scale_head_bytes;
-  const int budget = kTileBytes - 16;  // room for the scales' alignment
+  const int budget = kTileBytes - (t.scale_head_bytes ? 16 : 0);  // room for the scales' alignment
   s.heads_per_chunk = std::max(1, std::min(t.n_heads, budget / per_head));
   s.n_chunks = static_cast<int32_t>(ceil_div64(t.n_heads, s.heads_per_chunk));
   s.tokens_per_tile = static_cast<int32_t>(std::clamp<int64_t>(budget / (s.heads_per_chunk * per_head), 1, band_tokens));
