@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda/check.cuh"
+#include "cuda/shift_tiling.hpp"
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
 
@@ -36,14 +37,12 @@ namespace {
 using math::RopeLayout;
 using ops::ShiftKind;
 using ops::ShiftTensorParams;
+using shift_plan::kTileBytes;
+using shift_plan::LaunchParams;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileBytes = 16384;
-constexpr int kMinBlocks = 8;       // resident blocks per SM we ask registers for: 128 KB of tiles in flight
-constexpr int kMaxStreams = 80;      // tensors per launch
-constexpr int kMaxLayers = 64;       // layers per launch
-constexpr int kMaxPairsTotal = 2048;  // cos/sin entries per launch
+constexpr int kMinBlocks = 8;  // resident blocks per SM we ask registers for: 128 KB of tiles in flight
 
 // A warp as the Lanes of math/shift_rotate.hpp.
 struct WarpLanes {
@@ -61,28 +60,6 @@ struct WarpLanes {
     return v;
   }
 };
-
-// One tensor of a launch plus how it is cut into tiles.
-struct TileStream {
-  ShiftTensorParams t;
-  int32_t heads_per_chunk, n_chunks, tokens_per_tile;
-  int32_t vec, scale_vec;  // widest aligned access, bytes
-};
-
-// Everything a launch needs, passed by value (__grid_constant__, < 32 KB).
-struct LaunchParams {
-  int64_t n_keep, n_discard, n_moved;
-  int32_t n_streams, n_bands;
-  int32_t tiles_full, tiles_last;  // tiles of a full band / of the last band, all streams
-  int64_t total_tiles;
-  int* counters;  // [0]: next ticket; [1 + b]: tiles of band b already read
-  int32_t prefix_full[kMaxStreams + 1], prefix_last[kMaxStreams + 1];  // tile offsets per stream in a band
-  TileStream streams[kMaxStreams];
-  RopeLayout layout[kMaxLayers];
-  int32_t pair_offset[kMaxLayers];
-  float cos_t[kMaxPairsTotal], sin_t[kMaxPairsTotal];
-};
-static_assert(sizeof(LaunchParams) < 32000, "kernel parameters are limited to 32764 bytes");
 
 // ---- tile copies between global and shared memory -----------------------------------
 // Loads go global -> shared with cp.async (no register staging, so a block
@@ -172,33 +149,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
     const int ticket = s_ticket;
     if (ticket >= p.total_tiles) break;
 
-    // ticket -> (band, stream, token tile, head chunk)
-    int b, o;
-    bool last;
-    if (p.n_bands == 1) {
-      b = 0, o = ticket, last = true;
-    } else {
-      b = ticket / p.tiles_full;
-      last = b >= p.n_bands - 1;
-      if (last) b = p.n_bands - 1;
-      o = ticket - b * p.tiles_full;
-    }
-    const int32_t* prefix = last ? p.prefix_last : p.prefix_full;
-    int lo = 0, hi = p.n_streams;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (prefix[mid] <= o) lo = mid;
-      else hi = mid;
-    }
-    const TileStream& st = p.streams[lo];
-    const int j = o - prefix[lo];
-    const int jt = j / st.n_chunks, c = j - jt * st.n_chunks;
-    const int64_t band_begin = b * D;
-    const int64_t band_end = last ? p.n_moved : band_begin + D;
-    const int64_t t0 = band_begin + int64_t{jt} * st.tokens_per_tile;
-    const int nt = static_cast<int>(min(int64_t{st.tokens_per_tile}, band_end - t0));
-    const int h0 = c * st.heads_per_chunk;
-    const int nh = min(st.heads_per_chunk, st.t.n_heads - h0);
+    const shift_plan::Tile tl = shift_plan::decode_ticket(p, ticket);
+    const int b = tl.band, nt = tl.nt, h0 = tl.h0, nh = tl.nh;
+    const int64_t t0 = tl.t0;
+    const shift_plan::TileStream& st = p.streams[tl.stream];
     const int chunk_bytes = nh * st.t.head_bytes;
     const int scale_off = align16(nt * chunk_bytes);
     const int scale_chunk = nh * st.t.scale_head_bytes;
@@ -250,32 +204,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
       store_rows_any(st.scale_vec, st.t.maybe_scales + dst * st.t.scale_token_stride + int64_t{h0} * st.t.scale_head_bytes,
                      tile + scale_off, st.t.scale_token_stride, nt, scale_chunk);
   }
-}
-
-int widest_access(uintptr_t base, int64_t stride, int32_t head_bytes) {
-  for (int v = 16; v > 1; v /= 2)
-    if (base % v == 0 && stride % v == 0 && head_bytes % v == 0) return v;
-  return 1;
-}
-
-int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The tiling of one stream: whole heads, as many tokens as fit in a tile (at most one band).
-TileStream make_stream(const ShiftTensorParams& t, int64_t band_tokens) {
-  TileStream s{};
-  s.t = t;
-  const int per_head = t.head_bytes + t.scale_head_bytes;
-  const int budget = kTileBytes - (t.scale_head_bytes ? 16 : 0);  // room for the scales' alignment
-  s.heads_per_chunk = std::max(1, std::min(t.n_heads, budget / per_head));
-  s.n_chunks = static_cast<int32_t>(ceil_div64(t.n_heads, s.heads_per_chunk));
-  s.tokens_per_tile = static_cast<int32_t>(std::clamp<int64_t>(budget / (s.heads_per_chunk * per_head), 1, band_tokens));
-  s.vec = widest_access(reinterpret_cast<uintptr_t>(t.base), t.token_stride, t.head_bytes);
-  s.scale_vec = t.maybe_scales ? widest_access(reinterpret_cast<uintptr_t>(t.maybe_scales), t.scale_token_stride, t.scale_head_bytes) : 1;
-  return s;
-}
-
-int32_t tiles_in_band(const TileStream& s, int64_t band_tokens) {
-  return static_cast<int32_t>(ceil_div64(band_tokens, s.tokens_per_tile) * s.n_chunks);
 }
 
 int sm_count(int device);
@@ -360,79 +288,18 @@ int sm_count(int device) {
 void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   KVCORE_CUDA_CHECK(cudaSetDevice(p.device_index));
   const cudaStream_t s = native(stream);
-  const int64_t D = p.n_discard;
-  const int64_t n_bands = ceil_div64(p.n_moved, D);
-  KVCORE_CUDA_CHECK(n_bands < (int64_t{1} << 30) ? cudaSuccess : cudaErrorInvalidValue);
-  const int64_t full_len = std::min(D, p.n_moved);
-  const int64_t last_len = p.n_moved - (n_bands - 1) * D;
-
-  // Group layers into launches that fit the parameter block.
-  std::vector<std::unique_ptr<LaunchParams>> launches;
-  std::vector<int32_t> layer_to_local(p.n_layers, -1);
-  int32_t n_layers_here = 0, n_pairs_here = 0;
-  LaunchParams* cur = nullptr;
-  bool any_fp8 = false;
-  for (int32_t i = 0; i < p.n_tensors; ++i) {
-    const ShiftTensorParams& t = p.tensors[i];
-    const int32_t layer = t.layer;
-    const int32_t pairs = p.layouts[layer].n_pairs();
-    // tensors of one layer are adjacent: count how many the layer has
-    int32_t layer_tensors = 0;
-    for (int32_t k = i; k < p.n_tensors && p.tensors[k].layer == layer; ++k) ++layer_tensors;
-    if (layer_to_local[layer] < 0) {
-      if (!cur || cur->n_streams + layer_tensors > kMaxStreams || n_layers_here + 1 > kMaxLayers ||
-          n_pairs_here + pairs > kMaxPairsTotal) {
-        launches.push_back(std::make_unique<LaunchParams>());
-        cur = launches.back().get();
-        *cur = LaunchParams{};
-        n_layers_here = 0;
-        n_pairs_here = 0;
-      }
-      layer_to_local[layer] = n_layers_here;
-      cur->layout[n_layers_here] = p.layouts[layer];
-      cur->pair_offset[n_layers_here] = n_pairs_here;
-      for (int32_t q = 0; q < pairs; ++q) {
-        cur->cos_t[n_pairs_here + q] = p.cos_t[p.pair_offset[layer] + q];
-        cur->sin_t[n_pairs_here + q] = p.sin_t[p.pair_offset[layer] + q];
-      }
-      n_pairs_here += pairs;
-      ++n_layers_here;
-    }
-    TileStream ts = make_stream(t, full_len);
-    ts.t.layer = layer_to_local[layer];
-    any_fp8 = any_fp8 || t.kind == ShiftKind::Fp8;
-    cur->streams[cur->n_streams++] = ts;
-  }
-
-  for (auto& Lp : launches) {  // finish every launch's tiling first: errors come before any work is queued
-    LaunchParams& L = *Lp;
-    L.n_keep = p.n_keep;
-    L.n_discard = D;
-    L.n_moved = p.n_moved;
-    L.n_bands = static_cast<int32_t>(n_bands);
-    L.prefix_full[0] = L.prefix_last[0] = 0;
-    for (int32_t k = 0; k < L.n_streams; ++k) {
-      L.prefix_full[k + 1] = L.prefix_full[k] + tiles_in_band(L.streams[k], full_len);
-      L.prefix_last[k + 1] = L.prefix_last[k] + tiles_in_band(L.streams[k], last_len);
-    }
-    L.tiles_full = L.prefix_full[L.n_streams];
-    L.tiles_last = L.prefix_last[L.n_streams];
-    L.total_tiles = (n_bands - 1) * int64_t{L.tiles_full} + L.tiles_last;
-    if (L.total_tiles >= (int64_t{1} << 31) - kThreads * 1024)
-      throw Error(ErrorCode::InvalidArgument, detail::concat("shift_dense: ", L.total_tiles,
-                                                             " tiles exceed one launch; shift fewer tokens or layers per call"));
-  }
-  const int64_t counters_per_launch = 1 + n_bands;
-  const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * launches.size();
+  const shift_plan::Plan plan = shift_plan::make_plan(p);  // throws before any work is queued
+  const int64_t counters_per_launch = 1 + plan.n_bands;
+  const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
-  const int max_blocks = blocks_per_sm(p.device_index, any_fp8);
+  const int max_blocks = blocks_per_sm(p.device_index, plan.any_fp8);
   int* ws = workspace(p.device_index, s, ws_bytes);
   KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
-  for (size_t g = 0; g < launches.size(); ++g) {
-    LaunchParams& L = *launches[g];
+  for (size_t g = 0; g < plan.launches.size(); ++g) {
+    LaunchParams& L = *plan.launches[g];
     L.counters = ws + g * counters_per_launch;
     const int grid = static_cast<int>(std::min<int64_t>(L.total_tiles, max_blocks));
-    if (any_fp8) shift_dense_kernel<true><<<grid, kThreads, 0, s>>>(L);
+    if (plan.any_fp8) shift_dense_kernel<true><<<grid, kThreads, 0, s>>>(L);
     else shift_dense_kernel<false><<<grid, kThreads, 0, s>>>(L);
     KVCORE_CUDA_CHECK_LAUNCH("shift_dense_kernel");
   }
