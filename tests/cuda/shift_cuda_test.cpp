@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <cuda_runtime.h>
+
 #include "kvcore/buffer.hpp"
 #include "kvcore/runtime.hpp"
 #include "shift_test_util.hpp"
@@ -236,4 +238,23 @@ TEST(ShiftCuda, RopeShiftRowsMatchesCpu) {
     }
     for (int64_t r = 0; r < rows; r += 9) EXPECT_EQ(0, std::memcmp(k.data() + r * L.k_tok, L.k.data() + r * L.k_tok, L.k_tok));
   }
+}
+
+TEST(ShiftCuda, OrderedOnTheCallersStream) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const LayerSpec s = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
+  const Layer L = make_layer(s, 4001, 90);
+  Layer c = L;
+  std::vector<ShiftDenseLayer> cv{c.host_view()};
+  for (int i = 0; i < 3; ++i) shift_dense(cv, 4001 - 100 * i, 4, 100);
+  DevLayer d(L);
+  std::vector<ShiftDenseLayer> dv{d.view(L)};
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  for (int i = 0; i < 3; ++i) shift_dense(dv, 4001 - 100 * i, 4, 100, Stream::from_native(st));  // three shifts queued back to back
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
+  EXPECT_EQ(d.v.to_host<uint8_t>(), c.v);
+  const Diff diff = compare_k(L, d.k.to_host<uint8_t>(), c.k);
+  EXPECT_EQ(diff.beyond, 0) << "max ulps " << diff.max_ulps;
 }
