@@ -255,6 +255,13 @@ TEST(ShiftCuda, OrderedOnTheCallersStream) {
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
   ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
   EXPECT_EQ(d.v.to_host<uint8_t>(), c.v);
-  const Diff diff = compare_k(L, d.k.to_host<uint8_t>(), c.k);
-  EXPECT_EQ(diff.beyond, 0) << "max ulps " << diff.max_ulps;
+  // three roundings on either side: compare values (an ordering bug gives O(1) differences)
+  const auto k = d.k.to_host<uint8_t>();
+  double se = 0, sr = 0;
+  for (size_t i = 0; i + 2 <= k.size(); i += 2) {
+    const double a = load_value(DType::F16, &k[i]), b = load_value(DType::F16, &c.k[i]);
+    se += (a - b) * (a - b);
+    sr += b * b;
+  }
+  EXPECT_LT(std::sqrt(se / sr), 1e-3);
 }
