@@ -1,0 +1,66 @@
+// PagedCache internals shared by its translation units.
+#pragma once
+#include <vector>
+
+#include "cache/paged_blocks.hpp"
+#include "cache/paged_meta.hpp"
+#include "kvcore/cache/paged_cache.hpp"
+
+namespace kvcore {
+
+struct PagedCache::Impl {
+  PagedCacheConfig cfg;
+  Device dev;
+  PagedLayout lay;
+  PagedMeta meta;
+  std::vector<math::RopeTable> rope;  // per layer
+  std::vector<Buffer> k_data, k_scales, v_data, v_scales;  // per layer
+  // CUDA mirrors of the per-cell arrays (on the CPU the host arrays are the contract arrays).
+  Buffer pos_dev, valid_dev, pending_dev;
+  // Every pool array, for copy-on-write block copies (device table on CUDA).
+  std::vector<PagedPoolArray> arrays;
+  Buffer arrays_dev;
+  Buffer csr;  // block tables handed out by block_tables()
+  int64_t bytes_per_block = 0;
+  bool corrupt = false;
+
+  bool has_v() const { return cfg.v_head_dim > 0; }
+  void check_usable() const;
+  int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
+
+  KvPool pool(bool is_k, int32_t layer) const;
+  TensorRef pending_view() const;
+  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors (no-op on CPU).
+  void sync_cells(int32_t lo, int32_t hi);
+  // Device side of a transaction: COW block copies; then, after `device_work`, mirror the
+  // cell arrays; on any failure undo the host changes and rethrow.
+  void copy_blocks(const std::vector<int32_t>& pairs);
+  template <class F>
+  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work) {
+    try {
+      copy_blocks(cow_pairs);
+      device_work();
+      sync_cells(txn.dirty_lo(), txn.dirty_hi());
+    } catch (...) {
+      const int32_t lo = txn.dirty_lo(), hi = txn.dirty_hi();
+      txn.rollback();
+      try {
+        sync_cells(lo, hi);  // put the old values back on the device (best effort)
+      } catch (...) {
+      }
+      throw;
+    }
+    txn.commit();
+  }
+  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs) {
+    finish(txn, cow_pairs, [] {});
+  }
+
+  // Steps shared by append() and reserve().
+  AppendTicket reserve_impl(std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                            std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
+  void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v);
+  void truncate_impl(SeqId id, int32_t n);
+};
+
+}  // namespace kvcore
