@@ -6,11 +6,14 @@
 
 namespace kvcore::cpu {
 
+// Below this many values a parallel region costs more than the work (decode steps, tests).
+constexpr int64_t kParallelMin = int64_t{1} << 17;
+
 void kv_store(const KvStoreParams& p) {
   const int64_t rows = static_cast<int64_t>(p.n_tokens) * p.n_heads;
   const size_t elem = dtype_size(kv_format_dtype(p.format));
   const int32_t groups = kvrow::n_fp8_groups(p.format, p.head_dim);
-#pragma omp parallel for schedule(static) if (rows > 64)
+#pragma omp parallel for schedule(static) if (rows * p.head_dim >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t t = static_cast<int32_t>(r / p.n_heads);
     const int32_t h = static_cast<int32_t>(r % p.n_heads);
@@ -32,7 +35,7 @@ void kv_rotate_blocks(const KvRotateParams& p) {
   const int64_t rows = static_cast<int64_t>(p.n_blocks) * p.block_size * p.n_heads;
   const size_t elem = dtype_size(kv_format_dtype(p.format));
   const int32_t groups = kvrow::n_fp8_groups(p.format, p.head_dim);
-#pragma omp parallel for schedule(static) if (rows > 64)
+#pragma omp parallel for schedule(static) if (rows * p.head_dim >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t bs_heads = static_cast<int64_t>(p.block_size) * p.n_heads;
     const int32_t b = p.blocks[r / bs_heads];
