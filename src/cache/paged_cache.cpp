@@ -81,6 +81,19 @@ void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
   copy_bytes(pending_dev.as<int32_t>() + c0, dev, meta.pending.data() + c0, Device::cpu(), n * 4, cfg.stream);
 }
 
+void PagedCache::Impl::device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
+  if (dev.is_cpu() || blocks.empty()) return;
+#if !KVCORE_WITH_CUDA
+  (void)delta;
+  (void)pending_delta;
+#else
+  Buffer list = Buffer::from_host(blocks, dev);
+  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), list.as<int32_t>(),
+                         static_cast<int32_t>(blocks.size()), cfg.block_size, delta, pending_delta, false, cfg.stream);
+  synchronize(dev, cfg.stream);  // `list` is freed on return; also surfaces faults here
+#endif
+}
+
 void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
   if (pairs.empty()) return;
   const int32_t n_pairs = static_cast<int32_t>(pairs.size() / 2);

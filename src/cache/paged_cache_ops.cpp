@@ -269,25 +269,30 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
   }
   const int32_t bs = m.cfg.block_size;
   const int32_t c0 = mt.locate(s0, n_keep), c1 = mt.locate(s0, n_keep + n_discard - 1);
-  // Plan: which blocks are dropped (every cell of the span dead afterwards) and which are
-  // edited (cut cells, or later cells whose positions move); edited shared blocks need a copy.
-  enum class Fate : uint8_t { Keep, Drop, Edit };
-  std::vector<Fate> fate(s0.blocks.size(), Fate::Keep);
+  const size_t b0 = static_cast<size_t>(c0 / bs), b1 = static_cast<size_t>(c1 / bs), nb = s0.blocks.size();
+  // Plan. Blocks before b0 stay as they are; blocks strictly between b0 and b1 hold only cut or
+  // dead cells: dropped. b0 and b1 are edited cell by cell (dropped if nothing live is left);
+  // every block after b1 only has its positions (and pending deltas) lowered: one bulk edit.
+  // An edited block that is shared is copied first.
+  enum class Fate : uint8_t { Keep, Drop, Edit, Bulk };
+  std::vector<Fate> fate(nb, Fate::Keep);
   int64_t copies = 0;
-  for (size_t bi = static_cast<size_t>(c0 / bs); bi < s0.blocks.size(); ++bi) {
-    const int32_t b = s0.blocks[bi];
-    const int32_t used = mt.cells_in_block(s0, bi);
-    int32_t live_after = 0;
-    bool edited = false;
-    for (int32_t j = 0; j < used; ++j) {
-      const int32_t c = static_cast<int32_t>(bi) * bs + j;
-      if (!mt.valid[mt.cell(b, j)]) continue;
-      if (c >= c0 && c <= c1) edited = true;
-      else ++live_after;
-      if (c > c1) edited = true;
+  for (size_t bi = b0; bi < nb; ++bi) {
+    if (bi > b0 && bi < b1) {
+      fate[bi] = Fate::Drop;
+      continue;
     }
-    if (live_after == 0 && bi + 1 < s0.blocks.size()) fate[bi] = Fate::Drop;
-    else if (edited) fate[bi] = Fate::Edit;
+    const int32_t b = s0.blocks[bi];
+    if (bi > b1) {
+      fate[bi] = mt.refcount[b] > 1 ? Fate::Edit : Fate::Bulk;
+    } else {
+      int32_t live_after = 0;
+      for (int32_t j = 0; j < mt.cells_in_block(s0, bi); ++j) {
+        const int32_t c = static_cast<int32_t>(bi) * bs + j;
+        live_after += mt.valid[mt.cell(b, j)] && (c < c0 || c > c1) ? 1 : 0;
+      }
+      fate[bi] = live_after == 0 && bi + 1 < nb ? Fate::Drop : Fate::Edit;
+    }
     if (fate[bi] == Fate::Edit && mt.refcount[b] > 1) ++copies;
   }
   require(copies <= static_cast<int64_t>(mt.free_list.size()), ErrorCode::OutOfMemory, op, ": sequence ", seq,
@@ -297,32 +302,35 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
   const bool stored = m.cfg.rope_mode == RopeMode::RopeStored;
   PagedTxn txn(mt);
   PagedSeq& s = txn.seq(seq);
-  std::vector<int32_t> cow, kept;
-  std::vector<int32_t> dropped;
-  for (size_t bi = 0; bi < s.blocks.size(); ++bi) {
+  std::vector<int32_t> cow, kept, dropped, bulk;
+  kept.reserve(nb);
+  for (size_t bi = 0; bi < nb; ++bi) {
     int32_t b = s.blocks[bi];
-    if (fate[bi] == Fate::Drop) {
-      dropped.push_back(b);
-      continue;
-    }
-    if (fate[bi] == Fate::Edit) {
-      const int32_t used = mt.cells_in_block(s0, bi);
-      if (mt.refcount[b] > 1) {
-        const int32_t nb = txn.copy_block(b, used);
-        cow.push_back(b);
-        cow.push_back(nb);
-        b = nb;
-      }
-      for (int32_t j = 0; j < used; ++j) {
-        const int32_t c = static_cast<int32_t>(bi) * bs + j;
-        const int64_t cell = mt.cell(b, j);
-        if (!mt.valid[cell] || c < c0) continue;
-        if (c <= c1) txn.set_cell(b, j, mt.positions[cell], 0, 0);
-        else txn.set_cell(b, j, mt.positions[cell] - n_discard, 1, stored ? mt.pending[cell] - n_discard : 0);
+    switch (fate[bi]) {
+      case Fate::Keep: break;
+      case Fate::Drop: dropped.push_back(b); continue;
+      case Fate::Bulk: bulk.push_back(b); break;
+      case Fate::Edit: {
+        const int32_t used = mt.cells_in_block(s0, bi);
+        if (mt.refcount[b] > 1) {
+          const int32_t copy = txn.copy_block(b, used);
+          cow.push_back(b);
+          cow.push_back(copy);
+          b = copy;
+        }
+        for (int32_t j = 0; j < used; ++j) {
+          const int32_t c = static_cast<int32_t>(bi) * bs + j;
+          const int64_t cell = mt.cell(b, j);
+          if (!mt.valid[cell] || c < c0) continue;
+          if (c <= c1) txn.set_cell(b, j, mt.positions[cell], 0, 0);
+          else txn.set_cell(b, j, mt.positions[cell] - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
+        }
+        break;
       }
     }
     kept.push_back(b);
   }
+  txn.bulk_shift(std::move(bulk), n_discard, stored);
   for (int32_t b : dropped) txn.release_block(b);  // after the copies: a dropped block is never a copy target
   s.n_cells -= static_cast<int32_t>(dropped.size()) * bs;
   s.n_live -= n_discard;
@@ -335,6 +343,7 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
 
 bool PagedCache::needs_prepare() const {
   const PagedMeta& mt = impl_->meta;
+  if (!mt.any_pending) return false;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
     if (mt.pending_flag[b] && mt.refcount[b] > 0) return true;
   return false;
@@ -344,15 +353,25 @@ void PagedCache::prepare() {
   Impl& m = *impl_;
   m.check_usable();
   PagedMeta& mt = m.meta;
+  if (!mt.any_pending) return;
   std::vector<int32_t> blocks;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
     if (mt.pending_flag[b] && mt.refcount[b] > 0) blocks.push_back(b);
-  if (blocks.empty()) return;
+  if (blocks.empty()) {
+    mt.any_pending = false;
+    return;
+  }
   Buffer dev_blocks = Buffer::from_host(blocks, m.dev);
   const TensorRef list(dev_blocks.data(), DType::I32, m.dev, {static_cast<int64_t>(blocks.size())});
   try {
     for (int32_t l = 0; l < m.cfg.n_layers; ++l)
       kv_rotate_blocks(m.pool(true, l), list, m.pending_view(), m.rope[l], m.cfg.stream);
+#if KVCORE_WITH_CUDA
+    if (m.dev.is_cuda())
+      cuda::paged_edit_cells(m.pos_dev.as<int32_t>(), m.pending_dev.as<int32_t>(), m.valid_dev.as<uint8_t>(),
+                             dev_blocks.as<int32_t>(), static_cast<int32_t>(blocks.size()), m.cfg.block_size, 0, 0, true,
+                             m.cfg.stream);
+#endif
     synchronize(m.dev, m.cfg.stream);
   } catch (...) {
     m.corrupt = true;  // some layers may be rotated and others not: nothing consistent to return to
@@ -362,12 +381,7 @@ void PagedCache::prepare() {
     std::fill_n(mt.pending.begin() + mt.cell(b, 0), m.cfg.block_size, 0);
     mt.pending_flag[b] = 0;
   }
-  try {
-    m.sync_cells(blocks.front(), blocks.back() + 1);
-  } catch (...) {
-    m.corrupt = true;
-    throw;
-  }
+  mt.any_pending = false;
 }
 
 }  // namespace kvcore

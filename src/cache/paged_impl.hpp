@@ -35,17 +35,26 @@ struct PagedCache::Impl {
   // Device side of a transaction: COW block copies; then, after `device_work`, mirror the
   // cell arrays; on any failure undo the host changes and rethrow.
   void copy_blocks(const std::vector<int32_t>& pairs);
+  // Apply PagedMeta::shift_cells to the device mirrors (no-op on CPU, where they are the host arrays).
+  void device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
   template <class F>
   void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work) {
+    size_t bulk_done = 0;
     try {
       copy_blocks(cow_pairs);
+      for (const PagedTxn::Bulk& b : txn.bulk()) {
+        device_shift_cells(b.blocks, b.n, b.stored ? b.n : 0);
+        ++bulk_done;
+      }
       device_work();
       sync_cells(txn.dirty_lo(), txn.dirty_hi());
     } catch (...) {
       const int32_t lo = txn.dirty_lo(), hi = txn.dirty_hi();
+      std::vector<PagedTxn::Bulk> undo(txn.bulk().begin(), txn.bulk().begin() + static_cast<std::ptrdiff_t>(bulk_done));
       txn.rollback();
-      try {
-        sync_cells(lo, hi);  // put the old values back on the device (best effort)
+      try {  // put the old values back on the device (best effort: the device may be gone)
+        for (const PagedTxn::Bulk& b : undo) device_shift_cells(b.blocks, -b.n, b.stored ? -b.n : 0);
+        sync_cells(lo, hi);
       } catch (...) {
       }
       throw;

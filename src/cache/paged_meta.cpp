@@ -16,6 +16,7 @@ void PagedMeta::init(int32_t bs, int32_t nb) {
   block_live.assign(nb, 0);
   refcount.assign(nb, 0);
   pending_flag.assign(nb, 0);
+  txn_mark.assign(nb, 0);
   free_list.resize(nb);
   // Hand out low block ids first: pop_back() takes the end.
   for (int32_t i = 0; i < nb; ++i) free_list[i] = nb - 1 - i;
@@ -47,36 +48,49 @@ const PagedSeq& PagedMeta::seq(SeqId id) const {
   return it->second;
 }
 
-void PagedTxn::save_block(int32_t b) {
-  if (!saved_ids_.insert(b).second) return;
+void PagedMeta::shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
+  for (int32_t b : blocks) {
+    const int64_t c0 = cell(b, 0);
+    for (int32_t j = 0; j < block_size; ++j) {
+      const int32_t on = valid[c0 + j] ? 1 : 0;  // branch-free: the loop vectorizes
+      positions[c0 + j] -= delta * on;
+      pending[c0 + j] -= pending_delta * on;
+    }
+  }
+}
+
+void PagedTxn::save_cells(int32_t b) {
+  if (m_.txn_mark[b] == id_) return;
+  m_.txn_mark[b] = id_;
   const size_t off = saved_pos_.size();
   const size_t c0 = static_cast<size_t>(m_.cell(b, 0));
   saved_pos_.insert(saved_pos_.end(), m_.positions.begin() + c0, m_.positions.begin() + c0 + m_.block_size);
   saved_pending_.insert(saved_pending_.end(), m_.pending.begin() + c0, m_.pending.begin() + c0 + m_.block_size);
   saved_valid_.insert(saved_valid_.end(), m_.valid.begin() + c0, m_.valid.begin() + c0 + m_.block_size);
-  blocks_.push_back({b, m_.refcount[b], m_.block_live[b], m_.pending_flag[b], off});
+  blocks_.push_back({b, m_.block_live[b], off});
 }
 
 void PagedTxn::set_cell(int32_t b, int32_t slot, int32_t position, uint8_t valid, int32_t pending) {
-  save_block(b);
+  save_cells(b);
   const int64_t c = m_.cell(b, slot);
   m_.block_live[b] += static_cast<int32_t>(valid != 0) - static_cast<int32_t>(m_.valid[c] != 0);
   m_.positions[c] = position;
   m_.valid[c] = valid;
   m_.pending[c] = pending;
-  if (pending != 0) m_.pending_flag[b] = 1;
+  if (pending != 0 && !m_.pending_flag[b]) set_pending_flag(b, 1);
   dirty_lo_ = std::min(dirty_lo_, b);
   dirty_hi_ = std::max(dirty_hi_, b + 1);
 }
 
 void PagedTxn::set_refcount(int32_t b, int32_t value) {
-  save_block(b);
+  refcounts_.push_back({b, m_.refcount[b]});
   m_.refcount[b] = value;
 }
 
 void PagedTxn::set_pending_flag(int32_t b, uint8_t value) {
-  save_block(b);
+  flags_.push_back({b, m_.pending_flag[b]});
   m_.pending_flag[b] = value;
+  if (value) m_.any_pending = true;
 }
 
 int32_t PagedTxn::pop_free() {
@@ -95,7 +109,9 @@ void PagedTxn::push_free(int32_t b) {
 PagedSeq& PagedTxn::seq(SeqId id) {
   auto it = m_.seqs.find(id);
   require_arg(it != m_.seqs.end(), "PagedCache: unknown or erased sequence id ", id);
-  if (saved_seqs_.insert(id).second) seqs_.push_back({id, it->second});
+  bool saved = false;
+  for (const auto& s : seqs_) saved |= s.first == id;
+  if (!saved) seqs_.push_back({id, it->second});
   return it->second;
 }
 
@@ -111,7 +127,7 @@ uint64_t PagedTxn::next_version() {
 SeqId PagedTxn::add_seq(PagedSeq s) {
   next_version();  // saves the counters
   const SeqId id = m_.next_id++;
-  if (saved_seqs_.insert(id).second) seqs_.push_back({id, std::nullopt});
+  seqs_.push_back({id, std::nullopt});
   s.version = next_version();
   m_.seqs.emplace(id, std::move(s));
   return id;
@@ -127,9 +143,7 @@ void PagedTxn::release_block(int32_t b) {
   require(rc > 0, ErrorCode::Corrupt, "PagedCache: releasing free block ", b);
   set_refcount(b, rc - 1);
   if (rc - 1 > 0) return;
-  for (int32_t j = 0; j < m_.block_size; ++j)
-    if (m_.valid[m_.cell(b, j)] || m_.pending[m_.cell(b, j)] || m_.positions[m_.cell(b, j)]) set_cell(b, j, 0, 0, 0);
-  set_pending_flag(b, 0);
+  if (m_.pending_flag[b]) set_pending_flag(b, 0);
   push_free(b);
 }
 
@@ -147,14 +161,33 @@ int32_t PagedTxn::copy_block(int32_t src, int32_t used) {
       set_cell(dst, j, 0, 0, 0);
     }
   }
-  set_pending_flag(dst, any_pending);
+  if (m_.pending_flag[dst] != any_pending) set_pending_flag(dst, any_pending);
   return dst;
+}
+
+void PagedTxn::bulk_shift(std::vector<int32_t> blocks, int32_t n, bool stored) {
+  if (blocks.empty() || n == 0) return;
+  Bulk rec{std::move(blocks), n, stored, {}};
+  m_.shift_cells(rec.blocks, n, stored ? n : 0);
+  if (stored) {
+    rec.old_flags.reserve(rec.blocks.size());
+    for (int32_t b : rec.blocks) {
+      rec.old_flags.push_back(m_.pending_flag[b]);
+      m_.pending_flag[b] = 1;
+    }
+    m_.any_pending = true;
+  }
+  bulk_.push_back(std::move(rec));
 }
 
 void PagedTxn::commit() { done_ = true; }
 
 void PagedTxn::rollback() noexcept {
   done_ = true;
+  for (auto it = bulk_.rbegin(); it != bulk_.rend(); ++it) {
+    m_.shift_cells(it->blocks, -it->n, it->stored ? -it->n : 0);
+    for (size_t i = 0; i < it->old_flags.size(); ++i) m_.pending_flag[it->blocks[i]] = it->old_flags[i];
+  }
   for (auto it = seqs_.rbegin(); it != seqs_.rend(); ++it) {
     if (it->second) m_.seqs[it->first] = *it->second;
     else m_.seqs.erase(it->first);
@@ -163,14 +196,15 @@ void PagedTxn::rollback() noexcept {
     if (it->first) m_.free_list.pop_back();
     else m_.free_list.push_back(it->second);
   }
+  for (auto it = refcounts_.rbegin(); it != refcounts_.rend(); ++it) m_.refcount[it->first] = it->second;
+  for (auto it = flags_.rbegin(); it != flags_.rend(); ++it) m_.pending_flag[it->first] = it->second;
   for (const SavedBlock& s : blocks_) {
     const size_t c0 = static_cast<size_t>(m_.cell(s.block, 0));
     std::copy_n(saved_pos_.begin() + s.cells, m_.block_size, m_.positions.begin() + c0);
     std::copy_n(saved_pending_.begin() + s.cells, m_.block_size, m_.pending.begin() + c0);
     std::copy_n(saved_valid_.begin() + s.cells, m_.block_size, m_.valid.begin() + c0);
-    m_.refcount[s.block] = s.refcount;
     m_.block_live[s.block] = s.live;
-    m_.pending_flag[s.block] = s.pending_flag;
+    m_.txn_mark[s.block] = 0;
   }
   if (saved_counters_) {
     m_.next_id = saved_next_id_;

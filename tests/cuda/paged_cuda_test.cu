@@ -86,9 +86,16 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
   const KvFormat f = GetParam();
   const int32_t D = f == KvFormat::Dsv4Row ? 512 : 192, H = 3, bs = 7, blocks = 11, n = 37;
   std::mt19937_64 rng(21);
-  const math::RopeTable rope =
-      make_rope_table(f == KvFormat::Dsv4Row ? RopeSpec::deepseek_v4_compressed() : RopeSpec::llama3_8b(), D);
+  // Variant 0: Llama-3 (NeoX, 64 pairs: the vectorized rotation path for 16-bit and f32 rows);
+  // variant 1: an odd partial tail slice, interleaved, 18 pairs (the per-warp path).
+  RopeSpec odd = RopeSpec::plain(36, 20000.0, RopePairing::Interleaved);
+  odd.slice = RopeSlice::Tail;
+  for (int variant = 0; variant < 2; ++variant)
   for (bool rotate : {false, true}) {
+    const math::RopeTable rope = make_rope_table(
+        f == KvFormat::Dsv4Row ? (variant ? RopeSpec::deepseek_v4_window() : RopeSpec::deepseek_v4_compressed())
+                               : (variant ? odd : RopeSpec::llama3_8b()),
+        D);
     for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
       TwinPool pool(f, blocks, bs, H, D);
       // A strided source: every token row padded by 5 elements.
@@ -116,8 +123,8 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
       if (!rotate) {
         EXPECT_EQ(diff, 0) << kv_format_name(f) << " " << dtype_name(dt) << ": stored bytes differ without rotation";
       } else {
-        std::printf("[paged cuda] kv_store %s from %s, rotated at positions < 131072: %lld of %zu bytes differ, worst |diff|/rowmax %.3g\n",
-                    std::string(kv_format_name(f)).c_str(), std::string(dtype_name(dt)).c_str(), static_cast<long long>(diff),
+        std::printf("[paged cuda] kv_store %s from %s, rope variant %d, positions < 131072: %lld of %zu bytes differ, worst |diff|/rowmax %.3g\n",
+                    std::string(kv_format_name(f)).c_str(), std::string(dtype_name(dt)).c_str(), variant, static_cast<long long>(diff),
                     pool.host_data.size(), worst);
         EXPECT_LE(worst, 2.0 * format_eps(f) + 2e-5) << kv_format_name(f);
       }
@@ -134,8 +141,8 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
       auto [diff2, worst2] = pool.compare(H, D);
       EXPECT_LE(worst2, 3.0 * format_eps(f) + 4e-5) << kv_format_name(f) << " after rotation";
       if (rotate && dt == DType::F32)
-        std::printf("[paged cuda] kv_rotate_blocks %s: %lld bytes differ, worst |diff|/rowmax %.3g\n",
-                    std::string(kv_format_name(f)).c_str(), static_cast<long long>(diff2), worst2);
+        std::printf("[paged cuda] kv_rotate_blocks %s, rope variant %d: %lld bytes differ, worst |diff|/rowmax %.3g\n",
+                    std::string(kv_format_name(f)).c_str(), variant, static_cast<long long>(diff2), worst2);
     }
   }
 }
