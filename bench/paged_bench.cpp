@@ -207,10 +207,11 @@ void bench_decode(BenchOptions& opt, const Geometry& g, const Rows& rows, KvForm
     return TensorRef(static_cast<uint16_t*>(b.data()) + l * layer_stride, DType::F16, b.device(), {batch, g.heads, g.dim});
   };
   int32_t step = 0;
+  AppendTicket t;  // reused: no device allocation per step
   BenchRecord rec = record(name, 2.0 * batch * g.layers * g.heads * g.dim * 2 + kv_bytes(g, f, batch));
   rec.t = opt.time([&](int) {
     std::vector<int32_t> pos(batch, step++);
-    AppendTicket t = c.reserve(ids, counts, pos);
+    c.reserve(t, ids, counts, pos);
     for (int32_t l = 0; l < g.layers; ++l) c.store(t, l, layer_rows(rows.k, l), layer_rows(rows.v, l));
   });
   opt.report(rec);

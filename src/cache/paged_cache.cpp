@@ -81,16 +81,23 @@ void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
   copy_bytes(pending_dev.as<int32_t>() + c0, dev, meta.pending.data() + c0, Device::cpu(), n * 4, cfg.stream);
 }
 
+int32_t* PagedCache::Impl::upload_list(const std::vector<int32_t>& v) {
+  const size_t bytes = v.size() * sizeof(int32_t);
+  if (scratch.size() < bytes) scratch = Buffer(std::max<size_t>(bytes, scratch.size() * 2), dev);
+  copy_bytes(scratch.data(), dev, v.data(), Device::cpu(), bytes, cfg.stream);
+  return scratch.as<int32_t>();
+}
+
 void PagedCache::Impl::device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
   if (dev.is_cpu() || blocks.empty()) return;
 #if !KVCORE_WITH_CUDA
   (void)delta;
   (void)pending_delta;
 #else
-  Buffer list = Buffer::from_host(blocks, dev);
-  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), list.as<int32_t>(),
+  int32_t* list = upload_list(blocks);
+  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), list,
                          static_cast<int32_t>(blocks.size()), cfg.block_size, delta, pending_delta, false, cfg.stream);
-  synchronize(dev, cfg.stream);  // `list` is freed on return; also surfaces faults here
+  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
 #endif
 }
 
@@ -104,10 +111,10 @@ void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
     return;
   }
 #if KVCORE_WITH_CUDA
-  Buffer dev_pairs = Buffer::from_host(pairs, dev);
-  cuda::paged_copy_blocks(arrays_dev.as<PagedPoolArray>(), static_cast<int32_t>(arrays.size()), dev_pairs.as<int32_t>(),
-                          n_pairs, cfg.stream);
-  synchronize(dev, cfg.stream);  // dev_pairs is freed on return; also surfaces faults here
+  int32_t* dev_pairs = upload_list(pairs);
+  cuda::paged_copy_blocks(arrays_dev.as<PagedPoolArray>(), static_cast<int32_t>(arrays.size()), dev_pairs, n_pairs,
+                          cfg.stream);
+  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
 #endif
 }
 

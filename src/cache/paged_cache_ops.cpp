@@ -73,9 +73,8 @@ TensorRef layer_slice(const TensorRef& t, int32_t l) {
 
 }  // namespace
 
-AppendTicket PagedCache::Impl::reserve_impl(std::span<const SeqId> seqs, std::span<const int32_t> counts,
-                                            std::span<const int32_t> positions, const TensorRef* k_all,
-                                            const TensorRef* v_all) {
+void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                                    std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all) {
   constexpr std::string_view op = "PagedCache::reserve";
   check_usable();
   require_arg(seqs.size() == counts.size(), op, ": ", seqs.size(), " sequence ids but ", counts.size(), " counts");
@@ -115,13 +114,15 @@ AppendTicket PagedCache::Impl::reserve_impl(std::span<const SeqId> seqs, std::sp
   require(need <= static_cast<int64_t>(meta.free_list.size()), ErrorCode::OutOfMemory, op, ": ", total,
           " new tokens need ", need, " free blocks, the pool has ", meta.free_list.size(), " of ", cfg.num_blocks);
 
-  AppendTicket t;
+  // The ticket's device buffers are reused when they are large enough (and on this device).
+  const size_t bytes = static_cast<size_t>(total) * 4;
+  if (t.slots.size() < bytes || t.slots.device() != dev) t.slots = Buffer(bytes, dev);
+  if (t.positions.size() < bytes || t.positions.device() != dev) t.positions = Buffer(bytes, dev);
   t.seqs.assign(seqs.begin(), seqs.end());
   t.counts.assign(counts.begin(), counts.end());
+  t.versions.clear();
   t.n_tokens = static_cast<int32_t>(total);
   t.host_slots.resize(static_cast<size_t>(total));
-  t.slots = Buffer(static_cast<size_t>(total) * 4, dev);
-  t.positions = Buffer(static_cast<size_t>(total) * 4, dev);
 
   PagedTxn txn(meta);
   std::vector<int32_t> cow;
@@ -153,6 +154,13 @@ AppendTicket PagedCache::Impl::reserve_impl(std::span<const SeqId> seqs, std::sp
     s.version = txn.next_version();
     t.versions.push_back(s.version);
   }
+  auto forget = [&t] {  // a failed reservation must not leave a ticket that looks valid
+    t.seqs.clear();
+    t.versions.clear();
+    t.counts.clear();
+    t.n_tokens = 0;
+  };
+  try {
   finish(txn, cow, [&] {
     copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
     copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
@@ -161,7 +169,10 @@ AppendTicket PagedCache::Impl::reserve_impl(std::span<const SeqId> seqs, std::sp
         store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
     if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
   });
-  return t;
+  } catch (...) {
+    forget();
+    throw;
+  }
 }
 
 void PagedCache::Impl::store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v) {
@@ -185,18 +196,27 @@ void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const Ten
   }
   const SeqId ids[1] = {seq};
   const int32_t counts[1] = {static_cast<int32_t>(n)};
-  m.reserve_impl(ids, counts, positions, &k, &v);
+  m.reserve_impl(m.append_ticket, ids, counts, positions, &k, &v);
+  m.append_ticket.seqs.clear();  // never valid for store(): append() already wrote every layer
+  m.append_ticket.versions.clear();
 }
 
 AppendTicket PagedCache::reserve(std::span<const SeqId> seqs, std::span<const int32_t> counts,
                                  std::span<const int32_t> positions) {
-  return impl_->reserve_impl(seqs, counts, positions, nullptr, nullptr);
+  AppendTicket t;
+  impl_->reserve_impl(t, seqs, counts, positions, nullptr, nullptr);
+  return t;
 }
 
 AppendTicket PagedCache::reserve(SeqId seq, std::span<const int32_t> positions) {
   const SeqId ids[1] = {seq};
   const int32_t counts[1] = {static_cast<int32_t>(positions.size())};
-  return impl_->reserve_impl(ids, counts, positions, nullptr, nullptr);
+  return reserve(ids, counts, positions);
+}
+
+void PagedCache::reserve(AppendTicket& reuse, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                         std::span<const int32_t> positions) {
+  impl_->reserve_impl(reuse, seqs, counts, positions, nullptr, nullptr);
 }
 
 void PagedCache::store(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v) {
@@ -361,15 +381,15 @@ void PagedCache::prepare() {
     mt.any_pending = false;
     return;
   }
-  Buffer dev_blocks = Buffer::from_host(blocks, m.dev);
-  const TensorRef list(dev_blocks.data(), DType::I32, m.dev, {static_cast<int64_t>(blocks.size())});
+  int32_t* dev_blocks = m.upload_list(blocks);
+  const TensorRef list(dev_blocks, DType::I32, m.dev, {static_cast<int64_t>(blocks.size())});
   try {
     for (int32_t l = 0; l < m.cfg.n_layers; ++l)
       kv_rotate_blocks(m.pool(true, l), list, m.pending_view(), m.rope[l], m.cfg.stream);
 #if KVCORE_WITH_CUDA
     if (m.dev.is_cuda())
       cuda::paged_edit_cells(m.pos_dev.as<int32_t>(), m.pending_dev.as<int32_t>(), m.valid_dev.as<uint8_t>(),
-                             dev_blocks.as<int32_t>(), static_cast<int32_t>(blocks.size()), m.cfg.block_size, 0, 0, true,
+                             dev_blocks, static_cast<int32_t>(blocks.size()), m.cfg.block_size, 0, 0, true,
                              m.cfg.stream);
 #endif
     synchronize(m.dev, m.cfg.stream);

@@ -20,7 +20,9 @@ struct PagedCache::Impl {
   // Every pool array, for copy-on-write block copies (device table on CUDA).
   std::vector<PagedPoolArray> arrays;
   Buffer arrays_dev;
-  Buffer csr;  // block tables handed out by block_tables()
+  Buffer csr;      // block tables handed out by block_tables()
+  Buffer scratch;  // transient i32 lists for device kernels (every user synchronizes before returning)
+  AppendTicket append_ticket;  // reused by append(): no allocation per call once it is large enough
   int64_t bytes_per_block = 0;
   bool corrupt = false;
 
@@ -66,8 +68,10 @@ struct PagedCache::Impl {
   }
 
   // Steps shared by append() and reserve().
-  AppendTicket reserve_impl(std::span<const SeqId> seqs, std::span<const int32_t> counts,
-                            std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
+  // Upload an i32 list into `scratch` (grown when too small); returns its device address.
+  int32_t* upload_list(const std::vector<int32_t>& v);
+  void reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                    std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
   void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v);
   void truncate_impl(SeqId id, int32_t n);
 };

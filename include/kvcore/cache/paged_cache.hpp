@@ -135,6 +135,10 @@ class PagedCache {
   // in that order. The tokens are live at once; store() then writes them layer by layer.
   AppendTicket reserve(std::span<const SeqId> seqs, std::span<const int32_t> counts, std::span<const int32_t> positions);
   AppendTicket reserve(SeqId seq, std::span<const int32_t> positions);
+  // The same, reusing `reuse`'s device buffers when they are large enough (a decode loop
+  // allocates nothing per step). On failure `reuse` is left stale, the cache unchanged.
+  void reserve(AppendTicket& reuse, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+               std::span<const int32_t> positions);
   // k [n_tokens, n_kv_heads, head_dim], v [n_tokens, n_kv_heads, v_head_dim] (or empty).
   void store(const AppendTicket& ticket, int32_t layer, const TensorRef& k, const TensorRef& v);
   // Keep tokens [0, n_keep), drop [n_keep, n_keep + n_discard), later tokens move down by
