@@ -1,0 +1,180 @@
+// PagedCache: a multi-sequence paged KV cache on the CPU or one CUDA device.
+//
+// Per layer a K pool and a V pool of fixed-size blocks (cache/paged_layout.hpp);
+// sequences own lists of blocks; blocks are reference counted, so fork() shares
+// a whole sequence and the partly filled tail block is copied on the first write
+// (copy on write; so is any block a shift must edit while it is shared).
+//
+// RoPE modes:
+//   RopeStored: K is rotated at its position when written. shift() records a
+//     pending position delta per kept cell; prepare() (called by read(),
+//     block_tables(), and by an attention path before it reads) rotates every
+//     pending cell once, so k shifts cost one rounding, not k.
+//   RopeOnRead: K is stored unrotated; readers rotate at the cached positions.
+//     shift() edits positions, validity and block tables only: no K or V byte moves.
+// shift() never moves V (nor K): it frees blocks whose cells are all cut, marks the
+// other cut cells dead (valid = 0) and lowers later positions by n_discard.
+//
+// Metadata (block tables, refcounts, free list, positions, validity) lives on
+// the host and is mirrored to the device arrays of the layout contract after
+// each change. Strong guarantee: every public call that throws (bad argument,
+// exhausted pool, device error) leaves every sequence, every pool byte of a
+// used block and every count exactly as before: placement is planned and
+// counted before anything is written, device writes before the commit go only
+// to cells no sequence uses, and the host commit is undone if mirroring fails.
+// (prepare() is the one exception: a device fault in the middle of its rotations
+// cannot be undone; the cache then refuses further calls with Corrupt.)
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvcore/buffer.hpp"
+#include "kvcore/cache/paged_layout.hpp"
+#include "kvcore/device.hpp"
+#include "kvcore/math/rope_spec.hpp"
+#include "kvcore/ops/kv_store.hpp"
+#include "kvcore/stream.hpp"
+#include "kvcore/tensor.hpp"
+
+namespace kvcore {
+
+using SeqId = int64_t;
+
+enum class RopeMode : uint8_t { RopeStored, RopeOnRead };
+
+struct PagedCacheConfig {
+  int32_t n_layers = 1;
+  int32_t n_kv_heads = 1;
+  int32_t head_dim = 128;
+  int32_t v_head_dim = 128;  // 0: no V pools (K and V are one row, as in DeepSeek-V4)
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;
+  KvFormat k_format = KvFormat::F16;
+  KvFormat v_format = KvFormat::F16;  // ignored when v_head_dim == 0; never Dsv4Row
+  std::vector<RopeSpec> rope;         // one spec for every layer, or one per layer
+  RopeMode rope_mode = RopeMode::RopeStored;
+  // Appended positions must be >= 0 and strictly increase along a sequence (its last
+  // live token included). false: any positions >= 0.
+  bool strict_positions = true;
+  Stream stream;  // CUDA stream for every device operation of the cache
+
+  // Throws InvalidArgument naming the field.
+  void validate() const;
+  const RopeSpec& rope_for(int32_t layer) const { return rope.size() == 1 ? rope[0] : rope[layer]; }
+};
+
+struct PagedStats {
+  int32_t sequences = 0;
+  int32_t blocks_total = 0, blocks_used = 0, blocks_free = 0;
+  int32_t blocks_shared = 0;      // used blocks with refcount > 1
+  int64_t bytes_per_block = 0;    // all layers, K and V, scales included
+  int64_t bytes_total = 0;        // every pool byte
+  int64_t bytes_used = 0;         // blocks_used * bytes_per_block
+  int64_t tokens_live = 0;        // live tokens summed over sequences (shared cells counted per sequence)
+  int64_t tokens_dead = 0;        // dead cells inside sequences' spans (cut by shifts)
+  int64_t cells_pending = 0;      // RopeStored: cells whose rotation waits for prepare()
+};
+
+struct SeqInfo {
+  int32_t n_live = 0;    // tokens
+  int32_t n_cells = 0;   // cells spanned (live + dead)
+  int32_t n_blocks = 0;
+  int32_t last_position = -1;  // position of the last token (-1: empty)
+};
+
+// Block tables of a batch in CSR form (cache/paged_layout.hpp), in buffers the cache owns
+// (valid until the next block_tables() call or until the cache changes).
+struct PagedCsr {
+  TensorRef indptr;         // i32 [batch + 1]
+  TensorRef indices;        // i32 [indptr[batch]]
+  TensorRef last_page_len;  // i32 [batch]
+};
+
+// Cells reserved for one step's new tokens (reserve()); layers are then stored one at a
+// time with store(). Stale once any of its sequences changes again.
+struct AppendTicket {
+  std::vector<SeqId> seqs;
+  std::vector<uint64_t> versions;
+  std::vector<int32_t> counts;
+  std::vector<int32_t> host_slots;  // [n_tokens] cell ids, in the order of the positions given
+  int32_t n_tokens = 0;
+  Buffer slots;                     // i32 [n_tokens] on the cache's device
+  Buffer positions;                 // i32 [n_tokens] on the cache's device
+  TensorRef slot_mapping() const;
+  TensorRef position_view() const;
+};
+
+// Read-back of one layer of one sequence as f32, K rotated to current positions.
+struct PagedReadBack {
+  std::vector<int32_t> positions;  // [n_live]
+  std::vector<float> k;            // [n_live, n_kv_heads, head_dim]
+  std::vector<float> v;            // [n_live, n_kv_heads, v_head_dim] (empty without V)
+};
+
+class PagedCache {
+ public:
+  PagedCache(PagedCacheConfig config, Device device);
+  ~PagedCache();
+  PagedCache(PagedCache&&) noexcept;
+  PagedCache& operator=(PagedCache&&) noexcept;
+  PagedCache(const PagedCache&) = delete;
+  PagedCache& operator=(const PagedCache&) = delete;
+
+  // ---- sequences -------------------------------------------------------------------
+  SeqId create();
+  // A new sequence sharing every block of `seq` (no copy now; copy on first write).
+  SeqId fork(SeqId seq);
+  void erase(SeqId seq);
+  // Append n tokens to every layer: positions [n] (host); k [n_layers, n, n_kv_heads, head_dim],
+  // v [n_layers, n, n_kv_heads, v_head_dim] (empty without V); f32, f16 or bf16 on the cache's device.
+  void append(SeqId seq, std::span<const int32_t> positions, const TensorRef& k, const TensorRef& v);
+  // Reserve cells for counts[i] new tokens of seqs[i] (distinct ids); positions concatenated
+  // in that order. The tokens are live at once; store() then writes them layer by layer.
+  AppendTicket reserve(std::span<const SeqId> seqs, std::span<const int32_t> counts, std::span<const int32_t> positions);
+  AppendTicket reserve(SeqId seq, std::span<const int32_t> positions);
+  // The same, reusing `reuse`'s device buffers when they are large enough (a decode loop
+  // allocates nothing per step). On failure `reuse` is left stale, the cache unchanged.
+  void reserve(AppendTicket& reuse, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+               std::span<const int32_t> positions);
+  // k [n_tokens, n_kv_heads, head_dim], v [n_tokens, n_kv_heads, v_head_dim] (or empty).
+  void store(const AppendTicket& ticket, int32_t layer, const TensorRef& k, const TensorRef& v);
+  // Keep tokens [0, n_keep), drop [n_keep, n_keep + n_discard), later tokens move down by
+  // n_discard positions (context-shift.md). n_keep + n_discard must not exceed the length.
+  void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
+  // Keep the first n tokens (speculative-decoding rollback).
+  void truncate(SeqId seq, int32_t n);
+  // RopeStored: rotate every cell with a pending delta, once. A no-op when nothing is pending.
+  void prepare();
+  bool needs_prepare() const;
+
+  // ---- reading ---------------------------------------------------------------------
+  PagedReadBack read(SeqId seq, int32_t layer);  // calls prepare()
+  PagedCsr block_tables(std::span<const SeqId> seqs);  // calls prepare()
+  TensorRef positions() const;  // i32 [num_blocks, block_size]
+  TensorRef valid() const;      // u8  [num_blocks, block_size]
+  KvPool k_pool(int32_t layer) const;
+  KvPool v_pool(int32_t layer) const;  // data empty without V
+  const math::RopeTable& rope_table(int32_t layer) const;
+
+  // ---- inspection ------------------------------------------------------------------
+  PagedStats stats() const;
+  SeqInfo info(SeqId seq) const;
+  bool contains(SeqId seq) const;
+  std::vector<SeqId> sequences() const;
+  // Canonical text of all host metadata (sequences, block lists, refcounts, free list,
+  // per-cell positions / validity / pending deltas of used blocks): tests compare it.
+  std::string debug_state() const;
+  const PagedCacheConfig& config() const;
+  Device device() const;
+  PagedLayout layout() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvcore

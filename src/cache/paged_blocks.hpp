@@ -1,0 +1,28 @@
+// Device helpers of PagedCache: whole-block copies between blocks of every pool
+// array (copy on write: one launch copies block src -> dst of every array for
+// every pair), and edits of the per-cell mirrors of listed blocks.
+#pragma once
+#include <cstdint>
+
+#include "kvcore/stream.hpp"
+
+namespace kvcore {
+
+// One pool array: its base and the bytes one block takes in it.
+struct PagedPoolArray {
+  uint8_t* base = nullptr;
+  int64_t block_bytes = 0;
+};
+
+namespace cuda {
+// arrays: device [n_arrays]; pairs: device i32 [n_pairs, 2] (src block, dst block).
+void paged_copy_blocks(const PagedPoolArray* arrays, int32_t n_arrays, const int32_t* pairs, int32_t n_pairs,
+                       Stream stream);
+// Cell arrays of the listed blocks (device i32 [n_blocks]): with clear_pending, pending = 0 for
+// every cell; otherwise valid cells get positions -= delta and pending -= pending_delta
+// (PagedMeta::shift_cells on the device mirror).
+void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
+                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending, Stream stream);
+}  // namespace cuda
+
+}  // namespace kvcore

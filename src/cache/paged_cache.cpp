@@ -1,0 +1,355 @@
+// PagedCache: construction, views of the layout contract, statistics, read-back.
+#include "kvcore/cache/paged_cache.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "cache/paged_impl.hpp"
+#include "kvcore/error.hpp"
+#include "kvcore/runtime.hpp"
+#include "ops/checks.hpp"
+#include "ops/kv_store_row.hpp"
+
+namespace kvcore {
+
+void PagedCacheConfig::validate() const {
+  require_arg(n_layers > 0, "PagedCacheConfig.n_layers must be > 0, got ", n_layers);
+  require_arg(n_kv_heads > 0, "PagedCacheConfig.n_kv_heads must be > 0, got ", n_kv_heads);
+  require_arg(head_dim > 0 && head_dim <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.head_dim must be in [1, ",
+              2 * math::RopeTable::kMaxPairs, "], got ", head_dim);
+  require_arg(v_head_dim >= 0 && v_head_dim <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.v_head_dim must be in [0, ",
+              2 * math::RopeTable::kMaxPairs, "], got ", v_head_dim);
+  require_arg(block_size > 0 && block_size <= 4096, "PagedCacheConfig.block_size must be in [1, 4096], got ", block_size);
+  require_arg(num_blocks > 0, "PagedCacheConfig.num_blocks must be > 0, got ", num_blocks);
+  require_arg(static_cast<int64_t>(num_blocks) * block_size <= INT32_MAX, "PagedCacheConfig: num_blocks ", num_blocks,
+              " x block_size ", block_size, " cells exceed i32 cell ids");
+  if (k_format == KvFormat::Fp8)
+    require_arg(head_dim % 64 == 0, "PagedCacheConfig: fp8 K needs head_dim % 64 == 0, got ", head_dim);
+  if (k_format == KvFormat::Dsv4Row) {
+    require_arg(head_dim == math::Dsv4RowLayout::kHeadDim, "PagedCacheConfig: Dsv4Row K needs head_dim ",
+                math::Dsv4RowLayout::kHeadDim, ", got ", head_dim);
+    require_arg(v_head_dim == 0, "PagedCacheConfig: Dsv4Row rows are K and V at once: v_head_dim must be 0, got ", v_head_dim);
+  }
+  if (v_head_dim > 0) {
+    require_arg(v_format != KvFormat::Dsv4Row, "PagedCacheConfig.v_format: Dsv4Row is a K-only format");
+    if (v_format == KvFormat::Fp8)
+      require_arg(v_head_dim % 64 == 0, "PagedCacheConfig: fp8 V needs v_head_dim % 64 == 0, got ", v_head_dim);
+  }
+  require_arg(rope.size() == 1 || rope.size() == static_cast<size_t>(n_layers), "PagedCacheConfig.rope must hold 1 or n_layers = ",
+              n_layers, " specs, got ", rope.size());
+  for (size_t l = 0; l < rope.size(); ++l) {
+    rope[l].validate(head_dim);
+    if (k_format == KvFormat::Dsv4Row) {
+      const math::RopeLayout lay = rope[l].layout(head_dim);
+      require_arg(lay.first_dim >= math::Dsv4RowLayout::kNope, "PagedCacheConfig.rope[", l,
+                  "]: a Dsv4Row cache rotates only dims [448, 512); this spec starts at dim ", lay.first_dim);
+    }
+  }
+}
+
+void PagedCache::Impl::check_usable() const {
+  require(!corrupt, ErrorCode::Corrupt, "PagedCache: a device fault interrupted prepare(); the cache cannot be used");
+}
+
+KvPool PagedCache::Impl::pool(bool is_k, int32_t layer) const {
+  KvPool p;
+  const KvFormat f = is_k ? cfg.k_format : cfg.v_format;
+  const int32_t hd = is_k ? cfg.head_dim : cfg.v_head_dim;
+  if (!is_k && !has_v()) return p;
+  p.format = f;
+  p.head_dim = hd;
+  const Buffer& data = is_k ? k_data[layer] : v_data[layer];
+  p.data = TensorRef(data.data(), kv_format_dtype(f), dev, {cfg.num_blocks, cfg.block_size, cfg.n_kv_heads, kv_row_width(f, hd)});
+  if (kv_format_has_scales(f)) {
+    const Buffer& s = is_k ? k_scales[layer] : v_scales[layer];
+    p.scales = TensorRef(s.data(), DType::UE8M0, dev, {cfg.num_blocks, cfg.block_size, cfg.n_kv_heads, hd / 64});
+  }
+  return p;
+}
+
+TensorRef PagedCache::Impl::pending_view() const {
+  void* p = dev.is_cpu() ? const_cast<int32_t*>(meta.pending.data()) : pending_dev.data();
+  return TensorRef(p, DType::I32, dev, {cfg.num_blocks, cfg.block_size});
+}
+
+void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
+  if (dev.is_cpu() || lo >= hi) return;
+  const size_t c0 = static_cast<size_t>(lo) * cfg.block_size, n = static_cast<size_t>(hi - lo) * cfg.block_size;
+  copy_bytes(pos_dev.as<int32_t>() + c0, dev, meta.positions.data() + c0, Device::cpu(), n * 4, cfg.stream);
+  copy_bytes(valid_dev.as<uint8_t>() + c0, dev, meta.valid.data() + c0, Device::cpu(), n, cfg.stream);
+  copy_bytes(pending_dev.as<int32_t>() + c0, dev, meta.pending.data() + c0, Device::cpu(), n * 4, cfg.stream);
+}
+
+int32_t* PagedCache::Impl::upload_list(const std::vector<int32_t>& v) {
+  const size_t bytes = v.size() * sizeof(int32_t);
+  if (scratch.size() < bytes) scratch = Buffer(std::max<size_t>(bytes, scratch.size() * 2), dev);
+  copy_bytes(scratch.data(), dev, v.data(), Device::cpu(), bytes, cfg.stream);
+  return scratch.as<int32_t>();
+}
+
+void PagedCache::Impl::device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
+  if (dev.is_cpu() || blocks.empty()) return;
+#if !KVCORE_WITH_CUDA
+  (void)delta;
+  (void)pending_delta;
+#else
+  int32_t* list = upload_list(blocks);
+  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), list,
+                         static_cast<int32_t>(blocks.size()), cfg.block_size, delta, pending_delta, false, cfg.stream);
+  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
+#endif
+}
+
+void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
+  if (pairs.empty()) return;
+  const int32_t n_pairs = static_cast<int32_t>(pairs.size() / 2);
+  if (dev.is_cpu()) {
+    for (const PagedPoolArray& a : arrays)
+      for (int32_t i = 0; i < n_pairs; ++i)
+        std::memcpy(a.base + pairs[2 * i + 1] * a.block_bytes, a.base + pairs[2 * i] * a.block_bytes, a.block_bytes);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  int32_t* dev_pairs = upload_list(pairs);
+  cuda::paged_copy_blocks(arrays_dev.as<PagedPoolArray>(), static_cast<int32_t>(arrays.size()), dev_pairs, n_pairs,
+                          cfg.stream);
+  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
+#endif
+}
+
+PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make_unique<Impl>()) {
+  config.validate();
+  checks::backend_available("PagedCache", device);
+  Impl& m = *impl_;
+  m.cfg = std::move(config);
+  m.dev = device;
+  m.lay = PagedLayout{m.cfg.block_size, m.cfg.n_kv_heads, m.cfg.head_dim};
+  m.meta.init(m.cfg.block_size, m.cfg.num_blocks);
+  for (int32_t l = 0; l < m.cfg.n_layers; ++l) m.rope.push_back(make_rope_table(m.cfg.rope_for(l), m.cfg.head_dim));
+
+  const int64_t cells_heads = m.num_cells() * m.cfg.n_kv_heads;
+  auto alloc = [&](std::vector<Buffer>& v, int64_t bytes_per_row) {
+    Buffer b(static_cast<size_t>(cells_heads * bytes_per_row), device);
+    fill_bytes(b.data(), device, 0, b.size(), m.cfg.stream);
+    v.push_back(std::move(b));
+    m.arrays.push_back({v.back().as<uint8_t>(), bytes_per_row * m.cfg.block_size * m.cfg.n_kv_heads});
+    m.bytes_per_block += m.arrays.back().block_bytes;
+  };
+  auto data_bytes = [](KvFormat f, int32_t hd) {
+    return static_cast<int64_t>(kv_row_width(f, hd)) * static_cast<int64_t>(dtype_size(kv_format_dtype(f)));
+  };
+  for (int32_t l = 0; l < m.cfg.n_layers; ++l) {
+    alloc(m.k_data, data_bytes(m.cfg.k_format, m.cfg.head_dim));
+    if (kv_format_has_scales(m.cfg.k_format)) alloc(m.k_scales, m.cfg.head_dim / 64);
+    if (m.has_v()) {
+      alloc(m.v_data, data_bytes(m.cfg.v_format, m.cfg.v_head_dim));
+      if (kv_format_has_scales(m.cfg.v_format)) alloc(m.v_scales, m.cfg.v_head_dim / 64);
+    }
+  }
+  if (device.is_cuda()) {
+    m.pos_dev = Buffer(static_cast<size_t>(m.num_cells()) * 4, device);
+    m.valid_dev = Buffer(static_cast<size_t>(m.num_cells()), device);
+    m.pending_dev = Buffer(static_cast<size_t>(m.num_cells()) * 4, device);
+    m.sync_cells(0, m.cfg.num_blocks);
+    m.arrays_dev = Buffer::from_host(m.arrays, device);
+  }
+}
+
+PagedCache::~PagedCache() = default;
+PagedCache::PagedCache(PagedCache&&) noexcept = default;
+PagedCache& PagedCache::operator=(PagedCache&&) noexcept = default;
+
+const PagedCacheConfig& PagedCache::config() const { return impl_->cfg; }
+Device PagedCache::device() const { return impl_->dev; }
+PagedLayout PagedCache::layout() const { return impl_->lay; }
+
+TensorRef PagedCache::positions() const {
+  const Impl& m = *impl_;
+  void* p = m.dev.is_cpu() ? const_cast<int32_t*>(m.meta.positions.data()) : m.pos_dev.data();
+  return TensorRef(p, DType::I32, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
+}
+
+TensorRef PagedCache::valid() const {
+  const Impl& m = *impl_;
+  void* p = m.dev.is_cpu() ? const_cast<uint8_t*>(m.meta.valid.data()) : m.valid_dev.data();
+  return TensorRef(p, DType::U8, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
+}
+
+KvPool PagedCache::k_pool(int32_t layer) const {
+  require_arg(layer >= 0 && layer < impl_->cfg.n_layers, "PagedCache::k_pool: layer ", layer, " outside [0, ",
+              impl_->cfg.n_layers, ")");
+  return impl_->pool(true, layer);
+}
+
+KvPool PagedCache::v_pool(int32_t layer) const {
+  require_arg(layer >= 0 && layer < impl_->cfg.n_layers, "PagedCache::v_pool: layer ", layer, " outside [0, ",
+              impl_->cfg.n_layers, ")");
+  return impl_->pool(false, layer);
+}
+
+const math::RopeTable& PagedCache::rope_table(int32_t layer) const {
+  require_arg(layer >= 0 && layer < impl_->cfg.n_layers, "PagedCache::rope_table: layer ", layer, " outside [0, ",
+              impl_->cfg.n_layers, ")");
+  return impl_->rope[layer];
+}
+
+bool PagedCache::contains(SeqId seq) const { return impl_->meta.seqs.count(seq) != 0; }
+
+std::vector<SeqId> PagedCache::sequences() const {
+  std::vector<SeqId> ids;
+  for (const auto& [id, s] : impl_->meta.seqs) ids.push_back(id);
+  return ids;
+}
+
+SeqInfo PagedCache::info(SeqId seq) const {
+  const PagedMeta& mt = impl_->meta;
+  const PagedSeq& s = mt.seq(seq);
+  SeqInfo i;
+  i.n_live = s.n_live;
+  i.n_cells = s.n_cells;
+  i.n_blocks = static_cast<int32_t>(s.blocks.size());
+  if (s.n_cells > 0) {
+    const int32_t c = s.n_cells - 1;
+    i.last_position = mt.positions[mt.cell(s.blocks[c / mt.block_size], c % mt.block_size)];
+  }
+  return i;
+}
+
+PagedStats PagedCache::stats() const {
+  const Impl& m = *impl_;
+  PagedStats st;
+  st.sequences = static_cast<int32_t>(m.meta.seqs.size());
+  st.blocks_total = m.cfg.num_blocks;
+  st.blocks_free = static_cast<int32_t>(m.meta.free_list.size());
+  st.blocks_used = st.blocks_total - st.blocks_free;
+  for (int32_t rc : m.meta.refcount) st.blocks_shared += rc > 1 ? 1 : 0;
+  st.bytes_per_block = m.bytes_per_block;
+  st.bytes_total = m.bytes_per_block * m.cfg.num_blocks;
+  st.bytes_used = m.bytes_per_block * st.blocks_used;
+  for (const auto& [id, s] : m.meta.seqs) {
+    st.tokens_live += s.n_live;
+    st.tokens_dead += s.n_cells - s.n_live;
+  }
+  for (int32_t b = 0; b < m.cfg.num_blocks; ++b)
+    if (m.meta.pending_flag[b] && m.meta.refcount[b] > 0)
+      for (int32_t j = 0; j < m.cfg.block_size; ++j) st.cells_pending += m.meta.pending[m.meta.cell(b, j)] != 0 ? 1 : 0;
+  return st;
+}
+
+std::string PagedCache::debug_state() const {
+  const PagedMeta& mt = impl_->meta;
+  std::ostringstream os;
+  os << "next_id " << mt.next_id << "\n";
+  for (const auto& [id, s] : mt.seqs) {
+    os << "seq " << id << " cells " << s.n_cells << " live " << s.n_live << " blocks";
+    for (int32_t b : s.blocks) os << ' ' << b;
+    os << "\n";
+  }
+  os << "free";
+  for (int32_t b : mt.free_list) os << ' ' << b;
+  os << "\n";
+  for (int32_t b = 0; b < mt.num_blocks; ++b) {
+    os << "block " << b << " rc " << mt.refcount[b] << " live " << mt.block_live[b] << " pf " << int(mt.pending_flag[b])
+       << " |";
+    for (int32_t j = 0; j < mt.block_size; ++j) {
+      const int64_t c = mt.cell(b, j);
+      os << ' ' << mt.positions[c] << ':' << int(mt.valid[c]) << ':' << mt.pending[c];
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
+  Impl& m = *impl_;
+  m.check_usable();
+  require_arg(layer >= 0 && layer < m.cfg.n_layers, "PagedCache::read: layer ", layer, " outside [0, ", m.cfg.n_layers, ")");
+  const PagedSeq& s0 = m.meta.seq(seq);
+  (void)s0;
+  prepare();
+  const PagedSeq& s = m.meta.seq(seq);
+  const int32_t H = m.cfg.n_kv_heads, D = m.cfg.head_dim, DV = m.cfg.v_head_dim;
+  PagedReadBack out;
+  out.positions.reserve(s.n_live);
+  out.k.reserve(static_cast<size_t>(s.n_live) * H * D);
+  if (m.has_v()) out.v.reserve(static_cast<size_t>(s.n_live) * H * DV);
+
+  // Bring one block of a pool array to the host (a view on the CPU).
+  auto block_bytes = [&](const Buffer& buf, int64_t block_bytes, int32_t b, std::vector<uint8_t>& tmp) -> const uint8_t* {
+    const uint8_t* src = buf.as<uint8_t>() + b * block_bytes;
+    if (m.dev.is_cpu()) return src;
+    tmp.resize(static_cast<size_t>(block_bytes));
+    copy_bytes(tmp.data(), Device::cpu(), src, m.dev, tmp.size(), m.cfg.stream);
+    return tmp.data();
+  };
+  const KvFormat kf = m.cfg.k_format, vf = m.cfg.v_format;
+  const int64_t k_row = kv_row_width(kf, D) * static_cast<int64_t>(dtype_size(kv_format_dtype(kf)));
+  const int64_t v_row = m.has_v() ? kv_row_width(vf, DV) * static_cast<int64_t>(dtype_size(kv_format_dtype(vf))) : 0;
+  const int32_t kg = kvrow::n_fp8_groups(kf, D), vg = m.has_v() ? kvrow::n_fp8_groups(vf, DV) : 0;
+  std::vector<uint8_t> tk, tks, tv, tvs;
+  std::vector<float> row(static_cast<size_t>(std::max(D, DV)));
+  const int64_t rows_per_block = static_cast<int64_t>(m.cfg.block_size) * H;
+  for (size_t bi = 0; bi < s.blocks.size(); ++bi) {
+    const int32_t b = s.blocks[bi];
+    const uint8_t* kd = block_bytes(m.k_data[layer], rows_per_block * k_row, b, tk);
+    const uint8_t* ks = kg && kf == KvFormat::Fp8 ? block_bytes(m.k_scales[layer], rows_per_block * kg, b, tks) : nullptr;
+    const uint8_t* vd = m.has_v() ? block_bytes(m.v_data[layer], rows_per_block * v_row, b, tv) : nullptr;
+    const uint8_t* vs = vg && vf == KvFormat::Fp8 ? block_bytes(m.v_scales[layer], rows_per_block * vg, b, tvs) : nullptr;
+    const int32_t used = m.meta.cells_in_block(s, bi);
+    for (int32_t j = 0; j < used; ++j) {
+      const int64_t c = m.meta.cell(b, j);
+      if (!m.meta.valid[c]) continue;
+      const int32_t pos = m.meta.positions[c];
+      out.positions.push_back(pos);
+      for (int32_t h = 0; h < H; ++h) {
+        const int64_t r = static_cast<int64_t>(j) * H + h;
+        for (int32_t d = 0; d < D; ++d) row[d] = kvrow::decode(kf, kd + r * k_row, ks ? ks + r * kg : nullptr, d);
+        if (m.cfg.rope_mode == RopeMode::RopeOnRead)
+          math::rope_rotate_row(row.data(), m.rope[layer], static_cast<float>(pos), m.rope[layer].attention_factor);
+        out.k.insert(out.k.end(), row.begin(), row.begin() + D);
+        if (!vd) continue;
+        for (int32_t d = 0; d < DV; ++d) row[d] = kvrow::decode(vf, vd + r * v_row, vs ? vs + r * vg : nullptr, d);
+        out.v.insert(out.v.end(), row.begin(), row.begin() + DV);
+      }
+    }
+  }
+  return out;
+}
+
+PagedCsr PagedCache::block_tables(std::span<const SeqId> seqs) {
+  Impl& m = *impl_;
+  m.check_usable();
+  for (SeqId id : seqs) m.meta.seq(id);  // validate every id first
+  prepare();
+  const size_t batch = seqs.size();
+  std::vector<int32_t> host(batch + 1 + batch);  // indptr, last_page_len; indices appended after
+  std::vector<int32_t> indices;
+  host[0] = 0;
+  for (size_t i = 0; i < batch; ++i) {
+    const PagedSeq& s = m.meta.seq(seqs[i]);
+    indices.insert(indices.end(), s.blocks.begin(), s.blocks.end());
+    host[i + 1] = static_cast<int32_t>(indices.size());
+    host[batch + 1 + i] = s.blocks.empty() ? 0 : m.meta.cells_in_block(s, s.blocks.size() - 1);
+  }
+  host.insert(host.end(), indices.begin(), indices.end());
+  const size_t bytes = host.size() * 4;
+  if (m.csr.size() < bytes) m.csr = Buffer(std::max<size_t>(bytes, 4096), m.dev);
+  copy_bytes(m.csr.data(), m.dev, host.data(), Device::cpu(), bytes, m.cfg.stream);
+  int32_t* base = m.csr.as<int32_t>();
+  PagedCsr out;
+  out.indptr = TensorRef(base, DType::I32, m.dev, {static_cast<int64_t>(batch + 1)});
+  out.last_page_len = TensorRef(base + batch + 1, DType::I32, m.dev, {static_cast<int64_t>(batch)});
+  out.indices = TensorRef(base + 2 * batch + 1, DType::I32, m.dev, {static_cast<int64_t>(indices.size())});
+  return out;
+}
+
+TensorRef AppendTicket::slot_mapping() const {
+  return TensorRef(slots.data(), DType::I32, slots.empty() ? Device::cpu() : slots.device(), {n_tokens});
+}
+
+TensorRef AppendTicket::position_view() const {
+  return TensorRef(positions.data(), DType::I32, positions.empty() ? Device::cpu() : positions.device(), {n_tokens});
+}
+
+}  // namespace kvcore

@@ -1,0 +1,407 @@
+// PagedCache sequence operations. Each one: validate, count what it needs (blocks
+// for new cells and for copy-on-write) and throw before touching anything when
+// that is not available; then change the host metadata inside a PagedTxn, do the
+// device work (block copies, stores: only into cells no sequence uses yet), mirror
+// the changed cell arrays, and commit. Any failure rolls the host changes back.
+#include <algorithm>
+
+#include "cache/paged_impl.hpp"
+#include "kvcore/error.hpp"
+#include "kvcore/math/hd.hpp"
+#include "kvcore/runtime.hpp"
+#include "ops/checks.hpp"
+
+namespace kvcore {
+
+SeqId PagedCache::create() {
+  Impl& m = *impl_;
+  m.check_usable();
+  PagedTxn txn(m.meta);
+  const SeqId id = txn.add_seq(PagedSeq{});
+  txn.commit();
+  return id;
+}
+
+SeqId PagedCache::fork(SeqId seq) {
+  Impl& m = *impl_;
+  m.check_usable();
+  m.meta.seq(seq);
+  PagedTxn txn(m.meta);
+  PagedSeq& src = txn.seq(seq);
+  src.version = txn.next_version();  // outstanding tickets of src must not write into shared blocks
+  PagedSeq copy = src;
+  for (int32_t b : copy.blocks) txn.set_refcount(b, m.meta.refcount[b] + 1);
+  const SeqId id = txn.add_seq(std::move(copy));
+  txn.commit();
+  return id;
+}
+
+void PagedCache::erase(SeqId seq) {
+  Impl& m = *impl_;
+  m.check_usable();
+  m.meta.seq(seq);
+  PagedTxn txn(m.meta);
+  const std::vector<int32_t> blocks = txn.seq(seq).blocks;
+  for (int32_t b : blocks) txn.release_block(b);
+  txn.remove_seq(seq);
+  m.finish(txn, {});
+}
+
+// ---- append / reserve / store ---------------------------------------------------------
+
+namespace {
+
+void check_rows(std::string_view op, std::string_view name, const TensorRef& t, int dims, const int64_t* want,
+                Device dev) {
+  checks::not_null(op, name, t);
+  checks::ndim_is(op, name, t, dims);
+  require_arg(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16, op, ": ", name,
+              " must be f32, f16 or bf16, got ", dtype_name(t.dtype()));
+  for (int i = 0; i < dims; ++i) checks::size_is(op, name, t, i, want[i]);
+  checks::innermost_contiguous(op, name, t);
+  checks::non_negative_strides(op, name, t);
+  require_arg(t.device() == dev, op, ": ", name, " is on ", t.device().str(), " but the cache is on ", dev.str());
+}
+
+// The [n, H, D] slice of layer l of a [L, n, H, D] tensor.
+TensorRef layer_slice(const TensorRef& t, int32_t l) {
+  const int64_t shape[3] = {t.size(1), t.size(2), t.size(3)};
+  const int64_t strides[3] = {t.stride(1), t.stride(2), t.stride(3)};
+  char* base = static_cast<char*>(t.data()) + l * t.stride(0) * static_cast<int64_t>(t.element_size());
+  return TensorRef(base, t.dtype(), t.device(), 3, shape, strides);
+}
+
+}  // namespace
+
+void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                                    std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all) {
+  constexpr std::string_view op = "PagedCache::reserve";
+  check_usable();
+  require_arg(seqs.size() == counts.size(), op, ": ", seqs.size(), " sequence ids but ", counts.size(), " counts");
+  int64_t total = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    require_arg(counts[i] >= 0, op, ": counts[", i, "] must be >= 0, got ", counts[i]);
+    total += counts[i];
+    for (size_t j = 0; j < i; ++j) require_arg(seqs[j] != seqs[i], op, ": sequence id ", seqs[i], " appears twice");
+  }
+  require_arg(total == static_cast<int64_t>(positions.size()), op, ": counts add up to ", total, " tokens but ",
+              positions.size(), " positions were given");
+  require_arg(total <= INT32_MAX / 2, op, ": too many tokens in one call: ", total);
+  // Positions and block needs, per sequence.
+  int64_t need = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const PagedSeq& s = meta.seq(seqs[i]);
+    int32_t last = -1;
+    if (s.n_cells > 0) {
+      const int32_t c = s.n_cells - 1;
+      last = meta.positions[meta.cell(s.blocks[c / cfg.block_size], c % cfg.block_size)];
+    }
+    for (int32_t j = 0; j < counts[i]; ++j, ++at) {
+      const int32_t p = positions[at];
+      require_arg(p >= 0, op, ": positions[", at, "] = ", p, " is negative");
+      if (cfg.strict_positions)
+        require_arg(p > last, op, ": positions[", at, "] = ", p, " of sequence ", seqs[i], " does not follow position ",
+                    last, " (positions must increase)");
+      last = p;
+    }
+    if (counts[i] == 0) continue;
+    const int64_t cells = static_cast<int64_t>(s.n_cells) + counts[i];
+    require_arg(cells <= INT32_MAX / 2, op, ": sequence ", seqs[i], " would span ", cells, " cells");
+    need += math::ceil_div<int64_t>(cells, cfg.block_size) - static_cast<int64_t>(s.blocks.size());
+    if (s.n_cells % cfg.block_size != 0 && meta.refcount[s.blocks.back()] > 1) need += 1;  // copy on write
+  }
+  require(need <= static_cast<int64_t>(meta.free_list.size()), ErrorCode::OutOfMemory, op, ": ", total,
+          " new tokens need ", need, " free blocks, the pool has ", meta.free_list.size(), " of ", cfg.num_blocks);
+
+  // The ticket's device buffers are reused when they are large enough (and on this device).
+  const size_t bytes = static_cast<size_t>(total) * 4;
+  if (t.slots.size() < bytes || t.slots.device() != dev) t.slots = Buffer(bytes, dev);
+  if (t.positions.size() < bytes || t.positions.device() != dev) t.positions = Buffer(bytes, dev);
+  t.seqs.assign(seqs.begin(), seqs.end());
+  t.counts.assign(counts.begin(), counts.end());
+  t.versions.clear();
+  t.n_tokens = static_cast<int32_t>(total);
+  t.host_slots.resize(static_cast<size_t>(total));
+
+  PagedTxn txn(meta);
+  std::vector<int32_t> cow;
+  at = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    PagedSeq& s = txn.seq(seqs[i]);
+    if (counts[i] > 0) {
+      const int32_t tail_used = s.n_cells % cfg.block_size;
+      if (tail_used != 0 && meta.refcount[s.blocks.back()] > 1) {
+        const int32_t src = s.blocks.back();
+        s.blocks.back() = txn.copy_block(src, tail_used);
+        cow.push_back(src);
+        cow.push_back(s.blocks.back());
+      }
+      for (int32_t j = 0; j < counts[i]; ++j, ++at) {
+        const int32_t c = s.n_cells + j;
+        if (c % cfg.block_size == 0 && static_cast<size_t>(c / cfg.block_size) == s.blocks.size()) {
+          const int32_t b = txn.pop_free();
+          txn.set_refcount(b, 1);
+          s.blocks.push_back(b);
+        }
+        const int32_t b = s.blocks[c / cfg.block_size];
+        txn.set_cell(b, c % cfg.block_size, positions[at], 1, 0);
+        t.host_slots[at] = static_cast<int32_t>(meta.cell(b, c % cfg.block_size));
+      }
+      s.n_cells += counts[i];
+      s.n_live += counts[i];
+    }
+    s.version = txn.next_version();
+    t.versions.push_back(s.version);
+  }
+  auto forget = [&t] {  // a failed reservation must not leave a ticket that looks valid
+    t.seqs.clear();
+    t.versions.clear();
+    t.counts.clear();
+    t.n_tokens = 0;
+  };
+  try {
+  finish(txn, cow, [&] {
+    copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
+    copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
+    if (k_all)
+      for (int32_t l = 0; l < cfg.n_layers; ++l)
+        store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
+    if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
+  });
+  } catch (...) {
+    forget();
+    throw;
+  }
+}
+
+void PagedCache::Impl::store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v) {
+  const bool stored = cfg.rope_mode == RopeMode::RopeStored;
+  kv_store(k, t.slot_mapping(), pool(true, layer), stored ? t.position_view() : TensorRef(),
+           stored ? &rope[layer] : nullptr, cfg.stream);
+  if (has_v()) kv_store(v, t.slot_mapping(), pool(false, layer), TensorRef(), nullptr, cfg.stream);
+}
+
+void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const TensorRef& k, const TensorRef& v) {
+  Impl& m = *impl_;
+  constexpr std::string_view op = "PagedCache::append";
+  const int64_t n = static_cast<int64_t>(positions.size());
+  const int64_t kw[4] = {m.cfg.n_layers, n, m.cfg.n_kv_heads, m.cfg.head_dim};
+  check_rows(op, "k", k, 4, kw, m.dev);
+  if (m.has_v()) {
+    const int64_t vw[4] = {m.cfg.n_layers, n, m.cfg.n_kv_heads, m.cfg.v_head_dim};
+    check_rows(op, "v", v, 4, vw, m.dev);
+  } else {
+    require_arg(v.empty() || v.numel() == 0, op, ": this cache has no V pools, but v = ", v.describe());
+  }
+  const SeqId ids[1] = {seq};
+  const int32_t counts[1] = {static_cast<int32_t>(n)};
+  m.reserve_impl(m.append_ticket, ids, counts, positions, &k, &v);
+  m.append_ticket.seqs.clear();  // never valid for store(): append() already wrote every layer
+  m.append_ticket.versions.clear();
+}
+
+AppendTicket PagedCache::reserve(std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                                 std::span<const int32_t> positions) {
+  AppendTicket t;
+  impl_->reserve_impl(t, seqs, counts, positions, nullptr, nullptr);
+  return t;
+}
+
+AppendTicket PagedCache::reserve(SeqId seq, std::span<const int32_t> positions) {
+  const SeqId ids[1] = {seq};
+  const int32_t counts[1] = {static_cast<int32_t>(positions.size())};
+  return reserve(ids, counts, positions);
+}
+
+void PagedCache::reserve(AppendTicket& reuse, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                         std::span<const int32_t> positions) {
+  impl_->reserve_impl(reuse, seqs, counts, positions, nullptr, nullptr);
+}
+
+void PagedCache::store(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v) {
+  Impl& m = *impl_;
+  constexpr std::string_view op = "PagedCache::store";
+  m.check_usable();
+  require_arg(layer >= 0 && layer < m.cfg.n_layers, op, ": layer ", layer, " outside [0, ", m.cfg.n_layers, ")");
+  require_arg(t.seqs.size() == t.versions.size() && !t.slots.empty() == (t.n_tokens > 0), op, ": malformed ticket");
+  for (size_t i = 0; i < t.seqs.size(); ++i) {
+    auto it = m.meta.seqs.find(t.seqs[i]);
+    require_arg(it != m.meta.seqs.end() && it->second.version == t.versions[i], op, ": the ticket of sequence ", t.seqs[i],
+                " is stale (the sequence changed or was erased since reserve())");
+  }
+  const int64_t kw[3] = {t.n_tokens, m.cfg.n_kv_heads, m.cfg.head_dim};
+  check_rows(op, "k", k, 3, kw, m.dev);
+  if (m.has_v()) {
+    const int64_t vw[3] = {t.n_tokens, m.cfg.n_kv_heads, m.cfg.v_head_dim};
+    check_rows(op, "v", v, 3, vw, m.dev);
+  } else {
+    require_arg(v.empty() || v.numel() == 0, op, ": this cache has no V pools, but v = ", v.describe());
+  }
+  if (t.n_tokens == 0) return;
+  m.store_rows(t, layer, k, v);
+}
+
+// ---- truncate / shift -------------------------------------------------------------------
+
+void PagedCache::Impl::truncate_impl(SeqId id, int32_t n) {
+  const PagedSeq& s0 = meta.seq(id);
+  if (n == s0.n_live) return;
+  const int32_t new_cells = n == 0 ? 0 : meta.locate(s0, n - 1) + 1;
+  const size_t new_blocks = static_cast<size_t>(math::ceil_div(new_cells, cfg.block_size));
+  PagedTxn txn(meta);
+  PagedSeq& s = txn.seq(id);
+  for (size_t bi = new_blocks; bi < s.blocks.size(); ++bi) txn.release_block(s.blocks[bi]);
+  s.blocks.resize(new_blocks);
+  if (new_blocks > 0 && meta.refcount[s.blocks.back()] == 1) {
+    // A block only this sequence holds: clear the cells past the new end.
+    const int32_t b = s.blocks.back();
+    for (int32_t j = new_cells - static_cast<int32_t>(new_blocks - 1) * cfg.block_size; j < cfg.block_size; ++j)
+      if (meta.valid[meta.cell(b, j)] || meta.pending[meta.cell(b, j)]) txn.set_cell(b, j, 0, 0, 0);
+  }
+  s.n_cells = new_cells;
+  s.n_live = n;
+  s.version = txn.next_version();
+  finish(txn, {});
+}
+
+void PagedCache::truncate(SeqId seq, int32_t n) {
+  Impl& m = *impl_;
+  m.check_usable();
+  const PagedSeq& s = m.meta.seq(seq);
+  require_arg(n >= 0 && n <= s.n_live, "PagedCache::truncate: n = ", n, " outside [0, ", s.n_live, "] for sequence ", seq);
+  m.truncate_impl(seq, n);
+}
+
+void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
+  Impl& m = *impl_;
+  constexpr std::string_view op = "PagedCache::shift";
+  m.check_usable();
+  PagedMeta& mt = m.meta;
+  const PagedSeq& s0 = mt.seq(seq);
+  require_arg(n_keep >= 0 && n_discard >= 0, op, ": n_keep = ", n_keep, " and n_discard = ", n_discard, " must be >= 0");
+  require_arg(static_cast<int64_t>(n_keep) + n_discard <= s0.n_live, op, ": n_keep + n_discard = ",
+              static_cast<int64_t>(n_keep) + n_discard, " exceeds the ", s0.n_live, " tokens of sequence ", seq);
+  if (n_discard == 0) return;
+  if (n_keep + n_discard == s0.n_live) {  // nothing after the cut: the same as a rollback
+    m.truncate_impl(seq, n_keep);
+    return;
+  }
+  const int32_t bs = m.cfg.block_size;
+  const int32_t c0 = mt.locate(s0, n_keep), c1 = mt.locate(s0, n_keep + n_discard - 1);
+  const size_t b0 = static_cast<size_t>(c0 / bs), b1 = static_cast<size_t>(c1 / bs), nb = s0.blocks.size();
+  // Plan. Blocks before b0 stay as they are; blocks strictly between b0 and b1 hold only cut or
+  // dead cells: dropped. b0 and b1 are edited cell by cell (dropped if nothing live is left);
+  // every block after b1 only has its positions (and pending deltas) lowered: one bulk edit.
+  // An edited block that is shared is copied first.
+  enum class Fate : uint8_t { Keep, Drop, Edit, Bulk };
+  std::vector<Fate> fate(nb, Fate::Keep);
+  int64_t copies = 0;
+  for (size_t bi = b0; bi < nb; ++bi) {
+    if (bi > b0 && bi < b1) {
+      fate[bi] = Fate::Drop;
+      continue;
+    }
+    const int32_t b = s0.blocks[bi];
+    if (bi > b1) {
+      fate[bi] = mt.refcount[b] > 1 ? Fate::Edit : Fate::Bulk;
+    } else {
+      int32_t live_after = 0;
+      for (int32_t j = 0; j < mt.cells_in_block(s0, bi); ++j) {
+        const int32_t c = static_cast<int32_t>(bi) * bs + j;
+        live_after += mt.valid[mt.cell(b, j)] && (c < c0 || c > c1) ? 1 : 0;
+      }
+      fate[bi] = live_after == 0 && bi + 1 < nb ? Fate::Drop : Fate::Edit;
+    }
+    if (fate[bi] == Fate::Edit && mt.refcount[b] > 1) ++copies;
+  }
+  require(copies <= static_cast<int64_t>(mt.free_list.size()), ErrorCode::OutOfMemory, op, ": sequence ", seq,
+          " shares ", copies, " blocks the shift must edit; copying them needs ", copies, " free blocks, the pool has ",
+          mt.free_list.size());
+
+  const bool stored = m.cfg.rope_mode == RopeMode::RopeStored;
+  PagedTxn txn(mt);
+  PagedSeq& s = txn.seq(seq);
+  std::vector<int32_t> cow, kept, dropped, bulk;
+  kept.reserve(nb);
+  for (size_t bi = 0; bi < nb; ++bi) {
+    int32_t b = s.blocks[bi];
+    switch (fate[bi]) {
+      case Fate::Keep: break;
+      case Fate::Drop: dropped.push_back(b); continue;
+      case Fate::Bulk: bulk.push_back(b); break;
+      case Fate::Edit: {
+        const int32_t used = mt.cells_in_block(s0, bi);
+        if (mt.refcount[b] > 1) {
+          const int32_t copy = txn.copy_block(b, used);
+          cow.push_back(b);
+          cow.push_back(copy);
+          b = copy;
+        }
+        for (int32_t j = 0; j < used; ++j) {
+          const int32_t c = static_cast<int32_t>(bi) * bs + j;
+          const int64_t cell = mt.cell(b, j);
+          if (!mt.valid[cell] || c < c0) continue;
+          if (c <= c1) txn.set_cell(b, j, mt.positions[cell], 0, 0);
+          else txn.set_cell(b, j, mt.positions[cell] - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
+        }
+        break;
+      }
+    }
+    kept.push_back(b);
+  }
+  txn.bulk_shift(std::move(bulk), n_discard, stored);
+  for (int32_t b : dropped) txn.release_block(b);  // after the copies: a dropped block is never a copy target
+  s.n_cells -= static_cast<int32_t>(dropped.size()) * bs;
+  s.n_live -= n_discard;
+  s.blocks = std::move(kept);
+  s.version = txn.next_version();
+  m.finish(txn, cow);
+}
+
+// ---- prepare --------------------------------------------------------------------------------
+
+bool PagedCache::needs_prepare() const {
+  const PagedMeta& mt = impl_->meta;
+  if (!mt.any_pending) return false;
+  for (int32_t b = 0; b < mt.num_blocks; ++b)
+    if (mt.pending_flag[b] && mt.refcount[b] > 0) return true;
+  return false;
+}
+
+void PagedCache::prepare() {
+  Impl& m = *impl_;
+  m.check_usable();
+  PagedMeta& mt = m.meta;
+  if (!mt.any_pending) return;
+  std::vector<int32_t> blocks;
+  for (int32_t b = 0; b < mt.num_blocks; ++b)
+    if (mt.pending_flag[b] && mt.refcount[b] > 0) blocks.push_back(b);
+  if (blocks.empty()) {
+    mt.any_pending = false;
+    return;
+  }
+  int32_t* dev_blocks = m.upload_list(blocks);
+  const TensorRef list(dev_blocks, DType::I32, m.dev, {static_cast<int64_t>(blocks.size())});
+  try {
+    for (int32_t l = 0; l < m.cfg.n_layers; ++l)
+      kv_rotate_blocks(m.pool(true, l), list, m.pending_view(), m.rope[l], m.cfg.stream);
+#if KVCORE_WITH_CUDA
+    if (m.dev.is_cuda())
+      cuda::paged_edit_cells(m.pos_dev.as<int32_t>(), m.pending_dev.as<int32_t>(), m.valid_dev.as<uint8_t>(),
+                             dev_blocks, static_cast<int32_t>(blocks.size()), m.cfg.block_size, 0, 0, true,
+                             m.cfg.stream);
+#endif
+    synchronize(m.dev, m.cfg.stream);
+  } catch (...) {
+    m.corrupt = true;  // some layers may be rotated and others not: nothing consistent to return to
+    throw;
+  }
+  for (int32_t b : blocks) {
+    std::fill_n(mt.pending.begin() + mt.cell(b, 0), m.cfg.block_size, 0);
+    mt.pending_flag[b] = 0;
+  }
+  mt.any_pending = false;
+}
+
+}  // namespace kvcore

@@ -1,0 +1,79 @@
+// PagedCache internals shared by its translation units.
+#pragma once
+#include <vector>
+
+#include "cache/paged_blocks.hpp"
+#include "cache/paged_meta.hpp"
+#include "kvcore/cache/paged_cache.hpp"
+
+namespace kvcore {
+
+struct PagedCache::Impl {
+  PagedCacheConfig cfg;
+  Device dev;
+  PagedLayout lay;
+  PagedMeta meta;
+  std::vector<math::RopeTable> rope;  // per layer
+  std::vector<Buffer> k_data, k_scales, v_data, v_scales;  // per layer
+  // CUDA mirrors of the per-cell arrays (on the CPU the host arrays are the contract arrays).
+  Buffer pos_dev, valid_dev, pending_dev;
+  // Every pool array, for copy-on-write block copies (device table on CUDA).
+  std::vector<PagedPoolArray> arrays;
+  Buffer arrays_dev;
+  Buffer csr;      // block tables handed out by block_tables()
+  Buffer scratch;  // transient i32 lists for device kernels (every user synchronizes before returning)
+  AppendTicket append_ticket;  // reused by append(): no allocation per call once it is large enough
+  int64_t bytes_per_block = 0;
+  bool corrupt = false;
+
+  bool has_v() const { return cfg.v_head_dim > 0; }
+  void check_usable() const;
+  int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
+
+  KvPool pool(bool is_k, int32_t layer) const;
+  TensorRef pending_view() const;
+  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors (no-op on CPU).
+  void sync_cells(int32_t lo, int32_t hi);
+  // Device side of a transaction: COW block copies; then, after `device_work`, mirror the
+  // cell arrays; on any failure undo the host changes and rethrow.
+  void copy_blocks(const std::vector<int32_t>& pairs);
+  // Apply PagedMeta::shift_cells to the device mirrors (no-op on CPU, where they are the host arrays).
+  void device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
+  template <class F>
+  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work) {
+    size_t bulk_done = 0;
+    try {
+      copy_blocks(cow_pairs);
+      for (const PagedTxn::Bulk& b : txn.bulk()) {
+        device_shift_cells(b.blocks, b.n, b.stored ? b.n : 0);
+        ++bulk_done;
+      }
+      device_work();
+      sync_cells(txn.dirty_lo(), txn.dirty_hi());
+    } catch (...) {
+      const int32_t lo = txn.dirty_lo(), hi = txn.dirty_hi();
+      std::vector<PagedTxn::Bulk> undo(txn.bulk().begin(), txn.bulk().begin() + static_cast<std::ptrdiff_t>(bulk_done));
+      txn.rollback();
+      try {  // put the old values back on the device (best effort: the device may be gone)
+        for (const PagedTxn::Bulk& b : undo) device_shift_cells(b.blocks, -b.n, b.stored ? -b.n : 0);
+        sync_cells(lo, hi);
+      } catch (...) {
+      }
+      throw;
+    }
+    txn.commit();
+  }
+  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs) {
+    finish(txn, cow_pairs, [] {});
+  }
+
+  // Steps shared by append() and reserve().
+  // Upload an i32 list into `scratch` (grown when too small); returns its device address.
+  int32_t* upload_list(const std::vector<int32_t>& v);
+  void reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,
+                    std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
+  void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v);
+  void truncate_impl(SeqId id, int32_t n);
+};
+
+}  // namespace kvcore

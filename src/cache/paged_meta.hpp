@@ -1,0 +1,132 @@
+// Host metadata of a PagedCache and the journal that makes each mutation
+// all-or-nothing. Every change goes through PagedTxn, which records what it
+// overwrites (a block's cell arrays the first time they change, old refcounts and
+// flags, free-list pops and pushes, old sequence states, and bulk position edits
+// as their inverse); rollback() restores it. Callers count what an operation needs
+// (blocks, copies) before they start a transaction, so a transaction only fails on
+// a device error. The journal costs O(what changes): a shift of a 128k-token
+// sequence records one bulk edit, not 128k cells.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "kvcore/cache/paged_cache.hpp"
+
+namespace kvcore {
+
+struct PagedSeq {
+  std::vector<int32_t> blocks;
+  int32_t n_cells = 0;  // cells spanned: (blocks - 1) * block_size + cells used in the last block
+  int32_t n_live = 0;   // live cells (tokens)
+  uint64_t version = 0;
+  // Invariants: blocks.size() == ceil(n_cells / block_size); n_cells > 0 => cell n_cells - 1 is
+  // live; every block holds a live cell of the span; every block but the last is fully spanned.
+};
+
+struct PagedMeta {
+  int32_t block_size = 0, num_blocks = 0;
+  // Per cell [num_blocks * block_size]: the layout contract's arrays, plus the pending deltas.
+  // Cells of free blocks, and cells past the end of a sequence, hold stale values: nothing
+  // reads them (block tables never list free blocks; readers stop at last_page_len).
+  std::vector<int32_t> positions;
+  std::vector<uint8_t> valid;
+  std::vector<int32_t> pending;  // RopeStored: rotation owed to this cell's K (prepare() applies it)
+  // Per block.
+  std::vector<int32_t> block_live;    // valid cells of the block (all block_size cells)
+  std::vector<int32_t> refcount;      // sequences holding the block (0: free)
+  std::vector<uint8_t> pending_flag;  // some cell of the block may have a non-zero pending delta
+  std::vector<uint32_t> txn_mark;     // journal scratch: the transaction that saved the block's cells
+  std::vector<int32_t> free_list;     // a stack: pop_back() is the next block handed out
+  std::map<SeqId, PagedSeq> seqs;
+  SeqId next_id = 0;
+  uint64_t next_version = 1;
+  uint32_t next_txn = 1;
+  bool any_pending = false;  // a pending_flag may be set (prepare() is a no-op otherwise)
+
+  void init(int32_t block_size, int32_t num_blocks);
+  int64_t cell(int32_t block, int32_t slot) const { return static_cast<int64_t>(block) * block_size + slot; }
+  // Cells of `s` that lie in its block index bi.
+  int32_t cells_in_block(const PagedSeq& s, size_t bi) const {
+    return bi + 1 < s.blocks.size() ? block_size : s.n_cells - static_cast<int32_t>(bi) * block_size;
+  }
+  // Cell index (in the sequence's span) of live token t, 0 <= t < n_live.
+  int32_t locate(const PagedSeq& s, int32_t t) const;
+  const PagedSeq& seq(SeqId id) const;  // throws InvalidArgument naming the id
+  // positions -= delta and pending -= pending_delta on the valid cells of `blocks` (host arrays).
+  void shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
+};
+
+class PagedTxn {
+ public:
+  explicit PagedTxn(PagedMeta& m) : m_(m), id_(m.next_txn++) {
+    if (m_.next_txn == 0) m_.next_txn = 1;  // 0 marks "never saved"
+  }
+  ~PagedTxn() {
+    if (!done_) rollback();
+  }
+  PagedTxn(const PagedTxn&) = delete;
+  PagedTxn& operator=(const PagedTxn&) = delete;
+
+  void set_cell(int32_t block, int32_t slot, int32_t position, uint8_t valid, int32_t pending);
+  void set_refcount(int32_t block, int32_t value);
+  void set_pending_flag(int32_t block, uint8_t value);
+  int32_t pop_free();
+  void push_free(int32_t block);
+  PagedSeq& seq(SeqId id);  // the sequence, saved before its first change in this transaction
+  SeqId add_seq(PagedSeq s);
+  void remove_seq(SeqId id);
+  uint64_t next_version();
+
+  // Release one reference; a block that reaches 0 goes back to the free list (its cells are not
+  // cleared: nothing reads a free block, and every cell is rewritten before a sequence spans it).
+  void release_block(int32_t block);
+  // Copy block `src`'s cell metadata to a fresh block from the free list, keeping only its
+  // first `used` cells (the rest cleared); one reference moves from src to the new block.
+  int32_t copy_block(int32_t src, int32_t used);
+  // Lower the positions (and, with `stored`, the pending deltas) of every valid cell of `blocks`
+  // by n. Journaled as its inverse. None of these blocks may be changed otherwise in this
+  // transaction.
+  void bulk_shift(std::vector<int32_t> blocks, int32_t n, bool stored);
+  struct Bulk {
+    std::vector<int32_t> blocks;
+    int32_t n;
+    bool stored;
+    std::vector<uint8_t> old_flags;
+  };
+  const std::vector<Bulk>& bulk() const { return bulk_; }
+
+  // Blocks whose cell arrays changed through set_cell: [dirty_lo, dirty_hi) (empty when lo >= hi).
+  int32_t dirty_lo() const { return dirty_lo_; }
+  int32_t dirty_hi() const { return dirty_hi_; }
+
+  void commit();
+  void rollback() noexcept;
+
+ private:
+  struct SavedBlock {
+    int32_t block, live;
+    size_t cells;  // offset into the saved cell vectors
+  };
+  void save_cells(int32_t block);
+
+  PagedMeta& m_;
+  uint32_t id_;
+  bool done_ = false;
+  std::vector<SavedBlock> blocks_;
+  std::vector<int32_t> saved_pos_, saved_pending_;
+  std::vector<uint8_t> saved_valid_;
+  std::vector<std::pair<int32_t, int32_t>> refcounts_;  // (block, old value), in order
+  std::vector<std::pair<int32_t, uint8_t>> flags_;      // (block, old value), in order
+  std::vector<std::pair<bool, int32_t>> free_ops_;      // (pushed?, block)
+  std::vector<std::pair<SeqId, std::optional<PagedSeq>>> seqs_;
+  std::vector<Bulk> bulk_;
+  SeqId saved_next_id_ = 0;
+  uint64_t saved_next_version_ = 0;
+  bool saved_counters_ = false;
+  int32_t dirty_lo_ = INT32_MAX, dirty_hi_ = 0;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,170 @@
+// kv_store family entry points: validate every argument, then dispatch on the device.
+#include "kvcore/ops/kv_store.hpp"
+
+#include "ops/checks.hpp"
+#include "ops/kv_store_params.hpp"
+
+namespace kvcore {
+
+namespace {
+
+void check_pool(std::string_view op, const KvPool& pool) {
+  const TensorRef& d = pool.data;
+  checks::not_null(op, "pool.data", d);
+  checks::ndim_is(op, "pool.data", d, 4);
+  checks::dtype_is(op, "pool.data", d, kv_format_dtype(pool.format));
+  require_arg(d.is_contiguous(), op, ": pool.data must be contiguous, got ", d.describe());
+  require_arg(pool.head_dim > 0 && pool.head_dim <= 2 * math::RopeTable::kMaxPairs, op, ": pool.head_dim must be in [1, ",
+              2 * math::RopeTable::kMaxPairs, "], got ", pool.head_dim);
+  if (pool.format == KvFormat::Dsv4Row)
+    require_arg(pool.head_dim == math::Dsv4RowLayout::kHeadDim, op, ": a Dsv4Row pool has head_dim ",
+                math::Dsv4RowLayout::kHeadDim, ", got ", pool.head_dim);
+  checks::size_is(op, "pool.data", d, 3, kv_row_width(pool.format, pool.head_dim));
+  if (kv_format_has_scales(pool.format)) {
+    require_arg(pool.head_dim % 64 == 0, op, ": an fp8 pool needs head_dim % 64 == 0, got ", pool.head_dim);
+    const TensorRef& s = pool.scales;
+    checks::not_null(op, "pool.scales", s);
+    checks::ndim_is(op, "pool.scales", s, 4);
+    require_arg(s.dtype() == DType::UE8M0 || s.dtype() == DType::U8, op, ": pool.scales must be ue8m0 or u8, got ",
+                dtype_name(s.dtype()));
+    require_arg(s.is_contiguous(), op, ": pool.scales must be contiguous, got ", s.describe());
+    for (int i = 0; i < 3; ++i) checks::size_is(op, "pool.scales", s, i, d.size(i));
+    checks::size_is(op, "pool.scales", s, 3, pool.head_dim / 64);
+    checks::same_device(op, "pool.data", d, "pool.scales", s);
+  }
+  checks::backend_available(op, d.device());
+}
+
+void check_rope_fits(std::string_view op, const math::RopeTable& rope, const KvPool& pool) {
+  const math::RopeLayout& l = rope.layout;
+  require_arg(l.n_rot >= 0 && l.n_rot % 2 == 0 && l.n_pairs() <= math::RopeTable::kMaxPairs, op,
+              ": rope.layout.n_rot must be even and <= ", 2 * math::RopeTable::kMaxPairs, ", got ", l.n_rot);
+  require_arg(l.first_dim >= 0 && l.first_dim + l.n_rot <= pool.head_dim, op, ": rope dims [", l.first_dim, ", ",
+              l.first_dim + l.n_rot, ") do not fit head_dim ", pool.head_dim);
+  if (pool.format == KvFormat::Dsv4Row)
+    require_arg(l.n_rot == 0 || l.first_dim >= math::Dsv4RowLayout::kNope, op,
+                ": a Dsv4Row pool rotates only its 16-bit tail [448, 512), rope starts at dim ", l.first_dim);
+}
+
+void check_i32_vector(std::string_view op, std::string_view name, const TensorRef& t, int64_t n, const TensorRef& like) {
+  checks::not_null(op, name, t);
+  checks::dtype_is(op, name, t, DType::I32);
+  checks::ndim_is(op, name, t, 1);
+  checks::size_is(op, name, t, 0, n);
+  require_arg(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", t.describe());
+  checks::same_device(op, name, t, "pool.data", like);
+}
+
+}  // namespace
+
+void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, const TensorRef& maybe_positions,
+              const math::RopeTable* maybe_rope, Stream stream) {
+  constexpr std::string_view op = "kv_store";
+  check_pool(op, pool);
+  const TensorRef& d = pool.data;
+  checks::not_null(op, "src", src);
+  checks::ndim_is(op, "src", src, 3);
+  require_arg(src.dtype() == DType::F32 || src.dtype() == DType::F16 || src.dtype() == DType::BF16, op,
+              ": src must be f32, f16 or bf16, got ", dtype_name(src.dtype()));
+  checks::size_is(op, "src", src, 1, d.size(2));
+  checks::size_is(op, "src", src, 2, pool.head_dim);
+  checks::innermost_contiguous(op, "src", src);
+  checks::non_negative_strides(op, "src", src);
+  checks::same_device(op, "src", src, "pool.data", d);
+  const int64_t n = src.size(0);
+  require_arg(n <= INT32_MAX, op, ": at most 2^31-1 tokens per call, got ", n);
+  check_i32_vector(op, "slots", slots, n, d);
+  const int64_t num_cells = d.size(0) * d.size(1);
+  require_arg(num_cells <= INT32_MAX, op, ": pool has ", num_cells, " cells, more than i32 cell ids address");
+  const bool rotate = maybe_rope != nullptr && maybe_rope->layout.n_rot > 0;
+  if (maybe_rope) check_rope_fits(op, *maybe_rope, pool);
+  if (rotate) {
+    check_i32_vector(op, "positions", maybe_positions, n, d);
+  } else {
+    require_arg(maybe_positions.empty() || maybe_positions.numel() == 0 || maybe_rope != nullptr, op,
+                ": positions given without a rope table");
+  }
+  if (d.device().is_cpu()) {
+    const int32_t* s = slots.data_as<const int32_t>();
+    for (int64_t i = 0; i < n; ++i)
+      require_arg(s[i] < num_cells, op, ": slots[", i, "] = ", s[i], " is outside the pool's ", num_cells, " cells");
+  }
+  if (n == 0) return;
+
+  KvStoreParams p;
+  p.src = src.data();
+  p.src_token_stride = src.stride(0);
+  p.src_head_stride = src.stride(1);
+  p.src_dtype = src.dtype();
+  p.slots = slots.data_as<const int32_t>();
+  p.maybe_positions = rotate ? maybe_positions.data_as<const int32_t>() : nullptr;
+  p.pool = d.data();
+  p.maybe_scales = kv_format_has_scales(pool.format) ? pool.scales.data_as<uint8_t>() : nullptr;
+  p.format = pool.format;
+  p.n_tokens = static_cast<int32_t>(n);
+  p.n_heads = static_cast<int32_t>(d.size(2));
+  p.head_dim = pool.head_dim;
+  p.row_width = kv_row_width(pool.format, pool.head_dim);
+  p.num_cells = num_cells;
+  if (rotate) p.rope = *maybe_rope;
+  if (d.device().is_cpu()) {
+    cpu::kv_store(p);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::kv_store(p, stream);
+#else
+  (void)stream;
+#endif
+}
+
+void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorRef& cell_delta,
+                      const math::RopeTable& rope, Stream stream) {
+  constexpr std::string_view op = "kv_rotate_blocks";
+  check_pool(op, pool);
+  check_rope_fits(op, rope, pool);
+  const TensorRef& d = pool.data;
+  checks::not_null(op, "blocks", blocks);
+  checks::dtype_is(op, "blocks", blocks, DType::I32);
+  checks::ndim_is(op, "blocks", blocks, 1);
+  require_arg(blocks.is_contiguous(), op, ": blocks must be contiguous, got ", blocks.describe());
+  checks::same_device(op, "blocks", blocks, "pool.data", d);
+  require_arg(blocks.size(0) <= d.size(0), op, ": ", blocks.size(0), " blocks listed for a pool of ", d.size(0));
+  checks::not_null(op, "cell_delta", cell_delta);
+  checks::dtype_is(op, "cell_delta", cell_delta, DType::I32);
+  checks::ndim_is(op, "cell_delta", cell_delta, 2);
+  checks::size_is(op, "cell_delta", cell_delta, 0, d.size(0));
+  checks::size_is(op, "cell_delta", cell_delta, 1, d.size(1));
+  require_arg(cell_delta.is_contiguous(), op, ": cell_delta must be contiguous, got ", cell_delta.describe());
+  checks::same_device(op, "cell_delta", cell_delta, "pool.data", d);
+  if (d.device().is_cpu()) {
+    const int32_t* b = blocks.data_as<const int32_t>();
+    for (int64_t i = 0; i < blocks.size(0); ++i)
+      require_arg(b[i] >= 0 && b[i] < d.size(0), op, ": blocks[", i, "] = ", b[i], " is outside [0, ", d.size(0), ")");
+  }
+  if (blocks.size(0) == 0 || rope.layout.n_rot == 0) return;
+
+  KvRotateParams p;
+  p.pool = d.data();
+  p.maybe_scales = kv_format_has_scales(pool.format) ? pool.scales.data_as<uint8_t>() : nullptr;
+  p.format = pool.format;
+  p.n_heads = static_cast<int32_t>(d.size(2));
+  p.head_dim = pool.head_dim;
+  p.row_width = kv_row_width(pool.format, pool.head_dim);
+  p.block_size = static_cast<int32_t>(d.size(1));
+  p.blocks = blocks.data_as<const int32_t>();
+  p.n_blocks = static_cast<int32_t>(blocks.size(0));
+  p.cell_delta = cell_delta.data_as<const int32_t>();
+  p.rope = rope;
+  if (d.device().is_cpu()) {
+    cpu::kv_rotate_blocks(p);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::kv_rotate_blocks(p, stream);
+#else
+  (void)stream;
+#endif
+}
+
+}  // namespace kvcore

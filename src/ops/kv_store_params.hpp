@@ -1,0 +1,48 @@
+// Plain parameter structs of the kv_store family, shared by the CPU and CUDA
+// backends. The entry point (src/ops/kv_store.cpp) validates; kernels trust.
+#pragma once
+#include <cstdint>
+
+#include "kvcore/dtype.hpp"
+#include "kvcore/math/rope.hpp"
+#include "kvcore/ops/kv_store.hpp"
+
+namespace kvcore {
+
+struct KvStoreParams {
+  const void* src = nullptr;         // [n_tokens, n_heads, head_dim] of src_dtype, strides below
+  int64_t src_token_stride = 0;      // elements
+  int64_t src_head_stride = 0;       // elements
+  DType src_dtype = DType::F32;      // F32, F16 or BF16
+  const int32_t* slots = nullptr;    // [n_tokens] cell ids; < 0 or >= num_cells: skip
+  const int32_t* maybe_positions = nullptr;  // [n_tokens]; null: no rotation
+  void* pool = nullptr;              // [num_cells, n_heads, row_width] of the format's dtype
+  uint8_t* maybe_scales = nullptr;   // Fp8: [num_cells, n_heads, head_dim / 64]
+  KvFormat format = KvFormat::F16;
+  int32_t n_tokens = 0, n_heads = 0, head_dim = 0, row_width = 0;
+  int64_t num_cells = 0;
+  math::RopeTable rope{};            // used when maybe_positions is set
+};
+
+struct KvRotateParams {
+  void* pool = nullptr;              // [num_blocks * block_size, n_heads, row_width]
+  uint8_t* maybe_scales = nullptr;   // Fp8: [num_blocks * block_size, n_heads, head_dim / 64]
+  KvFormat format = KvFormat::F16;
+  int32_t n_heads = 0, head_dim = 0, row_width = 0, block_size = 0;
+  const int32_t* blocks = nullptr;   // [n_blocks]
+  int32_t n_blocks = 0;
+  const int32_t* cell_delta = nullptr;  // [num_blocks * block_size]
+  math::RopeTable rope{};
+};
+
+namespace cpu {
+void kv_store(const KvStoreParams& p);
+void kv_rotate_blocks(const KvRotateParams& p);
+}  // namespace cpu
+
+namespace cuda {
+void kv_store(const KvStoreParams& p, Stream stream);
+void kv_rotate_blocks(const KvRotateParams& p, Stream stream);
+}  // namespace cuda
+
+}  // namespace kvcore
