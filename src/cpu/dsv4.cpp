@@ -92,7 +92,8 @@ void emit(const CompressorParams& p) {
 void prefill(const CompressorParams& p) {
   const int64_t m = p.ratio;
   const int64_t w0 = p.pos / m, w1 = (p.pos + p.n_tokens) / m;  // windows [w0, w1) complete in this chunk
-#pragma omp parallel
+  const bool big = (w1 - w0) * p.head_dim * p.state_rows > (1 << 16);  // threads only pay off on large chunks
+#pragma omp parallel if (big)
   {
     std::vector<float> buf(p.head_dim);
 #pragma omp for schedule(static)
@@ -123,7 +124,8 @@ void prefill(const CompressorParams& p) {
 }
 
 void indexer_topk(const IndexerParams& p) {
-#pragma omp parallel
+  const bool big = static_cast<double>(p.n_q) * p.n_rows * p.n_heads * p.dim > 1e6;
+#pragma omp parallel if (big)
   {
     std::vector<float> qh(static_cast<size_t>(p.n_heads) * p.dim), key(p.dim);
     std::vector<int64_t> order;
