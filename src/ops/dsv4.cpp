@@ -107,6 +107,13 @@ void check_weights(string_view op, const Dsv4CompressorWeights& w, const Dsv4Com
   require_arg(l.n_pairs() <= math::RopeTable::kMaxPairs, op, ": rope table has too many pairs: ", l.n_pairs());
 }
 
+// Quantized indexer rows are FP4 in blocks of 32.
+void check_quant_geometry(string_view op, const Dsv4Compressor& c, Dsv4Quant quant) {
+  if (quant == Dsv4Quant::On && c.kind == Dsv4RowKind::Indexer)
+    require_arg(c.head_dim % math::kFp4Block == 0, op, ": quantized indexer rows need head_dim a multiple of 32, got ",
+                c.head_dim);
+}
+
 dsv4::CompressorParams make_params(const Dsv4Compressor& c, const TensorRef& state_kv, const TensorRef& state_score,
                                    Dsv4Quant quant) {
   dsv4::CompressorParams p{};
@@ -253,6 +260,7 @@ void dsv4_compressor_emit(const TensorRef& state_kv, const TensorRef& state_scor
   check_state(op, state_kv, state_score, comp);
   check_weights(op, w, comp, state_kv);
   const int64_t cap = check_rows(op, rows, comp, quant, state_kv);
+  check_quant_geometry(op, comp, quant);
   require_arg(window >= 0 && window < cap, op, ": window must be in [0, ", cap, ") (the row store's capacity), got ", window);
   require_arg(window * comp.ratio <= (int64_t{1} << 24), op, ": window position ", window * comp.ratio,
               " exceeds 2^24 (f32 positions are exact only below)");
@@ -282,6 +290,7 @@ void dsv4_compress_prefill(const TensorRef& c, const TensorRef& z, const TensorR
   check_ape(op, w.ape, comp, state_kv);
   check_weights(op, w, comp, state_kv);
   const int64_t cap = check_rows(op, rows, comp, quant, state_kv);
+  check_quant_geometry(op, comp, quant);
   require_arg(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
   const int64_t end_windows = (start_pos + n) / comp.ratio;
   require_arg(end_windows <= cap, op, ": tokens up to position ", start_pos + n - 1, " complete ", end_windows,
