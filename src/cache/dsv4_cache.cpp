@@ -83,6 +83,8 @@ void Dsv4CacheConfig::validate() const {
   if (has_csa) {
     require_arg(index_dim >= n_rot && index_dim <= 1024 && (index_dim & (index_dim - 1)) == 0, w,
                 ".index_dim must be a power of two in [n_rot, 1024], got ", index_dim);
+    if (quant == Dsv4Quant::On)
+      require_arg(index_dim % 32 == 0, w, ".index_dim must be a multiple of 32 when quantized (FP4 blocks), got ", index_dim);
     require_arg(index_heads >= 1 && index_heads <= 256, w, ".index_heads must be in [1, 256], got ", index_heads);
     require_arg(index_topk >= 1 && index_topk <= 2048, w, ".index_topk must be in [1, 2048], got ", index_topk);
     require_arg(index_topk <= max_context / csa_ratio, w, ".index_topk (", index_topk,
