@@ -331,21 +331,31 @@ void Dsv4Cache::append(int32_t seq, int32_t layer, int64_t pos, const Dsv4TokenI
     check_input("idx_z", in.idx_z, n, L.idx.width(), device_);
   }
   // Everything checked: from here on the ops cannot reject their arguments.
+  if (n == 1) {  // decode: one fused call (one kernel on CUDA)
+    Dsv4DecodeCompressor dc, di;
+    auto part = [&](Dsv4DecodeCompressor& d, bool indexer, const TensorRef& c, const TensorRef& z) {
+      d.comp = indexer ? L.idx : L.comp;
+      d.c = row_of(c, 0);
+      d.z = row_of(z, 0);
+      d.state_kv = state_kv(seq, layer, indexer);
+      d.state_score = state_score(seq, layer, indexer);
+      d.w = comp_weights(L, indexer);
+      d.rows = indexer ? indexer_store(seq, layer) : compressed_store(seq, layer);
+    };
+    const bool has_comp = L.kind != Dsv4LayerKind::Window, has_idx = L.kind == Dsv4LayerKind::CSA;
+    if (has_comp) part(dc, false, in.comp_c, in.comp_z);
+    if (has_idx) part(di, true, in.idx_c, in.idx_z);
+    dsv4_decode_layer(in.kv, raw_ring(seq, layer), cfg_.n_rot, pos, cfg_.quant, has_comp ? &dc : nullptr,
+                      has_idx ? &di : nullptr, stream);
+    len = pos + n;
+    return;
+  }
   dsv4_kv_finalize(in.kv, raw_ring(seq, layer), pos % cfg_.window, cfg_.n_rot, cfg_.quant, stream);
   auto compress = [&](bool indexer, const TensorRef& c, const TensorRef& z) {
     const Dsv4Compressor& comp = indexer ? L.idx : L.comp;
-    const TensorRef skv = state_kv(seq, layer, indexer), ssc = state_score(seq, layer, indexer);
-    const TensorRef rows = indexer ? indexer_store(seq, layer) : compressed_store(seq, layer);
-    const Dsv4CompressorWeights w = comp_weights(L, indexer);
-    if (n > 1) {
-      dsv4_compress_prefill(c, z, skv, ssc, pos, comp, w, cfg_.quant, rows, stream);
-      return;
-    }
-    dsv4_compressor_store_one(row_of(c, 0), row_of(z, 0), w.ape, skv, ssc, pos, comp, stream);
-    if ((pos + 1) % comp.ratio == 0) {
-      dsv4_compressor_emit(skv, ssc, comp, w, pos / comp.ratio, cfg_.quant, rows, stream);
-      if (comp.overlap) dsv4_compressor_shift(skv, ssc, comp, stream);
-    }
+    dsv4_compress_prefill(c, z, state_kv(seq, layer, indexer), state_score(seq, layer, indexer), pos, comp,
+                          comp_weights(L, indexer), cfg_.quant, indexer ? indexer_store(seq, layer) : compressed_store(seq, layer),
+                          stream);
   };
   if (L.kind != Dsv4LayerKind::Window) compress(false, in.comp_c, in.comp_z);
   if (L.kind == Dsv4LayerKind::CSA) compress(true, in.idx_c, in.idx_z);

@@ -85,7 +85,7 @@ void finish_row(const CompressorParams& p, int64_t w, float* buf) {
 void emit(const CompressorParams& p) {
   std::vector<float> buf(p.head_dim);
   for (int32_t k = 0; k < p.head_dim; ++k)
-    buf[k] = math::dsv4_pool(p.state_rows, [&](int j, float& z, float& c) { state_candidate(p, j, k, z, c); });
+    buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { state_candidate(p, j, k, z, c); });
   finish_row(p, p.window, buf.data());
 }
 
@@ -99,7 +99,7 @@ void prefill(const CompressorParams& p) {
 #pragma omp for schedule(static)
     for (int64_t w = w0; w < w1; ++w) {
       for (int32_t k = 0; k < p.head_dim; ++k)
-        buf[k] = math::dsv4_pool(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
+        buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
       finish_row(p, w, buf.data());
     }
   }
@@ -173,6 +173,18 @@ void indexer_topk(const IndexerParams& p) {
       });
       int32_t* out = p.out + i * p.out_stride;
       for (int32_t j = 0; j < p.k; ++j) out[j] = j < take ? static_cast<int32_t>(order[j]) : -1;
+    }
+  }
+}
+
+void decode_layer(const DecodeParams& p) {
+  finalize(p.fin);
+  for (const CompressorParams* c : {p.has_comp ? &p.comp : nullptr, p.has_idx ? &p.idx : nullptr}) {
+    if (!c) continue;
+    store_one(*c);
+    if (c == &p.comp ? p.comp_due : p.idx_due) {
+      emit(*c);
+      if (c->overlap) shift(*c);
     }
   }
 }

@@ -89,7 +89,7 @@ __device__ inline void emit_body(const CompressorParams& p, float* smem) {
   float* buf = smem;
   float* scratch = smem + p.head_dim;
   for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x)
-    buf[k] = math::dsv4_pool(p.state_rows, [&](int j, float& z, float& c) { state_candidate(p, j, k, z, c); });
+    buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { state_candidate(p, j, k, z, c); });
   __syncthreads();
   finish_row(p, p.window, buf, scratch);
 }
@@ -115,7 +115,7 @@ __device__ inline void prefill_window_body(const CompressorParams& p, float* sme
   float* buf = smem;
   float* scratch = smem + p.head_dim;
   for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x)
-    buf[k] = math::dsv4_pool(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
+    buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
   __syncthreads();
   finish_row(p, w, buf, scratch);
 }
@@ -157,6 +157,49 @@ void prefill(const CompressorParams& p, Stream s) {
   }
   prefill_state_kernel<<<(p.width + kThreads - 1) / kThreads, kThreads, 0, native(s)>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_state_kernel");
+}
+
+// ---- fused decode step -------------------------------------------------------------------------
+// Block 0 finalizes the kv row; block 1 runs the attention compressor, block 2 (or 1
+// without one) the indexer: store, then emission and shift when the token closes a
+// window. The blocks touch disjoint memory, so they need no grid-wide order.
+
+__device__ inline void compressor_step_body(const CompressorParams& p, bool due, float* smem) {
+  const int64_t r = p.pos % p.ratio;
+  const int64_t row = (p.overlap ? p.ratio : 0) + r;
+  for (int k = threadIdx.x; k < p.width; k += blockDim.x) {
+    p.state_kv[row * p.width + k] = p.c[k];
+    p.state_score[row * p.width + k] = p.z[k] + ape_value(p, r, k);
+  }
+  __syncthreads();
+  if (!due) return;
+  emit_body(p, smem);
+  __syncthreads();
+  if (!p.overlap) return;
+  const int64_t n = static_cast<int64_t>(p.ratio) * p.width;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    p.state_kv[i] = p.state_kv[n + i];
+    p.state_score[i] = p.state_score[n + i];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) decode_layer_kernel(const DecodeParams p) {
+  extern __shared__ float smem[];
+  if (blockIdx.x == 0) {
+    finalize_body(p.fin, 0);
+    return;
+  }
+  const bool comp = blockIdx.x == 1 && p.has_comp;
+  compressor_step_body(comp ? p.comp : p.idx, (comp ? p.comp_due : p.idx_due) != 0, smem);
+}
+
+void decode_layer(const DecodeParams& p, Stream s) {
+  size_t sm = 0;
+  if (p.has_comp) sm = row_smem(p.comp);
+  if (p.has_idx && row_smem(p.idx) > sm) sm = row_smem(p.idx);
+  set_smem(reinterpret_cast<const void*>(decode_layer_kernel), sm);
+  decode_layer_kernel<<<1 + p.has_comp + p.has_idx, kThreads, sm, native(s)>>>(p);
+  KVCORE_CUDA_CHECK_LAUNCH("dsv4 decode_layer_kernel");
 }
 
 }  // namespace kvcore::dsv4::cuda

@@ -14,6 +14,7 @@ void reset(const CompressorParams& p);
 void emit(const CompressorParams& p);
 void prefill(const CompressorParams& p);
 void indexer_topk(const IndexerParams& p);
+void decode_layer(const DecodeParams& p);
 }  // namespace cpu
 
 #if KVCORE_WITH_CUDA
@@ -25,6 +26,7 @@ void reset(const CompressorParams& p, Stream s);
 void emit(const CompressorParams& p, Stream s);
 void prefill(const CompressorParams& p, Stream s);
 void indexer_topk(const IndexerParams& p, Stream s);
+void decode_layer(const DecodeParams& p, Stream s);
 }  // namespace cuda
 #endif
 

@@ -49,6 +49,14 @@ struct CompressorParams {
   int64_t window;          // emit: the row to emit
 };
 
+// A fused decode step of one layer: finalize, then per compressor store / emit / shift.
+struct DecodeParams {
+  FinalizeParams fin;
+  CompressorParams comp, idx;  // pos, c, z set; window = pos / ratio
+  int32_t has_comp, has_idx;
+  int32_t comp_due, idx_due;   // the token completes a window
+};
+
 struct IndexerParams {
   const float* q;          // [n_q, n_heads, dim], strides q_stride0 (query), q_stride1 (head)
   int64_t q_stride0, q_stride1;

@@ -134,6 +134,27 @@ KVCORE_HD float dsv4_pool(int n, const At& at) {
   return acc;
 }
 
+// The same pool with N candidates fetched once into registers (CSA and the
+// indexer: N = 8). Same operations in the same order: identical results.
+template <int N, class At>
+KVCORE_HD float dsv4_pool_fixed(const At& at) {
+  float zs[N], cs[N];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < N; ++j) at(j, zs[j], cs[j]);
+  return dsv4_pool(N, [&](int j, float& z, float& c) {
+    z = zs[j];
+    c = cs[j];
+  });
+}
+
+// Pool over n candidates, through the register path when n is 8.
+template <class At>
+KVCORE_HD float dsv4_pool_any(int n, const At& at) {
+  return n == 8 ? dsv4_pool_fixed<8>(at) : dsv4_pool(n, at);
+}
+
 // Candidate j of channel k for emission from a state laid out [rows, width]:
 // overlap (CSA, indexer): rows 0..m-1 read lane A (first half of the width),
 // rows m..2m-1 lane B (second half); otherwise (HCA) row j, channel k.

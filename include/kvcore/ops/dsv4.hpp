@@ -103,6 +103,24 @@ void dsv4_compress_prefill(const TensorRef& c, const TensorRef& z, const TensorR
                            const TensorRef& state_score, int64_t start_pos, const Dsv4Compressor& comp,
                            const Dsv4CompressorWeights& w, Dsv4Quant quant, const TensorRef& rows, Stream stream = {});
 
+// ---- Fused decode step --------------------------------------------------------------------
+// One compressor's part of a decode step.
+struct Dsv4DecodeCompressor {
+  Dsv4Compressor comp;
+  TensorRef c, z;                    // [width] f32: this token's projections
+  TensorRef state_kv, state_score;   // [state_rows, width] f32
+  Dsv4CompressorWeights w;
+  TensorRef rows;                    // row store, as for dsv4_compressor_emit
+};
+
+// One token at `pos` of one layer in one call (one kernel on CUDA): finalize kv
+// ([1, head_dim]) into raw_ring at row pos % R, then for each compressor given
+// (attention, indexer): store the token and, when it completes a window, emit the
+// row and shift an overlapping state. Identical to calling the separate ops.
+void dsv4_decode_layer(const TensorRef& kv, const TensorRef& raw_ring, int32_t n_rot, int64_t pos, Dsv4Quant quant,
+                       const Dsv4DecodeCompressor* maybe_comp, const Dsv4DecodeCompressor* maybe_idx,
+                       Stream stream = {});
+
 // ---- Indexer ---------------------------------------------------------------------------
 // Queries at positions first_query_pos + i, i < n_q. q: [n_q, H, D] f32 (RoPE
 // applied; with quant On each head is Hadamard + FP4 transformed first, as the
