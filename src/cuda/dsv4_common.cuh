@@ -1,0 +1,151 @@
+// Device building blocks of the DeepSeek-V4 kernels: block reductions and the
+// row finishing steps (RMSNorm, RoPE, FP8 / Hadamard + FP4 quantization) on a
+// row held in shared memory. Per-element math comes from kvcore/math/dsv4.hpp,
+// the same functions the CPU kernels call.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kvcore/math/dsv4.hpp"
+#include "kvcore/math/half.hpp"
+#include "ops/dsv4_candidates.hpp"
+#include "ops/dsv4_params.hpp"
+
+namespace kvcore::dsv4::cuda {
+
+constexpr int kThreads = 256;  // threads of the row kernels (8 warps)
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float* scratch /* >= 33 floats */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < n_warps ? scratch[lane] : 0.0f;
+    t = warp_sum(t);
+    if (lane == 0) scratch[32] = t;
+  }
+  __syncthreads();
+  const float r = scratch[32];
+  __syncthreads();
+  return r;
+}
+
+// FP8 round trip of row[0, n_nope) in blocks of 64, in shared memory; one warp per
+// block, two values per lane. The block's scale is the max over finite |v|, an
+// order-independent reduction: identical to the CPU's sequential one.
+// If maybe_packed is set (448 + 64 layout), writes codes and scales there instead
+// of rounding `row` in place.
+__device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_packed) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  for (int b = warp; b * 64 < n_nope; b += n_warps) {
+    const int off = b * 64, n = min(64, n_nope - off);
+    const float v0 = lane < n ? row[off + lane] : 0.0f;
+    const float v1 = lane + 32 < n ? row[off + lane + 32] : 0.0f;
+    float a = math::finite_abs_max(math::finite_abs_max(0.0f, v0), v1);
+    a = warp_max(a);
+    const int k = math::e4m3_scale_exponent(a);
+    if (maybe_packed) {
+      const float inv = math::pow2f(-k);
+      if (lane < n) maybe_packed[off + lane] = math::e4m3_encode(math::e4m3_scaled(v0, inv));
+      if (lane + 32 < n) maybe_packed[off + lane + 32] = math::e4m3_encode(math::e4m3_scaled(v1, inv));
+      if (lane == 0) maybe_packed[math::Dsv4RowLayout::kScaleOffset + b] = math::ue8m0_encode(k);
+    } else {
+      if (lane < n) row[off + lane] = math::e4m3_round_trip(v0, k);
+      if (lane + 32 < n) row[off + lane + 32] = math::e4m3_round_trip(v1, k);
+    }
+  }
+}
+
+// In-place Hadamard of row[0, n) (n a power of two), same butterflies as the CPU.
+__device__ inline void hadamard_smem(float* row, int n) {
+  for (int h = 1; h < n; h <<= 1) {
+    for (int idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
+      const int j = (idx / h) * 2 * h + idx % h;
+      const float a = row[j], b = row[j + h];
+      row[j] = a + b;
+      row[j + h] = a - b;
+    }
+    __syncthreads();
+  }
+  const float s = math::dsv4_inv_sqrt_pow2(n);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = row[i] * s;
+  __syncthreads();
+}
+
+// FP4 blocks of 32 over row[0, n): one warp per block, one value per lane.
+// Rounds in place, or packs nibbles + scales into maybe_packed.
+__device__ inline void fp4_blocks(float* row, int n, uint8_t* maybe_packed) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  for (int b = warp; b * 32 < n; b += n_warps) {
+    const float v = row[b * 32 + lane];
+    const float a = warp_max(math::finite_abs_max(0.0f, v));
+    const int k = math::dsv4_e2m1_scale_exponent(a);
+    if (maybe_packed) {
+      const uint8_t code = math::dsv4_e2m1_encode(v * math::pow2f(-k));
+      const uint8_t hi = static_cast<uint8_t>(__shfl_down_sync(0xffffffffu, code, 1));
+      if ((lane & 1) == 0) maybe_packed[(b * 32 + lane) / 2] = static_cast<uint8_t>(code | (hi << 4));
+      if (lane == 0) maybe_packed[n / 2 + b] = math::ue8m0_encode(k);
+    } else {
+      row[b * 32 + lane] = math::dsv4_e2m1_round_trip(v, k);
+    }
+  }
+}
+
+// RMSNorm with weight, RoPE at w * ratio, quantization, store: the row is in
+// shared memory `buf` (head_dim floats). All threads of the block call this.
+__device__ inline void finish_row(const CompressorParams& p, int64_t w, float* buf, float* scratch) {
+  float ss = 0.0f;
+  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) ss += buf[k] * buf[k];
+  ss = block_sum(ss, scratch);
+  const float s = 1.0f / sqrtf(ss / static_cast<float>(p.head_dim) + p.eps);
+  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) buf[k] = p.norm_weight[k] * (buf[k] * s);
+  __syncthreads();
+  const float pos = static_cast<float>(w * p.ratio);
+  for (int i = threadIdx.x; i < p.rope.layout.n_pairs(); i += blockDim.x) {
+    float sn, cs;
+    math::sincos_f32(math::rope_angle(pos, p.rope.freq[i]), &sn, &cs);
+    math::rotate_pair(buf[p.rope.layout.dim0(i)], buf[p.rope.layout.dim1(i)], cs, sn);
+  }
+  __syncthreads();
+  if (p.rows_packed) {
+    uint8_t* out = static_cast<uint8_t*>(p.rows) + w * p.rows_stride;
+    if (p.kind == 0) {
+      using L = math::Dsv4RowLayout;
+      fp8_nope_blocks(buf, L::kNope, out);
+      for (int i = threadIdx.x; i < L::kRope; i += blockDim.x) {
+        const uint16_t h = math::f32_to_bf16_bits(buf[L::kNope + i]);
+        out[L::kRopeOffset + 2 * i] = static_cast<uint8_t>(h & 0xffu);
+        out[L::kRopeOffset + 2 * i + 1] = static_cast<uint8_t>(h >> 8);
+      }
+      if (threadIdx.x == 0) out[L::kPadOffset] = 0;
+    } else {
+      hadamard_smem(buf, p.head_dim);
+      fp4_blocks(buf, p.head_dim, out);
+    }
+    return;
+  }
+  if (p.quant) {
+    if (p.kind == 0) {
+      fp8_nope_blocks(buf, p.head_dim - p.n_rot, nullptr);
+    } else {
+      hadamard_smem(buf, p.head_dim);
+      fp4_blocks(buf, p.head_dim, nullptr);
+    }
+    __syncthreads();
+  }
+  float* out = static_cast<float*>(p.rows) + w * p.rows_stride;
+  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) out[k] = buf[k];
+}
+
+}  // namespace kvcore::dsv4::cuda

@@ -1,0 +1,33 @@
+// Backend kernels of the DeepSeek-V4 ops (CPU always, CUDA when built). The
+// entry points in src/ops/dsv4*.cpp validate, fill the Params and call these.
+#pragma once
+#include "kvcore/stream.hpp"
+#include "ops/dsv4_params.hpp"
+
+namespace kvcore::dsv4 {
+
+namespace cpu {
+void finalize(const FinalizeParams& p);
+void store_one(const CompressorParams& p);
+void shift(const CompressorParams& p);
+void reset(const CompressorParams& p);
+void emit(const CompressorParams& p);
+void prefill(const CompressorParams& p);
+void indexer_topk(const IndexerParams& p);
+void decode_layer(const DecodeParams& p);
+}  // namespace cpu
+
+#if KVCORE_WITH_CUDA
+namespace cuda {
+void finalize(const FinalizeParams& p, Stream s);
+void store_one(const CompressorParams& p, Stream s);
+void shift(const CompressorParams& p, Stream s);
+void reset(const CompressorParams& p, Stream s);
+void emit(const CompressorParams& p, Stream s);
+void prefill(const CompressorParams& p, Stream s);
+void indexer_topk(const IndexerParams& p, Stream s);
+void decode_layer(const DecodeParams& p, Stream s);
+}  // namespace cuda
+#endif
+
+}  // namespace kvcore::dsv4

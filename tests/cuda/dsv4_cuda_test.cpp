@@ -1,0 +1,437 @@
+// DeepSeek-V4 ops and Dsv4Cache: CUDA against the CPU on fresh random inputs of
+// awkward sizes, quantization on and off.
+//   - codecs, copies and state updates: bit-identical;
+//   - float math (pool, RMSNorm, RoPE, indexer dot products): |cuda - cpu| <= 2e-5 (1 + |cpu|);
+//   - FP8 / FP4 after float math: values may differ by one code where the float
+//     inputs differ in the last bit; the share of such codes is measured, printed
+//     and bounded (FP8 <= 0.5 %, FP4 <= 1 %), and every difference must be one code;
+//   - CUDA prefill against CUDA token-by-token: bit-identical;
+//   - top-k: CUDA's picks are exactly the CPU's ordering of CUDA's own scores.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "../dsv4_test_util.hpp"
+#include "kvcore/buffer.hpp"
+#include "kvcore/cache/dsv4_cache.hpp"
+#include "kvcore/error.hpp"
+#include "kvcore/math/dsv4.hpp"
+#include "kvcore/ops/dsv4.hpp"
+#include "kvcore/runtime.hpp"
+
+using namespace kvcore;
+using namespace kvcore::testing;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+bool have_gpu() { return cuda_device_count() > 0; }
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no GPU"
+
+// A host vector and its device twin.
+template <class T>
+struct Twin {
+  std::vector<T> h;
+  Buffer d;
+  explicit Twin(std::vector<T> v) : h(std::move(v)), d(Buffer::from_host(h, kGpu)) {}
+  TensorRef host(DType dt, std::initializer_list<int64_t> s) { return TensorRef(h.data(), dt, Device::cpu(), s); }
+  TensorRef dev(DType dt, std::initializer_list<int64_t> s) { return TensorRef(d.data(), dt, kGpu, s); }
+  std::vector<T> down() const {
+    synchronize(kGpu);
+    return d.to_host<T>();
+  }
+};
+
+struct Diff {
+  int64_t n = 0, float_bad = 0, one_code = 0, worse = 0;
+  double max_err = 0;
+};
+
+// Compares float outputs with the float tolerance.
+void cmp_float(const std::vector<float>& gpu, const std::vector<float>& cpu, Diff& d, const char* what) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    const double e = std::fabs(double(gpu[i]) - cpu[i]);
+    d.max_err = std::max(d.max_err, e / (1 + std::fabs(cpu[i])));
+    ++d.n;
+    if (!(e <= 2e-5 * (1 + std::fabs(cpu[i])))) {
+      if (++d.float_bad < 5) ADD_FAILURE() << what << "[" << i << "] gpu " << gpu[i] << " cpu " << cpu[i];
+    }
+  }
+}
+
+// Quantized values: equal, or one grid step apart (same scale).
+bool one_code_apart(float a, float b, const std::vector<double>& grid, double scale) {
+  const double x = std::fabs(a / scale), y = std::fabs(b / scale);
+  if ((a < 0) != (b < 0) && x != 0 && y != 0) return false;
+  auto idx = [&](double v) { return std::lower_bound(grid.begin(), grid.end(), v) - grid.begin(); };
+  const auto ix = idx(x), iy = idx(y);
+  if (ix >= static_cast<long>(grid.size()) || iy >= static_cast<long>(grid.size())) return false;
+  return grid[ix] == x && grid[iy] == y && std::labs(ix - iy) <= 1;
+}
+
+// ---- finalizer and state ops: bit-identical ------------------------------------------
+
+TEST(Dsv4Cuda, FinalizerIsBitIdentical) {
+  REQUIRE_GPU();
+  for (int hd : {512, 200}) {
+    for (Dsv4Quant q : {Dsv4Quant::On, Dsv4Quant::Off}) {
+      for (bool f16 : {true, false}) {
+        const int n = 37, R = 16, n_rot = hd == 512 ? 64 : 8;
+        Twin<float> kv(randn(n * hd, 1000 + hd, 3.0f));
+        std::vector<float> kv_cpu = kv.h;
+        Twin<uint16_t> r16(std::vector<uint16_t>(R * hd, 0));
+        Twin<float> r32(std::vector<float>(R * hd, 0.0f));
+        std::vector<uint16_t> c16 = r16.h;
+        std::vector<float> c32 = r32.h;
+        dsv4_kv_finalize(kv.dev(DType::F32, {n, hd}), f16 ? r16.dev(DType::F16, {R, hd}) : r32.dev(DType::F32, {R, hd}), 5, n_rot, q);
+        dsv4_kv_finalize(TensorRef(kv_cpu.data(), DType::F32, Device::cpu(), {n, hd}),
+                         f16 ? TensorRef(c16.data(), DType::F16, Device::cpu(), {R, hd})
+                             : TensorRef(c32.data(), DType::F32, Device::cpu(), {R, hd}),
+                         5, n_rot, q);
+        ASSERT_EQ(std::memcmp(kv.down().data(), kv_cpu.data(), kv_cpu.size() * 4), 0) << hd;
+        if (f16) {
+          ASSERT_EQ(r16.down(), c16);
+        } else {
+          ASSERT_EQ(std::memcmp(r32.down().data(), c32.data(), c32.size() * 4), 0);
+        }
+      }
+    }
+  }
+}
+
+TEST(Dsv4Cuda, StateOpsAreBitIdentical) {
+  REQUIRE_GPU();
+  const Dsv4Compressor cc = Dsv4Compressor::csa(96, 16, 4);
+  const int W = cc.width(), R = cc.state_rows();
+  Twin<float> kv(std::vector<float>(R * W)), sc(std::vector<float>(R * W));
+  std::vector<float> hk(R * W), hs(R * W);
+  dsv4_compressor_reset(kv.dev(DType::F32, {R, W}), sc.dev(DType::F32, {R, W}), cc);
+  dsv4_compressor_reset(view(hk, {R, W}), view(hs, {R, W}), cc);
+  Twin<uint16_t> ape([&] {
+    std::vector<uint16_t> a;
+    for (float v : randn(4 * W, 7)) a.push_back(math::f32_to_f16_bits(v));
+    return a;
+  }());
+  for (int p = 0; p < 11; ++p) {
+    Twin<float> c(randn(W, 10 + p)), z(randn(W, 40 + p));
+    dsv4_compressor_store_one(c.dev(DType::F32, {W}), z.dev(DType::F32, {W}), ape.dev(DType::F16, {4, W}),
+                              kv.dev(DType::F32, {R, W}), sc.dev(DType::F32, {R, W}), p, cc);
+    dsv4_compressor_store_one(c.host(DType::F32, {W}), z.host(DType::F32, {W}), ape.host(DType::F16, {4, W}), view(hk, {R, W}),
+                              view(hs, {R, W}), p, cc);
+    if ((p + 1) % 4 == 0) {
+      dsv4_compressor_shift(kv.dev(DType::F32, {R, W}), sc.dev(DType::F32, {R, W}), cc);
+      dsv4_compressor_shift(view(hk, {R, W}), view(hs, {R, W}), cc);
+    }
+  }
+  ASSERT_EQ(std::memcmp(kv.down().data(), hk.data(), hk.size() * 4), 0);
+  ASSERT_EQ(std::memcmp(sc.down().data(), hs.data(), hs.size() * 4), 0);
+}
+
+// ---- compression: CUDA vs CPU, and CUDA prefill vs CUDA token-by-token -------------------
+
+struct Case {
+  Dsv4Compressor cc;
+  Dsv4Quant quant;
+  bool packed;
+};
+
+// Runs n tokens through one compressor on `dev`, token by token (chunk 1) or in the
+// given chunking; returns the row store bytes and the final state.
+struct RunOut {
+  std::vector<uint8_t> rows;
+  std::vector<float> kv, score;
+};
+
+RunOut run_compressor(const Case& cs, Device dev, const std::vector<float>& c, const std::vector<float>& z,
+                      const std::vector<float>& ape, const std::vector<float>& norm, int n, const std::vector<int>& chunks) {
+  const Dsv4Compressor& cc = cs.cc;
+  const int W = cc.width(), R = cc.state_rows(), hd = cc.head_dim, cap = n / cc.ratio + 1;
+  const int rb = cs.packed ? cc.packed_row_bytes() : hd * 4;
+  Buffer skv(R * W * 4, dev), ssc(R * W * 4, dev), rows(static_cast<size_t>(cap) * rb, dev);
+  fill_bytes(rows.data(), dev, 0, rows.size());
+  Buffer bape = Buffer::from_host(ape, dev), bnorm = Buffer::from_host(norm, dev), bc = Buffer::from_host(c, dev),
+         bz = Buffer::from_host(z, dev);
+  const TensorRef tkv(skv.data(), DType::F32, dev, {R, W}), tsc(ssc.data(), DType::F32, dev, {R, W});
+  const TensorRef trows = cs.packed ? TensorRef(rows.data(), DType::U8, dev, {cap, rb}) : TensorRef(rows.data(), DType::F32, dev, {cap, hd});
+  dsv4_compressor_reset(tkv, tsc, cc);
+  Dsv4CompressorWeights w{TensorRef(bape.data(), DType::F32, dev, {cc.ratio, W}), TensorRef(bnorm.data(), DType::F32, dev, {hd}),
+                          compressed_table(hd, cc.n_rot)};
+  int p = 0;
+  for (int len : chunks) {
+    auto* cp = static_cast<float*>(bc.data()) + static_cast<size_t>(p) * W;
+    auto* zp = static_cast<float*>(bz.data()) + static_cast<size_t>(p) * W;
+    if (len == 1 && chunks.size() == static_cast<size_t>(n)) {  // the decode path
+      dsv4_compressor_store_one(TensorRef(cp, DType::F32, dev, {W}), TensorRef(zp, DType::F32, dev, {W}), w.ape, tkv, tsc, p, cc);
+      if ((p + 1) % cc.ratio == 0) {
+        dsv4_compressor_emit(tkv, tsc, cc, w, p / cc.ratio, cs.quant, trows);
+        if (cc.overlap) dsv4_compressor_shift(tkv, tsc, cc);
+      }
+    } else {
+      dsv4_compress_prefill(TensorRef(cp, DType::F32, dev, {len, W}), TensorRef(zp, DType::F32, dev, {len, W}), tkv, tsc, p, cc,
+                            w, cs.quant, trows);
+    }
+    p += len;
+  }
+  synchronize(dev);
+  return {rows.to_host<uint8_t>(), skv.to_host<float>(), ssc.to_host<float>()};
+}
+
+std::vector<float> decode_rows(const Case& cs, const std::vector<uint8_t>& raw) {
+  const int hd = cs.cc.head_dim;
+  if (!cs.packed) {
+    std::vector<float> v(raw.size() / 4);
+    std::memcpy(v.data(), raw.data(), raw.size());
+    return v;
+  }
+  const int rb = cs.cc.packed_row_bytes();
+  const size_t n = raw.size() / rb;
+  std::vector<float> v(n * hd);
+  for (size_t r = 0; r < n; ++r)
+    for (int d = 0; d < hd; ++d)
+      v[r * hd + d] = cs.cc.kind == Dsv4RowKind::Attention ? math::dsv4_unpack_attention_value(raw.data() + r * rb, d)
+                                                           : math::dsv4_unpack_fp4_value(raw.data() + r * rb, hd, d);
+  return v;
+}
+
+void check_case(const Case& cs, uint64_t seed) {
+  const Dsv4Compressor& cc = cs.cc;
+  SCOPED_TRACE(::testing::Message() << "hd " << cc.head_dim << " ratio " << cc.ratio << " overlap " << cc.overlap << " kind "
+                                    << int(cc.kind) << " quant " << int(cs.quant) << " packed " << cs.packed);
+  const int n = cc.ratio * 9 + 3, W = cc.width(), hd = cc.head_dim;
+  const std::vector<float> c = randn(static_cast<size_t>(n) * W, seed, 1.5f), z = randn(c.size(), seed + 1, 2.0f),
+                           ape = randn(static_cast<size_t>(cc.ratio) * W, seed + 2), norm0 = randn(hd, seed + 3, 0.25f);
+  std::vector<float> norm = norm0;
+  for (float& v : norm) v += 1.0f;
+  std::vector<int> ones(n, 1), odd;
+  for (int p = 0, i = 0; p < n; ++i) {
+    const int len = std::min(n - p, 1 + (i * 7 + 3) % (2 * cc.ratio + 1));
+    odd.push_back(len);
+    p += len;
+  }
+  const RunOut cpu = run_compressor(cs, Device::cpu(), c, z, ape, norm, n, ones);
+  const RunOut gpu = run_compressor(cs, kGpu, c, z, ape, norm, n, ones);
+  const RunOut gpu_pf = run_compressor(cs, kGpu, c, z, ape, norm, n, odd);
+  ASSERT_EQ(gpu.rows, gpu_pf.rows) << "CUDA prefill == CUDA token by token";
+  ASSERT_EQ(std::memcmp(gpu.kv.data(), gpu_pf.kv.data(), gpu.kv.size() * 4), 0);
+  ASSERT_EQ(std::memcmp(gpu.score.data(), gpu_pf.score.data(), gpu.score.size() * 4), 0);
+  ASSERT_EQ(std::memcmp(gpu.kv.data(), cpu.kv.data(), cpu.kv.size() * 4), 0) << "state is copied data: bit-identical";
+  ASSERT_EQ(std::memcmp(gpu.score.data(), cpu.score.data(), cpu.score.size() * 4), 0);
+  const std::vector<float> g = decode_rows(cs, gpu.rows), h = decode_rows(cs, cpu.rows);
+  Diff d;
+  if (cs.quant == Dsv4Quant::Off) {
+    cmp_float(g, h, d, "row value");
+    std::printf("[dsv4 cuda] %s hd %d m %d quant off: max rel err %.2e over %lld values\n",
+                cc.kind == Dsv4RowKind::Indexer ? "indexer" : (cc.overlap ? "csa" : "hca"), hd, cc.ratio, d.max_err,
+                static_cast<long long>(d.n));
+    return;
+  }
+  // Quantized: per element equal, or one code apart at the block's scale.
+  const bool attn = cc.kind == Dsv4RowKind::Attention;
+  const std::vector<double> grid = attn ? e4m3_grid() : e2m1_grid();
+  const int blk = attn ? 64 : 32, n_q = attn ? hd - cc.n_rot : hd;
+  for (size_t r = 0; r < g.size() / hd; ++r) {
+    for (int b = 0; b * blk < n_q; ++b) {
+      double amax_g = 0, amax_h = 0;
+      for (int i = b * blk; i < std::min(n_q, (b + 1) * blk); ++i) {
+        amax_g = std::max(amax_g, std::fabs(double(g[r * hd + i])));
+        amax_h = std::max(amax_h, std::fabs(double(h[r * hd + i])));
+      }
+      for (int i = b * blk; i < std::min(n_q, (b + 1) * blk); ++i) {
+        const float x = g[r * hd + i], y = h[r * hd + i];
+        ++d.n;
+        if (x == y) continue;
+        const double maxv = attn ? 448.0 : 6.0;
+        // Same scale: the block maxima decode to the same power-of-two scale.
+        const double scale = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(std::max(amax_h, 1e-30) / maxv))));
+        if (one_code_apart(x, y, grid, scale) || one_code_apart(x, y, grid, scale * 2) || one_code_apart(x, y, grid, scale / 2)) {
+          ++d.one_code;
+        } else {
+          ++d.worse;
+          if (d.worse < 5) ADD_FAILURE() << "row " << r << " dim " << i << ": gpu " << x << " cpu " << y;
+        }
+      }
+    }
+    if (attn) {  // rope dims: float math, stored as bf16 (packed) or f32
+      for (int i = n_q; i < hd; ++i) {
+        const double e = std::fabs(double(g[r * hd + i]) - h[r * hd + i]);
+        EXPECT_LE(e, (cs.packed ? 8e-3 : 2e-5) * (1 + std::fabs(h[r * hd + i]))) << "rope dim " << i;
+      }
+    }
+  }
+  const double share = d.n ? double(d.one_code) / d.n : 0;
+  std::printf("[dsv4 cuda] %s hd %d m %d quant on%s: %lld of %lld codes one code apart (%.4f %%), %lld worse\n",
+              attn ? (cc.overlap ? "csa" : "hca") : "indexer", hd, cc.ratio, cs.packed ? " packed" : "",
+              static_cast<long long>(d.one_code), static_cast<long long>(d.n), 100 * share, static_cast<long long>(d.worse));
+  EXPECT_EQ(d.worse, 0);
+  EXPECT_LE(share, attn ? 0.005 : 0.01);
+}
+
+TEST(Dsv4Cuda, CompressionMatchesCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (Dsv4Quant q : {Dsv4Quant::Off, Dsv4Quant::On}) {
+    check_case({Dsv4Compressor::csa(512, 64, 4), q, false}, seed++);
+    check_case({Dsv4Compressor::hca(512, 64, 128), q, false}, seed++);
+    check_case({Dsv4Compressor::indexer(128, 64, 4), q, false}, seed++);
+    check_case({Dsv4Compressor::csa(96, 16, 3), q, false}, seed++);   // awkward sizes
+    check_case({Dsv4Compressor::hca(200, 8, 5), q, false}, seed++);
+    check_case({Dsv4Compressor::indexer(64, 16, 4), q, false}, seed++);
+  }
+  check_case({Dsv4Compressor::csa(512, 64, 4), Dsv4Quant::On, true}, seed++);
+  check_case({Dsv4Compressor::hca(512, 64, 128), Dsv4Quant::On, true}, seed++);
+  check_case({Dsv4Compressor::indexer(128, 64, 4), Dsv4Quant::On, true}, seed++);
+}
+
+// ---- indexer -----------------------------------------------------------------------------
+
+void check_indexer(Dsv4Quant quant, bool packed, int cap, int n_rows, int k, int64_t first, bool zero_rows) {
+  SCOPED_TRACE(::testing::Message() << "quant " << int(quant) << " packed " << packed << " cap " << cap << " k " << k);
+  const int H = 64, D = 128, nq = 3;
+  std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
+  if (zero_rows)  // many rows scoring exactly 0: ties the top-k must break by row
+    for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + s * D, rows_f.begin() + (s + 1) * D, 0.0f);
+  std::vector<uint8_t> rows_p;
+  if (packed) {
+    rows_p.resize(static_cast<size_t>(cap) * 68);
+    for (int s = 0; s < cap; ++s) math::dsv4_pack_fp4_row(rows_f.data() + s * D, D, rows_p.data() + s * 68);
+  }
+  Twin<float> q(randn(nq * H * D, 72)), w(randn(nq * H, 73)), rf(rows_f);
+  if (zero_rows)
+    for (float& v : w.h) v = std::fabs(v);
+  w.d.copy_from_host(w.h.data(), w.h.size() * 4);
+  Twin<uint8_t> rp(packed ? rows_p : std::vector<uint8_t>(1));
+  Twin<float> sc(std::vector<float>(nq * cap, 0.0f));
+  Twin<int32_t> out(std::vector<int32_t>(nq * k, 0));
+  const TensorRef rows_d = packed ? rp.dev(DType::U8, {cap, 68}) : rf.dev(DType::F32, {cap, D});
+  const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, 68}) : rf.host(DType::F32, {cap, D});
+  dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, n_rows, first, 4, quant,
+                    sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}));
+  std::vector<float> sc_h(nq * cap);
+  std::vector<int32_t> out_h(nq * k);
+  dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, n_rows, first, 4, quant,
+                    view(sc_h, {nq, cap}), host_view(out_h, DType::I32, {nq, k}));
+  const std::vector<float> sc_g = sc.down();
+  const std::vector<int32_t> out_g = out.down();
+  Diff d;
+  for (size_t i = 0; i < sc_h.size(); ++i) {
+    if (std::isinf(sc_h[i])) {
+      ASSERT_EQ(sc_g[i], sc_h[i]) << i;
+      continue;
+    }
+    const double e = std::fabs(double(sc_g[i]) - sc_h[i]);
+    d.max_err = std::max(d.max_err, e / (1 + std::fabs(sc_h[i])));
+    ASSERT_LE(e, 2e-5 * (1 + std::fabs(sc_h[i]))) << "score " << i;
+  }
+  int same = 0;
+  for (int i = 0; i < nq; ++i) {
+    const int64_t vis = std::min<int64_t>(n_rows, (first + i + 1) / 4);
+    std::vector<int> order(vis);
+    std::iota(order.begin(), order.end(), 0);
+    const float* s = sc_g.data() + static_cast<size_t>(i) * cap;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s[a] > s[b]; });
+    for (int j = 0; j < k; ++j) ASSERT_EQ(out_g[i * k + j], j < vis ? order[j] : -1) << "query " << i << " pick " << j;
+    same += std::equal(out_g.begin() + i * k, out_g.begin() + (i + 1) * k, out_h.begin() + i * k);
+  }
+  std::printf("[dsv4 cuda] indexer cap %d k %d quant %d packed %d: scores max rel err %.2e, %d/%d queries with the CPU's picks\n",
+              cap, k, int(quant), int(packed), d.max_err, same, nq);
+}
+
+TEST(Dsv4Cuda, IndexerMatchesCpu) {
+  REQUIRE_GPU();
+  check_indexer(Dsv4Quant::Off, false, 3001, 2900, 512, 4 * 2900, false);
+  check_indexer(Dsv4Quant::On, true, 3001, 2900, 512, 4 * 2900, false);
+  check_indexer(Dsv4Quant::On, false, 777, 700, 1024, 1000, false);  // fewer visible rows than k: -1 picks
+  check_indexer(Dsv4Quant::Off, false, 2000, 2000, 700, 8000, true);  // ties at score 0
+}
+
+// ---- the cache on CUDA against the cache on the CPU ----------------------------------------
+
+TEST(Dsv4Cuda, CacheDecodeAndPrefillMatchCpu) {
+  REQUIRE_GPU();
+  Dsv4CacheConfig cfg;
+  cfg.layers = {Dsv4LayerKind::Window, Dsv4LayerKind::CSA, Dsv4LayerKind::HCA};
+  cfg.hca_ratio = 16;
+  cfg.index_topk = 8;
+  cfg.max_context = 160;
+  cfg.max_seqs = 2;
+  Dsv4Cache gpu(cfg, kGpu), cpu(cfg, Device::cpu());
+  for (int l = 1; l < 3; ++l) {
+    const Dsv4Compressor c = cfg.compressor(cfg.layers[l]), ix = cfg.indexer();
+    std::vector<float> ca = randn(static_cast<size_t>(c.ratio) * c.width(), 80 + l), cn = randn(c.head_dim, 90 + l, 0.2f);
+    std::vector<float> ia = randn(static_cast<size_t>(ix.ratio) * ix.width(), 100 + l), in = randn(ix.head_dim, 110 + l, 0.2f);
+    for (float& v : cn) v += 1;
+    for (float& v : in) v += 1;
+    Dsv4LayerWeights w{view(ca, {c.ratio, c.width()}), view(cn, {c.head_dim}), view(ia, {ix.ratio, ix.width()}), view(in, {ix.head_dim})};
+    gpu.set_weights(l, w);
+    cpu.set_weights(l, w);
+  }
+  const int n = 150;
+  // seq 0 token by token, seq 1 in chunks: both caches.
+  const std::vector<int> chunks = {7, 1, 30, 5, 64, 43};
+  for (int seq = 0; seq < 2; ++seq) {
+    int p = 0;
+    for (size_t ci = 0; p < n; ++ci) {
+      const int len = seq == 0 ? 1 : chunks[ci];
+      for (int l = 0; l < 3; ++l) {
+        const int wc = l == 0 ? 0 : cfg.compressor(cfg.layers[l]).width(), wi = 2 * cfg.index_dim;
+        std::vector<float> kv, cc, cz, ic, iz;
+        for (int t = p; t < p + len; ++t) {  // token data depends on (position, layer) only, not on chunking
+          const uint64_t s = 7000 + 31 * t + l;
+          auto a = randn(512, s, 2.0f), b = randn(wc, s + 1), c2 = randn(wc, s + 2, 2.0f), d2 = randn(wi, s + 3), e = randn(wi, s + 4, 2.0f);
+          kv.insert(kv.end(), a.begin(), a.end());
+          cc.insert(cc.end(), b.begin(), b.end());
+          cz.insert(cz.end(), c2.begin(), c2.end());
+          ic.insert(ic.end(), d2.begin(), d2.end());
+          iz.insert(iz.end(), e.begin(), e.end());
+        }
+        for (Dsv4Cache* cache : {&gpu, &cpu}) {
+          const Device dv = cache->device();
+          Buffer bkv = Buffer::from_host(kv, dv);
+          Buffer bcc = wc ? Buffer::from_host(cc, dv) : Buffer(), bcz = wc ? Buffer::from_host(cz, dv) : Buffer();
+          Buffer bic = Buffer::from_host(ic, dv), biz = Buffer::from_host(iz, dv);
+          Dsv4TokenInputs in;
+          in.kv = TensorRef(bkv.data(), DType::F32, dv, {len, 512});
+          if (wc) {
+            in.comp_c = TensorRef(bcc.data(), DType::F32, dv, {len, wc});
+            in.comp_z = TensorRef(bcz.data(), DType::F32, dv, {len, wc});
+          }
+          if (cfg.layers[l] == Dsv4LayerKind::CSA) {
+            in.idx_c = TensorRef(bic.data(), DType::F32, dv, {len, wi});
+            in.idx_z = TensorRef(biz.data(), DType::F32, dv, {len, wi});
+          }
+          cache->append(seq, l, p, in);
+          synchronize(dv);
+        }
+      }
+      p += len;
+    }
+  }
+  const std::vector<double> e4 = e4m3_grid();
+  for (int l = 0; l < 3; ++l) {
+    for (int seq = 0; seq < 2; ++seq) {
+      EXPECT_EQ(gpu.read_window(seq, l), cpu.read_window(seq, l)) << "window rows are codec output: bit-identical";
+      if (l == 0) continue;
+      const std::vector<float> g = gpu.read_compressed(seq, l), h = cpu.read_compressed(seq, l);
+      ASSERT_EQ(g.size(), h.size());
+      int64_t diff = 0;
+      for (size_t i = 0; i < g.size(); ++i) diff += g[i] != h[i];
+      std::printf("[dsv4 cuda] cache layer %d seq %d: %lld of %zu compressed values differ from the CPU\n", l, seq,
+                  static_cast<long long>(diff), g.size());
+      EXPECT_LE(double(diff), 0.005 * g.size());
+    }
+    if (l != 0) {
+      EXPECT_EQ(gpu.read_compressed(0, l), gpu.read_compressed(1, l)) << "CUDA decode == CUDA prefill";
+      if (l == 1) {
+        EXPECT_EQ(gpu.read_indexer(0, l), gpu.read_indexer(1, l));
+      }
+    }
+  }
+}
+
+}  // namespace
