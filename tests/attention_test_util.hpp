@@ -209,7 +209,7 @@ inline std::vector<double> reference(const HostCase& c) {
   auto rotate = [&](std::vector<double>& x, double pos) {
     const double mag = t.attention_factor;
     for (int i = 0; i < t.layout.n_pairs(); ++i) {
-      const double a = pos * static_cast<double>(t.freq[i]);
+      const double a = static_cast<float>(pos) * t.freq[i];  // the f32 angle of the convention (rope.hpp)
       const double cs = std::cos(a) * mag, sn = std::sin(a) * mag;
       double& x0 = x[t.layout.dim0(i)];
       double& x1 = x[t.layout.dim1(i)];

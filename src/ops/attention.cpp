@@ -206,7 +206,7 @@ void run(const char* op, Validated& v, const TensorRef& q, const AttentionOption
   // Split-K: the automatic choice shrinks to what a given workspace holds.
   int32_t splits = opt.num_splits;
   const bool automatic = splits == 0;
-  int64_t cells_for_split = v.max_seq_cells;
+  int64_t cells_for_split = v.max_seq_cells > 0 ? v.max_seq_cells : opt.max_seq_cells;
   if (automatic) splits = attention_auto_splits(dev, p.n_rows, p.layout.n_kv_heads, p.n_q_heads, cells_for_split);
   Buffer owned;
   std::byte* ws = nullptr;

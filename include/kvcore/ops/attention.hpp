@@ -55,6 +55,7 @@ struct AttentionOptions {
   std::optional<RopeSpec> rope_on_read;
   bool rotate_query = false;   // also rotate q at q_positions (needs rope_on_read); else q comes rotated
   int32_t num_splits = 0;      // split-K factor per sequence; 0: chosen from the batch and the device
+  int64_t max_seq_cells = 0;   // hint for that choice (cells of the longest sequence) when check_tables is off
   // Scratch for split-K partials (attention_workspace_bytes). Empty: the op allocates one per call
   // (a synchronous allocation on CUDA: pass one when timing matters).
   TensorRef workspace;
