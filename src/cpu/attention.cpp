@@ -114,7 +114,14 @@ void run_task(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spl
 void attention_paged(const PagedAttentionParams& p) {
   const int64_t n_kv = p.layout.n_kv_heads;
   const int64_t tasks = int64_t{p.n_rows} * n_kv * p.num_splits;
-#pragma omp parallel for schedule(dynamic, 1)
+  // Threads only when there is work enough to pay for waking them (small decode
+  // steps run faster on one core, above all on a loaded machine).
+  int64_t macs = 0;
+  for (int32_t r = 0; r < p.n_rows; ++r)
+    macs += int64_t{PagedLayout::seq_cells(p.indptr, p.last_page_len, attention_row_seq(p, r), p.layout.block_size)} *
+            p.n_q_heads * p.layout.head_dim;
+  const bool parallel = macs > (int64_t{1} << 20);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int64_t t = 0; t < tasks; ++t) {
     const int32_t split = static_cast<int32_t>(t % p.num_splits);
     const int32_t kvh = static_cast<int32_t>((t / p.num_splits) % n_kv);
@@ -122,7 +129,7 @@ void attention_paged(const PagedAttentionParams& p) {
     run_task(p, r, kvh, split);
   }
   const int64_t heads = int64_t{p.n_rows} * p.n_q_heads;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (heads * p.num_splits * p.layout.head_dim > (int64_t{1} << 18))
   for (int64_t rh = 0; rh < heads; ++rh) {
     const int32_t r = static_cast<int32_t>(rh / p.n_q_heads), h = static_cast<int32_t>(rh % p.n_q_heads);
     std::vector<float> row(static_cast<size_t>(p.layout.head_dim));

@@ -86,10 +86,11 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split) {
 
 void attention_dsv4(const Dsv4AttentionParams& p) {
   const int64_t tasks = int64_t{p.n_rows} * p.num_splits;
-#pragma omp parallel for schedule(dynamic, 1)
+  const bool parallel = int64_t{p.n_rows} * (p.n_window + p.comp_k) * p.n_heads * kD > (int64_t{1} << 20);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int64_t t = 0; t < tasks; ++t) run_task(p, static_cast<int32_t>(t / p.num_splits), static_cast<int32_t>(t % p.num_splits));
   const int64_t heads = int64_t{p.n_rows} * p.n_heads;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (heads * p.num_splits * kD > (int64_t{1} << 18))
   for (int64_t rh = 0; rh < heads; ++rh) {
     const int32_t r = static_cast<int32_t>(rh / p.n_heads), h = static_cast<int32_t>(rh % p.n_heads);
     float row[kD];
