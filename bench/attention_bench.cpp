@@ -1,0 +1,315 @@
+// `kvcore bench attention`: paged decode attention at Llama-3-8B geometry
+// (32 q heads, 8 kv heads, head_dim 128, blocks of 16) for batch 1/16/64 and
+// contexts 1k..128k, f16 and FP8 (per-64 UE8M0) pages; DeepSeek-V4 sparse
+// decode at 8k, 64k and 1M tokens (CSA: window 128 + top-512 picks; HCA: window
+// + every visible row). Bytes = K/V (and scale) bytes the op must read; the
+// ceiling is the read-only kernel. Case names match bench/attention_sdpa_baseline.py.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/harness.hpp"
+#include "kvcore/kvcore.hpp"
+#include "kvcore/math/dsv4_row.hpp"
+#include "kvcore/math/half.hpp"
+#include "kvcore/ops/attention.hpp"
+#include "tools/registry.hpp"
+
+namespace {
+
+using namespace kvcore;
+
+constexpr int64_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+constexpr double kL2Bytes = 60e6;
+
+// Random pattern R (host) tiled over a device buffer: block b's content is R at
+// (b * block_bytes) mod |R|, which lets the check rebuild any sequence on the host.
+struct Tiled {
+  std::vector<uint8_t> pattern;
+  Buffer dev;
+};
+
+void fill_tiled(Tiled& t, size_t bytes, Device d, bool fp8, uint64_t seed, size_t unit) {
+  const size_t pat = std::min<size_t>(bytes, (size_t{32} << 20) / unit * unit);
+  t.pattern.resize(pat);
+  std::mt19937_64 rng(seed);
+  if (fp8) {
+    for (auto& b : t.pattern) b = static_cast<uint8_t>((rng() % 0x58) | (rng() & 0x80));  // finite, |x| <= 20
+  } else {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (size_t i = 0; i + 1 < pat; i += 2) {
+      const uint16_t h = math::f32_to_f16_bits(u(rng));
+      std::memcpy(&t.pattern[i], &h, 2);
+    }
+  }
+  t.dev = Buffer(bytes, d);
+  Buffer src = Buffer::from_host(t.pattern, d);
+  for (size_t off = 0; off < bytes; off += pat)
+    copy_bytes(static_cast<uint8_t*>(t.dev.data()) + off, d, src.data(), d, std::min(pat, bytes - off));
+}
+
+struct PagedSetup {
+  int64_t batch, ctx, copies, blocks_per_seq, num_blocks;
+  bool fp8;
+  Tiled k, v, ks, vs;
+  std::vector<std::vector<int32_t>> indices;  // per copy: [batch * blocks_per_seq]
+  std::vector<Buffer> indices_dev;
+  Buffer indptr, lpl, q, out, ws;
+};
+
+double kv_bytes(int64_t batch, int64_t ctx, bool fp8) {
+  const double rows = double(batch) * ctx * kKvHeads;
+  return 2.0 * rows * (fp8 ? kHeadDim + kHeadDim / 64 : kHeadDim * 2);
+}
+
+// Check sequence 0 of copy 0 against the CPU op on a host rebuild of its blocks.
+bool check_paged(PagedSetup& s, Device d, const PagedKV& kv, const BlockTable& table, AttentionOptions opt,
+                 const TensorRef& q, const TensorRef& out) {
+  attention_decode(q, kv, table, out, opt);
+  synchronize(d);
+  const int64_t nb = s.blocks_per_seq;
+  const size_t row_elem = s.fp8 ? 1 : 2;
+  const size_t blk_bytes = kBlock * kKvHeads * kHeadDim * row_elem, blk_scales = kBlock * kKvHeads * (kHeadDim / 64);
+  std::vector<uint8_t> hk(nb * blk_bytes), hv(nb * blk_bytes), hks(nb * blk_scales), hvs(nb * blk_scales);
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t b = s.indices[0][i];
+    auto grab = [&](const Tiled& t, std::vector<uint8_t>& dst, size_t unit) {
+      const size_t off = (b * unit) % t.pattern.size();
+      std::memcpy(&dst[i * unit], &t.pattern[off], unit);
+    };
+    grab(s.k, hk, blk_bytes);
+    grab(s.v, hv, blk_bytes);
+    if (s.fp8) grab(s.ks, hks, blk_scales), grab(s.vs, hvs, blk_scales);
+  }
+  const DType t = s.fp8 ? DType::E4M3 : DType::F16;
+  PagedKV hkv;
+  hkv.k = TensorRef(hk.data(), t, Device::cpu(), {nb, kBlock, kKvHeads, kHeadDim});
+  hkv.v = TensorRef(hv.data(), t, Device::cpu(), {nb, kBlock, kKvHeads, kHeadDim});
+  if (s.fp8) {
+    hkv.k_scale = TensorRef(hks.data(), DType::UE8M0, Device::cpu(), {nb, kBlock, kKvHeads, kHeadDim / 64});
+    hkv.v_scale = TensorRef(hvs.data(), DType::UE8M0, Device::cpu(), {nb, kBlock, kKvHeads, kHeadDim / 64});
+  }
+  std::vector<int32_t> ip{0, static_cast<int32_t>(nb)}, ix(nb), lp{static_cast<int32_t>(s.ctx - (nb - 1) * kBlock)};
+  std::iota(ix.begin(), ix.end(), 0);
+  BlockTable ht{TensorRef(ip.data(), DType::I32, Device::cpu(), {2}), TensorRef(ix.data(), DType::I32, Device::cpu(), {nb}),
+                TensorRef(lp.data(), DType::I32, Device::cpu(), {1})};
+  std::vector<float> hq(kQHeads * kHeadDim), ho(kQHeads * kHeadDim), go(kQHeads * kHeadDim);
+  copy_bytes(hq.data(), Device::cpu(), q.data(), d, hq.size() * 4);
+  copy_bytes(go.data(), Device::cpu(), out.data(), d, go.size() * 4);
+  AttentionOptions ho_opt;
+  ho_opt.softmax_scale = opt.softmax_scale;
+  attention_decode(TensorRef(hq.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), hkv, ht,
+                   TensorRef(ho.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), ho_opt);
+  double err = 0, mx = 1e-6;
+  for (size_t i = 0; i < ho.size(); ++i) err = std::max(err, double(std::abs(ho[i] - go[i]))), mx = std::max(mx, double(std::abs(ho[i])));
+  const bool ok = err <= 1e-4 * std::max(1.0, mx) && std::isfinite(err);
+  if (!ok) std::fprintf(stderr, "[bench] attention CHECK FAILED: max error %.3g (max |out| %.3g)\n", err, mx);
+  return ok;
+}
+
+void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8) {
+  const std::string name = std::string("llama8b_") + (fp8 ? "fp8" : "f16") + "_b" + std::to_string(batch) + "_ctx" +
+                           std::to_string(ctx);
+  if (!opt.wants(name)) return;
+  const Device d = opt.device;
+  PagedSetup s;
+  s.batch = batch;
+  s.ctx = ctx;
+  s.fp8 = fp8;
+  s.blocks_per_seq = (ctx + kBlock - 1) / kBlock;
+  const double bytes = kv_bytes(batch, ctx, fp8);
+  s.copies = d.is_cuda() ? std::clamp<int64_t>(static_cast<int64_t>(std::ceil(4 * kL2Bytes / bytes)), 1, 64) : 1;
+  s.num_blocks = s.copies * batch * s.blocks_per_seq;
+  const size_t elem = fp8 ? 1 : 2;
+  const size_t blk_bytes = kBlock * kKvHeads * kHeadDim * elem, blk_scales = kBlock * kKvHeads * (kHeadDim / 64);
+  fill_tiled(s.k, s.num_blocks * blk_bytes, d, fp8, 1, blk_bytes);
+  fill_tiled(s.v, s.num_blocks * blk_bytes, d, fp8, 2, blk_bytes);
+  if (fp8) {
+    // scale bytes 2^-6 .. 2^-3
+    fill_tiled(s.ks, s.num_blocks * blk_scales, d, true, 3, blk_scales);
+    fill_tiled(s.vs, s.num_blocks * blk_scales, d, true, 4, blk_scales);
+    for (Tiled* t : {&s.ks, &s.vs}) {
+      for (auto& b : t->pattern) b = static_cast<uint8_t>(121 + b % 4);
+      Buffer src = Buffer::from_host(t->pattern, d);
+      for (size_t off = 0; off < t->dev.size(); off += t->pattern.size())
+        copy_bytes(static_cast<uint8_t*>(t->dev.data()) + off, d, src.data(), d, std::min(t->pattern.size(), t->dev.size() - off));
+    }
+  }
+  // Each copy's sequences get a shuffled set of blocks (a fragmented pool).
+  std::vector<int32_t> perm(s.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(7));
+  const int64_t per_copy = batch * s.blocks_per_seq;
+  for (int64_t c = 0; c < s.copies; ++c) {
+    s.indices.emplace_back(perm.begin() + c * per_copy, perm.begin() + (c + 1) * per_copy);
+    s.indices_dev.push_back(Buffer::from_host(s.indices.back(), d));
+  }
+  std::vector<int32_t> ip(batch + 1), lp(batch, static_cast<int32_t>(ctx - (s.blocks_per_seq - 1) * kBlock));
+  for (int64_t b = 0; b <= batch; ++b) ip[b] = static_cast<int32_t>(b * s.blocks_per_seq);
+  s.indptr = Buffer::from_host(ip, d);
+  s.lpl = Buffer::from_host(lp, d);
+  std::vector<float> hq(batch * kQHeads * kHeadDim);
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : hq) x = u(rng);
+  s.q = Buffer::from_host(hq, d);
+  s.out = Buffer(hq.size() * 4, d);
+  const DType t = fp8 ? DType::E4M3 : DType::F16;
+  PagedKV kv;
+  kv.k = TensorRef(s.k.dev.data(), t, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim});
+  kv.v = TensorRef(s.v.dev.data(), t, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim});
+  if (fp8) {
+    kv.k_scale = TensorRef(s.ks.dev.data(), DType::UE8M0, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim / 64});
+    kv.v_scale = TensorRef(s.vs.dev.data(), DType::UE8M0, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim / 64});
+  }
+  std::vector<BlockTable> tables;
+  for (int64_t c = 0; c < s.copies; ++c)
+    tables.push_back({TensorRef(s.indptr.data(), DType::I32, d, {batch + 1}),
+                      TensorRef(s.indices_dev[c].data(), DType::I32, d, {per_copy}),
+                      TensorRef(s.lpl.data(), DType::I32, d, {batch})});
+  const TensorRef q(s.q.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
+  const TensorRef out(s.out.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
+  AttentionOptions ao;
+  ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
+  ao.check_tables = false;
+  ao.max_seq_cells = ctx;
+  const int32_t splits = attention_auto_splits(d, batch, kKvHeads, kQHeads, ctx);
+  s.ws = Buffer(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
+  ao.workspace = TensorRef(s.ws.data(), DType::U8, d, {static_cast<int64_t>(s.ws.size())});
+  if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
+    opt.note(name + ": result check failed, not timed");
+    return;
+  }
+  const cli::Timing tm = opt.time([&](int rep) { attention_decode(q, kv, tables[rep % s.copies], out, ao); });
+  cli::BenchRecord r;
+  r.bench = "attention";
+  r.case_name = name;
+  r.bytes = bytes;
+  r.t = tm;
+  r.traffic = cli::Traffic::Read;
+  opt.report(r);
+  opt.note(name + ": splits " + std::to_string(splits) + ", rotating " + std::to_string(s.copies) + " copies");
+}
+
+// ---- DeepSeek-V4 ---------------------------------------------------------------------
+void bench_dsv4(cli::BenchOptions& opt, int64_t batch, int64_t tokens, bool hca) {
+  const std::string name = std::string("dsv4_") + (hca ? "hca" : "csa") + "_b" + std::to_string(batch) + "_ctx" +
+                           std::to_string(tokens);
+  if (!opt.wants(name)) return;
+  const Device d = opt.device;
+  constexpr int64_t kD = 512, kHeads = 64, kWin = 128, kRowB = math::Dsv4RowLayout::kBytes;
+  const int64_t n_comp = hca ? tokens / 128 : tokens / 4;
+  const int64_t k = hca ? n_comp : std::min<int64_t>(512, n_comp);
+  const double bytes = double(batch) * (kWin * kD * 2 + k * kRowB);
+  const int64_t copies = d.is_cuda() ? std::clamp<int64_t>(static_cast<int64_t>(std::ceil(4 * kL2Bytes / (batch * n_comp * kRowB + 1.0))), 1, 16) : 1;
+  // Packed rows: finite e4m3 codes, bf16 tail, scales 2^-6..2^-3.
+  std::vector<uint8_t> rows(static_cast<size_t>(std::min<int64_t>(n_comp, 65536)) * kRowB);
+  std::mt19937_64 rng(11);
+  for (size_t r = 0; r < rows.size() / kRowB; ++r) {
+    uint8_t* p = &rows[r * kRowB];
+    for (int i = 0; i < 448; ++i) p[i] = static_cast<uint8_t>((rng() % 0x58) | (rng() & 0x80));
+    for (int i = 0; i < 64; ++i) {
+      const uint16_t b = math::f32_to_bf16_bits(float(int(rng() % 2001) - 1000) / 1000.0f);
+      p[448 + 2 * i] = uint8_t(b & 0xff), p[449 + 2 * i] = uint8_t(b >> 8);
+    }
+    for (int i = 0; i < 7; ++i) p[576 + i] = uint8_t(121 + rng() % 4);
+    p[583] = 0;
+  }
+  Buffer comp(static_cast<size_t>(copies * batch * n_comp * kRowB), d);
+  {
+    Buffer src = Buffer::from_host(rows, d);
+    for (size_t off = 0; off < comp.size(); off += rows.size())
+      copy_bytes(static_cast<uint8_t*>(comp.data()) + off, d, src.data(), d, std::min(rows.size(), comp.size() - off));
+  }
+  std::vector<uint16_t> win(batch * kWin * kD);
+  for (auto& w : win) w = math::f32_to_f16_bits(float(int(rng() % 2001) - 1000) / 1000.0f);
+  std::vector<float> hq(batch * kHeads * kD);
+  for (auto& x : hq) x = float(int(rng() % 2001) - 1000) / 1000.0f;
+  std::vector<int32_t> wl(batch, kWin), qp(batch, static_cast<int32_t>(tokens - 1));
+  std::vector<std::vector<int32_t>> idx(copies, std::vector<int32_t>(batch * k));
+  for (int64_t c = 0; c < copies; ++c)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < k; ++i)
+        idx[c][b * k + i] = static_cast<int32_t>((c * batch + b) * n_comp + (hca ? i : static_cast<int64_t>(rng() % n_comp)));
+  Buffer bq = Buffer::from_host(hq, d), bw = Buffer::from_host(win, d), bwl = Buffer::from_host(wl, d),
+         bqp = Buffer::from_host(qp, d), bout(hq.size() * 4, d);
+  std::vector<Buffer> bidx;
+  for (auto& v : idx) bidx.push_back(Buffer::from_host(v, d));
+  std::vector<float> sinks(kHeads, 0.5f);
+  Buffer bs = Buffer::from_host(sinks, d);
+  Dsv4AttentionArgs a;
+  a.q = TensorRef(bq.data(), DType::F32, d, {batch, kHeads, kD});
+  a.window_kv = TensorRef(bw.data(), DType::F16, d, {batch, kWin, kD});
+  a.window_len = TensorRef(bwl.data(), DType::I32, d, {batch});
+  a.q_positions = TensorRef(bqp.data(), DType::I32, d, {batch});
+  a.comp_rows = TensorRef(comp.data(), DType::U8, d, {copies * batch * n_comp, kRowB});
+  a.sinks = TensorRef(bs.data(), DType::F32, d, {kHeads});
+  a.rope = RopeSpec::deepseek_v4_compressed();
+  a.softmax_scale = 1.0f / std::sqrt(512.0f);
+  a.check_indices = false;
+  Buffer ws(attention_workspace_bytes(batch, kHeads, kD, 128), d, 256);
+  a.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
+  const TensorRef out(bout.data(), DType::F32, d, {batch, kHeads, kD});
+  // Check against the CPU op on copy 0 (the rows it reads are the pattern's).
+  {
+    a.comp_idx = TensorRef(bidx[0].data(), DType::I32, d, {batch, k});
+    attention_dsv4_decode(a, out);
+    std::vector<float> got = bout.to_host<float>();
+    std::vector<uint8_t> hrows(static_cast<size_t>(batch * n_comp * kRowB));
+    for (size_t off = 0; off < hrows.size(); off += rows.size())
+      std::memcpy(&hrows[off], rows.data(), std::min(rows.size(), hrows.size() - off));
+    Dsv4AttentionArgs h = a;
+    h.q = TensorRef(hq.data(), DType::F32, Device::cpu(), {batch, kHeads, kD});
+    h.window_kv = TensorRef(win.data(), DType::F16, Device::cpu(), {batch, kWin, kD});
+    h.window_len = TensorRef(wl.data(), DType::I32, Device::cpu(), {batch});
+    h.q_positions = TensorRef(qp.data(), DType::I32, Device::cpu(), {batch});
+    h.comp_rows = TensorRef(hrows.data(), DType::U8, Device::cpu(), {batch * n_comp, kRowB});
+    h.comp_idx = TensorRef(idx[0].data(), DType::I32, Device::cpu(), {batch, k});
+    h.sinks = TensorRef(sinks.data(), DType::F32, Device::cpu(), {kHeads});
+    h.workspace = TensorRef();
+    h.num_splits = 0;
+    std::vector<float> want(hq.size());
+    attention_dsv4_decode(h, TensorRef(want.data(), DType::F32, Device::cpu(), {batch, kHeads, kD}));
+    double err = 0, mx = 1e-6;
+    for (size_t i = 0; i < want.size(); ++i) err = std::max(err, double(std::abs(want[i] - got[i]))), mx = std::max(mx, double(std::abs(want[i])));
+    if (!(err <= 1e-4 * std::max(1.0, mx))) {
+      opt.note(name + ": result check FAILED (max error " + std::to_string(err) + "), not timed");
+      return;
+    }
+  }
+  const cli::Timing tm = opt.time([&](int rep) {
+    a.comp_idx = TensorRef(bidx[rep % copies].data(), DType::I32, d, {batch, k});
+    attention_dsv4_decode(a, out);
+  });
+  cli::BenchRecord r;
+  r.bench = "attention";
+  r.case_name = name;
+  r.bytes = bytes;
+  r.t = tm;
+  r.traffic = cli::Traffic::Read;
+  opt.report(r);
+}
+
+}  // namespace
+
+KVCORE_BENCH(attention, "paged decode attention (Llama-3-8B, f16/FP8 pages) and DeepSeek-V4 sparse decode") {
+  std::vector<int64_t> batches{1, 16, 64}, ctxs{1024, 4096, 8192, 32768, 131072};
+  if (opt.quick || opt.device.is_cpu()) batches = {1, 4}, ctxs = {1024};
+  for (bool fp8 : {false, true})
+    for (int64_t b : batches)
+      for (int64_t c : ctxs) {
+        if (kv_bytes(b, c, fp8) > 40e9) continue;  // fits an H200 with room to spare
+        bench_paged(opt, b, c, fp8);
+      }
+  std::vector<int64_t> dctx{8192, 65536, 1048576};
+  if (opt.quick || opt.device.is_cpu()) dctx = {8192};
+  for (bool hca : {false, true})
+    for (int64_t t : dctx) bench_dsv4(opt, 1, t, hca);
+  if (!opt.quick && opt.device.is_cuda())
+    for (bool hca : {false, true}) bench_dsv4(opt, 16, 65536, hca);
+}

@@ -1,0 +1,106 @@
+// CPU DeepSeek-V4 sparse decode attention: per (query row, split) task, each
+// key row is decoded to f32 once and used by every head (MQA; K = V).
+#include <algorithm>
+#include <vector>
+
+#include "cpu/attention_merge.hpp"
+#include "kvcore/math/attention_rows.hpp"
+#include "kvcore/math/softmax.hpp"
+#include "ops/attention_params.hpp"
+
+namespace kvcore::ops::cpu {
+
+namespace {
+
+constexpr int32_t kD = math::Dsv4RowLayout::kHeadDim;
+constexpr int kTile = 16;
+
+// Key j of row r as f32 (false when masked): window rows first, then the compressed picks.
+bool load_key(const Dsv4AttentionParams& p, int32_t r, int32_t j, float* dst) {
+  if (j < p.n_window) {
+    if (j >= p.window_len[r]) return false;
+    const int64_t off = int64_t{r} * p.win_row_stride + int64_t{j} * p.win_tok_stride;
+    for (int32_t d = 0; d < kD; ++d)
+      dst[d] = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off + d])
+                            : static_cast<const float*>(p.window_kv)[off + d];
+    return true;
+  }
+  const int32_t idx = p.maybe_comp_idx[int64_t{r} * p.comp_idx_stride + (j - p.n_window)];
+  if (idx < 0) return false;
+  const uint8_t* row = p.maybe_comp_rows + int64_t{idx} * p.comp_stride;
+  for (int32_t d = 0; d < kD; ++d) dst[d] = math::dsv4_row_value(row, d);
+  return true;
+}
+
+void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split) {
+  const int32_t H = p.n_heads;
+  const int32_t n_keys = p.n_window + p.comp_k;
+  const CellRange range = attention_split_range(n_keys, split, p.num_splits);
+  std::vector<float> q(static_cast<size_t>(H) * kD), acc(static_cast<size_t>(H) * kD, 0.0f);
+  const float scale = p.softmax_scale * math::kLog2e;
+  for (int32_t h = 0; h < H; ++h)
+    for (int32_t d = 0; d < kD; ++d)
+      q[static_cast<size_t>(h) * kD + d] =
+          q_elem_to_f32(p.q, int64_t{r} * p.q_row_stride + int64_t{h} * p.q_head_stride + d, p.q_elem) * scale;
+  std::vector<math::OnlineSoftmax> sm(static_cast<size_t>(H));
+  std::vector<float> keys(static_cast<size_t>(kTile) * kD), s(static_cast<size_t>(kTile));
+  bool live[kTile];
+  for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
+    const int32_t n = std::min(kTile, range.end - t0);
+    for (int32_t i = 0; i < n; ++i) live[i] = load_key(p, r, t0 + i, &keys[static_cast<size_t>(i) * kD]);
+    for (int32_t h = 0; h < H; ++h) {
+      const float* qh = &q[static_cast<size_t>(h) * kD];
+      float mx = math::neg_inf_f32();
+      for (int32_t i = 0; i < n; ++i) {
+        float dot = math::neg_inf_f32();
+        if (live[i]) {
+          dot = 0.0f;
+          const float* k = &keys[static_cast<size_t>(i) * kD];
+          for (int32_t d = 0; d < kD; ++d) dot += qh[d] * k[d];
+        }
+        s[i] = dot;
+        mx = math::max_f32(mx, dot);
+      }
+      const float rescale = sm[h].begin_tile(mx);
+      float* a = &acc[static_cast<size_t>(h) * kD];
+      if (rescale != 1.0f)
+        for (int32_t d = 0; d < kD; ++d) a[d] *= rescale;
+      for (int32_t i = 0; i < n; ++i) {
+        const float w = sm[h].weight(s[i]);
+        sm[h].add(w);
+        if (w == 0.0f) continue;
+        const float* k = &keys[static_cast<size_t>(i) * kD];
+        for (int32_t d = 0; d < kD; ++d) a[d] += w * k[d];
+      }
+    }
+  }
+  for (int32_t h = 0; h < H; ++h) {
+    const int64_t part = (int64_t{r} * H + h) * p.num_splits + split;
+    const float inv = sm[h].l > 0.0f ? 1.0f / sm[h].l : 0.0f;
+    for (int32_t d = 0; d < kD; ++d) p.o_part[part * kD + d] = acc[static_cast<size_t>(h) * kD + d] * inv;
+    p.lse_part[part] = sm[h].lse();
+  }
+}
+
+}  // namespace
+
+void attention_dsv4(const Dsv4AttentionParams& p) {
+  const int64_t tasks = int64_t{p.n_rows} * p.num_splits;
+  const bool parallel = int64_t{p.n_rows} * (p.n_window + p.comp_k) * p.n_heads * kD > (int64_t{1} << 20);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t t = 0; t < tasks; ++t) run_task(p, static_cast<int32_t>(t / p.num_splits), static_cast<int32_t>(t % p.num_splits));
+  const int64_t heads = int64_t{p.n_rows} * p.n_heads;
+#pragma omp parallel for schedule(static) if (heads * p.num_splits * kD > (int64_t{1} << 18))
+  for (int64_t rh = 0; rh < heads; ++rh) {
+    const int32_t r = static_cast<int32_t>(rh / p.n_heads), h = static_cast<int32_t>(rh % p.n_heads);
+    float row[kD];
+    merge_partials(p.o_part + rh * p.num_splits * kD, p.lse_part + rh * p.num_splits, p.num_splits, kD,
+                   p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row);
+    // The value's rope tail carries each key's rotation; undo the query's.
+    math::rope_rotate_row(row, p.rope, -static_cast<float>(p.q_positions[r]), 1.0f);
+    const int64_t off = int64_t{r} * p.out_row_stride + int64_t{h} * p.out_head_stride;
+    for (int32_t d = 0; d < kD; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+  }
+}
+
+}  // namespace kvcore::ops::cpu

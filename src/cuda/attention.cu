@@ -1,0 +1,123 @@
+// Host side of CUDA attention: kernel choice and grid, the split-K merge kernel.
+#include <mutex>
+#include <vector>
+
+#include "cuda/attention_decode.cuh"
+#include "cuda/attention_merge.cuh"
+
+namespace kvcore::ops::cuda {
+
+int sm_count(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1, 0);
+  if (cache[device] == 0) KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&cache[device], cudaDevAttrMultiProcessorCount, device));
+  return cache[device];
+}
+
+namespace attn {
+
+namespace {
+
+constexpr int kMergeThreads = 128;
+constexpr int kMaxSplits = 1024;
+
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float row[512];
+  __shared__ float inv_s;
+  const int rh = blockIdx.x;
+  const int r = rh / a.n_heads, h = rh % a.n_heads;
+  const float* lse = a.lse_part + int64_t{rh} * a.splits;
+  const float* o = a.o_part + int64_t{rh} * a.splits * a.head_dim;
+  if (threadIdx.x == 0) {  // same order of operations as the CPU merge
+    const float sink = a.maybe_sinks ? a.maybe_sinks[h] * math::kLog2e : math::neg_inf_f32();
+    float m = sink;
+    for (int i = 0; i < a.splits; ++i) m = math::max_f32(m, lse[i]);
+    float sum = 0.0f;
+    for (int i = 0; i < a.splits; ++i) {
+      w[i] = math::partials_weight(lse[i], m);
+      sum += w[i];
+    }
+    inv_s = math::partials_inv_denominator(sum, sink, m);
+  }
+  __syncthreads();
+  const float inv = inv_s;
+  for (int d = threadIdx.x; d < a.head_dim; d += kMergeThreads) {
+    float acc = 0.0f;
+    for (int i = 0; i < a.splits; ++i) {
+      const float wi = w[i] * inv;
+      if (wi != 0.0f) acc += wi * o[int64_t{i} * a.head_dim + d];
+    }
+    row[d] = acc;
+  }
+  __syncthreads();
+  if (a.maybe_inverse_rope_pos) {
+    const float pos = -static_cast<float>(a.maybe_inverse_rope_pos[r]);
+    for (int i = threadIdx.x; i < a.rope.layout.n_pairs(); i += kMergeThreads) {
+      float sn, cs;
+      math::sincos_f32(math::rope_angle(pos, a.rope.freq[i]), &sn, &cs);
+      math::rotate_pair(row[a.rope.layout.dim0(i)], row[a.rope.layout.dim1(i)], cs, sn);
+    }
+    __syncthreads();
+  }
+  const int64_t off = int64_t{r} * a.out_row_stride + int64_t{h} * a.out_head_stride;
+  for (int d = threadIdx.x; d < a.head_dim; d += kMergeThreads) store_q_elem(a.out, off + d, a.out_elem, row[d]);
+}
+
+}  // namespace
+
+void launch_merge(const MergeArgs& a, cudaStream_t stream) {
+  if (a.splits > kMaxSplits || a.head_dim > 512)
+    throw Error(ErrorCode::InvalidArgument, detail::concat("attention merge: splits ", a.splits, " / head_dim ", a.head_dim,
+                                                           " beyond the kernel's limits (1024 / 512)"));
+  const int64_t blocks = int64_t{a.n_rows} * a.n_heads;
+  if (blocks == 0) return;
+  merge_kernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(a);
+  KVCORE_CUDA_CHECK_LAUNCH("attention merge_kernel");
+}
+
+}  // namespace attn
+
+void attention_paged(const PagedAttentionParams& p) {
+  require_arg(reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0,
+              "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
+  const int hd = p.layout.head_dim;
+  const int gmax = attn::max_heads_per_cta(hd, p.kv_elem);
+  int G;
+  if (p.group == 1) G = 1;
+  else if (gmax == 2) G = 2;
+  else if (p.group <= 4) G = 4;
+  else G = gmax;
+  const int chunks = (p.group + G - 1) / G;
+  const int64_t gx = int64_t{p.n_rows} * p.num_splits;
+  const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
+  require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention: grid too large (rows x splits ", gx,
+              ", kv heads x chunks ", gy, ")");
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  cudaStream_t stream = kvcore::cuda::native(p.stream);
+  switch (hd) {
+    case 64: attn::launch_paged_hd<64>(p, G, chunks, grid, stream); break;
+    case 128: attn::launch_paged_hd<128>(p, G, chunks, grid, stream); break;
+    case 256: attn::launch_paged_hd<256>(p, G, chunks, grid, stream); break;
+    case 512: attn::launch_paged_hd<512>(p, G, chunks, grid, stream); break;
+    default: throw Error(ErrorCode::NotSupported, detail::concat("attention: head_dim ", hd));
+  }
+  attn::MergeArgs m{};
+  m.o_part = p.o_part;
+  m.lse_part = p.lse_part;
+  m.n_rows = p.n_rows;
+  m.n_heads = p.n_q_heads;
+  m.splits = p.num_splits;
+  m.head_dim = hd;
+  m.maybe_sinks = p.maybe_sinks;
+  m.out = p.out;
+  m.out_elem = p.out_elem;
+  m.out_row_stride = p.out_row_stride;
+  m.out_head_stride = p.out_head_stride;
+  m.maybe_inverse_rope_pos = nullptr;
+  attn::launch_merge(m, stream);
+}
+
+}  // namespace kvcore::ops::cuda

@@ -1,0 +1,131 @@
+#include "ops/attention_common.hpp"
+
+#include <omp.h>
+
+#include "kvcore/runtime.hpp"
+#include "ops/checks.hpp"
+
+namespace kvcore::ops::attn {
+
+std::vector<int32_t> host_i32(const TensorRef& t) {
+  std::vector<int32_t> h(static_cast<size_t>(t.numel()));
+  if (!h.empty()) copy_bytes(h.data(), Device::cpu(), t.data(), t.device(), h.size() * sizeof(int32_t));
+  return h;
+}
+
+QElem q_elem_of(DType t) {
+  return t == DType::F32 ? QElem::F32 : t == DType::F16 ? QElem::F16 : QElem::BF16;
+}
+
+int cpu_threads() { return omp_get_max_threads(); }
+
+void check_float_tensor(const char* op, const char* name, const TensorRef& t, int ndim) {
+  checks::not_null(op, name, t);
+  checks::ndim_is(op, name, t, ndim);
+  require_arg(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16, op, ": ", name,
+              " must be f32, f16 or bf16, got ", dtype_name(t.dtype()));
+  checks::innermost_contiguous(op, name, t);
+  checks::non_negative_strides(op, name, t);
+}
+
+namespace {
+
+void check_cell_array(const char* op, const char* name, const TensorRef& t, DType want, const TensorRef& pool,
+                      Device dev) {
+  checks::not_null(op, name, t);
+  checks::ndim_is(op, name, t, 2);
+  checks::dtype_is(op, name, t, want);
+  checks::size_is(op, name, t, 0, pool.size(0));
+  checks::size_is(op, name, t, 1, pool.size(1));
+  require_arg(t.device() == dev, op, ": ", name, " is on ", t.device().str(), ", q on ", dev.str());
+  require_arg(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+}  // namespace
+
+void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim, int64_t n_q_heads,
+                 PagedAttentionParams& p) {
+  for (const char* name : {"kv.k", "kv.v"}) {
+    const TensorRef& t = name[3] == 'k' ? kv.k : kv.v;
+    checks::not_null(op, name, t);
+    checks::ndim_is(op, name, t, 4);
+    require_arg(t.device() == dev, op, ": ", name, " is on ", t.device().str(), ", q on ", dev.str());
+    require_arg(t.is_contiguous(), op, ": ", name, " must be contiguous [num_blocks, block_size, n_kv_heads, head_dim]");
+    require_arg(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16 ||
+                    t.dtype() == DType::E4M3,
+                op, ": ", name, " must be f32, f16, bf16 or e4m3, got ", dtype_name(t.dtype()));
+  }
+  require_arg(kv.k.dtype() == kv.v.dtype(), op, ": kv.k is ", dtype_name(kv.k.dtype()), " but kv.v is ",
+              dtype_name(kv.v.dtype()));
+  for (int d = 0; d < 4; ++d)
+    require_arg(kv.k.size(d) == kv.v.size(d), op, ": kv.k ", kv.k.shape_str(), " and kv.v ", kv.v.shape_str(),
+                " must have one shape");
+  const int64_t num_blocks = kv.k.size(0), block_size = kv.k.size(1), n_kv = kv.k.size(2);
+  require_arg(kv.k.size(3) == head_dim, op, ": q has head_dim ", head_dim, " but the pools have ", kv.k.size(3));
+  require_arg(head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512, op,
+              ": head_dim must be 64, 128, 256 or 512, got ", head_dim);
+  require_arg(block_size >= 1 && n_kv >= 1 && num_blocks >= 1, op, ": pools must be non-empty, got ", kv.k.describe());
+  require_arg(num_blocks * block_size < (int64_t{1} << 31), op, ": pools hold more than 2^31 cells");
+  require_arg(n_q_heads % n_kv == 0, op, ": n_q_heads = ", n_q_heads, " must be a multiple of n_kv_heads = ", n_kv);
+
+  p.k = kv.k.data();
+  p.v = kv.v.data();
+  p.kv_elem = kv.k.dtype() == DType::F32    ? math::KvElem::F32
+              : kv.k.dtype() == DType::F16  ? math::KvElem::F16
+              : kv.k.dtype() == DType::BF16 ? math::KvElem::BF16
+                                            : math::KvElem::E4M3;
+  p.scale_mode = math::KvScaleMode::None;
+  p.maybe_k_scale_u8 = p.maybe_v_scale_u8 = nullptr;
+  p.maybe_k_scale_f32 = p.maybe_v_scale_f32 = nullptr;
+  if (p.kv_elem == math::KvElem::E4M3) {
+    require_arg(!kv.k_scale.empty() && !kv.v_scale.empty(), op, ": e4m3 pools need kv.k_scale and kv.v_scale");
+    for (const char* name : {"kv.k_scale", "kv.v_scale"}) {
+      const TensorRef& s = name[3] == 'k' ? kv.k_scale : kv.v_scale;
+      checks::not_null(op, name, s);
+      require_arg(s.device() == dev, op, ": ", name, " is on ", s.device().str(), ", q on ", dev.str());
+      require_arg(s.is_contiguous(), op, ": ", name, " must be contiguous");
+      if (s.dtype() == DType::F32) {
+        checks::ndim_is(op, name, s, 3);
+        for (int d = 0; d < 3; ++d) checks::size_is(op, name, s, d, kv.k.size(d));
+      } else {
+        require_arg(s.dtype() == DType::UE8M0 || s.dtype() == DType::U8, op, ": ", name,
+                    " must be ue8m0 (per 64 dims) or f32 (per token and head), got ", dtype_name(s.dtype()));
+        checks::ndim_is(op, name, s, 4);
+        for (int d = 0; d < 3; ++d) checks::size_is(op, name, s, d, kv.k.size(d));
+        checks::size_is(op, name, s, 3, head_dim / 64);
+      }
+    }
+    require_arg((kv.k_scale.dtype() == DType::F32) == (kv.v_scale.dtype() == DType::F32), op,
+                ": kv.k_scale and kv.v_scale must use one scale format, got ", dtype_name(kv.k_scale.dtype()), " and ",
+                dtype_name(kv.v_scale.dtype()));
+    if (kv.k_scale.dtype() == DType::F32) {
+      p.scale_mode = math::KvScaleMode::F32PerRow;
+      p.maybe_k_scale_f32 = kv.k_scale.data_as<const float>();
+      p.maybe_v_scale_f32 = kv.v_scale.data_as<const float>();
+    } else {
+      p.scale_mode = math::KvScaleMode::Ue8m0Per64;
+      p.maybe_k_scale_u8 = kv.k_scale.data_as<const uint8_t>();
+      p.maybe_v_scale_u8 = kv.v_scale.data_as<const uint8_t>();
+    }
+  } else {
+    require_arg(kv.k_scale.empty() && kv.v_scale.empty(), op, ": scales given for a ", dtype_name(kv.k.dtype()),
+                " pool (only e4m3 pools take scales)");
+  }
+  p.maybe_positions = nullptr;
+  p.maybe_valid = nullptr;
+  if (!kv.positions.empty()) {
+    check_cell_array(op, "kv.positions", kv.positions, DType::I32, kv.k, dev);
+    p.maybe_positions = kv.positions.data_as<const int32_t>();
+  }
+  if (!kv.valid.empty()) {
+    require_arg(kv.valid.dtype() == DType::U8, op, ": kv.valid must be u8, got ", dtype_name(kv.valid.dtype()));
+    check_cell_array(op, "kv.valid", kv.valid, DType::U8, kv.k, dev);
+    p.maybe_valid = kv.valid.data_as<const uint8_t>();
+  }
+  p.layout.block_size = static_cast<int32_t>(block_size);
+  p.layout.n_kv_heads = static_cast<int32_t>(n_kv);
+  p.layout.head_dim = static_cast<int32_t>(head_dim);
+  p.num_blocks = static_cast<int32_t>(num_blocks);
+}
+
+}  // namespace kvcore::ops::attn

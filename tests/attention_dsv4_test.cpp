@@ -1,0 +1,82 @@
+// DeepSeek-V4 sparse decode attention on the CPU against a float64 reference.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "attention_dsv4_util.hpp"
+#include "attention_test_util.hpp"
+
+using namespace dsv4_test;
+
+TEST(AttentionDsv4, WindowPlusPicksPlusSinkWithInverseRope) {
+  double worst = 0;
+  for (bool f16 : {false, true}) {
+    Case c;
+    c.rows = 3;
+    c.heads = 16;  // 64 in the model; 16 keeps the CPU test short
+    c.k = 40;
+    c.f16_window = f16;
+    c.seed = f16 ? 2 : 1;
+    fill(c);
+    const auto ref = reference(c);
+    for (int splits : {0, 1, 5}) {
+      const double e = attn_test::max_rel_err(run(c, Device::cpu(), splits), ref);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 1e-5) << "f16 window " << f16 << " splits " << splits;
+    }
+  }
+  std::printf("[attention] dsv4 sparse decode: worst relative error %.3g\n", worst);
+}
+
+TEST(AttentionDsv4, WindowOnlyAndNothingVisible) {
+  Case c;
+  c.rows = 2;
+  c.heads = 8;
+  c.k = 0;
+  c.n_window = 5;
+  fill(c);
+  c.wlen = {5, 0};
+  const auto got = run(c, Device::cpu());
+  EXPECT_LE(attn_test::max_rel_err(got, reference(c)), 1e-5);
+  for (size_t i = got.size() / 2; i < got.size(); ++i) EXPECT_EQ(got[i], 0.0f);
+}
+
+TEST(AttentionDsv4, BadInputsThrowNamingTheValueAndLeaveOutputUntouched) {
+  Case c;
+  c.rows = 2;
+  c.heads = 8;
+  c.k = 8;
+  c.n_comp = 10;
+  fill(c);
+  Dev g;
+  upload(c, Device::cpu(), g);
+  float* o = g.out.as<float>();
+  std::fill(o, o + g.out.size() / 4, 7.0f);
+  auto expect_error = [&](Dsv4AttentionArgs a, const char* needle) {
+    try {
+      attention_dsv4_decode(a, g.out_ref);
+      ADD_FAILURE() << "no throw for " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  g.idx.as<int32_t>()[3] = 10;  // one past the last row
+  expect_error(g.args, "comp_idx[0, 3] = 10");
+  g.idx.as<int32_t>()[3] = -2;
+  expect_error(g.args, "= -2");
+  g.idx.as<int32_t>()[3] = 0;
+  g.wlen.as<int32_t>()[1] = 129;
+  expect_error(g.args, "window_len[1] = 129");
+  g.wlen.as<int32_t>()[1] = 3;
+  Dsv4AttentionArgs a = g.args;
+  a.softmax_scale = 0;
+  expect_error(a, "softmax_scale");
+  a = g.args;
+  a.sinks = TensorRef(g.sink.data(), DType::F32, Device::cpu(), {7});
+  expect_error(a, "sinks");
+  a = g.args;
+  a.q = TensorRef(g.q.data(), DType::F32, Device::cpu(), {c.rows, c.heads, 256});
+  expect_error(a, "head_dim 512");
+  for (size_t i = 0; i < g.out.size() / 4; ++i) ASSERT_EQ(o[i], 7.0f);
+}

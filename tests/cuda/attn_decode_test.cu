@@ -1,0 +1,206 @@
+// CUDA paged attention (decode and prefill) against the CPU op and the
+// float64 reference, on fresh random pages of awkward sizes.
+// Tolerances (relative to max(1, max |ref|)): f32 outputs 3e-5 (rope-on-read
+// 2e-4: f32 sincos of angles up to ~1e3 rad on both sides), f16 outputs 1e-3,
+// bf16 outputs 8e-3 (one output rounding).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "attention_test_util.hpp"
+
+using namespace attn_test;
+
+namespace {
+
+bool have_gpu() { return cuda_device_count() > 0; }
+
+double tol(const CaseSpec& s) {
+  if (s.out == DType::BF16) return 8e-3;
+  if (s.out == DType::F16) return 1e-3;
+  return s.rope_on_read ? 2e-4 : 3e-5;
+}
+
+double worst_seen = 0;
+
+void check_case(const CaseSpec& s, std::vector<int> splits = {0, 1, 5}) {
+  const HostCase c = make_case(s);
+  const std::vector<float> cpu = run_op(c, Device::cpu());
+  const std::vector<double> ref = reference(c);
+  EXPECT_LE(max_rel_err(cpu, ref), tol(s));
+  for (int sp : splits) {
+    const std::vector<float> gpu = run_op(c, Device::cuda(0), sp);
+    const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
+    worst_seen = std::max(worst_seen, e_ref);
+    EXPECT_LE(e_cpu, tol(s)) << "vs CPU: kv " << dtype_name(s.kv) << " D " << s.head_dim << " heads " << s.n_q_heads
+                             << "/" << s.n_kv_heads << " splits " << sp;
+    EXPECT_LE(e_ref, tol(s)) << "vs f64: kv " << dtype_name(s.kv) << " D " << s.head_dim << " splits " << sp;
+  }
+}
+
+}  // namespace
+
+TEST(AttnCuda, DecodeEveryFormatHeadDimAndGroup) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  int n = 0;
+  for (DType kv : {DType::F32, DType::F16, DType::BF16, DType::E4M3})
+    for (int D : {64, 128, 256, 512})
+      for (int group : {1, 4, 8}) {
+        CaseSpec s;
+        s.kv = kv;
+        s.f32_scales = kv == DType::E4M3 && (D + group) % 3 == 0;
+        s.head_dim = D;
+        s.n_kv_heads = 2;
+        s.n_q_heads = 2 * group;
+        s.seq_cells = {1, 37, 300, 129};
+        s.dead_rate = 0.2;
+        s.seed = 1000 + n++;
+        check_case(s);
+      }
+  std::printf("[attn cuda] decode formats: worst relative error vs float64 %.3g\n", worst_seen);
+}
+
+TEST(AttnCuda, OddGroupsChunkedHeads) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  struct G {
+    int D, q, kv;
+  };
+  for (G g : {G{128, 6, 1}, G{128, 24, 2}, G{256, 3, 1}, G{512, 2, 1}, G{512, 5, 1}, G{64, 32, 1}, G{128, 2, 1}}) {
+    CaseSpec s;
+    s.head_dim = g.D;
+    s.n_q_heads = g.q;
+    s.n_kv_heads = g.kv;
+    s.seq_cells = {77, 200};
+    s.dead_rate = 0.1;
+    s.sinks = true;
+    s.seed = 77 + g.q;
+    check_case(s, {0, 3});
+  }
+}
+
+TEST(AttnCuda, ForkWindowSinksDeadCellsBlockSizes) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (int bs : {1, 7, 16, 64}) {
+    CaseSpec s;
+    s.block_size = bs;
+    s.head_dim = 128;
+    s.n_q_heads = 32;
+    s.n_kv_heads = 8;
+    s.seq_cells = {150, 300, 64, 65};
+    s.shared_blocks = std::max(1, 64 / bs);
+    s.dead_rate = 0.3;
+    s.window = 41;
+    s.sinks = true;
+    s.kv = bs == 7 ? DType::E4M3 : DType::F16;
+    s.seed = 300 + bs;
+    check_case(s);
+  }
+}
+
+TEST(AttnCuda, RopeOnReadEveryLayout) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (uint64_t seed : {1, 2, 3, 4, 5, 6})
+    for (int D : {64, 128, 512}) {
+      CaseSpec s;
+      s.head_dim = D;
+      s.n_q_heads = D == 512 ? 2 : 8;
+      s.n_kv_heads = D == 512 ? 1 : 2;
+      s.kv = seed == 5 ? DType::E4M3 : DType::BF16;
+      s.seq_cells = {45, 333};
+      s.dead_rate = 0.2;
+      s.rope_on_read = true;
+      s.rotate_query = seed > 2;
+      s.window = seed == 4 ? 30 : 0;
+      s.seed = seed;
+      check_case(s, {0, 2});
+    }
+}
+
+TEST(AttnCuda, QueryAndOutputDtypes) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (DType q : {DType::F32, DType::F16, DType::BF16})
+    for (DType o : {DType::F32, DType::F16, DType::BF16}) {
+      CaseSpec s;
+      s.q = q;
+      s.out = o;
+      s.seq_cells = {20, 400};
+      s.seed = 40 + int(q) * 3 + int(o);
+      check_case(s, {0});
+    }
+}
+
+TEST(AttnCuda, LongContextSplitK) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  CaseSpec s;
+  s.head_dim = 128;
+  s.n_q_heads = 32;
+  s.n_kv_heads = 8;
+  s.seq_cells = {20011};
+  s.dead_rate = 0.05;
+  s.sinks = true;
+  s.seed = 5;
+  check_case(s, {0, 1, 64, 300});
+  s.kv = DType::E4M3;
+  s.seq_cells = {9000, 3, 4097};
+  check_case(s, {0, 17});
+}
+
+TEST(AttnCuda, PrefillCausal) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (DType kv : {DType::F16, DType::E4M3}) {
+    CaseSpec s;
+    s.kv = kv;
+    s.head_dim = 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {140, 19, 333};
+    s.q_tokens = {33, 19, 1};
+    s.dead_rate = 0.1;
+    s.sinks = true;
+    s.seed = 21 + int(kv);
+    check_case(s, {0, 3});
+    s.window = 16;
+    s.rope_on_read = true;
+    s.rotate_query = true;
+    check_case(s, {0});
+  }
+}
+
+TEST(AttnCuda, BadInputsThrowAndLeaveOutputUntouched) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  CaseSpec s;
+  s.seq_cells = {30, 40};
+  const HostCase c = make_case(s);
+  DeviceCase g;
+  make_device_case(c, Device::cuda(0), g);
+  const int64_t n = int64_t{c.rows} * s.n_q_heads * s.head_dim;
+  std::vector<float> sentinel(n, 42.0f);
+  Buffer out = Buffer::from_host(sentinel, Device::cuda(0));
+  TensorRef o(out.data(), DType::F32, Device::cuda(0), {c.rows, s.n_q_heads, s.head_dim});
+  // A bad block id, a bad last_page_len, a pool on the wrong device, a bad scale.
+  std::vector<int32_t> bad_idx = c.indices;
+  bad_idx[1] = c.num_blocks + 5;
+  Buffer bi = Buffer::from_host(bad_idx, Device::cuda(0));
+  BlockTable t2 = g.table;
+  t2.indices = TensorRef(bi.data(), DType::I32, Device::cuda(0), {static_cast<int64_t>(bad_idx.size())});
+  try {
+    attention_decode(g.q_ref, g.kv, t2, o, g.opt);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(std::to_string(c.num_blocks + 5)), std::string::npos) << e.what();
+  }
+  AttentionOptions o2 = g.opt;
+  o2.softmax_scale = -1.0f;
+  EXPECT_THROW(attention_decode(g.q_ref, g.kv, g.table, o, o2), Error);
+  PagedKV kv2 = g.kv;
+  kv2.k = TensorRef(static_cast<char*>(g.k.data()) + 2, s.kv, Device::cuda(0),
+                    {g.kv.k.size(0) - 1, g.kv.k.size(1), g.kv.k.size(2), g.kv.k.size(3)});
+  kv2.v = TensorRef(g.v.data(), s.kv, Device::cuda(0), {g.kv.k.size(0) - 1, g.kv.k.size(1), g.kv.k.size(2), g.kv.k.size(3)});
+  kv2.positions = TensorRef();
+  kv2.valid = TensorRef();
+  AttentionOptions o3 = g.opt;
+  o3.check_tables = false;
+  EXPECT_THROW(attention_decode(g.q_ref, kv2, g.table, o, o3), Error);  // misaligned pool
+  EXPECT_EQ(out.to_host<float>(), sentinel);
+}
