@@ -21,6 +21,12 @@ def load(path):
     return rows
 
 
+def label(r):
+    """Name of an external baseline record: its bench plus variant (e.g. attention_sdpa/dense)."""
+    name = r.get("baseline") or r.get("bench", "?")
+    return f"{name}/{r['variant']}" if r.get("variant") else name
+
+
 def main(out):
     ours = load(os.path.join(out, "bench.jsonl"))
     base = load(os.path.join(out, "baselines.jsonl"))
@@ -28,7 +34,7 @@ def main(out):
     ours = [r for r in ours if r.get("bench") != "ceilings"]
     ext = {}
     for r in base:
-        ext.setdefault((r.get("bench"), r.get("case")), []).append(r)
+        ext.setdefault(r.get("case"), []).append(r)
     print("# kvcore GPU job summary\n")
     for c in ceilings:
         print(f"- device {c['device_name']}, commit {c['commit']}: copy ceiling {c['copy_gbps']:.0f} GB/s "
@@ -37,19 +43,19 @@ def main(out):
     print("| bench | case | median us | GB/s | share | in-run baseline | ratio | external baseline | ext us | ext ratio |")
     print("|---|---|---:|---:|---:|---|---:|---|---:|---:|")
     for r in ours:
-        b = ext.get((r["bench"], r["case"]), [])
-        ename = ", ".join(x.get("baseline", "?") for x in b) or "-"
+        b = ext.get(r["case"], [])
+        ename = ", ".join(label(x) for x in b) or "-"
         eus = ", ".join(f"{x['median_us']:.1f}" for x in b) or "-"
         erat = ", ".join(f"{x['median_us'] / r['median_us']:.2f}" for x in b) or "-"
         ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
         print(f"| {r['bench']} | {r['case']} | {r['median_us']:.1f} | {r['gbps']:.0f} | "
               f"{100 * r['share_of_ceiling']:.1f}% of {r['ceiling']} | {r.get('baseline') or '-'} | {ratio} | "
               f"{ename} | {eus} | {erat} |")
-    unmatched = [r for r in base if (r.get("bench"), r.get("case")) not in {(o["bench"], o["case"]) for o in ours}]
+    unmatched = [r for r in base if r.get("case") not in {o["case"] for o in ours}]
     if unmatched:
         print("\nExternal baseline cases with no kvcore counterpart:")
         for r in unmatched:
-            print(f"- {r.get('bench')} / {r.get('case')}: {r.get('median_us', 0):.1f} us ({r.get('baseline', '?')})")
+            print(f"- {r.get('case')}: {r.get('median_us', 0):.1f} us ({label(r)})")
 
 
 if __name__ == "__main__":
