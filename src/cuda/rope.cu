@@ -16,6 +16,9 @@
 namespace kvcore::cuda {
 namespace {
 
+// The params (with the ~1 KB table) travel as a kernel argument: stay under the 4 KB limit.
+static_assert(sizeof(RopeApplyParams) + 2 * sizeof(int32_t) <= 4096, "RopeApplyParams too large for a kernel argument");
+
 template <class T, int N>
 struct alignas(sizeof(T) * N) Pack {
   T v[N];
