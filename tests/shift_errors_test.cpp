@@ -120,3 +120,16 @@ TEST(ShiftErrors, Fp8AndRowsArguments) {
   expect_rejected(L, [&] { rope_shift_rows(a.k, a.maybe_k_scales, a.rope, TensorRef(d.data(), DType::I32, Device::cpu(), {12})); },
                   {"delta[7] = 33554432"});
 }
+
+TEST(ShiftErrors, DeepSeekV4RowsMustBe16BitAligned) {
+  LayerSpec sp;
+  sp.form = KForm::Dsv4;
+  sp.heads = 1;
+  sp.v_dtype = std::nullopt;
+  sp.rope = RopeSpec::deepseek_v4_window();
+  Layer L = make_layer(sp, 6, 5);
+  ShiftDenseLayer a = L.host_view();
+  a.k = TensorRef(L.k.data() + 1, DType::U8, Device::cpu(), {5, 1, 584});
+  std::vector<ShiftDenseLayer> v{a};
+  expect_rejected(L, [&] { shift_dense(v, 5, 1, 2); }, {"even address"});
+}

@@ -1,7 +1,7 @@
 // Replays the CUDA shift_dense kernel's protocol on the CPU (src/cuda/shift_tiling.hpp):
 // tickets taken in order by a few "blocks" that a random scheduler interleaves;
-// a block reads its tile, counts it for its band, waits until the previous band
-// has been read, then writes. Checks that tiles cover every moved (tensor, token,
+// a block reads its tile, counts it for its band, takes its next ticket, waits
+// until the previous band has been read, then writes. Checks that tiles cover every moved (tensor, token,
 // head) exactly once, fit the shared-memory budget, never deadlock, and that the
 // bytes end up exactly where a memmove would put them, for any interleaving.
 #include <gtest/gtest.h>
@@ -83,6 +83,7 @@ void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_ke
     struct Block {
       int state = 0;  // 0 idle, 1 holds a ticket, 2 has read its tile (waiting / writing)
       Tile tile{};
+      int next = -1;  // the next ticket, taken right after reading (as the kernel does)
       std::vector<uint8_t> data;
     };
     std::vector<Block> bs(blocks);
@@ -115,6 +116,7 @@ void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_ke
           for (int h = t.h0; h < t.h0 + t.nh; ++h) covered[first_tensor + t.stream][(t.t0 + j) * st.t.n_heads + h]++;
         }
         ++band_read[t.band];
+        blk.next = next_ticket < L.total_tiles ? next_ticket++ : -1;
         blk.state = 2;
       } else {  // write it
         const Tile& t = blk.tile;
@@ -124,6 +126,10 @@ void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_ke
           std::memcpy(st.t.base + (n_keep + t.t0 + j) * st.t.token_stride + int64_t{t.h0} * st.t.head_bytes,
                       &blk.data[size_t(j) * chunk], chunk);
         blk.state = 0;
+        if (blk.next >= 0) {
+          blk.tile = decode_ticket(L, blk.next);
+          blk.state = 1;
+        }
         ++done;
       }
     }

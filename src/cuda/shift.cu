@@ -7,13 +7,15 @@
 // and nothing else. Split the moved tokens into bands of D tokens: a write in
 // band b only clobbers sources of band b - 1. Work is cut into tiles (a token
 // range inside one band x a range of heads of one tensor, <= 16 KB) numbered
-// band-major; each block takes the next ticket (atomic counter), reads its
-// tile into shared memory, counts the tile as read for its band, rotates K
-// heads in shared memory, waits until every tile of band b - 1 has been read,
-// then writes. Every ticket below the one a block holds was taken by a block
-// that is running (blocks never yield), and reading never waits, so the
-// lowest unfinished tile can always finish: no deadlock, no co-residency
-// assumption, one launch for all bands (plus one memset of the counters).
+// band-major; each block takes a ticket (atomic counter), reads its tile into
+// shared memory, counts the tile as read for its band, takes its next ticket,
+// rotates K heads in shared memory, waits until every tile of band b - 1 has
+// been read, then writes. Every ticket below one a block holds was taken by a
+// block that is running (blocks never yield), a block's tickets come in
+// increasing order and reading never waits, so the lowest unfinished tile can
+// always finish: no deadlock, no co-residency assumption, one launch for all
+// bands (plus one memset of the counters). tests/shift_tiling_test.cpp
+// replays this protocol under random interleavings.
 //
 // rope_shift_rows: one block per row (grid-stride), one warp per head,
 // rotating in place in global memory.
@@ -143,8 +145,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
   if (tid == 0) s_layer = -1;
   const int64_t D = p.n_discard;
 
+  if (tid == 0) s_ticket = atomicAdd(p.counters, 1);
   for (;;) {
-    if (tid == 0) s_ticket = atomicAdd(p.counters, 1);
     __syncthreads();  // ticket visible; the previous tile's stores have read their shared memory
     const int ticket = s_ticket;
     if (ticket >= p.total_tiles) break;
@@ -177,9 +179,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
     }
     cp_async_wait_all();
     __syncthreads();  // every load of this tile has landed in shared memory
+    int next_ticket = 0;
     if (tid == 0) {
       if (new_layer) s_layer = st.t.layer;
       atomicAdd(p.counters + 1 + b, 1);  // this tile's sources may now be overwritten
+      // Take the next ticket now: its latency hides behind the rotation and the stores. Still
+      // deadlock-free: a block's next ticket is above its current one, so the lowest unfinished
+      // tile is always either running or held by a block whose current tile is done.
+      next_ticket = atomicAdd(p.counters, 1);
     }
 
     if (rotates) {
@@ -203,6 +210,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
     if (kFp8 && st.t.kind == ShiftKind::Fp8)
       store_rows_any(st.scale_vec, st.t.maybe_scales + dst * st.t.scale_token_stride + int64_t{h0} * st.t.scale_head_bytes,
                      tile + scale_off, st.t.scale_token_stride, nt, scale_chunk);
+    if (tid == 0) s_ticket = next_ticket;  // every thread read s_ticket before the last barrier
   }
 }
 

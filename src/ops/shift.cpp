@@ -75,6 +75,9 @@ KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& s
                 l.first_dim + l.n_rot, ") but a DeepSeek-V4 row keeps only dims [448, 512) in bf16 (", rope.describe(), ")");
   p.base = static_cast<uint8_t*>(k.data());
   p.token_stride = k.stride(0) * static_cast<int64_t>(k.element_size());
+  if (p.kind == ShiftKind::Dsv4)  // the bf16 tail is read as 16-bit values
+    require_arg(reinterpret_cast<uintptr_t>(p.base) % 2 == 0 && p.token_stride % 2 == 0, "shift: ", name,
+                ".k (DeepSeek-V4 rows) must start at an even address with an even row stride, got stride ", p.token_stride);
   p.n_heads = static_cast<int32_t>(info.n_heads);
   p.head_bytes = static_cast<int32_t>(head_elems * static_cast<int64_t>(k.element_size()));
   if (p.kind == ShiftKind::Fp8) {

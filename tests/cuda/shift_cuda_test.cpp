@@ -44,7 +44,8 @@ int64_t ulp_distance(DType t, const uint8_t* a, const uint8_t* b) {
 
 struct Diff {
   int64_t max_ulps = 0, differing = 0, total = 0;
-  int64_t beyond = 0;  // more than one ulp apart AND more than 1e-6 apart (cancellation near zero is allowed)
+  int64_t beyond = 0;  // more than one ulp AND more than 4e-6 apart (values are O(1): near zero, f32 differences
+                       // of a few 1e-7 span several f16 ulps, e.g. FMA contraction or sincosf vs sinf)
 };
 
 // Compare the K bytes of two results element by element (FP8: codes).
@@ -58,7 +59,7 @@ Diff compare_k(const Layer& L, const std::vector<uint8_t>& a, const std::vector<
     ++d.differing;
     const int64_t u = t == DType::E4M3 ? std::abs(int(a[i] & 0x7f) - int(b[i] & 0x7f)) : ulp_distance(t, &a[i], &b[i]);
     d.max_ulps = std::max(d.max_ulps, u);
-    if (t != DType::E4M3 && u > 1 && std::fabs(load_value(t, &a[i]) - load_value(t, &b[i])) > 1e-6) ++d.beyond;
+    if (t != DType::E4M3 && u > 1 && std::fabs(load_value(t, &a[i]) - load_value(t, &b[i])) > 4e-6) ++d.beyond;
   }
   return d;
 }
