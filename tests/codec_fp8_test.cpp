@@ -55,8 +55,8 @@ std::vector<float> boundary_set() {
     add(v);
     if (c < 0x7e) add(0.5f * (v + codec_seed::e4m3fn_value(c + 1)));  // midpoints are exact in f32
   }
-  // every float in [448, 464] (the saturation band: 464 would be the next midpoint) and a bit beyond
-  for (float x = 448.0f; x <= 470.0f; x = up(x)) {
+  // every float in [448, 465]: the saturation band (464 is the midpoint to the next binade) and a bit beyond
+  for (float x = 448.0f; x <= 465.0f; x = up(x)) {
     xs.push_back(x);
     xs.push_back(-x);
   }
