@@ -96,6 +96,16 @@ TEST(CodecFp8, EncodeMatchesSeedOnEveryBoundary) {
   EXPECT_EQ(failures, 0u);
 }
 
+TEST(CodecFp8, RoundValueEqualsDecodeOfEncodeOnEveryBoundary) {
+  for (float x : boundary_set()) {
+    const float fast = e4m3_round_value(x), ref = e4m3_decode(e4m3_encode(e4m3_scaled(x, 1.0f)));
+    ASSERT_EQ(bits(fast), bits(ref)) << x;
+  }
+  EXPECT_TRUE(std::isnan(e4m3_round_value(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(e4m3_round_value(std::numeric_limits<float>::infinity()), 448.0f);
+  EXPECT_EQ(e4m3_round_value(-std::numeric_limits<float>::infinity()), -448.0f);
+}
+
 TEST(CodecFp8, TiesGoToTheEvenCode) {
   // 1 + 1/16 lies between codes 0x38 (1.0) and 0x39 (1.125): even code 0x38 wins.
   EXPECT_EQ(e4m3_encode(1.0625f), 0x38);

@@ -21,6 +21,22 @@ KVCORE_HD float fp8_decode_scaled(uint8_t code, uint8_t scale_byte) {
   return e4m3_decode(code) * ue8m0_decode(scale_byte);
 }
 
+// The E4M3 value nearest to s clamped to +-448 (ties to the even code; +-inf -> +-448; NaN stays
+// NaN), by float rounding instead of codes: adding 1.5 * 2^20 * binade(s) leaves exactly the bits
+// of the E4M3 grid step and rounds to nearest even in one f32 add. Branch-free and ~5x faster on
+// a CPU than decode(encode(.)), and equal to e4m3_decode(e4m3_encode(e4m3_scaled(s, 1))) for every
+// f32 (tests/exhaustive checks all 2^32), so the round trip below may use it.
+KVCORE_HD float e4m3_round_value(float s) {
+  const uint32_t u = float_bits(s);
+  uint32_t a = u & 0x7fffffffu;
+  a = (a - 0x43e00001u < 0x7f800000u - 0x43e00000u) ? 0x43e00000u : a;  // (448, inf] -> 448; NaN passes
+  uint32_t binade = a & 0x7f800000u;                                     // 2^floor(log2 |s|), 0 below normals
+  binade = binade > 0x3c800000u ? binade : 0x3c800000u;                  // below 2^-6 the step stays 2^-9
+  const float magic = bits_float(binade + (20u << 23) + 0x400000u);     // 1.5 * 2^20 * binade: ulp = step
+  const float r = (bits_float(a) + magic) - magic;                      // the add rounds onto the grid; the sub is exact
+  return bits_float(float_bits(r) | (u & 0x80000000u));                 // the sign (and -0 for tiny negatives)
+}
+
 // ---- one block of n <= 64 values -----------------------------------------
 template <class T>
 KVCORE_HD float fp8_block_amax(const T* src, int64_t stride, int n) {
@@ -29,10 +45,11 @@ KVCORE_HD float fp8_block_amax(const T* src, int64_t stride, int n) {
   return amax;
 }
 
-// Round trip in f32 (seed 002). Returns the scale exponent k.
+// Round trip in f32 (seed 002): e4m3_round_trip(v, k) for each value. Returns the scale exponent k.
 KVCORE_HD int fp8_block_round_trip(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int n) {
   const int k = e4m3_scale_exponent(fp8_block_amax(src, src_stride, n));
-  for (int i = 0; i < n; ++i) dst[i * dst_stride] = e4m3_round_trip(src[i * src_stride], k);
+  const float inv_scale = pow2f(-k), scale = pow2f(k);
+  for (int i = 0; i < n; ++i) dst[i * dst_stride] = e4m3_round_value(src[i * src_stride] * inv_scale) * scale;
   return k;
 }
 
