@@ -137,7 +137,10 @@ KVCORE_BENCH(fp8, "FP8 round trip / DeepSeek-V4 584-byte pack and unpack of 512-
   std::snprintf(line, sizeof line, "fp8 check on %lld sampled rows: round trip %zu, pack %s, unpack %zu mismatches vs CPU; seed port differs from kvcore on %zu values",
                 static_cast<long long>(2 * k), bad_rt, bad_packed ? "MISMATCH" : "0", bad_un, seed_differs);
   opt.note(line);
-  require(bad_rt == 0 && !bad_packed && bad_un == 0, ErrorCode::Corrupt, "bench fp8: results differ from the CPU op; not timing");
+  if (bad_rt != 0 || bad_packed || bad_un != 0) {  // a fast wrong kernel is not a result; let other benchmarks run
+    opt.note("fp8: FAILED CHECK: CUDA results differ from the CPU op; nothing timed");
+    return;
+  }
 
   // ---- timing (each input is >= 584 MiB on a GPU: far beyond the 60 MB L2, so no rotation is needed)
   const std::string shape = std::to_string(rows) + "x512";
