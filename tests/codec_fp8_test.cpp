@@ -100,10 +100,14 @@ TEST(CodecFp8, RoundValueEqualsDecodeOfEncodeOnEveryBoundary) {
   for (float x : boundary_set()) {
     const float fast = e4m3_round_value(x), ref = e4m3_decode(e4m3_encode(e4m3_scaled(x, 1.0f)));
     ASSERT_EQ(bits(fast), bits(ref)) << x;
+    ASSERT_EQ(e4m3_encode_clamped(x), e4m3_encode(e4m3_scaled(x, 1.0f))) << x;
   }
   EXPECT_TRUE(std::isnan(e4m3_round_value(std::numeric_limits<float>::quiet_NaN())));
   EXPECT_EQ(e4m3_round_value(std::numeric_limits<float>::infinity()), 448.0f);
   EXPECT_EQ(e4m3_round_value(-std::numeric_limits<float>::infinity()), -448.0f);
+  EXPECT_EQ(e4m3_encode_clamped(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(e4m3_encode_clamped(-std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(e4m3_encode_clamped(-std::numeric_limits<float>::infinity()), 0xfe);
 }
 
 TEST(CodecFp8, TiesGoToTheEvenCode) {
