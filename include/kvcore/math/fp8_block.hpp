@@ -23,7 +23,7 @@ KVCORE_HD float fp8_decode_scaled(uint8_t code, uint8_t scale_byte) {
 
 // The E4M3 value nearest to s clamped to +-448 (ties to the even code; +-inf -> +-448; NaN stays
 // NaN), by float rounding instead of codes: adding 1.5 * 2^20 * binade(s) leaves exactly the bits
-// of the E4M3 grid step and rounds to nearest even in one f32 add. Branch-free and ~5x faster on
+// of the E4M3 grid step and rounds to nearest even in one f32 add. Branch-free, several times faster on
 // a CPU than decode(encode(.)), and equal to e4m3_decode(e4m3_encode(e4m3_scaled(s, 1))) for every
 // f32 (tests/exhaustive checks all 2^32), so the round trip below may use it.
 KVCORE_HD float e4m3_round_value(float s) {
