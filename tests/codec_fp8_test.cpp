@@ -55,8 +55,8 @@ std::vector<float> boundary_set() {
     add(v);
     if (c < 0x7e) add(0.5f * (v + codec_seed::e4m3fn_value(c + 1)));  // midpoints are exact in f32
   }
-  // every float in [448, 464] (the saturation band: 464 would be the next midpoint) and a bit beyond
-  for (float x = 448.0f; x <= 470.0f; x = up(x)) {
+  // every float in [448, 465]: the saturation band (464 is the midpoint to the next binade) and a bit beyond
+  for (float x = 448.0f; x <= 465.0f; x = up(x)) {
     xs.push_back(x);
     xs.push_back(-x);
   }
@@ -94,6 +94,20 @@ TEST(CodecFp8, EncodeMatchesSeedOnEveryBoundary) {
   for (float x : xs)
     if (!codec_agrees(x) && ++failures < 10) ADD_FAILURE() << codec_agrees(x).message();
   EXPECT_EQ(failures, 0u);
+}
+
+TEST(CodecFp8, RoundValueEqualsDecodeOfEncodeOnEveryBoundary) {
+  for (float x : boundary_set()) {
+    const float fast = e4m3_round_value(x), ref = e4m3_decode(e4m3_encode(e4m3_scaled(x, 1.0f)));
+    ASSERT_EQ(bits(fast), bits(ref)) << x;
+    ASSERT_EQ(e4m3_encode_clamped(x), e4m3_encode(e4m3_scaled(x, 1.0f))) << x;
+  }
+  EXPECT_TRUE(std::isnan(e4m3_round_value(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(e4m3_round_value(std::numeric_limits<float>::infinity()), 448.0f);
+  EXPECT_EQ(e4m3_round_value(-std::numeric_limits<float>::infinity()), -448.0f);
+  EXPECT_EQ(e4m3_encode_clamped(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(e4m3_encode_clamped(-std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(e4m3_encode_clamped(-std::numeric_limits<float>::infinity()), 0xfe);
 }
 
 TEST(CodecFp8, TiesGoToTheEvenCode) {

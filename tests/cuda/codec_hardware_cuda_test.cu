@@ -23,6 +23,7 @@
 #include "cuda/check.cuh"
 #include "cuda/fp8_hw.cuh"
 #include "kvcore/math/fp4.hpp"
+#include "kvcore/math/fp4_hadamard.hpp"
 #include "kvcore/math/fp8.hpp"
 #include "kvcore/math/hadamard.hpp"
 #include "kvcore/math/half.hpp"
@@ -126,6 +127,16 @@ __global__ void hadamard_kernel(const float* in, float* per_thread, float* warp_
     hadamard128(x);
     for (int i = 0; i < 128; ++i) per_thread[row * 128 + i] = x[i];
   }
+}
+
+__global__ void fp4_hadamard_warp_kernel(const float* in, float* out, int rows) {
+  const int row = blockIdx.x;
+  if (row >= rows) return;
+  const int lane = threadIdx.x;
+  float v[4];
+  for (int i = 0; i < 4; ++i) v[i] = in[row * 128 + 4 * lane + i];
+  fp4_hadamard_round_trip128_warp(v, lane);
+  for (int i = 0; i < 4; ++i) out[row * 128 + 4 * lane + i] = v[i];
 }
 
 __global__ void fp4_block_kernel(const float* in, float* out, int blocks) {
@@ -340,5 +351,17 @@ TEST(CodecHardware, HadamardAndFp4BlockOnDeviceEqualHost) {
     for (int i = 0; i < 32; ++i) bad4 += float_bits(out[i]) != float_bits(pt[32 * b + i]);
   }
   EXPECT_EQ(bad4, 0u);
+  // the indexer-row codec, warp version, against the host
+  fp4_hadamard_warp_kernel<<<rows, 32>>>(din, dpt, rows);
+  KVCORE_CUDA_CHECK_LAUNCH("fp4_hadamard_warp_kernel");
+  KVCORE_CUDA_CHECK(cudaMemcpy(pt.data(), dpt, in.size() * 4, cudaMemcpyDeviceToHost));
+  size_t bad_idx = 0;
+  for (int r = 0; r < rows; ++r) {
+    float x[128];
+    std::copy(in.begin() + r * 128, in.begin() + r * 128 + 128, x);
+    fp4_hadamard_round_trip128(x);
+    for (int i = 0; i < 128; ++i) bad_idx += float_bits(x[i]) != float_bits(pt[r * 128 + i]);
+  }
+  EXPECT_EQ(bad_idx, 0u);
   for (void* p : {static_cast<void*>(din), static_cast<void*>(dpt), static_cast<void*>(dw)}) KVCORE_CUDA_CHECK(cudaFree(p));
 }

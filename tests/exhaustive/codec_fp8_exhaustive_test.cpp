@@ -12,6 +12,7 @@
 #include "codec_seed_replica.hpp"
 #include "kvcore/math/fp4.hpp"
 #include "kvcore/math/fp8.hpp"
+#include "kvcore/math/fp8_block.hpp"
 #include "kvcore/math/half.hpp"
 
 #if defined(__x86_64__)
@@ -107,6 +108,20 @@ TEST(CodecExhaustive, E4M3EqualsSeedBinarySearchForEveryFiniteFloat) {
   EXPECT_EQ(nonfinite_bad, 0u);
   std::printf("e4m3: %llu finite inputs, %llu mismatches against the seed\n", static_cast<unsigned long long>(finite),
               static_cast<unsigned long long>(mismatches));
+}
+
+// The branch-free rounding the CPU kernels use: value == decode(encode(clamp(s))), code == encode(clamp(s)).
+TEST(CodecExhaustive, E4M3RoundValueEqualsDecodeOfEncodeForEveryFloat) {
+  uint64_t bad = 0;
+#pragma omp parallel for schedule(dynamic, 1 << 16) reduction(+ : bad)
+  for (uint64_t i = 0; i < kAll; ++i) {
+    const float s = bits_float(static_cast<uint32_t>(i));
+    const uint8_t code = e4m3_encode(e4m3_scaled(s, 1.0f));
+    const float fast = e4m3_round_value(s), ref = e4m3_decode(code);
+    bad += (ref != ref) ? !(fast != fast) : float_bits(fast) != float_bits(ref);
+    bad += e4m3_encode_clamped(s) != code;
+  }
+  EXPECT_EQ(bad, 0u);
 }
 
 TEST(CodecExhaustive, F32ToF16AndBf16ForEveryFloat) {

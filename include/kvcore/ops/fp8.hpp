@@ -8,6 +8,14 @@
 // kvcore::Error(InvalidArgument) naming it before anything is written; CPU and
 // CUDA give bit-identical results. Codec details: kvcore/math/fp8.hpp and
 // kvcore/math/fp8_block.hpp (which also holds the per-row helpers kernels reuse).
+//
+// Scale of a block: 2^k, k = ceil(log2(max(amax, 1e-4) / 448)) computed exactly, amax over
+// the block's finite values. Seed 002 evaluates it with float log2/exp2, which picks 2^(k-1)
+// when amax lies a few ulps above 448 * 2^(k-1); that changes only the block's values below
+// 2^-5 of the scale (tests/codec_fp8_test.cpp shows it). Values: round to nearest, ties to
+// the even code, equal to the seed's binary search for every finite input (exhaustive test).
+// Non-finite values: a NaN stays NaN (code 0x7f; payload not kept), +-inf becomes +-448 * 2^k
+// (codes 0x7e / 0xfe). A -0.0 stays -0.0 (code 0x80), where the seed returns +0.0.
 #pragma once
 #include "kvcore/stream.hpp"
 #include "kvcore/tensor.hpp"
@@ -18,7 +26,6 @@ namespace kvcore {
 // FP8-rounded (quantize, then dequantize to f32) and the tail copied.
 // src, dst: f32, same shape [..., cols]; dst == src (same view) runs in place;
 // otherwise they must not overlap. n_rot: even, 0 <= n_rot <= cols.
-// NaN stays NaN, +-inf becomes +-448 * scale; neither sets a block's scale.
 void fp8_round_trip_rows(const TensorRef& src, const TensorRef& dst, int n_rot, Stream stream = {});
 
 // Real FP8 storage of rows.
