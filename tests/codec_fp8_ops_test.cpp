@@ -337,3 +337,19 @@ TEST(CodecFp8Ops, EmptyRowsAreANoOp) {
   std::vector<float> v(1);
   EXPECT_NO_THROW(fp8_round_trip_rows(TensorRef(v.data(), DType::F32, kCpu, {0, 64}), TensorRef(v.data(), DType::F32, kCpu, {0, 64}), 0));
 }
+
+// A row with no nope dims (everything in the 16-bit tail): the empty code and
+// scale tensors have zero strides, which is not a broadcast (nothing is written).
+TEST(CodecFp8Ops, AllTailRowsPackAndUnpack) {
+  const int rows = 5, cols = 70;
+  std::vector<float> src(rows * cols), back(rows * cols, -1.0f);
+  for (int i = 0; i < rows * cols; ++i) src[i] = 0.25f * static_cast<float>(i % 37) - 3.0f;  // exact in bf16
+  std::vector<uint16_t> tail(rows * cols);
+  const kvcore::Device cpu = kvcore::Device::cpu();
+  const kvcore::TensorRef codes(nullptr, kvcore::DType::E4M3, cpu, {rows, 0});
+  const kvcore::TensorRef scales(nullptr, kvcore::DType::UE8M0, cpu, {rows, 0});
+  const kvcore::TensorRef t(tail.data(), kvcore::DType::BF16, cpu, {rows, cols});
+  kvcore::fp8_pack_rows(kvcore::TensorRef(src.data(), kvcore::DType::F32, cpu, {rows, cols}), codes, scales, t);
+  kvcore::fp8_unpack_rows(codes, scales, t, kvcore::TensorRef(back.data(), kvcore::DType::F32, cpu, {rows, cols}));
+  EXPECT_EQ(back, src);
+}

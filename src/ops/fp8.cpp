@@ -29,6 +29,7 @@ void check_rows_tensor(std::string_view op, std::string_view name, const TensorR
 
 // Outputs must not write the same element twice: unit-or-larger strides where a dim has more than one element.
 void check_writable(std::string_view op, std::string_view name, const TensorRef& t) {
+  if (t.numel() == 0) return;  // an empty output (e.g. no nope dims) has zero strides and writes nothing
   for (int d = 0; d < t.ndim(); ++d)
     require_arg(t.size(d) <= 1 || t.stride(d) > 0, op, ": ", name, ".stride[", d,
                 "] is 0 on a dim of size ", t.size(d), ": an output cannot broadcast");
