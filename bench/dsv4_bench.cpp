@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "bench/harness.hpp"
+#if KVCORE_WITH_CUDA
+#include "bench/dsv4_graph.hpp"
+#endif
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
 #include "kvcore/error.hpp"
@@ -207,6 +210,25 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
   r.t = per(t, tokens_per_rep);
   r.traffic = Traffic::Copy;
   opt.report(r);
+#if KVCORE_WITH_CUDA
+  if (dev.is_cuda() && !with_indexer) {
+    // The same 128 tokens captured once into a CUDA graph and replayed: what the
+    // step costs without host overhead. Replays redo the captured positions (an
+    // engine would keep positions in device memory to reuse one graph).
+    synchronize(dev);
+    const Timing tg = kvcore::cli::dsv4_time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+      for (int i = 0; i < tokens_per_rep; ++i, ++pos)
+        for (int l = 0; l < cache.n_layers(); ++l)
+          cache.append(0, l, pos, inputs[l]->at(static_cast<int>(pos % n_tok), 1, cfg.head_dim, dev), s);
+    });
+    BenchRecord g = r;
+    g.case_name = fmt("decode43 cache step ctx=%lld (CUDA graph replay)", context);
+    g.t = per(tg, tokens_per_rep);
+    g.baseline = "plain launches";
+    g.baseline_t = r.t;
+    opt.report(g);
+  }
+#endif
 }
 
 // The unfused baseline: the decode step of every layer as the seed's separate kernels.
