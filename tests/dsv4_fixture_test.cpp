@@ -50,7 +50,7 @@ TensorRef f32_view(std::vector<float>& v, std::initializer_list<int64_t> shape) 
 
 struct Errors {
   double rows = 0, idx_rows = 0, scores = 0;
-  int topk_queries = 0, topk_exact = 0;
+  int topk_queries = 0, topk_exact = 0, bias_checked = 0;
 };
 
 double max_rel_err(const std::vector<float>& ours, const std::vector<float>& ref, double atol, double rtol, int64_t n,
@@ -160,6 +160,14 @@ void replay(const std::string& name, Errors& err) {
       if (kind != Dsv4LayerKind::Window) {
         ASSERT_EQ(cache.compressed_rows(0, l), fx.at(p + "comp.n").i[0]);
       }
+      if (fx.has(p + "comp.bias")) {  // HCA visibility: row w is usable by query t iff w < (t + 1) / m
+        const FixtureArray& bias = fx.at(p + "comp.bias");
+        const int64_t t_rows = bias.dim(1);
+        for (int i = 0; i < n; ++i)
+          for (int64_t w = 0; w < t_rows; ++w)
+            ASSERT_EQ(bias.f[i * t_rows + w] == 0.0f, w < (pos + i + 1) / hca) << "query " << i << " row " << w;
+        ++err.bias_checked;
+      }
       if (last) {
         const FixtureArray& win = fx.at(p + "window");
         const std::vector<float> ours = cache.read_window(0, l);
@@ -234,8 +242,8 @@ TEST_P(Dsv4Fixture, MatchesHfTransformers) {
   Errors err;
   replay(GetParam(), err);
   // Worst error as a share of the tolerance (1 = at the limit), and top-k agreement.
-  std::printf("[dsv4 fixture %s] rows %.3f, indexer rows %.3f, scores %.2e rel, top-k exact sets %d/%d\n", GetParam(),
-              err.rows, err.idx_rows, err.scores, err.topk_exact, err.topk_queries);
+  std::printf("[dsv4 fixture %s] rows %.3f, indexer rows %.3f, scores %.2e rel, top-k exact sets %d/%d, HCA bias calls %d\n",
+              GetParam(), err.rows, err.idx_rows, err.scores, err.topk_exact, err.topk_queries, err.bias_checked);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hf, Dsv4Fixture,

@@ -380,8 +380,23 @@ TEST(Dsv4Ops, BadInputsThrowAndWriteNothing) {
   expect_error(IA, [&] { dsv4_compress_prefill(view(cc, {3, W}), view(zz, {2, W}), s.skv(), s.ssc(), 0, s.c, s.w(), Dsv4Quant::Off, view(rows, {cap, hd})); }, "prefill c/z rows");
   unchanged("compressor ops");
 
+  // Fused decode step: a window row past the store, or more than one kv row.
+  std::vector<float> kv = randn(2 * 64, 66);
+  {
+    std::vector<float> kv1 = randn(64, 70), ring1(4 * 64, 0.0f);
+    const std::vector<float> kv1_0 = kv1, ring1_0 = ring1;
+    Dsv4DecodeCompressor d{s.c, view(c, {W}), view(z, {W}), s.skv(), s.ssc(), s.w(), view(rows, {cap, hd})};
+    expect_error(IA, [&] { dsv4_decode_layer(view(kv1, {1, 64}), view(ring1, {4, 64}), 16, 4 * cap + 3, Dsv4Quant::Off, &d, nullptr); },
+                 "decode row past capacity");
+    expect_error(IA, [&] { dsv4_decode_layer(view(kv, {2, 64}), view(ring1, {4, 64}), 16, 3, Dsv4Quant::Off, &d, nullptr); },
+                 "decode of two rows");
+    EXPECT_EQ(kv1, kv1_0);
+    EXPECT_EQ(ring1, ring1_0);
+  }
+  unchanged("decode step");
+
   // Finalizer.
-  std::vector<float> kv = randn(2 * 64, 66), ring(4 * 64, 1.0f);
+  std::vector<float> ring(4 * 64, 1.0f);
   const std::vector<float> kv0b = kv, ring0 = ring;
   expect_error(IA, [&] { dsv4_kv_finalize(view(kv, {2, 64}), view(ring, {4, 64}), 0, 66, Dsv4Quant::On); }, "n_rot > head_dim");
   expect_error(IA, [&] { dsv4_kv_finalize(view(kv, {2, 64}), view(ring, {2, 128}), 0, 16, Dsv4Quant::On); }, "ring width");

@@ -8,6 +8,7 @@
 #include "kvcore/error.hpp"
 #include "kvcore/math/dsv4.hpp"
 #include "kvcore/runtime.hpp"
+#include "ops/dsv4_checks.hpp"
 
 namespace kvcore {
 
@@ -70,33 +71,33 @@ Dsv4Compressor Dsv4CacheConfig::indexer() const {
 
 void Dsv4CacheConfig::validate() const {
   const char* w = "Dsv4CacheConfig";
-  require_arg(!layers.empty() && layers.size() <= 1024, w, ".layers must hold 1..1024 layers, got ", layers.size());
-  require_arg(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 4096, w, ".head_dim must be even in [2, 4096], got ", head_dim);
-  require_arg(n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim, w, ".n_rot must be even in [2, head_dim], got ", n_rot);
-  require_arg(window >= 1 && window <= 65536, w, ".window must be in [1, 65536], got ", window);
-  require_arg(csa_ratio >= 1 && csa_ratio <= 4096, w, ".csa_ratio must be in [1, 4096], got ", csa_ratio);
-  require_arg(hca_ratio >= 1 && hca_ratio <= 4096, w, ".hca_ratio must be in [1, 4096], got ", hca_ratio);
-  require_arg(max_context >= 1 && max_context <= (int64_t{1} << 24), w, ".max_context must be in [1, 2^24], got ", max_context);
-  require_arg(max_seqs >= 1 && max_seqs <= 65536, w, ".max_seqs must be in [1, 65536], got ", max_seqs);
-  require_arg(std::isfinite(eps) && eps >= 0, w, ".eps must be finite and >= 0, got ", eps);
+  KVCORE_DSV4_CHECK(!layers.empty() && layers.size() <= 1024, w, ".layers must hold 1..1024 layers, got ", layers.size());
+  KVCORE_DSV4_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 4096, w, ".head_dim must be even in [2, 4096], got ", head_dim);
+  KVCORE_DSV4_CHECK(n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim, w, ".n_rot must be even in [2, head_dim], got ", n_rot);
+  KVCORE_DSV4_CHECK(window >= 1 && window <= 65536, w, ".window must be in [1, 65536], got ", window);
+  KVCORE_DSV4_CHECK(csa_ratio >= 1 && csa_ratio <= 4096, w, ".csa_ratio must be in [1, 4096], got ", csa_ratio);
+  KVCORE_DSV4_CHECK(hca_ratio >= 1 && hca_ratio <= 4096, w, ".hca_ratio must be in [1, 4096], got ", hca_ratio);
+  KVCORE_DSV4_CHECK(max_context >= 1 && max_context <= (int64_t{1} << 24), w, ".max_context must be in [1, 2^24], got ", max_context);
+  KVCORE_DSV4_CHECK(max_seqs >= 1 && max_seqs <= 65536, w, ".max_seqs must be in [1, 65536], got ", max_seqs);
+  KVCORE_DSV4_CHECK(std::isfinite(eps) && eps >= 0, w, ".eps must be finite and >= 0, got ", eps);
   const bool has_csa = std::find(layers.begin(), layers.end(), Dsv4LayerKind::CSA) != layers.end();
   if (has_csa) {
-    require_arg(index_dim >= n_rot && index_dim <= 1024 && (index_dim & (index_dim - 1)) == 0, w,
+    KVCORE_DSV4_CHECK(index_dim >= n_rot && index_dim <= 1024 && (index_dim & (index_dim - 1)) == 0, w,
                 ".index_dim must be a power of two in [n_rot, 1024], got ", index_dim);
     if (quant == Dsv4Quant::On)
-      require_arg(index_dim % 32 == 0, w, ".index_dim must be a multiple of 32 when quantized (FP4 blocks), got ", index_dim);
-    require_arg(index_heads >= 1 && index_heads <= 256, w, ".index_heads must be in [1, 256], got ", index_heads);
-    require_arg(index_topk >= 1 && index_topk <= 2048, w, ".index_topk must be in [1, 2048], got ", index_topk);
-    require_arg(index_topk <= max_context / csa_ratio, w, ".index_topk (", index_topk,
+      KVCORE_DSV4_CHECK(index_dim % 32 == 0, w, ".index_dim must be a multiple of 32 when quantized (FP4 blocks), got ", index_dim);
+    KVCORE_DSV4_CHECK(index_heads >= 1 && index_heads <= 256, w, ".index_heads must be in [1, 256], got ", index_heads);
+    KVCORE_DSV4_CHECK(index_topk >= 1 && index_topk <= 2048, w, ".index_topk must be in [1, 2048], got ", index_topk);
+    KVCORE_DSV4_CHECK(index_topk <= max_context / csa_ratio, w, ".index_topk (", index_topk,
                 ") exceeds the indexer row capacity max_context / csa_ratio = ", max_context / csa_ratio);
   }
   if (compressed_rope_table) {
     const auto& l = compressed_rope_table->layout;
-    require_arg(l.n_rot == n_rot && l.first_dim == head_dim - n_rot, w,
+    KVCORE_DSV4_CHECK(l.n_rot == n_rot && l.first_dim == head_dim - n_rot, w,
                 ".compressed_rope_table must rotate the last n_rot dims of head_dim");
   } else {
     compressed_rope.validate(head_dim);
-    require_arg(compressed_rope.n_rot == n_rot && compressed_rope.slice == RopeSlice::Tail, w,
+    KVCORE_DSV4_CHECK(compressed_rope.n_rot == n_rot && compressed_rope.slice == RopeSlice::Tail, w,
                 ".compressed_rope must rotate the tail n_rot = ", n_rot, " dims, got ", compressed_rope.describe());
   }
 }
@@ -148,7 +149,7 @@ Dsv4Cache::Dsv4Cache(Dsv4CacheConfig config, Device device) : cfg_(std::move(con
 }
 
 Dsv4LayerKind Dsv4Cache::kind(int32_t layer) const {
-  require_arg(layer >= 0 && layer < n_layers(), "Dsv4Cache: layer must be in [0, ", n_layers(), "), got ", layer);
+  KVCORE_DSV4_CHECK(layer >= 0 && layer < n_layers(), "Dsv4Cache: layer must be in [0, ", n_layers(), "), got ", layer);
   return layers_[layer].kind;
 }
 
@@ -159,8 +160,8 @@ int32_t Dsv4Cache::compressed_row_bytes() const {
 int32_t Dsv4Cache::indexer_row_bytes() const { return idx_packed_ ? cfg_.indexer().packed_row_bytes() : cfg_.index_dim * 4; }
 
 void Dsv4Cache::check_seq_layer(const char* what, int32_t seq, int32_t layer) const {
-  require_arg(seq >= 0 && seq < cfg_.max_seqs, "Dsv4Cache::", what, ": seq must be in [0, ", cfg_.max_seqs, "), got ", seq);
-  require_arg(layer >= 0 && layer < n_layers(), "Dsv4Cache::", what, ": layer must be in [0, ", n_layers(), "), got ", layer);
+  KVCORE_DSV4_CHECK(seq >= 0 && seq < cfg_.max_seqs, "Dsv4Cache::", what, ": seq must be in [0, ", cfg_.max_seqs, "), got ", seq);
+  KVCORE_DSV4_CHECK(layer >= 0 && layer < n_layers(), "Dsv4Cache::", what, ": layer must be in [0, ", n_layers(), "), got ", layer);
 }
 
 // ---- weights -------------------------------------------------------------------------
@@ -175,24 +176,24 @@ Buffer copy_tensor(const TensorRef& t, Device to) {
 }
 
 void check_weight(const char* name, const TensorRef& t, std::initializer_list<int64_t> shape, bool allow_f16) {
-  require_arg(t.data() != nullptr, "Dsv4Cache::set_weights: ", name, " is missing");
-  require_arg(t.dtype() == DType::F32 || (allow_f16 && t.dtype() == DType::F16), "Dsv4Cache::set_weights: ", name,
+  KVCORE_DSV4_CHECK(t.data() != nullptr, "Dsv4Cache::set_weights: ", name, " is missing");
+  KVCORE_DSV4_CHECK(t.dtype() == DType::F32 || (allow_f16 && t.dtype() == DType::F16), "Dsv4Cache::set_weights: ", name,
               " must be f32", allow_f16 ? " or f16" : "", ", got ", dtype_name(t.dtype()));
-  require_arg(t.ndim() == static_cast<int>(shape.size()), "Dsv4Cache::set_weights: ", name, " must have ", shape.size(),
+  KVCORE_DSV4_CHECK(t.ndim() == static_cast<int>(shape.size()), "Dsv4Cache::set_weights: ", name, " must have ", shape.size(),
               " dims, got ", t.describe());
   int d = 0;
   for (int64_t s : shape) {
-    require_arg(t.size(d) == s, "Dsv4Cache::set_weights: ", name, ".shape[", d, "] must be ", s, ", got ", t.describe());
+    KVCORE_DSV4_CHECK(t.size(d) == s, "Dsv4Cache::set_weights: ", name, ".shape[", d, "] must be ", s, ", got ", t.describe());
     ++d;
   }
-  require_arg(t.is_contiguous(), "Dsv4Cache::set_weights: ", name, " must be contiguous");
+  KVCORE_DSV4_CHECK(t.is_contiguous(), "Dsv4Cache::set_weights: ", name, " must be contiguous");
 }
 
 }  // namespace
 
 void Dsv4Cache::set_weights(int32_t layer, const Dsv4LayerWeights& w) {
   const Dsv4LayerKind k = kind(layer);
-  require_arg(k != Dsv4LayerKind::Window, "Dsv4Cache::set_weights: layer ", layer, " is window-only and has no compressor");
+  KVCORE_DSV4_CHECK(k != Dsv4LayerKind::Window, "Dsv4Cache::set_weights: layer ", layer, " is window-only and has no compressor");
   Layer& L = layers_[layer];
   check_weight("comp_ape", w.comp_ape, {L.comp.ratio, L.comp.width()}, true);
   check_weight("comp_norm", w.comp_norm, {L.comp.head_dim}, false);
@@ -241,7 +242,7 @@ TensorRef Dsv4Cache::raw_ring(int32_t seq, int32_t layer) const {
 TensorRef Dsv4Cache::compressed_store(int32_t seq, int32_t layer) const {
   check_seq_layer("compressed_store", seq, layer);
   const Layer& L = layers_[layer];
-  require_arg(L.kind != Dsv4LayerKind::Window, "Dsv4Cache::compressed_store: layer ", layer, " is window-only");
+  KVCORE_DSV4_CHECK(L.kind != Dsv4LayerKind::Window, "Dsv4Cache::compressed_store: layer ", layer, " is window-only");
   const int64_t cap = std::max<int64_t>(L.comp_cap, 1);
   return comp_packed_ ? slice3(L.comp_rows, DType::U8, seq, cap, compressed_row_bytes())
                       : slice3(L.comp_rows, DType::F32, seq, cap, cfg_.head_dim);
@@ -250,7 +251,7 @@ TensorRef Dsv4Cache::compressed_store(int32_t seq, int32_t layer) const {
 TensorRef Dsv4Cache::indexer_store(int32_t seq, int32_t layer) const {
   check_seq_layer("indexer_store", seq, layer);
   const Layer& L = layers_[layer];
-  require_arg(L.kind == Dsv4LayerKind::CSA, "Dsv4Cache::indexer_store: layer ", layer, " is not a CSA layer");
+  KVCORE_DSV4_CHECK(L.kind == Dsv4LayerKind::CSA, "Dsv4Cache::indexer_store: layer ", layer, " is not a CSA layer");
   const int64_t cap = std::max<int64_t>(L.idx_cap, 1);
   return idx_packed_ ? slice3(L.idx_rows, DType::U8, seq, cap, indexer_row_bytes())
                      : slice3(L.idx_rows, DType::F32, seq, cap, cfg_.index_dim);
@@ -259,7 +260,7 @@ TensorRef Dsv4Cache::indexer_store(int32_t seq, int32_t layer) const {
 TensorRef Dsv4Cache::state_kv(int32_t seq, int32_t layer, bool indexer) const {
   check_seq_layer("state_kv", seq, layer);
   const Layer& L = layers_[layer];
-  require_arg(indexer ? L.kind == Dsv4LayerKind::CSA : L.kind != Dsv4LayerKind::Window, "Dsv4Cache::state_kv: layer ",
+  KVCORE_DSV4_CHECK(indexer ? L.kind == Dsv4LayerKind::CSA : L.kind != Dsv4LayerKind::Window, "Dsv4Cache::state_kv: layer ",
               layer, " has no ", indexer ? "indexer" : "compressor");
   const Dsv4Compressor& c = indexer ? L.idx : L.comp;
   return slice3(indexer ? L.idx_kv : L.comp_kv, DType::F32, seq, c.state_rows(), c.width());
@@ -268,7 +269,7 @@ TensorRef Dsv4Cache::state_kv(int32_t seq, int32_t layer, bool indexer) const {
 TensorRef Dsv4Cache::state_score(int32_t seq, int32_t layer, bool indexer) const {
   check_seq_layer("state_score", seq, layer);
   const Layer& L = layers_[layer];
-  require_arg(indexer ? L.kind == Dsv4LayerKind::CSA : L.kind != Dsv4LayerKind::Window, "Dsv4Cache::state_score: layer ",
+  KVCORE_DSV4_CHECK(indexer ? L.kind == Dsv4LayerKind::CSA : L.kind != Dsv4LayerKind::Window, "Dsv4Cache::state_score: layer ",
               layer, " has no ", indexer ? "indexer" : "compressor");
   const Dsv4Compressor& c = indexer ? L.idx : L.comp;
   return slice3(indexer ? L.idx_score : L.comp_score, DType::F32, seq, c.state_rows(), c.width());
@@ -293,11 +294,11 @@ int64_t Dsv4Cache::indexer_rows(int32_t seq, int32_t layer) const {
 namespace {
 
 void check_input(const char* name, const TensorRef& t, int64_t n, int64_t width, Device d) {
-  require_arg(t.data() != nullptr, "Dsv4Cache::append: ", name, " is missing");
-  require_arg(t.ndim() == 2 && t.dtype() == DType::F32 && t.size(0) == n && t.size(1) == width, "Dsv4Cache::append: ",
+  KVCORE_DSV4_CHECK(t.data() != nullptr, "Dsv4Cache::append: ", name, " is missing");
+  KVCORE_DSV4_CHECK(t.ndim() == 2 && t.dtype() == DType::F32 && t.size(0) == n && t.size(1) == width, "Dsv4Cache::append: ",
               name, " must be f32[", n, ", ", width, "], got ", t.describe());
-  require_arg(t.stride(1) == 1 && t.stride(0) >= 0, "Dsv4Cache::append: ", name, " needs unit stride in its last dim");
-  require_arg(t.device() == d, "Dsv4Cache::append: ", name, " is on ", t.device().str(), ", the cache on ", d.str());
+  KVCORE_DSV4_CHECK(t.stride(1) == 1 && t.stride(0) >= 0, "Dsv4Cache::append: ", name, " needs unit stride in its last dim");
+  KVCORE_DSV4_CHECK(t.device() == d, "Dsv4Cache::append: ", name, " is on ", t.device().str(), ", the cache on ", d.str());
 }
 
 TensorRef row_of(const TensorRef& t, int64_t i) {
@@ -311,17 +312,17 @@ void Dsv4Cache::append(int32_t seq, int32_t layer, int64_t pos, const Dsv4TokenI
   check_seq_layer("append", seq, layer);
   Layer& L = layers_[layer];
   int64_t& len = length_[static_cast<size_t>(seq) * layers_.size() + layer];
-  require_arg(pos == len, "Dsv4Cache::append: seq ", seq, " layer ", layer, " holds ", len,
+  KVCORE_DSV4_CHECK(pos == len, "Dsv4Cache::append: seq ", seq, " layer ", layer, " holds ", len,
               " tokens, so the next position is ", len, "; got pos ", pos, pos < len ? " (repeats)" : " (skips)");
-  require_arg(in.kv.data() != nullptr && in.kv.ndim() == 2, "Dsv4Cache::append: kv must be f32[n, ", cfg_.head_dim, "], got ",
+  KVCORE_DSV4_CHECK(in.kv.data() != nullptr && in.kv.ndim() == 2, "Dsv4Cache::append: kv must be f32[n, ", cfg_.head_dim, "], got ",
               in.kv.describe());
   const int64_t n = in.kv.size(0);
-  require_arg(n >= 1, "Dsv4Cache::append: at least one token, got kv ", in.kv.describe());
-  require_arg(pos + n <= cfg_.max_context, "Dsv4Cache::append: positions up to ", pos + n - 1, " exceed max_context ",
+  KVCORE_DSV4_CHECK(n >= 1, "Dsv4Cache::append: at least one token, got kv ", in.kv.describe());
+  KVCORE_DSV4_CHECK(pos + n <= cfg_.max_context, "Dsv4Cache::append: positions up to ", pos + n - 1, " exceed max_context ",
               cfg_.max_context);
   check_input("kv", in.kv, n, cfg_.head_dim, device_);
   if (L.kind != Dsv4LayerKind::Window) {
-    require_arg(L.has_weights, "Dsv4Cache::append: layer ", layer, " (", dsv4_layer_kind_name(L.kind),
+    KVCORE_DSV4_CHECK(L.has_weights, "Dsv4Cache::append: layer ", layer, " (", dsv4_layer_kind_name(L.kind),
                 ") has no weights: call set_weights first");
     check_input("comp_c", in.comp_c, n, L.comp.width(), device_);
     check_input("comp_z", in.comp_z, n, L.comp.width(), device_);
@@ -442,10 +443,10 @@ std::vector<float> Dsv4Cache::read_state(int32_t seq, int32_t layer, bool indexe
 void Dsv4Cache::indexer_topk(int32_t seq, int32_t layer, const TensorRef& q, const TensorRef& weights,
                              int64_t first_query_pos, const TensorRef& scores, const TensorRef& out, Stream stream) const {
   check_seq_layer("indexer_topk", seq, layer);
-  require_arg(layers_[layer].kind == Dsv4LayerKind::CSA, "Dsv4Cache::indexer_topk: layer ", layer, " is not a CSA layer");
-  require_arg(q.ndim() == 3 && q.size(1) == cfg_.index_heads && q.size(2) == cfg_.index_dim, "Dsv4Cache::indexer_topk: q must be [n, ",
+  KVCORE_DSV4_CHECK(layers_[layer].kind == Dsv4LayerKind::CSA, "Dsv4Cache::indexer_topk: layer ", layer, " is not a CSA layer");
+  KVCORE_DSV4_CHECK(q.ndim() == 3 && q.size(1) == cfg_.index_heads && q.size(2) == cfg_.index_dim, "Dsv4Cache::indexer_topk: q must be [n, ",
               cfg_.index_heads, ", ", cfg_.index_dim, "], got ", q.describe());
-  require_arg(first_query_pos >= 0 && first_query_pos + q.size(0) <= length(seq, layer), "Dsv4Cache::indexer_topk: queries at ",
+  KVCORE_DSV4_CHECK(first_query_pos >= 0 && first_query_pos + q.size(0) <= length(seq, layer), "Dsv4Cache::indexer_topk: queries at ",
               first_query_pos, "..", first_query_pos + q.size(0) - 1, " must be tokens already appended (",
               length(seq, layer), ")");
   dsv4_indexer_topk(q, weights, indexer_store(seq, layer), indexer_rows(seq, layer), first_query_pos, cfg_.csa_ratio,
@@ -455,7 +456,7 @@ void Dsv4Cache::indexer_topk(int32_t seq, int32_t layer, const TensorRef& q, con
 // ---- lifecycle ----------------------------------------------------------------------------------
 
 void Dsv4Cache::reset(int32_t seq, Stream stream) {
-  require_arg(seq >= 0 && seq < cfg_.max_seqs, "Dsv4Cache::reset: seq must be in [0, ", cfg_.max_seqs, "), got ", seq);
+  KVCORE_DSV4_CHECK(seq >= 0 && seq < cfg_.max_seqs, "Dsv4Cache::reset: seq must be in [0, ", cfg_.max_seqs, "), got ", seq);
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& L = layers_[li];
     const TensorRef ring = raw_ring(seq, static_cast<int32_t>(li));
@@ -469,9 +470,9 @@ void Dsv4Cache::reset(int32_t seq, Stream stream) {
 }
 
 void Dsv4Cache::shift(int32_t seq, int64_t n_keep, int64_t n_discard) {
-  require_arg(seq >= 0 && seq < cfg_.max_seqs, "Dsv4Cache::shift: seq must be in [0, ", cfg_.max_seqs, "), got ", seq);
+  KVCORE_DSV4_CHECK(seq >= 0 && seq < cfg_.max_seqs, "Dsv4Cache::shift: seq must be in [0, ", cfg_.max_seqs, "), got ", seq);
   const int64_t L = length(seq, 0);
-  require_arg(n_keep >= 0 && n_discard >= 0 && n_keep + n_discard <= L, "Dsv4Cache::shift: need 0 <= n_keep and 0 <= n_discard with n_keep + n_discard <= ",
+  KVCORE_DSV4_CHECK(n_keep >= 0 && n_discard >= 0 && n_keep + n_discard <= L, "Dsv4Cache::shift: need 0 <= n_keep and 0 <= n_discard with n_keep + n_discard <= ",
               L, " (the sequence length), got n_keep ", n_keep, ", n_discard ", n_discard);
   throw Error(ErrorCode::NotSupported,
               detail::concat("Dsv4Cache::shift(n_keep ", n_keep, ", n_discard ", n_discard,
@@ -485,7 +486,7 @@ std::vector<Dsv4MemoryRow> Dsv4Cache::memory_report(const std::vector<int64_t>& 
   std::vector<Dsv4MemoryRow> out;
   const double hd = cfg_.head_dim, D = cfg_.index_dim;
   for (int64_t ctx : contexts) {
-    require_arg(ctx >= 1, "Dsv4Cache::memory_report: contexts must be >= 1, got ", ctx);
+    KVCORE_DSV4_CHECK(ctx >= 1, "Dsv4Cache::memory_report: contexts must be >= 1, got ", ctx);
     double ours = 0, f32 = 0, f16 = 0;
     for (const Layer& L : layers_) {
       const double raw = static_cast<double>(std::min<int64_t>(ctx, cfg_.window));

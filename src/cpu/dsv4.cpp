@@ -124,7 +124,7 @@ void prefill(const CompressorParams& p) {
 }
 
 void indexer_topk(const IndexerParams& p) {
-  const bool big = static_cast<double>(p.n_q) * p.n_rows * p.n_heads * p.dim > 1e6;
+  const bool big = p.n_q > 1 && static_cast<double>(p.n_q) * p.n_rows * p.n_heads * p.dim > 1e6;  // threads split queries
 #pragma omp parallel if (big)
   {
     std::vector<float> qh(static_cast<size_t>(p.n_heads) * p.dim), key(p.dim);

@@ -67,11 +67,15 @@ __device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_pa
   }
 }
 
-// In-place Hadamard of row[0, n) (n a power of two), same butterflies as the CPU.
-__device__ inline void hadamard_smem(float* row, int n) {
+// In-place Hadamard of `count` consecutive vectors of n values (n a power of two),
+// the same butterflies as the CPU; one barrier per stage for all vectors.
+__device__ inline void hadamard_smem(float* rows, int n, int count = 1) {
+  const int half = n / 2, pairs = half * count;
   for (int h = 1; h < n; h <<= 1) {
-    for (int idx = threadIdx.x; idx < n / 2; idx += blockDim.x) {
-      const int j = (idx / h) * 2 * h + idx % h;
+    for (int idx = threadIdx.x; idx < pairs; idx += blockDim.x) {
+      const int v = idx / half, i = idx % half;
+      float* row = rows + v * n;
+      const int j = (i / h) * 2 * h + i % h;
       const float a = row[j], b = row[j + h];
       row[j] = a + b;
       row[j + h] = a - b;
@@ -79,7 +83,7 @@ __device__ inline void hadamard_smem(float* row, int n) {
     __syncthreads();
   }
   const float s = math::dsv4_inv_sqrt_pow2(n);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = row[i] * s;
+  for (int i = threadIdx.x; i < n * count; i += blockDim.x) rows[i] = rows[i] * s;
   __syncthreads();
 }
 

@@ -23,12 +23,10 @@ __device__ inline void score_body(const IndexerParams& p, float* qs /* [n_heads 
   for (int h = 0; h < p.n_heads; ++h)
     for (int d = threadIdx.x; d < p.dim; d += blockDim.x) qs[h * p.dim + d] = p.q[i * p.q_stride0 + h * p.q_stride1 + d];
   __syncthreads();
-  if (p.quant) {
-    for (int h = 0; h < p.n_heads; ++h) {
-      hadamard_smem(qs + h * p.dim, p.dim);
-      fp4_blocks(qs + h * p.dim, p.dim, nullptr);
-      __syncthreads();
-    }
+  if (p.quant) {  // all heads at once: FP4 blocks of 32 never straddle two heads (dim % 32 == 0)
+    hadamard_smem(qs, p.dim, p.n_heads);
+    fp4_blocks(qs, p.n_heads * p.dim, nullptr);
+    __syncthreads();
   }
   const int64_t t = p.first_query_pos + i;
   const int64_t vis = min(p.n_rows, visible_rows(t, p.ratio));

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "kvcore/math/dsv4.hpp"
-#include "ops/checks.hpp"
 #include "ops/dsv4_backends.hpp"
 #include "ops/dsv4_checks.hpp"
 
@@ -34,19 +33,19 @@ using std::string_view;
 void dsv4_kv_finalize(const TensorRef& kv, const TensorRef& raw_ring, int64_t first_raw_row, int32_t n_rot,
                       Dsv4Quant quant, Stream stream) {
   constexpr string_view op = "dsv4_kv_finalize";
-  checks::ndim_is(op, "kv", kv, 2);
+  ndim_is(op, "kv", kv, 2);
   const int64_t head_dim = kv.size(1);
-  require_arg(head_dim > 0 && head_dim <= 65536, op, ": kv head_dim must be in [1, 65536], got ", kv.describe());
+  KVCORE_DSV4_CHECK(head_dim > 0 && head_dim <= 65536, op, ": kv head_dim must be in [1, 65536], got ", kv.describe());
   check_matrix(op, "kv", kv, DType::F32, -1, head_dim);
-  checks::ndim_is(op, "raw_ring", raw_ring, 2);
-  require_arg(raw_ring.dtype() == DType::F32 || raw_ring.dtype() == DType::F16, op, ": raw_ring must be f32 or f16, got ",
+  ndim_is(op, "raw_ring", raw_ring, 2);
+  KVCORE_DSV4_CHECK(raw_ring.dtype() == DType::F32 || raw_ring.dtype() == DType::F16, op, ": raw_ring must be f32 or f16, got ",
               dtype_name(raw_ring.dtype()));
   check_matrix(op, "raw_ring", raw_ring, raw_ring.dtype(), -1, head_dim);
-  require_arg(raw_ring.size(0) > 0, op, ": raw_ring must have at least one row, got ", raw_ring.describe());
-  checks::same_device(op, "kv", kv, "raw_ring", raw_ring);
-  require_arg(n_rot >= 0 && n_rot <= head_dim, op, ": n_rot must be in [0, ", head_dim, "], got ", n_rot);
-  require_arg(first_raw_row >= 0, op, ": first_raw_row must be >= 0, got ", first_raw_row);
-  require_arg(kv.size(0) <= (int64_t{1} << 31) - 1, op, ": too many rows: ", kv.size(0));
+  KVCORE_DSV4_CHECK(raw_ring.size(0) > 0, op, ": raw_ring must have at least one row, got ", raw_ring.describe());
+  same_device(op, "kv", kv, "raw_ring", raw_ring);
+  KVCORE_DSV4_CHECK(n_rot >= 0 && n_rot <= head_dim, op, ": n_rot must be in [0, ", head_dim, "], got ", n_rot);
+  KVCORE_DSV4_CHECK(first_raw_row >= 0, op, ": first_raw_row must be >= 0, got ", first_raw_row);
+  KVCORE_DSV4_CHECK(kv.size(0) <= (int64_t{1} << 31) - 1, op, ": too many rows: ", kv.size(0));
   dsv4::FinalizeParams p{};
   p.kv = kv.data_as<float>();
   p.kv_stride = kv.stride(0);
@@ -75,10 +74,10 @@ void dsv4_compressor_store_one(const TensorRef& c, const TensorRef& z, const Ten
   check_state(op, state_kv, state_score, comp);
   check_vector(op, "c", c, DType::F32, comp.width());
   check_vector(op, "z", z, DType::F32, comp.width());
-  checks::same_device(op, "c", c, "state_kv", state_kv);
-  checks::same_device(op, "z", z, "state_kv", state_kv);
+  same_device(op, "c", c, "state_kv", state_kv);
+  same_device(op, "z", z, "state_kv", state_kv);
   check_ape(op, ape, comp, state_kv);
-  require_arg(pos >= 0, op, ": pos must be >= 0, got ", pos);
+  KVCORE_DSV4_CHECK(pos >= 0, op, ": pos must be >= 0, got ", pos);
   dsv4::CompressorParams p = make_params(comp, state_kv, state_score, Dsv4Quant::Off);
   set_ape(p, ape);
   p.c = c.data_as<const float>();
@@ -97,7 +96,7 @@ void dsv4_compressor_shift(const TensorRef& state_kv, const TensorRef& state_sco
                            Stream stream) {
   constexpr string_view op = "dsv4_compressor_shift";
   check_comp(op, comp);
-  require_arg(comp.overlap, op, ": only overlapping compressors (CSA, indexer) shift their state");
+  KVCORE_DSV4_CHECK(comp.overlap, op, ": only overlapping compressors (CSA, indexer) shift their state");
   check_state(op, state_kv, state_score, comp);
   const dsv4::CompressorParams p = make_params(comp, state_kv, state_score, Dsv4Quant::Off);
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::shift(p); }, [&] {
@@ -131,8 +130,8 @@ void dsv4_compressor_emit(const TensorRef& state_kv, const TensorRef& state_scor
   check_weights(op, w, comp, state_kv);
   const int64_t cap = check_rows(op, rows, comp, quant, state_kv);
   check_quant_geometry(op, comp, quant);
-  require_arg(window >= 0 && window < cap, op, ": window must be in [0, ", cap, ") (the row store's capacity), got ", window);
-  require_arg(window * comp.ratio <= (int64_t{1} << 24), op, ": window position ", window * comp.ratio,
+  KVCORE_DSV4_CHECK(window >= 0 && window < cap, op, ": window must be in [0, ", cap, ") (the row store's capacity), got ", window);
+  KVCORE_DSV4_CHECK(window * comp.ratio <= (int64_t{1} << 24), op, ": window position ", window * comp.ratio,
               " exceeds 2^24 (f32 positions are exact only below)");
   dsv4::CompressorParams p = make_params(comp, state_kv, state_score, quant);
   set_emit(p, w, rows);
@@ -151,21 +150,21 @@ void dsv4_compress_prefill(const TensorRef& c, const TensorRef& z, const TensorR
   constexpr string_view op = "dsv4_compress_prefill";
   check_comp(op, comp);
   check_state(op, state_kv, state_score, comp);
-  checks::ndim_is(op, "c", c, 2);
+  ndim_is(op, "c", c, 2);
   const int64_t n = c.size(0);
   check_matrix(op, "c", c, DType::F32, n, comp.width());
   check_matrix(op, "z", z, DType::F32, n, comp.width());
-  checks::same_device(op, "c", c, "state_kv", state_kv);
-  checks::same_device(op, "z", z, "state_kv", state_kv);
+  same_device(op, "c", c, "state_kv", state_kv);
+  same_device(op, "z", z, "state_kv", state_kv);
   check_ape(op, w.ape, comp, state_kv);
   check_weights(op, w, comp, state_kv);
   const int64_t cap = check_rows(op, rows, comp, quant, state_kv);
   check_quant_geometry(op, comp, quant);
-  require_arg(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
+  KVCORE_DSV4_CHECK(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
   const int64_t end_windows = (start_pos + n) / comp.ratio;
-  require_arg(end_windows <= cap, op, ": tokens up to position ", start_pos + n - 1, " complete ", end_windows,
+  KVCORE_DSV4_CHECK(end_windows <= cap, op, ": tokens up to position ", start_pos + n - 1, " complete ", end_windows,
               " rows but the row store holds ", cap);
-  require_arg(start_pos + n <= (int64_t{1} << 24), op, ": positions must stay below 2^24, got end ", start_pos + n);
+  KVCORE_DSV4_CHECK(start_pos + n <= (int64_t{1} << 24), op, ": positions must stay below 2^24, got end ", start_pos + n);
   dsv4::CompressorParams p = make_params(comp, state_kv, state_score, quant);
   set_ape(p, w.ape);
   set_emit(p, w, rows);
@@ -188,39 +187,39 @@ void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const Tenso
                        int64_t first_query_pos, int32_t ratio, Dsv4Quant quant, const TensorRef& scores,
                        const TensorRef& out, Stream stream) {
   constexpr string_view op = "dsv4_indexer_topk";
-  checks::ndim_is(op, "q", q, 3);
-  checks::dtype_is(op, "q", q, DType::F32);
-  checks::not_null(op, "q", q);
-  checks::innermost_contiguous(op, "q", q);
-  checks::non_negative_strides(op, "q", q);
+  ndim_is(op, "q", q, 3);
+  dtype_is(op, "q", q, DType::F32);
+  not_null(op, "q", q);
+  innermost_contiguous(op, "q", q);
+  non_negative_strides(op, "q", q);
   const int64_t n_q = q.size(0), n_heads = q.size(1), dim = q.size(2);
-  require_arg(n_heads > 0 && dim > 0, op, ": q must have heads and dims, got ", q.describe());
+  KVCORE_DSV4_CHECK(n_heads > 0 && dim > 0, op, ": q must have heads and dims, got ", q.describe());
   if (quant == Dsv4Quant::On)
-    require_arg(dim <= 1024 && (dim & (dim - 1)) == 0 && dim % math::kFp4Block == 0, op,
+    KVCORE_DSV4_CHECK(dim <= 1024 && (dim & (dim - 1)) == 0 && dim % math::kFp4Block == 0, op,
                 ": with quant On the indexer dim must be a power of two in [32, 1024], got ", dim);
-  require_arg(dim <= 1024 && n_heads <= 256, op, ": indexer limits: dim <= 1024 and heads <= 256, got ", q.describe());
+  KVCORE_DSV4_CHECK(dim <= 1024 && n_heads <= 256, op, ": indexer limits: dim <= 1024 and heads <= 256, got ", q.describe());
   check_matrix(op, "weights", weights, DType::F32, n_q, n_heads);
-  checks::ndim_is(op, "index_rows", index_rows, 2);
+  ndim_is(op, "index_rows", index_rows, 2);
   if (index_rows.dtype() == DType::U8) {
-    require_arg(quant == Dsv4Quant::On && dim % math::kFp4Block == 0, op,
+    KVCORE_DSV4_CHECK(quant == Dsv4Quant::On && dim % math::kFp4Block == 0, op,
                 ": packed (u8) index rows need quant On and a dim that is a multiple of 32");
     check_matrix(op, "index_rows", index_rows, DType::U8, -1, math::dsv4_fp4_row_bytes(static_cast<int>(dim)));
   } else {
     check_matrix(op, "index_rows", index_rows, DType::F32, -1, dim);
   }
   const int64_t cap = index_rows.size(0);
-  require_arg(n_rows >= 0 && n_rows <= cap, op, ": n_rows must be in [0, ", cap, "], got ", n_rows);
-  require_arg(ratio >= 1, op, ": ratio must be >= 1, got ", ratio);
-  require_arg(first_query_pos >= 0, op, ": first_query_pos must be >= 0, got ", first_query_pos);
+  KVCORE_DSV4_CHECK(n_rows >= 0 && n_rows <= cap, op, ": n_rows must be in [0, ", cap, "], got ", n_rows);
+  KVCORE_DSV4_CHECK(ratio >= 1, op, ": ratio must be >= 1, got ", ratio);
+  KVCORE_DSV4_CHECK(first_query_pos >= 0, op, ": first_query_pos must be >= 0, got ", first_query_pos);
   check_matrix(op, "scores", scores, DType::F32, n_q, cap);
-  checks::ndim_is(op, "out", out, 2);
+  ndim_is(op, "out", out, 2);
   check_matrix(op, "out", out, DType::I32, n_q, out.size(1));
   const int64_t k = out.size(1);
-  require_arg(k >= 1 && k <= cap, op, ": top-k (out.shape[1]) must be in [1, ", cap, "] (the row store's capacity), got ", k);
-  require_arg(k <= 2048, op, ": top-k must be <= 2048, got ", k);
+  KVCORE_DSV4_CHECK(k >= 1 && k <= cap, op, ": top-k (out.shape[1]) must be in [1, ", cap, "] (the row store's capacity), got ", k);
+  KVCORE_DSV4_CHECK(k <= 2048, op, ": top-k must be <= 2048, got ", k);
   for (const auto* t : {&weights, &index_rows, &scores, &out})
-    checks::same_device(op, "q", q, "another tensor", *t);
-  require_arg(n_q <= (int64_t{1} << 31) - 1 && cap <= (int64_t{1} << 31) - 1, op, ": too many queries or rows");
+    same_device(op, "q", q, "another tensor", *t);
+  KVCORE_DSV4_CHECK(n_q <= (int64_t{1} << 31) - 1 && cap <= (int64_t{1} << 31) - 1, op, ": too many queries or rows");
   dsv4::IndexerParams p{};
   p.q = q.data_as<const float>();
   p.q_stride0 = q.stride(0);

@@ -5,95 +5,137 @@
 #include <cmath>
 #include <string_view>
 
+#include "kvcore/error.hpp"
 #include "kvcore/math/dsv4.hpp"
 #include "kvcore/ops/dsv4.hpp"
-#include "ops/checks.hpp"
 #include "ops/dsv4_backends.hpp"
 
 namespace kvcore::dsv4_checks {
 
 using std::string_view;
 
+// Lazy twins of ops/checks.hpp: their messages (describe(), str()) are built only
+// on failure. The shared helpers build them eagerly, which costs ~20 us a call,
+// too much for a per-token decode path that runs 43 layers.
+#define KVCORE_DSV4_CHECK(cond, ...)                          \
+  do {                                                        \
+    if (!(cond)) ::kvcore::require_arg(false, __VA_ARGS__);   \
+  } while (0)
+
+inline void dtype_is(string_view op, string_view name, const TensorRef& t, DType want) {
+  KVCORE_DSV4_CHECK(t.dtype() == want, op, ": ", name, " must be ", dtype_name(want), ", got ", dtype_name(t.dtype()));
+}
+inline void ndim_is(string_view op, string_view name, const TensorRef& t, int want) {
+  KVCORE_DSV4_CHECK(t.ndim() == want, op, ": ", name, " must have ", want, " dims, got ", t.describe());
+}
+inline void size_is(string_view op, string_view name, const TensorRef& t, int dim, int64_t want) {
+  KVCORE_DSV4_CHECK(t.size(dim) == want, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", t.describe());
+}
+inline void same_device(string_view op, string_view a_name, const TensorRef& a, string_view b_name, const TensorRef& b) {
+  KVCORE_DSV4_CHECK(a.device() == b.device(), op, ": ", a_name, " is on ", a.device().str(), " but ", b_name, " is on ",
+                    b.device().str());
+}
+inline void not_null(string_view op, string_view name, const TensorRef& t) {
+  KVCORE_DSV4_CHECK(t.data() != nullptr || t.numel() == 0, op, ": ", name, " has no data pointer");
+}
+inline void innermost_contiguous(string_view op, string_view name, const TensorRef& t) {
+  KVCORE_DSV4_CHECK(t.ndim() == 0 || t.stride(t.ndim() - 1) == 1, op, ": ", name,
+                    " must have stride 1 in its last dim, got ", t.stride(t.ndim() - 1));
+}
+inline void non_negative_strides(string_view op, string_view name, const TensorRef& t) {
+  for (int d = 0; d < t.ndim(); ++d)
+    KVCORE_DSV4_CHECK(t.stride(d) >= 0, op, ": ", name, ".stride[", d, "] must be >= 0, got ", t.stride(d));
+}
+inline void backend_available(string_view op, Device d) {
+#if !KVCORE_WITH_CUDA
+  if (!d.is_cpu())
+    require(false, ErrorCode::NotSupported, op, ": tensors are on ", d.str(), " but this kvcore build has no CUDA backend");
+#else
+  (void)op;
+  (void)d;
+#endif
+}
+
 // A [rows, cols] matrix of `dtype` with unit stride in its last dim and a non-negative row stride.
 inline void check_matrix(string_view op, string_view name, const TensorRef& t, DType dtype, int64_t rows, int64_t cols) {
-  checks::ndim_is(op, name, t, 2);
-  checks::dtype_is(op, name, t, dtype);
-  if (rows >= 0) checks::size_is(op, name, t, 0, rows);
-  checks::size_is(op, name, t, 1, cols);
-  checks::not_null(op, name, t);
-  checks::innermost_contiguous(op, name, t);
-  checks::non_negative_strides(op, name, t);
+  ndim_is(op, name, t, 2);
+  dtype_is(op, name, t, dtype);
+  if (rows >= 0) size_is(op, name, t, 0, rows);
+  size_is(op, name, t, 1, cols);
+  not_null(op, name, t);
+  innermost_contiguous(op, name, t);
+  non_negative_strides(op, name, t);
 }
 
 inline void check_vector(string_view op, string_view name, const TensorRef& t, DType dtype, int64_t n) {
-  checks::ndim_is(op, name, t, 1);
-  checks::dtype_is(op, name, t, dtype);
-  checks::size_is(op, name, t, 0, n);
-  checks::not_null(op, name, t);
-  checks::innermost_contiguous(op, name, t);
+  ndim_is(op, name, t, 1);
+  dtype_is(op, name, t, dtype);
+  size_is(op, name, t, 0, n);
+  not_null(op, name, t);
+  innermost_contiguous(op, name, t);
 }
 
 inline void check_comp(string_view op, const Dsv4Compressor& c) {
-  require_arg(c.head_dim > 0 && c.head_dim % 2 == 0, op, ": compressor head_dim must be even and > 0, got ", c.head_dim);
-  require_arg(c.n_rot >= 0 && c.n_rot % 2 == 0 && c.n_rot <= c.head_dim, op, ": compressor n_rot must be even and in [0, ",
+  KVCORE_DSV4_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, op, ": compressor head_dim must be even and > 0, got ", c.head_dim);
+  KVCORE_DSV4_CHECK(c.n_rot >= 0 && c.n_rot % 2 == 0 && c.n_rot <= c.head_dim, op, ": compressor n_rot must be even and in [0, ",
               c.head_dim, "], got ", c.n_rot);
-  require_arg(c.ratio >= 1 && c.ratio <= 4096, op, ": compressor ratio must be in [1, 4096], got ", c.ratio);
-  require_arg(std::isfinite(c.eps) && c.eps >= 0, op, ": compressor eps must be finite and >= 0, got ", c.eps);
+  KVCORE_DSV4_CHECK(c.ratio >= 1 && c.ratio <= 4096, op, ": compressor ratio must be in [1, 4096], got ", c.ratio);
+  KVCORE_DSV4_CHECK(std::isfinite(c.eps) && c.eps >= 0, op, ": compressor eps must be finite and >= 0, got ", c.eps);
   if (c.kind == Dsv4RowKind::Indexer)
-    require_arg(c.head_dim <= 1024 && (c.head_dim & (c.head_dim - 1)) == 0, op,
+    KVCORE_DSV4_CHECK(c.head_dim <= 1024 && (c.head_dim & (c.head_dim - 1)) == 0, op,
                 ": an indexer row's head_dim must be a power of two <= 1024 (Hadamard), got ", c.head_dim);
-  require_arg(c.head_dim <= 4096, op, ": compressor head_dim must be <= 4096, got ", c.head_dim);
+  KVCORE_DSV4_CHECK(c.head_dim <= 4096, op, ": compressor head_dim must be <= 4096, got ", c.head_dim);
 }
 
 inline void check_state(string_view op, const TensorRef& kv, const TensorRef& score, const Dsv4Compressor& c) {
   check_matrix(op, "state_kv", kv, DType::F32, c.state_rows(), c.width());
   check_matrix(op, "state_score", score, DType::F32, c.state_rows(), c.width());
-  require_arg(kv.is_contiguous() && score.is_contiguous(), op, ": state_kv and state_score must be contiguous");
-  checks::same_device(op, "state_kv", kv, "state_score", score);
-  require_arg(kv.data() != score.data(), op, ": state_kv and state_score must not alias");
+  KVCORE_DSV4_CHECK(kv.is_contiguous() && score.is_contiguous(), op, ": state_kv and state_score must be contiguous");
+  same_device(op, "state_kv", kv, "state_score", score);
+  KVCORE_DSV4_CHECK(kv.data() != score.data(), op, ": state_kv and state_score must not alias");
 }
 
 inline void check_ape(string_view op, const TensorRef& ape, const Dsv4Compressor& c, const TensorRef& ref) {
-  checks::ndim_is(op, "ape", ape, 2);
-  require_arg(ape.dtype() == DType::F32 || ape.dtype() == DType::F16, op, ": ape must be f32 or f16, got ",
+  ndim_is(op, "ape", ape, 2);
+  KVCORE_DSV4_CHECK(ape.dtype() == DType::F32 || ape.dtype() == DType::F16, op, ": ape must be f32 or f16, got ",
               dtype_name(ape.dtype()));
-  checks::size_is(op, "ape", ape, 0, c.ratio);
-  checks::size_is(op, "ape", ape, 1, c.width());
-  checks::not_null(op, "ape", ape);
-  checks::innermost_contiguous(op, "ape", ape);
-  checks::non_negative_strides(op, "ape", ape);
-  checks::same_device(op, "ape", ape, "state_kv", ref);
+  size_is(op, "ape", ape, 0, c.ratio);
+  size_is(op, "ape", ape, 1, c.width());
+  not_null(op, "ape", ape);
+  innermost_contiguous(op, "ape", ape);
+  non_negative_strides(op, "ape", ape);
+  same_device(op, "ape", ape, "state_kv", ref);
 }
 
 // Row store: f32 [cap, head_dim] or packed u8 [cap, bytes] (quant On only). Returns cap.
 inline int64_t check_rows(string_view op, const TensorRef& rows, const Dsv4Compressor& c, Dsv4Quant quant, const TensorRef& ref) {
-  checks::ndim_is(op, "rows", rows, 2);
+  ndim_is(op, "rows", rows, 2);
   if (rows.dtype() == DType::U8) {
-    require_arg(c.packed_row_bytes() > 0, op, ": no packed row format for this compressor (head_dim ", c.head_dim,
+    KVCORE_DSV4_CHECK(c.packed_row_bytes() > 0, op, ": no packed row format for this compressor (head_dim ", c.head_dim,
                 ", n_rot ", c.n_rot, "): use f32 rows");
-    require_arg(quant == Dsv4Quant::On, op, ": packed (u8) rows hold quantized values: quant must be On");
+    KVCORE_DSV4_CHECK(quant == Dsv4Quant::On, op, ": packed (u8) rows hold quantized values: quant must be On");
     check_matrix(op, "rows", rows, DType::U8, -1, c.packed_row_bytes());
   } else {
-    require_arg(rows.dtype() == DType::F32, op, ": rows must be f32 or packed u8, got ", dtype_name(rows.dtype()));
+    KVCORE_DSV4_CHECK(rows.dtype() == DType::F32, op, ": rows must be f32 or packed u8, got ", dtype_name(rows.dtype()));
     check_matrix(op, "rows", rows, DType::F32, -1, c.head_dim);
   }
-  checks::same_device(op, "rows", rows, "state_kv", ref);
+  same_device(op, "rows", rows, "state_kv", ref);
   return rows.size(0);
 }
 
 inline void check_weights(string_view op, const Dsv4CompressorWeights& w, const Dsv4Compressor& c, const TensorRef& ref) {
   check_vector(op, "norm_weight", w.norm_weight, DType::F32, c.head_dim);
-  checks::same_device(op, "norm_weight", w.norm_weight, "state_kv", ref);
+  same_device(op, "norm_weight", w.norm_weight, "state_kv", ref);
   const auto& l = w.rope.layout;
-  require_arg(l.n_rot == c.n_rot && l.first_dim == c.head_dim - c.n_rot, op, ": rope table rotates ", l.n_rot,
+  KVCORE_DSV4_CHECK(l.n_rot == c.n_rot && l.first_dim == c.head_dim - c.n_rot, op, ": rope table rotates ", l.n_rot,
               " dims from dim ", l.first_dim, ", the compressor wants its last ", c.n_rot, " of ", c.head_dim);
-  require_arg(l.n_pairs() <= math::RopeTable::kMaxPairs, op, ": rope table has too many pairs: ", l.n_pairs());
+  KVCORE_DSV4_CHECK(l.n_pairs() <= math::RopeTable::kMaxPairs, op, ": rope table has too many pairs: ", l.n_pairs());
 }
 
 // Quantized indexer rows are FP4 in blocks of 32.
 inline void check_quant_geometry(string_view op, const Dsv4Compressor& c, Dsv4Quant quant) {
   if (quant == Dsv4Quant::On && c.kind == Dsv4RowKind::Indexer)
-    require_arg(c.head_dim % math::kFp4Block == 0, op, ": quantized indexer rows need head_dim a multiple of 32, got ",
+    KVCORE_DSV4_CHECK(c.head_dim % math::kFp4Block == 0, op, ": quantized indexer rows need head_dim a multiple of 32, got ",
                 c.head_dim);
 }
 
@@ -132,7 +174,7 @@ inline void set_emit(dsv4::CompressorParams& p, const Dsv4CompressorWeights& w, 
 
 template <class Cpu, class Cuda>
 inline void dispatch(string_view op, Device d, Cpu&& cpu_fn, [[maybe_unused]] Cuda&& cuda_fn) {
-  checks::backend_available(op, d);
+  backend_available(op, d);
   if (d.is_cpu()) {
     cpu_fn();
     return;

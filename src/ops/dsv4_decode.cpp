@@ -15,16 +15,16 @@ dsv4::CompressorParams decode_part(string_view op, const Dsv4DecodeCompressor& d
   check_state(op, d.state_kv, d.state_score, c);
   check_vector(op, "c", d.c, DType::F32, c.width());
   check_vector(op, "z", d.z, DType::F32, c.width());
-  checks::same_device(op, "c", d.c, "kv", kv);
-  checks::same_device(op, "z", d.z, "kv", kv);
-  checks::same_device(op, "state_kv", d.state_kv, "kv", kv);
+  same_device(op, "c", d.c, "kv", kv);
+  same_device(op, "z", d.z, "kv", kv);
+  same_device(op, "state_kv", d.state_kv, "kv", kv);
   check_ape(op, d.w.ape, c, d.state_kv);
   check_weights(op, d.w, c, d.state_kv);
   const int64_t cap = check_rows(op, d.rows, c, quant, d.state_kv);
   check_quant_geometry(op, c, quant);
   *due = (pos + 1) % c.ratio == 0 ? 1 : 0;
   if (*due)
-    require_arg(pos / c.ratio < cap, op, ": token ", pos, " completes row ", pos / c.ratio, " but the row store holds ", cap);
+    KVCORE_DSV4_CHECK(pos / c.ratio < cap, op, ": token ", pos, " completes row ", pos / c.ratio, " but the row store holds ", cap);
   dsv4::CompressorParams p = make_params(c, d.state_kv, d.state_score, quant);
   set_ape(p, d.w.ape);
   set_emit(p, d.w, d.rows);
@@ -41,19 +41,19 @@ dsv4::CompressorParams decode_part(string_view op, const Dsv4DecodeCompressor& d
 void dsv4_decode_layer(const TensorRef& kv, const TensorRef& raw_ring, int32_t n_rot, int64_t pos, Dsv4Quant quant,
                        const Dsv4DecodeCompressor* maybe_comp, const Dsv4DecodeCompressor* maybe_idx, Stream stream) {
   constexpr string_view op = "dsv4_decode_layer";
-  checks::ndim_is(op, "kv", kv, 2);
-  checks::size_is(op, "kv", kv, 0, 1);
+  ndim_is(op, "kv", kv, 2);
+  size_is(op, "kv", kv, 0, 1);
   const int64_t hd = kv.size(1);
-  require_arg(hd > 0 && hd <= 4096, op, ": kv head_dim must be in [1, 4096], got ", kv.describe());
+  KVCORE_DSV4_CHECK(hd > 0 && hd <= 4096, op, ": kv head_dim must be in [1, 4096], got ", kv.describe());
   check_matrix(op, "kv", kv, DType::F32, 1, hd);
-  checks::ndim_is(op, "raw_ring", raw_ring, 2);
-  require_arg(raw_ring.dtype() == DType::F32 || raw_ring.dtype() == DType::F16, op, ": raw_ring must be f32 or f16, got ",
+  ndim_is(op, "raw_ring", raw_ring, 2);
+  KVCORE_DSV4_CHECK(raw_ring.dtype() == DType::F32 || raw_ring.dtype() == DType::F16, op, ": raw_ring must be f32 or f16, got ",
               dtype_name(raw_ring.dtype()));
   check_matrix(op, "raw_ring", raw_ring, raw_ring.dtype(), -1, hd);
-  require_arg(raw_ring.size(0) > 0, op, ": raw_ring must have rows");
-  checks::same_device(op, "kv", kv, "raw_ring", raw_ring);
-  require_arg(n_rot >= 0 && n_rot <= hd, op, ": n_rot must be in [0, ", hd, "], got ", n_rot);
-  require_arg(pos >= 0 && pos < (int64_t{1} << 24), op, ": pos must be in [0, 2^24), got ", pos);
+  KVCORE_DSV4_CHECK(raw_ring.size(0) > 0, op, ": raw_ring must have rows");
+  same_device(op, "kv", kv, "raw_ring", raw_ring);
+  KVCORE_DSV4_CHECK(n_rot >= 0 && n_rot <= hd, op, ": n_rot must be in [0, ", hd, "], got ", n_rot);
+  KVCORE_DSV4_CHECK(pos >= 0 && pos < (int64_t{1} << 24), op, ": pos must be in [0, 2^24), got ", pos);
   dsv4::DecodeParams p{};
   p.fin.kv = kv.data_as<float>();
   p.fin.kv_stride = kv.stride(0);

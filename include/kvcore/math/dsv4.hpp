@@ -149,10 +149,36 @@ KVCORE_HD float dsv4_pool_fixed(const At& at) {
   });
 }
 
-// Pool over n candidates, through the register path when n is 8.
+// The same pool in one pass (online softmax: the running max rescales the sums),
+// so each candidate is read once: HCA pools 128 candidates per channel and a
+// three-pass pool would stream them from memory three times. Agrees with the
+// three-pass form to a few ulps (a different rounding order).
+template <class At>
+KVCORE_HD float dsv4_pool_online(int n, const At& at) {
+  float mx = -INFINITY, den = 0.0f, acc = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    float z, c;
+    at(j, z, c);
+    if (z == -INFINITY) continue;
+    if (z > mx) {
+      const float r = expf(mx - z);  // 0 on the first candidate
+      den = den * r + 1.0f;
+      acc = acc * r + c;
+      mx = z;
+    } else {
+      const float e = expf(z - mx);
+      den += e;
+      acc += c * e;
+    }
+  }
+  return mx == -INFINITY ? 0.0f : acc / den;
+}
+
+// Pool over n candidates: CSA and the indexer (8) through registers in HF's
+// order, HCA (and any other count) in one pass.
 template <class At>
 KVCORE_HD float dsv4_pool_any(int n, const At& at) {
-  return n == 8 ? dsv4_pool_fixed<8>(at) : dsv4_pool(n, at);
+  return n == 8 ? dsv4_pool_fixed<8>(at) : dsv4_pool_online(n, at);
 }
 
 // Candidate j of channel k for emission from a state laid out [rows, width]:

@@ -1,0 +1,352 @@
+// `kvcore bench dsv4`: DeepSeek-V4-Flash cache work.
+//  - decode43: the per-token decode cache step of all 43 V4-Flash layers (finalize,
+//    compressor and indexer store, emission when due, shift), averaged over 128
+//    consecutive tokens (so CSA rows are emitted every 4th token, HCA rows every
+//    128th), one fused kernel per layer; baseline: the same work as separate ops
+//    (one launch per seed kernel), timed in the same run.
+//  - decode43+indexer: the same plus the indexer's scores and top-512 for the 21
+//    CSA layers at a given context (what HF's CSA compressor call also does).
+//  - prefill: compression of 64k tokens (one CSA compressor, its indexer, one HCA
+//    compressor), GB/s of input read + rows written against the copy ceiling.
+// HF transformers' modules doing the same work: bench/dsv4_hf_baseline.py.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/harness.hpp"
+#if KVCORE_WITH_CUDA
+#include "bench/dsv4_graph.hpp"
+#endif
+#include "kvcore/buffer.hpp"
+#include "kvcore/cache/dsv4_cache.hpp"
+#include "kvcore/error.hpp"
+#include "kvcore/ops/dsv4.hpp"
+#include "kvcore/runtime.hpp"
+#include "tools/registry.hpp"
+
+namespace {
+
+using namespace kvcore;
+using kvcore::cli::BenchOptions;
+using kvcore::cli::BenchRecord;
+using kvcore::cli::Timing;
+using kvcore::cli::Traffic;
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+Buffer upload(const std::vector<float>& v, Device d) { return Buffer::from_host(v, d); }
+
+void set_flash_weights(Dsv4Cache& cache, uint64_t seed) {
+  const Dsv4CacheConfig& cfg = cache.config();
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    if (cfg.layers[l] == Dsv4LayerKind::Window) continue;
+    const Dsv4Compressor c = cfg.compressor(cfg.layers[l]), ix = cfg.indexer();
+    std::vector<float> ca = randn(static_cast<size_t>(c.ratio) * c.width(), seed + l), cn = randn(c.head_dim, seed + 100 + l, 0.2f);
+    std::vector<float> ia = randn(static_cast<size_t>(ix.ratio) * ix.width(), seed + 200 + l), in = randn(ix.head_dim, seed + 300 + l, 0.2f);
+    for (float& v : cn) v += 1;
+    for (float& v : in) v += 1;
+    cache.set_weights(l, {TensorRef(ca.data(), DType::F32, Device::cpu(), {c.ratio, c.width()}),
+                          TensorRef(cn.data(), DType::F32, Device::cpu(), {c.head_dim}),
+                          TensorRef(ia.data(), DType::F32, Device::cpu(), {ix.ratio, ix.width()}),
+                          TensorRef(in.data(), DType::F32, Device::cpu(), {ix.head_dim})});
+  }
+}
+
+// Per-layer token inputs for `n_tok` distinct tokens, on the device (rotated through).
+struct LayerInputs {
+  int width = 0, iwidth = 0, n_tok = 0;
+  Buffer kv, kv_work, cc, cz, ic, iz;
+  LayerInputs(const Dsv4CacheConfig& cfg, Dsv4LayerKind kind, int n, Device d, uint64_t seed) : n_tok(n) {
+    width = kind == Dsv4LayerKind::Window ? 0 : cfg.compressor(kind).width();
+    iwidth = kind == Dsv4LayerKind::CSA ? 2 * cfg.index_dim : 0;
+    kv = upload(randn(static_cast<size_t>(n) * cfg.head_dim, seed, 2.0f), d);
+    kv_work = Buffer(kv.size(), d);  // the finalizer rounds kv in place: work on a copy
+    copy_bytes(kv_work.data(), d, kv.data(), d, kv.size());
+    if (width) {
+      cc = upload(randn(static_cast<size_t>(n) * width, seed + 1), d);
+      cz = upload(randn(static_cast<size_t>(n) * width, seed + 2, 2.0f), d);
+    }
+    if (iwidth) {
+      ic = upload(randn(static_cast<size_t>(n) * iwidth, seed + 3), d);
+      iz = upload(randn(static_cast<size_t>(n) * iwidth, seed + 4, 2.0f), d);
+    }
+  }
+  Dsv4TokenInputs at(int tok, int len, int head_dim, Device d) const {
+    Dsv4TokenInputs in;
+    in.kv = TensorRef(kv_work.as<float>() + static_cast<size_t>(tok) * head_dim, DType::F32, d, {len, head_dim});
+    if (width) {
+      in.comp_c = TensorRef(cc.as<float>() + static_cast<size_t>(tok) * width, DType::F32, d, {len, width});
+      in.comp_z = TensorRef(cz.as<float>() + static_cast<size_t>(tok) * width, DType::F32, d, {len, width});
+    }
+    if (iwidth) {
+      in.idx_c = TensorRef(ic.as<float>() + static_cast<size_t>(tok) * iwidth, DType::F32, d, {len, iwidth});
+      in.idx_z = TensorRef(iz.as<float>() + static_cast<size_t>(tok) * iwidth, DType::F32, d, {len, iwidth});
+    }
+    return in;
+  }
+  double bytes_per_token(const Dsv4CacheConfig& cfg, Dsv4LayerKind kind) const {
+    // kv read and written back, one ring row written, projections read, state rows
+    // written, emitted rows amortized over their ratio.
+    double b = cfg.head_dim * 4.0 * 2 + cfg.head_dim * 2.0 + width * 4.0 * 2 * 2 + iwidth * 4.0 * 2 * 2;
+    if (kind == Dsv4LayerKind::CSA) b += 584.0 / cfg.csa_ratio + 68.0 / cfg.csa_ratio;
+    if (kind == Dsv4LayerKind::HCA) b += 584.0 / cfg.hca_ratio;
+    return b;
+  }
+};
+
+std::string fmt(const char* f, long long a) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, f, a);
+  return buf;
+}
+
+Timing per(const Timing& t, double n) {
+  Timing r = t;
+  r.median_us /= n;
+  r.min_us /= n;
+  return r;
+}
+
+// Sanity check before timing: the device cache's compressed rows of one CSA layer
+// against a CPU cache fed the same tokens (FP8 after float math: rare one-code flips).
+bool check_against_cpu(const Dsv4CacheConfig& cfg, const std::vector<std::unique_ptr<LayerInputs>>& inputs, Device dev,
+                       BenchOptions& opt) {
+  if (dev.is_cpu()) return true;
+  Dsv4CacheConfig small = cfg;
+  small.max_context = 512;
+  small.layers = {Dsv4LayerKind::CSA};
+  Dsv4Cache gpu(small, dev), cpu(small, Device::cpu());
+  set_flash_weights(gpu, 77);
+  set_flash_weights(cpu, 77);
+  const LayerInputs& li = *inputs[2];
+  const int n = std::min(64, li.n_tok);
+  auto host = [&](const Buffer& b, size_t off, size_t cnt) {
+    std::vector<float> v(cnt);
+    copy_bytes(v.data(), Device::cpu(), b.as<float>() + off, dev, cnt * 4);
+    return v;
+  };
+  for (int t = 0; t < n; ++t) {
+    std::vector<float> kv = host(li.kv, static_cast<size_t>(t) * 512, 512);
+    Buffer kvd = upload(kv, dev);
+    std::vector<float> cc = host(li.cc, static_cast<size_t>(t) * li.width, li.width), cz = host(li.cz, static_cast<size_t>(t) * li.width, li.width);
+    std::vector<float> ic = host(li.ic, static_cast<size_t>(t) * li.iwidth, li.iwidth), iz = host(li.iz, static_cast<size_t>(t) * li.iwidth, li.iwidth);
+    Dsv4TokenInputs g = li.at(t, 1, 512, dev);
+    g.kv = TensorRef(kvd.data(), DType::F32, dev, {1, 512});
+    gpu.append(0, 0, t, g);
+    Dsv4TokenInputs c;
+    c.kv = TensorRef(kv.data(), DType::F32, Device::cpu(), {1, 512});
+    c.comp_c = TensorRef(cc.data(), DType::F32, Device::cpu(), {1, li.width});
+    c.comp_z = TensorRef(cz.data(), DType::F32, Device::cpu(), {1, li.width});
+    c.idx_c = TensorRef(ic.data(), DType::F32, Device::cpu(), {1, li.iwidth});
+    c.idx_z = TensorRef(iz.data(), DType::F32, Device::cpu(), {1, li.iwidth});
+    cpu.append(0, 0, t, c);
+  }
+  synchronize(dev);
+  const std::vector<float> a = gpu.read_compressed(0, 0), b = cpu.read_compressed(0, 0);
+  size_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
+  const bool ok = a.size() == b.size() && a.size() > 0 && diff <= a.size() / 100 && gpu.read_window(0, 0) == cpu.read_window(0, 0);
+  opt.note("check: " + std::to_string(diff) + " of " + std::to_string(a.size()) + " compressed values differ from the CPU" +
+           (ok ? " (ok)" : " (FAILED)"));
+  return ok;
+}
+
+void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
+  const Device dev = opt.device;
+  const int tokens_per_rep = 128;
+  const int reps_total = opt.reps + opt.warmup;
+  const int64_t max_ctx = std::max<int64_t>(context + static_cast<int64_t>(tokens_per_rep) * (2 * reps_total + 2), 4 * 512);
+  Dsv4CacheConfig cfg = Dsv4CacheConfig::v4_flash(max_ctx, 1);
+  Dsv4Cache cache(cfg, dev);
+  set_flash_weights(cache, 1);
+  const int n_tok = opt.quick ? 32 : tokens_per_rep;  // distinct token inputs, rotated through
+  std::vector<std::unique_ptr<LayerInputs>> inputs;
+  double bytes = 0;
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    inputs.push_back(std::make_unique<LayerInputs>(cfg, cfg.layers[l], n_tok, dev, 1000 + 17 * l));
+    bytes += inputs.back()->bytes_per_token(cfg, cfg.layers[l]);
+  }
+  if (!check_against_cpu(cfg, inputs, dev, opt)) throw Error(ErrorCode::Corrupt, "bench dsv4: device results differ from the CPU");
+  // Bring the sequence to `context` tokens through the prefill path.
+  int64_t pos = 0;
+  while (pos < context) {
+    const int len = static_cast<int>(std::min<int64_t>(n_tok, context - pos));
+    for (int l = 0; l < cache.n_layers(); ++l) cache.append(0, l, pos, inputs[l]->at(0, len, cfg.head_dim, dev));
+    pos += len;
+  }
+  synchronize(dev);
+  // Indexer inputs (one query per CSA layer).
+  const int64_t cap = cfg.max_context / cfg.csa_ratio;
+  Buffer q = upload(randn(static_cast<size_t>(cfg.index_heads) * cfg.index_dim, 5), dev),
+         w = upload(randn(cfg.index_heads, 6), dev), scores(static_cast<size_t>(cap) * 4, dev),
+         picks(static_cast<size_t>(cfg.index_topk) * 4, dev);
+  auto step = [&](int64_t p) {
+    const int tok = static_cast<int>(p % n_tok);
+    for (int l = 0; l < cache.n_layers(); ++l) {
+      cache.append(0, l, p, inputs[l]->at(tok, 1, cfg.head_dim, dev));
+      if (with_indexer && cfg.layers[l] == Dsv4LayerKind::CSA)
+        cache.indexer_topk(0, l, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
+                           TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), p,
+                           TensorRef(scores.data(), DType::F32, dev, {1, cap}), TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}));
+    }
+  };
+  const Timing t = opt.time([&](int) {
+    for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos);
+  });
+  BenchRecord r;
+  r.bench = "dsv4";
+  r.case_name = with_indexer ? fmt("decode43 cache step+indexer ctx=%lld", context) : fmt("decode43 cache step ctx=%lld", context);
+  r.bytes = bytes;
+  r.t = per(t, tokens_per_rep);
+  r.traffic = Traffic::Copy;
+  opt.report(r);
+#if KVCORE_WITH_CUDA
+  if (dev.is_cuda() && !with_indexer) {
+    // The same 128 tokens captured once into a CUDA graph and replayed: what the
+    // step costs without host overhead. Replays redo the captured positions (an
+    // engine would keep positions in device memory to reuse one graph).
+    synchronize(dev);
+    const Timing tg = kvcore::cli::dsv4_time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+      for (int i = 0; i < tokens_per_rep; ++i, ++pos)
+        for (int l = 0; l < cache.n_layers(); ++l)
+          cache.append(0, l, pos, inputs[l]->at(static_cast<int>(pos % n_tok), 1, cfg.head_dim, dev), s);
+    });
+    BenchRecord g = r;
+    g.case_name = fmt("decode43 cache step ctx=%lld (CUDA graph replay)", context);
+    g.t = per(tg, tokens_per_rep);
+    g.baseline = "plain launches";
+    g.baseline_t = r.t;
+    opt.report(g);
+  }
+#endif
+}
+
+// The unfused baseline: the decode step of every layer as the seed's separate kernels.
+void bench_decode_separate(BenchOptions& opt) {
+  const Device dev = opt.device;
+  const int tokens_per_rep = 128, reps_total = opt.reps + opt.warmup;
+  Dsv4CacheConfig cfg =
+      Dsv4CacheConfig::v4_flash(std::max<int64_t>(static_cast<int64_t>(tokens_per_rep) * (2 * reps_total + 2), 4 * 512), 1);
+  Dsv4Cache fused(cfg, dev), sep(cfg, dev);
+  set_flash_weights(fused, 1);
+  set_flash_weights(sep, 1);
+  const int n_tok = opt.quick ? 32 : tokens_per_rep;
+  std::vector<std::unique_ptr<LayerInputs>> inputs;
+  double bytes = 0;
+  for (size_t l = 0; l < cfg.layers.size(); ++l) {
+    inputs.push_back(std::make_unique<LayerInputs>(cfg, cfg.layers[l], n_tok, dev, 1000 + 17 * l));
+    bytes += inputs.back()->bytes_per_token(cfg, cfg.layers[l]);
+  }
+  // Weights of the separate-ops run (values do not matter for timing, shapes do).
+  std::vector<Buffer> keep;
+  std::vector<Dsv4CompressorWeights> wts(cfg.layers.size() * 2);
+  for (size_t l = 0; l < cfg.layers.size(); ++l)
+    for (int ix = 0; ix < 2; ++ix) {
+      const Dsv4LayerKind k = cfg.layers[l];
+      if (k == Dsv4LayerKind::Window || (ix && k != Dsv4LayerKind::CSA)) continue;
+      const Dsv4Compressor c = ix ? cfg.indexer() : cfg.compressor(k);
+      Dsv4CompressorWeights& w = wts[l * 2 + ix];
+      keep.push_back(upload(randn(static_cast<size_t>(c.ratio) * c.width(), l * 2 + ix), dev));
+      w.ape = TensorRef(keep.back().data(), DType::F32, dev, {c.ratio, c.width()});
+      keep.push_back(upload(std::vector<float>(c.head_dim, 1.0f), dev));
+      w.norm_weight = TensorRef(keep.back().data(), DType::F32, dev, {c.head_dim});
+      w.rope = make_rope_table(RopeSpec::deepseek_v4_compressed(), cfg.head_dim);
+      w.rope.layout.first_dim = c.head_dim - c.n_rot;
+    }
+  // The seed's kernels one by one, on the same storage the cache uses.
+  auto separate = [&](int64_t p) {
+    for (int l = 0; l < sep.n_layers(); ++l) {
+      const Dsv4TokenInputs in = inputs[l]->at(static_cast<int>(p % n_tok), 1, cfg.head_dim, dev);
+      dsv4_kv_finalize(in.kv, sep.raw_ring(0, l), p % cfg.window, cfg.n_rot, cfg.quant);
+      const Dsv4LayerKind k = cfg.layers[l];
+      if (k == Dsv4LayerKind::Window) continue;
+      for (int ix = 0; ix < 2; ++ix) {
+        if (ix && k != Dsv4LayerKind::CSA) continue;
+        const Dsv4Compressor c = ix ? cfg.indexer() : cfg.compressor(k);
+        const Dsv4CompressorWeights& w = wts[static_cast<size_t>(l) * 2 + ix];
+        const TensorRef skv = sep.state_kv(0, l, ix), ssc = sep.state_score(0, l, ix);
+        const TensorRef rows = ix ? sep.indexer_store(0, l) : sep.compressed_store(0, l);
+        const TensorRef c1((ix ? in.idx_c : in.comp_c).data(), DType::F32, dev, {c.width()});
+        const TensorRef z1((ix ? in.idx_z : in.comp_z).data(), DType::F32, dev, {c.width()});
+        dsv4_compressor_store_one(c1, z1, w.ape, skv, ssc, p, c);
+        if ((p + 1) % c.ratio == 0) {
+          dsv4_compressor_emit(skv, ssc, c, w, p / c.ratio, cfg.quant, rows);
+          if (c.overlap) dsv4_compressor_shift(skv, ssc, c);
+        }
+      }
+    }
+  };
+  int64_t pf = 0, ps = 0;
+  const Timing tf = opt.time([&](int) {
+    for (int i = 0; i < tokens_per_rep; ++i, ++pf)
+      for (int l = 0; l < fused.n_layers(); ++l) fused.append(0, l, pf, inputs[l]->at(static_cast<int>(pf % n_tok), 1, cfg.head_dim, dev));
+  });
+  const Timing ts = opt.time([&](int) {
+    for (int i = 0; i < tokens_per_rep; ++i, ++ps) separate(ps);
+  });
+  BenchRecord r;
+  r.bench = "dsv4";
+  r.case_name = "decode43 fused vs separate ops";
+  r.bytes = bytes;
+  r.t = per(tf, tokens_per_rep);
+  r.traffic = Traffic::Copy;
+  r.baseline = "separate ops";
+  r.baseline_t = per(ts, tokens_per_rep);
+  opt.report(r);
+}
+
+void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_t n) {
+  const Device dev = opt.device;
+  const int W = c.width(), cap = static_cast<int>(n / c.ratio);
+  Buffer cc = upload(randn(static_cast<size_t>(n) * W, 11), dev), zz = upload(randn(static_cast<size_t>(n) * W, 12, 2.0f), dev);
+  Buffer skv(static_cast<size_t>(c.state_rows()) * W * 4, dev), ssc(skv.size(), dev);
+  const int rb = c.packed_row_bytes();
+  Buffer rows(static_cast<size_t>(cap) * rb, dev);
+  Buffer ape = upload(randn(static_cast<size_t>(c.ratio) * W, 13), dev);
+  std::vector<float> nw(c.head_dim, 1.0f);
+  Buffer norm = upload(nw, dev);
+  RopeSpec s = RopeSpec::deepseek_v4_compressed();
+  math::RopeTable rope = make_rope_table(s, 512);
+  rope.layout.first_dim = c.head_dim - c.n_rot;
+  const Dsv4CompressorWeights w{TensorRef(ape.data(), DType::F32, dev, {c.ratio, W}),
+                                TensorRef(norm.data(), DType::F32, dev, {c.head_dim}), rope};
+  const TensorRef tkv(skv.data(), DType::F32, dev, {c.state_rows(), W}), tsc(ssc.data(), DType::F32, dev, {c.state_rows(), W});
+  const TensorRef tr(rows.data(), DType::U8, dev, {cap, rb});
+  const TensorRef tc(cc.data(), DType::F32, dev, {n, W}), tz(zz.data(), DType::F32, dev, {n, W});
+  const Timing t = opt.time([&](int) {
+    dsv4_compressor_reset(tkv, tsc, c);
+    dsv4_compress_prefill(tc, tz, tkv, tsc, 0, c, w, Dsv4Quant::On, tr);
+  });
+  BenchRecord r;
+  r.bench = "dsv4";
+  r.case_name = std::string("prefill ") + name + fmt(" n=%lld", n);
+  r.bytes = 2.0 * n * W * 4 + static_cast<double>(cap) * rb;
+  r.t = t;
+  r.traffic = Traffic::Copy;
+  opt.report(r);
+}
+
+}  // namespace
+
+KVCORE_BENCH(dsv4, "DeepSeek-V4-Flash cache: per-token decode step of 43 layers, indexer top-k, 64k-token prefill compression") {
+  const int64_t n_prefill = opt.quick ? 4096 : 65536;
+  if (opt.wants("decode43 cache step")) bench_decode(opt, opt.quick ? 256 : 8192, false);
+  if (opt.wants("decode43 cache step+indexer")) {
+    bench_decode(opt, opt.quick ? 256 : 8192, true);
+    if (!opt.quick) bench_decode(opt, 65536, true);
+  }
+  if (opt.wants("decode43 fused")) bench_decode_separate(opt);
+  if (opt.wants("prefill csa")) bench_prefill(opt, Dsv4Compressor::csa(), "csa", n_prefill);
+  if (opt.wants("prefill indexer")) bench_prefill(opt, Dsv4Compressor::indexer(), "indexer", n_prefill);
+  if (opt.wants("prefill hca")) bench_prefill(opt, Dsv4Compressor::hca(), "hca", n_prefill);
+}
