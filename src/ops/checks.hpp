@@ -12,18 +12,19 @@ inline void dtype_is(std::string_view op, std::string_view name, const TensorRef
   require_arg(t.dtype() == want, op, ": ", name, " must be ", dtype_name(want), ", got ", dtype_name(t.dtype()));
 }
 
+// Messages are built only on failure: these run on every op call of a decode loop.
 inline void ndim_is(std::string_view op, std::string_view name, const TensorRef& t, int want) {
-  require_arg(t.ndim() == want, op, ": ", name, " must have ", want, " dims, got ", t.describe());
+  if (t.ndim() != want) require_arg(false, op, ": ", name, " must have ", want, " dims, got ", t.describe());
 }
 
 inline void size_is(std::string_view op, std::string_view name, const TensorRef& t, int dim, int64_t want) {
-  require_arg(t.size(dim) == want, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", t.describe());
+  if (t.size(dim) != want) require_arg(false, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", t.describe());
 }
 
 inline void same_device(std::string_view op, std::string_view a_name, const TensorRef& a, std::string_view b_name,
                         const TensorRef& b) {
-  require_arg(a.device() == b.device(), op, ": ", a_name, " is on ", a.device().str(), " but ", b_name, " is on ",
-              b.device().str());
+  if (a.device() != b.device())
+    require_arg(false, op, ": ", a_name, " is on ", a.device().str(), " but ", b_name, " is on ", b.device().str());
 }
 
 inline void not_null(std::string_view op, std::string_view name, const TensorRef& t) {
