@@ -181,18 +181,25 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8) {
   const int32_t splits = attention_auto_splits(d, batch, kKvHeads, kQHeads, ctx);
   s.ws = Buffer(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
   ao.workspace = TensorRef(s.ws.data(), DType::U8, d, {static_cast<int64_t>(s.ws.size())});
-  if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
-    opt.note(name + ": result check failed, not timed");
-    return;
+  // The automatic kernel (the cp.async pipeline at this shape on CUDA) and, for comparison,
+  // the register-load kernel ("_regload").
+  for (int variant : {0, 1}) {
+    if (variant == 1 && !d.is_cuda()) break;
+    ao.kernel_variant = variant;
+    const std::string cname = name + (variant ? "_regload" : "");
+    if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
+      opt.note(cname + ": result check FAILED, not timed");
+      continue;
+    }
+    const cli::Timing tm = opt.time([&](int rep) { attention_decode(q, kv, tables[rep % s.copies], out, ao); });
+    cli::BenchRecord r;
+    r.bench = "attention";
+    r.case_name = cname;
+    r.bytes = bytes;
+    r.t = tm;
+    r.traffic = cli::Traffic::Read;
+    opt.report(r);
   }
-  const cli::Timing tm = opt.time([&](int rep) { attention_decode(q, kv, tables[rep % s.copies], out, ao); });
-  cli::BenchRecord r;
-  r.bench = "attention";
-  r.case_name = name;
-  r.bytes = bytes;
-  r.t = tm;
-  r.traffic = cli::Traffic::Read;
-  opt.report(r);
   opt.note(name + ": splits " + std::to_string(splits) + ", rotating " + std::to_string(s.copies) + " copies");
 }
 

@@ -81,6 +81,7 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
 }  // namespace attn
 
 void attention_paged(const PagedAttentionParams& p) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(p.device));
   require_arg(reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0,
               "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
   const int hd = p.layout.head_dim;

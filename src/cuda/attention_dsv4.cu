@@ -124,6 +124,7 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
 }  // namespace
 
 void attention_dsv4(const Dsv4AttentionParams& p) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(p.device));
   cudaStream_t stream = kvcore::cuda::native(p.stream);
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int gy = (p.n_heads + kHeadsPerCta - 1) / kHeadsPerCta;

@@ -148,6 +148,7 @@ void attention_dsv4_decode(const Dsv4AttentionArgs& a, const TensorRef& out) {
   p.out_row_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
   p.stream = a.stream;
+  p.device = dev.index;
 
   int32_t splits = a.num_splits;
   const bool automatic = splits == 0;

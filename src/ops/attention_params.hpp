@@ -54,8 +54,10 @@ struct PagedAttentionParams {
   QElem out_elem;
   int64_t out_row_stride, out_head_stride;
   int32_t num_splits;                 // >= 1
+  int32_t kernel_variant;             // CUDA: 0 auto, 1 register loads only, 2 cp.async pipeline where built
   float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial
+  int32_t device;                     // CUDA device index of every tensor
   Stream stream;
 };
 
@@ -139,6 +141,7 @@ struct Dsv4AttentionParams {
   int32_t num_splits;
   float* o_part;                 // [n_rows, n_heads, num_splits, 512]
   float* lse_part;               // [n_rows, n_heads, num_splits]
+  int32_t device;                // CUDA device index of every tensor
   Stream stream;
 };
 

@@ -28,12 +28,15 @@ void check_case(const CaseSpec& s, std::vector<int> splits = {0, 1, 5}) {
   const std::vector<float> cpu = run_op(c, Device::cpu());
   const std::vector<double> ref = reference(c);
   EXPECT_LE(max_rel_err(cpu, ref), tol(s));
-  for (int sp : splits) {
-    const std::vector<float> gpu = run_op(c, Device::cuda(0), sp);
+  for (int run = 0; run <= static_cast<int>(splits.size()); ++run) {
+    // every split count with the automatic kernel, then the register-load kernel once
+    const int sp = run < static_cast<int>(splits.size()) ? splits[run] : 0;
+    const int variant = run < static_cast<int>(splits.size()) ? 0 : 1;
+    const std::vector<float> gpu = run_op(c, Device::cuda(0), sp, nullptr, variant);
     const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
     worst_seen = std::max(worst_seen, e_ref);
     EXPECT_LE(e_cpu, tol(s)) << "vs CPU: kv " << dtype_name(s.kv) << " D " << s.head_dim << " heads " << s.n_q_heads
-                             << "/" << s.n_kv_heads << " splits " << sp;
+                             << "/" << s.n_kv_heads << " splits " << sp << " variant " << variant;
     EXPECT_LE(e_ref, tol(s)) << "vs f64: kv " << dtype_name(s.kv) << " D " << s.head_dim << " splits " << sp;
   }
 }

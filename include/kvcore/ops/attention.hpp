@@ -63,6 +63,9 @@ struct AttentionOptions {
   // this copies the tables to the host (a synchronization); engines that trust their tables
   // may turn it off. Shapes and dtypes are always checked.
   bool check_tables = true;
+  // CUDA tuning and testing: 0 automatic, 1 the register-load kernel, 2 the cp.async
+  // pipeline (built for head_dim 128 with 16-bit and FP8 pages; elsewhere 2 means 1).
+  int32_t kernel_variant = 0;
   Stream stream;
 };
 
