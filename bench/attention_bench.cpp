@@ -178,7 +178,8 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8) {
   ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
   ao.check_tables = false;
   ao.max_seq_cells = ctx;
-  const int32_t splits = attention_auto_splits(d, batch, kKvHeads, kQHeads, ctx);
+  const int32_t splits = std::max(attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 0),
+                                  attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 1));
   s.ws = Buffer(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
   ao.workspace = TensorRef(s.ws.data(), DType::U8, d, {static_cast<int64_t>(s.ws.size())});
   // The automatic kernel (the cp.async pipeline at this shape on CUDA) and, for comparison,

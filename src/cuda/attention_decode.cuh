@@ -85,6 +85,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
 }
+// Pull a line into L1 ahead of use (metadata read a few steps later by ordinary loads).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -186,6 +189,21 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
             for (int v = 0; v < S::kVpl; ++v) {
               cp_async16(&stage[(u * S::kVpl + v) * 32 + lane], kp + v * S::kLpr + li);
               cp_async16(&stage[((S::kUnroll + u) * S::kVpl + v) * 32 + lane], vp + v * S::kLpr + li);
+            }
+            // The metadata this step will read: in L1 by then.
+            if constexpr (KV == math::KvElem::E4M3) {
+              if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
+                const int64_t si = row_id * (HD / 64) + (li * S::kVec) / 64;
+                prefetch_l1(p.maybe_k_scale_u8 + si);
+                prefetch_l1(p.maybe_v_scale_u8 + si);
+              } else {
+                prefetch_l1(p.maybe_k_scale_f32 + row_id);
+                prefetch_l1(p.maybe_v_scale_f32 + row_id);
+              }
+            }
+            if (li == 0) {
+              if (p.maybe_valid) prefetch_l1(p.maybe_valid + cell);
+              if (p.maybe_positions) prefetch_l1(p.maybe_positions + cell);
             }
           }
         }
@@ -382,8 +400,9 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAtten
   decode_body<HD, KV, G, ASYNC>(p, sm, async_buf, row, split, kvh, chunk);
 }
 
+// Launch, or (blocks_per_sm != nullptr) only report how many CTAs of this kernel fit on an SM.
 template <int HD, math::KvElem KV, int G, bool ASYNC>
-void launch_paged(const PagedAttentionParams& p, int chunks, dim3 grid, cudaStream_t stream) {
+void launch_paged(const PagedAttentionParams& p, int chunks, dim3 grid, cudaStream_t stream, int* blocks_per_sm) {
   using S = DecodeShape<HD, KV, G>;
   const size_t dyn = ASYNC ? size_t{kWarps} * S::kStages * S::kStageVecs * 32 * sizeof(uint4) : 0;
   if constexpr (ASYNC) {
@@ -393,6 +412,11 @@ void launch_paged(const PagedAttentionParams& p, int chunks, dim3 grid, cudaStre
       return true;
     }();
     (void)once;
+  }
+  if (blocks_per_sm) {
+    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, paged_decode_kernel<HD, KV, G, ASYNC>,
+                                                                    kThreads, dyn));
+    return;
   }
   paged_decode_kernel<HD, KV, G, ASYNC><<<grid, kThreads, dyn, stream>>>(p, chunks);
   KVCORE_CUDA_CHECK_LAUNCH("paged_decode_kernel");
@@ -406,7 +430,8 @@ constexpr bool has_async() {
 
 // Instantiated per head_dim in attention_decode_d*.cu.
 template <int HD>
-void launch_paged_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream);
+void launch_paged_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream,
+                     int* blocks_per_sm = nullptr);
 
 // Heads per CTA: the largest value registers (q and accumulators: 2 * G * kEpl)
 // and shared memory (4 warps x G x head_dim floats) allow.

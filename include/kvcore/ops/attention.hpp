@@ -85,9 +85,10 @@ void attention_prefill(const TensorRef& q, const TensorRef& qo_indptr, const Pag
 // value given in AttentionOptions, or 0 to get the bound for the automatic choice).
 size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits = 0);
 
-// The split-K factor `num_splits = 0` resolves to (device-dependent).
-int32_t attention_auto_splits(Device device, int64_t batch, int64_t n_kv_heads, int64_t n_q_heads,
-                              int64_t max_seq_cells);
+// The split-K factor `num_splits = 0` resolves to (device-dependent: on CUDA it fills the
+// GPU in whole waves of the kernel chosen for this shape; max_seq_cells 0 = unknown).
+int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
+                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant = 0);
 
 // ---- DeepSeek-V4 sparse decode attention ----------------------------------------------
 // MQA with 64 query heads of 512 dims (any n_heads works); the key and the value are the same row.
