@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "attention_dsv4_util.hpp"
 #include "attention_test_util.hpp"
@@ -79,4 +81,39 @@ TEST(AttentionDsv4, BadInputsThrowNamingTheValueAndLeaveOutputUntouched) {
   a.q = TensorRef(g.q.data(), DType::F32, Device::cpu(), {c.rows, c.heads, 256});
   expect_error(a, "head_dim 512");
   for (size_t i = 0; i < g.out.size() / 4; ++i) ASSERT_EQ(o[i], 7.0f);
+}
+
+// HF transformers 5.17 DeepSeek-V4 attention (eager_attention_forward with sinks, then the
+// conjugate rotation of the output tail): tests/fixtures/make_attention_dsv4_fixture.py.
+TEST(AttentionDsv4, MatchesHfTransformersFixture) {
+  std::ifstream f(std::string(KVCORE_FIXTURE_DIR) + "/attn/dsv4_attention.json");
+  ASSERT_TRUE(f.good()) << "missing fixture attn/dsv4_attention.json";
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  const int H = doc["heads"], D = doc["head_dim"];
+  double worst = 0;
+  for (const auto& row : doc["rows"]) {
+    std::vector<float> q = row["q"].get<std::vector<float>>(), win = row["window"].get<std::vector<float>>(),
+                       sinks = row["sinks"].get<std::vector<float>>(), want = row["out"].get<std::vector<float>>();
+    std::vector<uint8_t> packed = row["packed"].get<std::vector<uint8_t>>();
+    std::vector<int32_t> idx = row["idx"].get<std::vector<int32_t>>();
+    std::vector<int32_t> wlen{row["window_len"].get<int32_t>()}, qpos{row["q_position"].get<int32_t>()};
+    const int64_t n_window = row["n_window"], n_comp = row["n_comp"], k = static_cast<int64_t>(idx.size());
+    Dsv4AttentionArgs a;
+    const Device cpu = Device::cpu();
+    a.q = TensorRef(q.data(), DType::F32, cpu, {1, H, D});
+    a.window_kv = TensorRef(win.data(), DType::F32, cpu, {1, n_window, D});
+    a.window_len = TensorRef(wlen.data(), DType::I32, cpu, {1});
+    a.comp_rows = TensorRef(packed.data(), DType::U8, cpu, {n_comp, 584});
+    a.comp_idx = TensorRef(idx.data(), DType::I32, cpu, {1, k});
+    a.sinks = TensorRef(sinks.data(), DType::F32, cpu, {H});
+    a.q_positions = TensorRef(qpos.data(), DType::I32, cpu, {1});
+    a.rope = RopeSpec::plain(64, doc["rope_theta"].get<double>(), RopePairing::Interleaved);
+    a.rope.slice = RopeSlice::Tail;
+    a.softmax_scale = doc["softmax_scale"].get<float>();
+    std::vector<float> got(want.size());
+    attention_dsv4_decode(a, TensorRef(got.data(), DType::F32, cpu, {1, H, D}));
+    worst = std::max(worst, attn_test::max_rel_err(got, want));
+  }
+  EXPECT_LE(worst, 2e-5);
+  std::printf("[attention] dsv4 vs HF transformers fixture: worst relative error %.3g\n", worst);
 }
