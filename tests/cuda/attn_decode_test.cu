@@ -207,3 +207,21 @@ TEST(AttnCuda, BadInputsThrowAndLeaveOutputUntouched) {
   EXPECT_THROW(attention_decode(g.q_ref, kv2, g.table, o, o3), Error);  // misaligned pool
   EXPECT_EQ(out.to_host<float>(), sentinel);
 }
+
+TEST(AttnCuda, ManySequencesMoreCtasThanTheGpuHolds) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (DType kv : {DType::F16, DType::E4M3}) {
+    CaseSpec s;
+    s.kv = kv;
+    s.head_dim = 128;
+    s.n_q_heads = 32;
+    s.n_kv_heads = 8;
+    std::mt19937 rng(3);
+    s.seq_cells.clear();
+    for (int b = 0; b < 72; ++b) s.seq_cells.push_back(50 + static_cast<int>(rng() % 350));
+    s.dead_rate = 0.05;
+    s.sinks = true;
+    s.seed = 900 + int(kv);
+    check_case(s, {0, 2});
+  }
+}
