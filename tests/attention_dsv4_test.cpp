@@ -117,3 +117,33 @@ TEST(AttentionDsv4, MatchesHfTransformersFixture) {
   EXPECT_LE(worst, 2e-5);
   std::printf("[attention] dsv4 vs HF transformers fixture: worst relative error %.3g\n", worst);
 }
+
+TEST(AttentionDsv4, WindowRingsFromAPoolByIndex) {
+  Case c;
+  c.rows = 3;
+  c.heads = 8;
+  c.k = 16;
+  fill(c);
+  const auto ref = reference(c);
+  // Pool of 5 rings; row r's window sits in ring idx[r]; the other rings are NaN.
+  const std::vector<int32_t> idx{4, 1, 2};
+  std::vector<float> pool(static_cast<size_t>(5) * c.n_window * kD, std::nanf(""));
+  for (int r = 0; r < c.rows; ++r)
+    std::copy(c.win32.begin() + static_cast<size_t>(r) * c.n_window * kD,
+              c.win32.begin() + static_cast<size_t>(r + 1) * c.n_window * kD,
+              pool.begin() + static_cast<size_t>(idx[r]) * c.n_window * kD);
+  Dev g;
+  upload(c, Device::cpu(), g);
+  std::vector<int32_t> wi = idx;
+  g.args.window_kv = TensorRef(pool.data(), DType::F32, Device::cpu(), {5, c.n_window, kD});
+  g.args.window_index = TensorRef(wi.data(), DType::I32, Device::cpu(), {c.rows});
+  attention_dsv4_decode(g.args, g.out_ref);
+  EXPECT_LE(attn_test::max_rel_err(g.out.to_host<float>(), ref), 1e-5);
+  wi[1] = 5;
+  try {
+    attention_dsv4_decode(g.args, g.out_ref);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("window_index[1] = 5"), std::string::npos) << e.what();
+  }
+}

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
         if (jk < p.n_window) {
           ok = jk < wlen;
           if (ok) {
-            const int64_t off = int64_t{row} * p.win_row_stride + int64_t{jk} * p.win_tok_stride + d;
+            const int64_t off = dsv4_window_base(p, row) + int64_t{jk} * p.win_tok_stride + d;
             x = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off])
                              : static_cast<const float*>(p.window_kv)[off];
           }

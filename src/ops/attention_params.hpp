@@ -126,6 +126,7 @@ struct Dsv4AttentionParams {
   int64_t win_row_stride, win_tok_stride;
   int32_t n_window;
   const int32_t* window_len;     // [n_rows]
+  const int32_t* maybe_window_index;  // [n_rows]: window_kv ring of each row (null: row r)
   const uint8_t* maybe_comp_rows;  // [n_comp, 584]
   int64_t comp_stride;           // bytes between packed rows (>= 584)
   const int32_t* maybe_comp_idx; // [n_rows, k]
@@ -144,6 +145,11 @@ struct Dsv4AttentionParams {
   int32_t device;                // CUDA device index of every tensor
   Stream stream;
 };
+
+// Element offset of row r's window rows in window_kv.
+KVCORE_HD int64_t dsv4_window_base(const Dsv4AttentionParams& p, int32_t r) {
+  return int64_t{p.maybe_window_index ? p.maybe_window_index[r] : r} * p.win_row_stride;
+}
 
 // Backends.
 namespace cpu {

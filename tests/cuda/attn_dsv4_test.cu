@@ -56,3 +56,26 @@ TEST(AttnCuda, Dsv4BadIndexThrowsAndLeavesOutput) {
   EXPECT_THROW(attention_dsv4_decode(g.args, g.out_ref), Error);
   EXPECT_EQ(g.out.to_host<float>(), sentinel);
 }
+
+TEST(AttnCuda, Dsv4WindowRingsFromAPool) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  Case c;
+  c.rows = 3;
+  c.heads = 64;
+  c.k = 64;
+  fill(c);
+  const auto ref = reference(c);
+  const std::vector<int32_t> idx{4, 1, 2};
+  std::vector<float> pool(static_cast<size_t>(5) * c.n_window * kD, std::nanf(""));
+  for (int r = 0; r < c.rows; ++r)
+    std::copy(c.win32.begin() + static_cast<size_t>(r) * c.n_window * kD,
+              c.win32.begin() + static_cast<size_t>(r + 1) * c.n_window * kD,
+              pool.begin() + static_cast<size_t>(idx[r]) * c.n_window * kD);
+  Dev g;
+  upload(c, Device::cuda(0), g);
+  Buffer bp = Buffer::from_host(pool, Device::cuda(0)), bi = Buffer::from_host(idx, Device::cuda(0));
+  g.args.window_kv = TensorRef(bp.data(), DType::F32, Device::cuda(0), {5, c.n_window, kD});
+  g.args.window_index = TensorRef(bi.data(), DType::I32, Device::cuda(0), {c.rows});
+  attention_dsv4_decode(g.args, g.out_ref);
+  EXPECT_LE(attn_test::max_rel_err(g.out.to_host<float>(), ref), 2e-5);
+}

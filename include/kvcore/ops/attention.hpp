@@ -99,7 +99,9 @@ int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads,
 // The output's last 64 dims are then rotated back by the query position (RoPE at -q_pos).
 struct Dsv4AttentionArgs {
   TensorRef q;           // [n_rows, n_heads, 512] f32/f16/bf16, RoPE applied at q_positions
-  TensorRef window_kv;   // [n_rows, n_window, 512] f32/f16 (row strides free), n_window <= 128
+  TensorRef window_kv;   // [n_rows, n_window, 512] f32/f16 (row strides free), n_window <= 128;
+                         // or a pool of rings [n_seqs, n_window, 512] with window_index
+  TensorRef window_index;  // optional i32 [n_rows]: which window_kv[i] each query reads (empty: row r reads [r])
   TensorRef window_len;  // i32 [n_rows]: live window rows, 0..n_window
   TensorRef comp_rows;   // u8 [n_comp, 584] packed rows (may be empty when comp_idx is)
   TensorRef comp_idx;    // i32 [n_rows, k]: row ids into comp_rows, -1 = none (may be empty)
