@@ -9,6 +9,14 @@
 // across row groups (shuffles) and warps (shared memory) at the end. The
 // result is a normalized partial (o, lse) per split; attention_merge (in
 // attention.cu) combines the splits, adds the sink and stores the output.
+//
+// Two ways to feed a step (a template flag): ASYNC = false loads K/V straight
+// into registers (__ldg, kUnroll cells per lane issued before any math);
+// ASYNC = true (head_dim 128, 16-bit and FP8 pages: the benchmarked shapes)
+// copies them with cp.async into a per-warp ring of kStages steps in shared
+// memory, kStages - 1 steps ahead of the math, and prefetches the step's
+// metadata (scales, valid, positions) into L1. AttentionOptions::kernel_variant
+// picks one for testing; both compute the same function.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
