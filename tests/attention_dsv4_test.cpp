@@ -14,14 +14,14 @@ TEST(AttentionDsv4, WindowPlusPicksPlusSinkWithInverseRope) {
   double worst = 0;
   for (bool f16 : {false, true}) {
     Case c;
-    c.rows = 3;
+    c.rows = 2;
     c.heads = 16;  // 64 in the model; 16 keeps the CPU test short
     c.k = 40;
     c.f16_window = f16;
     c.seed = f16 ? 2 : 1;
     fill(c);
     const auto ref = reference(c);
-    for (int splits : {0, 1, 5}) {
+    for (int splits : {1, 5}) {
       const double e = attn_test::max_rel_err(run(c, Device::cpu(), splits), ref);
       worst = std::max(worst, e);
       EXPECT_LE(e, 1e-5) << "f16 window " << f16 << " splits " << splits;
