@@ -55,8 +55,9 @@ void fill_tiled(Tiled& t, size_t bytes, Device d, bool fp8, uint64_t seed, size_
 
 struct PagedSetup {
   int64_t batch, ctx, copies, blocks_per_seq, num_blocks;
-  bool fp8;
+  bool fp8, rope;
   Tiled k, v, ks, vs;
+  Buffer pos, valid;  // rope-on-read cases: positions = index in the sequence, every cell live
   std::vector<std::vector<int32_t>> indices;  // per copy: [batch * blocks_per_seq]
   std::vector<Buffer> indices_dev;
   Buffer indptr, lpl, q, out, ws;
@@ -103,6 +104,14 @@ bool check_paged(PagedSetup& s, Device d, const PagedKV& kv, const BlockTable& t
   copy_bytes(go.data(), Device::cpu(), out.data(), d, go.size() * 4);
   AttentionOptions ho_opt;
   ho_opt.softmax_scale = opt.softmax_scale;
+  std::vector<int32_t> hpos(nb * kBlock);
+  std::vector<uint8_t> hvalid(nb * kBlock, 1);
+  if (s.rope) {
+    std::iota(hpos.begin(), hpos.end(), 0);
+    hkv.positions = TensorRef(hpos.data(), DType::I32, Device::cpu(), {nb, kBlock});
+    hkv.valid = TensorRef(hvalid.data(), DType::U8, Device::cpu(), {nb, kBlock});
+    ho_opt.rope_on_read = opt.rope_on_read;
+  }
   attention_decode(TensorRef(hq.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), hkv, ht,
                    TensorRef(ho.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), ho_opt);
   double err = 0, mx = 1e-6;
@@ -112,15 +121,16 @@ bool check_paged(PagedSetup& s, Device d, const PagedKV& kv, const BlockTable& t
   return ok;
 }
 
-void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8) {
-  const std::string name = std::string("llama8b_") + (fp8 ? "fp8" : "f16") + "_b" + std::to_string(batch) + "_ctx" +
-                           std::to_string(ctx);
+void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, bool rope = false) {
+  const std::string name = std::string("llama8b_") + (fp8 ? "fp8" : "f16") + (rope ? "_ropeonread" : "") + "_b" +
+                           std::to_string(batch) + "_ctx" + std::to_string(ctx);
   if (!opt.wants(name)) return;
   const Device d = opt.device;
   PagedSetup s;
   s.batch = batch;
   s.ctx = ctx;
   s.fp8 = fp8;
+  s.rope = rope;
   s.blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   const double bytes = kv_bytes(batch, ctx, fp8);
   s.copies = d.is_cuda() ? std::clamp<int64_t>(static_cast<int64_t>(std::ceil(4 * kL2Bytes / bytes)), 1, 64) : 1;
@@ -167,6 +177,17 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8) {
     kv.k_scale = TensorRef(s.ks.dev.data(), DType::UE8M0, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim / 64});
     kv.v_scale = TensorRef(s.vs.dev.data(), DType::UE8M0, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim / 64});
   }
+  if (rope) {  // block i of every sequence holds positions i * 16 .. i * 16 + 15
+    std::vector<int32_t> pos(s.num_blocks * kBlock);
+    for (int64_t c = 0; c < s.copies; ++c)
+      for (int64_t i = 0; i < per_copy; ++i)
+        for (int64_t t = 0; t < kBlock; ++t)
+          pos[s.indices[c][i] * kBlock + t] = static_cast<int32_t>((i % s.blocks_per_seq) * kBlock + t);
+    s.pos = Buffer::from_host(pos, d);
+    s.valid = Buffer::from_host(std::vector<uint8_t>(pos.size(), 1), d);
+    kv.positions = TensorRef(s.pos.data(), DType::I32, d, {s.num_blocks, kBlock});
+    kv.valid = TensorRef(s.valid.data(), DType::U8, d, {s.num_blocks, kBlock});
+  }
   std::vector<BlockTable> tables;
   for (int64_t c = 0; c < s.copies; ++c)
     tables.push_back({TensorRef(s.indptr.data(), DType::I32, d, {batch + 1}),
@@ -178,21 +199,30 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8) {
   ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
   ao.check_tables = false;
   ao.max_seq_cells = ctx;
-  const int32_t splits = attention_auto_splits(d, batch, kKvHeads, kQHeads, ctx);
+  if (rope) ao.rope_on_read = RopeSpec::llama3_8b();
+  const int32_t splits = std::max(attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 0),
+                                  attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 1));
   s.ws = Buffer(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
   ao.workspace = TensorRef(s.ws.data(), DType::U8, d, {static_cast<int64_t>(s.ws.size())});
-  if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
-    opt.note(name + ": result check failed, not timed");
-    return;
+  // The automatic kernel (the cp.async pipeline at this shape on CUDA) and, for comparison,
+  // the register-load kernel ("_regload").
+  for (int variant : {0, 1}) {
+    if (variant == 1 && !d.is_cuda()) break;
+    ao.kernel_variant = variant;
+    const std::string cname = name + (variant ? "_regload" : "");
+    if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
+      opt.note(cname + ": result check FAILED, not timed");
+      continue;
+    }
+    const cli::Timing tm = opt.time([&](int rep) { attention_decode(q, kv, tables[rep % s.copies], out, ao); });
+    cli::BenchRecord r;
+    r.bench = "attention";
+    r.case_name = cname;
+    r.bytes = bytes;
+    r.t = tm;
+    r.traffic = cli::Traffic::Read;
+    opt.report(r);
   }
-  const cli::Timing tm = opt.time([&](int rep) { attention_decode(q, kv, tables[rep % s.copies], out, ao); });
-  cli::BenchRecord r;
-  r.bench = "attention";
-  r.case_name = name;
-  r.bytes = bytes;
-  r.t = tm;
-  r.traffic = cli::Traffic::Read;
-  opt.report(r);
   opt.note(name + ": splits " + std::to_string(splits) + ", rotating " + std::to_string(s.copies) + " copies");
 }
 
@@ -306,6 +336,11 @@ KVCORE_BENCH(attention, "paged decode attention (Llama-3-8B, f16/FP8 pages) and 
         if (kv_bytes(b, c, fp8) > 40e9) continue;  // fits an H200 with room to spare
         bench_paged(opt, b, c, fp8);
       }
+  // Rope-on-read (keys rotated while read from their positions; valid bytes read too).
+  for (bool fp8 : {false, true}) {
+    if (!opt.quick && opt.device.is_cuda()) bench_paged(opt, 16, 8192, fp8, true), bench_paged(opt, 1, 32768, fp8, true);
+    else bench_paged(opt, 1, 1024, fp8, true);
+  }
   std::vector<int64_t> dctx{8192, 65536, 1048576};
   if (opt.quick || opt.device.is_cpu()) dctx = {8192};
   for (bool hca : {false, true})

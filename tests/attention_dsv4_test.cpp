@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "attention_dsv4_util.hpp"
 #include "attention_test_util.hpp"
@@ -12,14 +14,14 @@ TEST(AttentionDsv4, WindowPlusPicksPlusSinkWithInverseRope) {
   double worst = 0;
   for (bool f16 : {false, true}) {
     Case c;
-    c.rows = 3;
+    c.rows = 2;
     c.heads = 16;  // 64 in the model; 16 keeps the CPU test short
     c.k = 40;
     c.f16_window = f16;
     c.seed = f16 ? 2 : 1;
     fill(c);
     const auto ref = reference(c);
-    for (int splits : {0, 1, 5}) {
+    for (int splits : {1, 5}) {
       const double e = attn_test::max_rel_err(run(c, Device::cpu(), splits), ref);
       worst = std::max(worst, e);
       EXPECT_LE(e, 1e-5) << "f16 window " << f16 << " splits " << splits;
@@ -79,4 +81,69 @@ TEST(AttentionDsv4, BadInputsThrowNamingTheValueAndLeaveOutputUntouched) {
   a.q = TensorRef(g.q.data(), DType::F32, Device::cpu(), {c.rows, c.heads, 256});
   expect_error(a, "head_dim 512");
   for (size_t i = 0; i < g.out.size() / 4; ++i) ASSERT_EQ(o[i], 7.0f);
+}
+
+// HF transformers 5.17 DeepSeek-V4 attention (eager_attention_forward with sinks, then the
+// conjugate rotation of the output tail): tests/fixtures/make_attention_dsv4_fixture.py.
+TEST(AttentionDsv4, MatchesHfTransformersFixture) {
+  std::ifstream f(std::string(KVCORE_FIXTURE_DIR) + "/attn/dsv4_attention.json");
+  ASSERT_TRUE(f.good()) << "missing fixture attn/dsv4_attention.json";
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  const int H = doc["heads"], D = doc["head_dim"];
+  double worst = 0;
+  for (const auto& row : doc["rows"]) {
+    std::vector<float> q = row["q"].get<std::vector<float>>(), win = row["window"].get<std::vector<float>>(),
+                       sinks = row["sinks"].get<std::vector<float>>(), want = row["out"].get<std::vector<float>>();
+    std::vector<uint8_t> packed = row["packed"].get<std::vector<uint8_t>>();
+    std::vector<int32_t> idx = row["idx"].get<std::vector<int32_t>>();
+    std::vector<int32_t> wlen{row["window_len"].get<int32_t>()}, qpos{row["q_position"].get<int32_t>()};
+    const int64_t n_window = row["n_window"], n_comp = row["n_comp"], k = static_cast<int64_t>(idx.size());
+    Dsv4AttentionArgs a;
+    const Device cpu = Device::cpu();
+    a.q = TensorRef(q.data(), DType::F32, cpu, {1, H, D});
+    a.window_kv = TensorRef(win.data(), DType::F32, cpu, {1, n_window, D});
+    a.window_len = TensorRef(wlen.data(), DType::I32, cpu, {1});
+    a.comp_rows = TensorRef(packed.data(), DType::U8, cpu, {n_comp, 584});
+    a.comp_idx = TensorRef(idx.data(), DType::I32, cpu, {1, k});
+    a.sinks = TensorRef(sinks.data(), DType::F32, cpu, {H});
+    a.q_positions = TensorRef(qpos.data(), DType::I32, cpu, {1});
+    a.rope = RopeSpec::plain(64, doc["rope_theta"].get<double>(), RopePairing::Interleaved);
+    a.rope.slice = RopeSlice::Tail;
+    a.softmax_scale = doc["softmax_scale"].get<float>();
+    std::vector<float> got(want.size());
+    attention_dsv4_decode(a, TensorRef(got.data(), DType::F32, cpu, {1, H, D}));
+    worst = std::max(worst, attn_test::max_rel_err(got, want));
+  }
+  EXPECT_LE(worst, 2e-5);
+  std::printf("[attention] dsv4 vs HF transformers fixture: worst relative error %.3g\n", worst);
+}
+
+TEST(AttentionDsv4, WindowRingsFromAPoolByIndex) {
+  Case c;
+  c.rows = 3;
+  c.heads = 8;
+  c.k = 16;
+  fill(c);
+  const auto ref = reference(c);
+  // Pool of 5 rings; row r's window sits in ring idx[r]; the other rings are NaN.
+  const std::vector<int32_t> idx{4, 1, 2};
+  std::vector<float> pool(static_cast<size_t>(5) * c.n_window * kD, std::nanf(""));
+  for (int r = 0; r < c.rows; ++r)
+    std::copy(c.win32.begin() + static_cast<size_t>(r) * c.n_window * kD,
+              c.win32.begin() + static_cast<size_t>(r + 1) * c.n_window * kD,
+              pool.begin() + static_cast<size_t>(idx[r]) * c.n_window * kD);
+  Dev g;
+  upload(c, Device::cpu(), g);
+  std::vector<int32_t> wi = idx;
+  g.args.window_kv = TensorRef(pool.data(), DType::F32, Device::cpu(), {5, c.n_window, kD});
+  g.args.window_index = TensorRef(wi.data(), DType::I32, Device::cpu(), {c.rows});
+  attention_dsv4_decode(g.args, g.out_ref);
+  EXPECT_LE(attn_test::max_rel_err(g.out.to_host<float>(), ref), 1e-5);
+  wi[1] = 5;
+  try {
+    attention_dsv4_decode(g.args, g.out_ref);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("window_index[1] = 5"), std::string::npos) << e.what();
+  }
 }

@@ -325,11 +325,13 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
 }
 
 // Runs the op (decode or prefill as the case says) and returns the output as f32.
-inline std::vector<float> run_op(const HostCase& c, Device d, int num_splits = 0, DeviceCase* keep = nullptr) {
+inline std::vector<float> run_op(const HostCase& c, Device d, int num_splits = 0, DeviceCase* keep = nullptr,
+                                 int kernel_variant = 0) {
   DeviceCase local;
   DeviceCase& g = keep ? *keep : local;
   make_device_case(c, d, g);
   g.opt.num_splits = num_splits;
+  g.opt.kernel_variant = kernel_variant;
   const auto& s = c.spec;
   const int64_t n = int64_t{c.rows} * s.n_q_heads * s.head_dim;
   Buffer out(n * dtype_size(s.out), d);

@@ -19,7 +19,7 @@ constexpr int kTile = 16;
 bool load_key(const Dsv4AttentionParams& p, int32_t r, int32_t j, float* dst) {
   if (j < p.n_window) {
     if (j >= p.window_len[r]) return false;
-    const int64_t off = int64_t{r} * p.win_row_stride + int64_t{j} * p.win_tok_stride;
+    const int64_t off = dsv4_window_base(p, r) + int64_t{j} * p.win_tok_stride;
     for (int32_t d = 0; d < kD; ++d)
       dst[d] = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off + d])
                             : static_cast<const float*>(p.window_kv)[off + d];

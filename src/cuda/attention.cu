@@ -1,4 +1,5 @@
 // Host side of CUDA attention: kernel choice and grid, the split-K merge kernel.
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -80,16 +81,64 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
 
 }  // namespace attn
 
+namespace {
+
+// Query heads per CTA for this shape (a kernel template parameter).
+int heads_per_cta(int hd, math::KvElem kv, int group) {
+  const int gmax = attn::max_heads_per_cta(hd, kv);
+  if (group == 1) return 1;
+  if (gmax == 2) return 2;
+  if (group <= 4) return 4;
+  return gmax;
+}
+
+void dispatch_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream, int* blocks_per_sm) {
+  switch (p.layout.head_dim) {
+    case 64: return attn::launch_paged_hd<64>(p, G, chunks, grid, stream, blocks_per_sm);
+    case 128: return attn::launch_paged_hd<128>(p, G, chunks, grid, stream, blocks_per_sm);
+    case 256: return attn::launch_paged_hd<256>(p, G, chunks, grid, stream, blocks_per_sm);
+    case 512: return attn::launch_paged_hd<512>(p, G, chunks, grid, stream, blocks_per_sm);
+    default: throw Error(ErrorCode::NotSupported, detail::concat("attention: head_dim ", p.layout.head_dim));
+  }
+}
+
+}  // namespace
+
+int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
+                                int kernel_variant, int64_t max_seq_cells) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(device));
+  const int G = heads_per_cta(head_dim, kv, group);
+  const int chunks = (group + G - 1) / G;
+  PagedAttentionParams q{};
+  q.layout.head_dim = head_dim;
+  q.kv_elem = kv;
+  q.kernel_variant = kernel_variant;
+  int per_sm = 0;
+  dispatch_hd(q, G, chunks, dim3(), nullptr, &per_sm);
+  const int64_t slots = int64_t{std::max(per_sm, 1)} * sm_count(device);
+  const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
+  // At least 128 cells per split; at most 1024 splits.
+  const int64_t s_max = std::clamp<int64_t>(max_seq_cells > 0 ? (max_seq_cells + 127) / 128 : 1024, 1, 1024);
+  if (base < slots) return static_cast<int32_t>(std::clamp<int64_t>(slots / base, 1, s_max));  // one full wave
+  // Enough CTAs already: the fewest splits whose last wave is >= 90% full (CTAs of one
+  // batch take about the same time, so they run in waves).
+  int64_t best = 1;
+  double best_eff = 0;
+  for (int64_t s = 1; s <= std::min<int64_t>(8, s_max); ++s) {
+    const int64_t ctas = base * s;
+    const double eff = double(ctas) / double((ctas + slots - 1) / slots * slots);
+    if (eff > best_eff + 1e-9) best = s, best_eff = eff;
+    if (eff >= 0.9) return static_cast<int32_t>(s);
+  }
+  return static_cast<int32_t>(best);
+}
+
 void attention_paged(const PagedAttentionParams& p) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(p.device));
   require_arg(reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0,
               "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
   const int hd = p.layout.head_dim;
-  const int gmax = attn::max_heads_per_cta(hd, p.kv_elem);
-  int G;
-  if (p.group == 1) G = 1;
-  else if (gmax == 2) G = 2;
-  else if (p.group <= 4) G = 4;
-  else G = gmax;
+  const int G = heads_per_cta(hd, p.kv_elem, p.group);
   const int chunks = (p.group + G - 1) / G;
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
@@ -97,13 +146,7 @@ void attention_paged(const PagedAttentionParams& p) {
               ", kv heads x chunks ", gy, ")");
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
   cudaStream_t stream = kvcore::cuda::native(p.stream);
-  switch (hd) {
-    case 64: attn::launch_paged_hd<64>(p, G, chunks, grid, stream); break;
-    case 128: attn::launch_paged_hd<128>(p, G, chunks, grid, stream); break;
-    case 256: attn::launch_paged_hd<256>(p, G, chunks, grid, stream); break;
-    case 512: attn::launch_paged_hd<512>(p, G, chunks, grid, stream); break;
-    default: throw Error(ErrorCode::NotSupported, detail::concat("attention: head_dim ", hd));
-  }
+  dispatch_hd(p, G, chunks, grid, stream, nullptr);
   attn::MergeArgs m{};
   m.o_part = p.o_part;
   m.lse_part = p.lse_part;

@@ -9,6 +9,14 @@
 // across row groups (shuffles) and warps (shared memory) at the end. The
 // result is a normalized partial (o, lse) per split; attention_merge (in
 // attention.cu) combines the splits, adds the sink and stores the output.
+//
+// Two ways to feed a step (a template flag): ASYNC = false loads K/V straight
+// into registers (__ldg, kUnroll cells per lane issued before any math);
+// ASYNC = true (head_dim 128, 16-bit and FP8 pages: the benchmarked shapes)
+// copies them with cp.async into a per-warp ring of kStages steps in shared
+// memory, kStages - 1 steps ahead of the math, and prefetches the step's
+// metadata (scales, valid, positions) into L1. AttentionOptions::kernel_variant
+// picks one for testing; both compute the same function.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,6 +44,9 @@ struct DecodeShape {
   static constexpr int kUnrollBase = kVpl >= 4 ? 1 : 4 / kVpl;
   static constexpr int kUnroll = (G * kEpl >= 64 && kUnrollBase > 1) ? kUnrollBase / 2 : kUnrollBase;
   static constexpr int kStep = kRpw * kUnroll;                      // cells per warp step
+  static constexpr int kStageVecs = 2 * kUnroll * kVpl;             // 16-byte chunks per lane per step (K and V)
+  static constexpr int kStagesRaw = 12288 / (kStageVecs * 512);      // ~12 KB of copies in flight per warp
+  static constexpr int kStages = kStagesRaw < 2 ? 2 : kStagesRaw > 4 ? 4 : kStagesRaw;
   // Dim of element e of vector v held by lane li of a row group.
   static constexpr __device__ int dim(int v, int li, int e) { return (v * kLpr + li) * kVec + e; }
 };
@@ -78,6 +89,19 @@ __device__ __forceinline__ void dequant16(const uint4& raw, float* out) {
   }
 }
 
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+// Pull a line into L1 ahead of use (metadata read a few steps later by ordinary loads).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 template <int HD, int G, int EPL>
 struct DecodeSmem {
   float q[G][HD];
@@ -87,9 +111,9 @@ struct DecodeSmem {
   float freq[math::RopeTable::kMaxPairs];
 };
 
-template <int HD, math::KvElem KV, int G>
+template <int HD, math::KvElem KV, int G, bool ASYNC>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, DecodeSmem<HD, G, DecodeShape<HD, KV, G>::kEpl>& sm,
-                                            int row, int split, int kvh, int chunk) {
+                                            uint4* async_buf, int row, int split, int kvh, int chunk) {
   using S = DecodeShape<HD, KV, G>;
   constexpr int E = S::kEpl;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -149,12 +173,71 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
   const int bs_shift = __ffs(bs) - 1;
   const float mag = p.rope.attention_factor;
 
-  for (int base = range.begin + warp * S::kStep; base < range.end; base += kWarps * S::kStep) {
+  // Steps of this warp: cells from base(i) = range.begin + (i * kWarps + warp) * kStep.
+  const int span = range.end - range.begin - warp * S::kStep;
+  const int n_steps = span > 0 ? (span + kWarps * S::kStep - 1) / (kWarps * S::kStep) : 0;
+  // ASYNC: every lane copies its own 16-byte chunks of step i into stage i % kStages with
+  // cp.async, kStages - 1 steps ahead, and reads back only what it copied (no warp sync).
+  auto stage_ptr = [&](int i) { return async_buf + (warp * S::kStages + i % S::kStages) * S::kStageVecs * 32; };
+  auto issue = [&](int i) {
+    if constexpr (ASYNC) {
+      if (i < n_steps) {
+        const int base = range.begin + (i * kWarps + warp) * S::kStep;
+        uint4* stage = stage_ptr(i);
+#pragma unroll
+        for (int u = 0; u < S::kUnroll; ++u) {
+          const int j = base + u * S::kRpw + rs;
+          if (j < range.end) {
+            const int blk = blocks[pow2_bs ? j >> bs_shift : j / bs];
+            const int64_t cell = int64_t{blk} * bs + (pow2_bs ? j & (bs - 1) : j % bs);
+            const int64_t row_id = cell * n_kv + kvh;
+            const uint4* kp = reinterpret_cast<const uint4*>(kbase + row_id * HD * S::kBytes);
+            const uint4* vp = reinterpret_cast<const uint4*>(vbase + row_id * HD * S::kBytes);
+#pragma unroll
+            for (int v = 0; v < S::kVpl; ++v) {
+              cp_async16(&stage[(u * S::kVpl + v) * 32 + lane], kp + v * S::kLpr + li);
+              cp_async16(&stage[((S::kUnroll + u) * S::kVpl + v) * 32 + lane], vp + v * S::kLpr + li);
+            }
+            // The metadata this step will read: in L1 by then.
+            if constexpr (KV == math::KvElem::E4M3) {
+              if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
+                const int64_t si = row_id * (HD / 64) + (li * S::kVec) / 64;
+                prefetch_l1(p.maybe_k_scale_u8 + si);
+                prefetch_l1(p.maybe_v_scale_u8 + si);
+              } else {
+                prefetch_l1(p.maybe_k_scale_f32 + row_id);
+                prefetch_l1(p.maybe_v_scale_f32 + row_id);
+              }
+            }
+            if (li == 0) {
+              if (p.maybe_valid) prefetch_l1(p.maybe_valid + cell);
+              if (p.maybe_positions) prefetch_l1(p.maybe_positions + cell);
+            }
+          }
+        }
+      }
+      cp_async_commit();  // one group per step, empty or not, so wait counts stay exact
+    }
+  };
+  if constexpr (ASYNC) {
+#pragma unroll
+    for (int i = 0; i < S::kStages - 1; ++i) issue(i);
+  }
+  (void)issue;
+  (void)stage_ptr;
+
+  for (int i = 0; i < n_steps; ++i) {
+    const int base = range.begin + (i * kWarps + warp) * S::kStep;
+    if constexpr (ASYNC) {
+      issue(i + S::kStages - 1);
+      cp_async_wait<S::kStages - 1>();  // step i's group has landed
+    }
+    const uint4* stage = ASYNC ? stage_ptr(i) : nullptr;
     uint4 kraw[S::kUnroll][S::kVpl], vraw[S::kUnroll][S::kVpl];
     float ksc[S::kUnroll], vsc[S::kUnroll];
     int kpos[S::kUnroll];
     bool vis[S::kUnroll];
-    // ---- issue every load of this step first
+    // ---- this step's cells (sync: issue every load of the step first)
 #pragma unroll
     for (int u = 0; u < S::kUnroll; ++u) {
       const int j = base + u * S::kRpw + rs;
@@ -170,12 +253,20 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
         vis[u] = attention_cell_visible(p, cell, q_pos);
         if (vis[u]) {
           const int64_t row_id = cell * n_kv + kvh;
-          const uint4* kp = reinterpret_cast<const uint4*>(kbase + row_id * HD * S::kBytes);
-          const uint4* vp = reinterpret_cast<const uint4*>(vbase + row_id * HD * S::kBytes);
+          if constexpr (ASYNC) {
 #pragma unroll
-          for (int v = 0; v < S::kVpl; ++v) {
-            kraw[u][v] = __ldg(kp + v * S::kLpr + li);
-            vraw[u][v] = __ldg(vp + v * S::kLpr + li);
+            for (int v = 0; v < S::kVpl; ++v) {
+              kraw[u][v] = stage[(u * S::kVpl + v) * 32 + lane];
+              vraw[u][v] = stage[((S::kUnroll + u) * S::kVpl + v) * 32 + lane];
+            }
+          } else {
+            const uint4* kp = reinterpret_cast<const uint4*>(kbase + row_id * HD * S::kBytes);
+            const uint4* vp = reinterpret_cast<const uint4*>(vbase + row_id * HD * S::kBytes);
+#pragma unroll
+            for (int v = 0; v < S::kVpl; ++v) {
+              kraw[u][v] = __ldg(kp + v * S::kLpr + li);
+              vraw[u][v] = __ldg(vp + v * S::kLpr + li);
+            }
           }
           if constexpr (KV == math::KvElem::E4M3) {
             if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
@@ -260,6 +351,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
     }
   }
 
+  if constexpr (ASYNC) cp_async_wait<0>();
+
   // ---- merge the row groups of this warp
 #pragma unroll
   for (int off = S::kLpr; off < 32; off <<= 1) {
@@ -306,23 +399,47 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
   }
 }
 
-template <int HD, math::KvElem KV, int G>
+template <int HD, math::KvElem KV, int G, bool ASYNC>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAttentionParams p, int chunks) {
   __shared__ DecodeSmem<HD, G, DecodeShape<HD, KV, G>::kEpl> sm;
+  extern __shared__ uint4 async_buf[];  // ASYNC: [kWarps][kStages][kStageVecs][32 lanes]
   const int row = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
   const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
-  decode_body<HD, KV, G>(p, sm, row, split, kvh, chunk);
+  decode_body<HD, KV, G, ASYNC>(p, sm, async_buf, row, split, kvh, chunk);
 }
 
-template <int HD, math::KvElem KV, int G>
-void launch_paged(const PagedAttentionParams& p, int chunks, dim3 grid, cudaStream_t stream) {
-  paged_decode_kernel<HD, KV, G><<<grid, kThreads, 0, stream>>>(p, chunks);
+// Launch, or (blocks_per_sm != nullptr) only report how many CTAs of this kernel fit on an SM.
+template <int HD, math::KvElem KV, int G, bool ASYNC>
+void launch_paged(const PagedAttentionParams& p, int chunks, dim3 grid, cudaStream_t stream, int* blocks_per_sm) {
+  using S = DecodeShape<HD, KV, G>;
+  const size_t dyn = ASYNC ? size_t{kWarps} * S::kStages * S::kStageVecs * 32 * sizeof(uint4) : 0;
+  if constexpr (ASYNC) {
+    static const bool once = [&] {
+      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<HD, KV, G, ASYNC>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn)));
+      return true;
+    }();
+    (void)once;
+  }
+  if (blocks_per_sm) {
+    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, paged_decode_kernel<HD, KV, G, ASYNC>,
+                                                                    kThreads, dyn));
+    return;
+  }
+  paged_decode_kernel<HD, KV, G, ASYNC><<<grid, kThreads, dyn, stream>>>(p, chunks);
   KVCORE_CUDA_CHECK_LAUNCH("paged_decode_kernel");
+}
+
+// Head dims and formats that also get the cp.async pipeline (the benchmarked shapes).
+template <int HD, math::KvElem KV>
+constexpr bool has_async() {
+  return HD == 128 && KV != math::KvElem::F32;
 }
 
 // Instantiated per head_dim in attention_decode_d*.cu.
 template <int HD>
-void launch_paged_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream);
+void launch_paged_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream,
+                     int* blocks_per_sm = nullptr);
 
 // Heads per CTA: the largest value registers (q and accumulators: 2 * G * kEpl)
 // and shared memory (4 warps x G x head_dim floats) allow.

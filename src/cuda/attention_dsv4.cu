@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
         if (jk < p.n_window) {
           ok = jk < wlen;
           if (ok) {
-            const int64_t off = int64_t{row} * p.win_row_stride + int64_t{jk} * p.win_tok_stride + d;
+            const int64_t off = dsv4_window_base(p, row) + int64_t{jk} * p.win_tok_stride + d;
             x = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off])
                              : static_cast<const float*>(p.window_kv)[off];
           }
@@ -124,6 +124,7 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
 }  // namespace
 
 void attention_dsv4(const Dsv4AttentionParams& p) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(p.device));
   cudaStream_t stream = kvcore::cuda::native(p.stream);
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int gy = (p.n_heads + kHeadsPerCta - 1) / kHeadsPerCta;

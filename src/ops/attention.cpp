@@ -25,9 +25,22 @@ size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head
   return static_cast<size_t>(parts * head_dim + parts) * sizeof(float);
 }
 
-int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads,
-                              int64_t max_seq_cells) {
+int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
+                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant) {
   const int64_t group = n_kv_heads > 0 ? std::max<int64_t>(1, n_q_heads / n_kv_heads) : 1;
+#if KVCORE_WITH_CUDA
+  if (device.is_cuda() && (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512)) {
+    const math::KvElem kv = kv_dtype == DType::F32    ? math::KvElem::F32
+                            : kv_dtype == DType::F16  ? math::KvElem::F16
+                            : kv_dtype == DType::BF16 ? math::KvElem::BF16
+                                                      : math::KvElem::E4M3;
+    return ops::cuda::attention_choose_splits(device.index, n_rows, static_cast<int>(n_kv_heads), static_cast<int>(group),
+                                              static_cast<int>(head_dim), kv, kernel_variant, max_seq_cells);
+  }
+#endif
+  (void)head_dim;
+  (void)kv_dtype;
+  (void)kernel_variant;
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * ((group + 7) / 8));
   int64_t target;
   int64_t min_chunk;
@@ -196,7 +209,21 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   p.out_row_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
   p.stream = opt.stream;
+  p.device = dev.index;
+  require_arg(opt.kernel_variant >= 0 && opt.kernel_variant <= 2, op, ": kernel_variant must be 0, 1 or 2, got ",
+              opt.kernel_variant);
+  p.kernel_variant = opt.kernel_variant;
   (void)num_blocks;
+}
+
+DType q_kv_dtype(const ops::PagedAttentionParams& p) {
+  switch (p.kv_elem) {
+    case math::KvElem::F32: return DType::F32;
+    case math::KvElem::F16: return DType::F16;
+    case math::KvElem::BF16: return DType::BF16;
+    case math::KvElem::E4M3: return DType::E4M3;
+  }
+  return DType::F16;
 }
 
 void run(const char* op, Validated& v, const TensorRef& q, const AttentionOptions& opt) {
@@ -207,7 +234,9 @@ void run(const char* op, Validated& v, const TensorRef& q, const AttentionOption
   int32_t splits = opt.num_splits;
   const bool automatic = splits == 0;
   int64_t cells_for_split = v.max_seq_cells > 0 ? v.max_seq_cells : opt.max_seq_cells;
-  if (automatic) splits = attention_auto_splits(dev, p.n_rows, p.layout.n_kv_heads, p.n_q_heads, cells_for_split);
+  if (automatic)
+    splits = attention_auto_splits(dev, p.n_rows, p.layout.n_kv_heads, p.n_q_heads, head_dim, q_kv_dtype(p),
+                                   cells_for_split, p.kernel_variant);
   Buffer owned;
   std::byte* ws = nullptr;
   if (!opt.workspace.empty()) {

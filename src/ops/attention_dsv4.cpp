@@ -58,7 +58,8 @@ void attention_dsv4_decode(const Dsv4AttentionArgs& a, const TensorRef& out) {
   require_arg(a.window_kv.dtype() == DType::F32 || a.window_kv.dtype() == DType::F16, kOp,
               ": window_kv must be f32 or f16, got ", dtype_name(a.window_kv.dtype()));
   checks::same_device(kOp, "q", a.q, "window_kv", a.window_kv);
-  checks::size_is(kOp, "window_kv", a.window_kv, 0, n_rows);
+  if (a.window_index.empty()) checks::size_is(kOp, "window_kv", a.window_kv, 0, n_rows);
+  else check_i32_vector(a.window_index, "window_index", n_rows, dev);
   checks::size_is(kOp, "window_kv", a.window_kv, 2, kDim);
   checks::innermost_contiguous(kOp, "window_kv", a.window_kv);
   checks::non_negative_strides(kOp, "window_kv", a.window_kv);
@@ -104,6 +105,12 @@ void attention_dsv4_decode(const Dsv4AttentionArgs& a, const TensorRef& out) {
   const math::RopeTable rope = make_rope_table(a.rope, static_cast<int>(kDim));  // validates the spec
 
   if (dev.is_cpu() || a.check_indices) {
+    if (!a.window_index.empty()) {
+      const std::vector<int32_t> wi = ops::attn::host_i32(a.window_index);
+      for (int64_t r = 0; r < n_rows; ++r)
+        require_arg(wi[r] >= 0 && wi[r] < a.window_kv.size(0), kOp, ": window_index[", r, "] = ", wi[r],
+                    " must be in [0, ", a.window_kv.size(0), ")");
+    }
     const std::vector<int32_t> wl = ops::attn::host_i32(a.window_len);
     for (int64_t r = 0; r < n_rows; ++r)
       require_arg(wl[r] >= 0 && wl[r] <= n_window, kOp, ": window_len[", r, "] = ", wl[r], " must be in [0, ", n_window,
@@ -134,6 +141,7 @@ void attention_dsv4_decode(const Dsv4AttentionArgs& a, const TensorRef& out) {
   p.win_tok_stride = a.window_kv.stride(1);
   p.n_window = static_cast<int32_t>(n_window);
   p.window_len = a.window_len.data_as<const int32_t>();
+  p.maybe_window_index = a.window_index.empty() ? nullptr : a.window_index.data_as<const int32_t>();
   p.maybe_comp_rows = k > 0 ? a.comp_rows.data_as<const uint8_t>() : nullptr;
   p.comp_stride = k > 0 ? a.comp_rows.stride(0) : 0;
   p.maybe_comp_idx = k > 0 ? a.comp_idx.data_as<const int32_t>() : nullptr;
@@ -148,6 +156,7 @@ void attention_dsv4_decode(const Dsv4AttentionArgs& a, const TensorRef& out) {
   p.out_row_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
   p.stream = a.stream;
+  p.device = dev.index;
 
   int32_t splits = a.num_splits;
   const bool automatic = splits == 0;

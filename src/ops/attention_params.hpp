@@ -54,8 +54,10 @@ struct PagedAttentionParams {
   QElem out_elem;
   int64_t out_row_stride, out_head_stride;
   int32_t num_splits;                 // >= 1
+  int32_t kernel_variant;             // CUDA: 0 auto, 1 register loads only, 2 cp.async pipeline where built
   float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial
+  int32_t device;                     // CUDA device index of every tensor
   Stream stream;
 };
 
@@ -124,6 +126,7 @@ struct Dsv4AttentionParams {
   int64_t win_row_stride, win_tok_stride;
   int32_t n_window;
   const int32_t* window_len;     // [n_rows]
+  const int32_t* maybe_window_index;  // [n_rows]: window_kv ring of each row (null: row r)
   const uint8_t* maybe_comp_rows;  // [n_comp, 584]
   int64_t comp_stride;           // bytes between packed rows (>= 584)
   const int32_t* maybe_comp_idx; // [n_rows, k]
@@ -139,8 +142,14 @@ struct Dsv4AttentionParams {
   int32_t num_splits;
   float* o_part;                 // [n_rows, n_heads, num_splits, 512]
   float* lse_part;               // [n_rows, n_heads, num_splits]
+  int32_t device;                // CUDA device index of every tensor
   Stream stream;
 };
+
+// Element offset of row r's window rows in window_kv.
+KVCORE_HD int64_t dsv4_window_base(const Dsv4AttentionParams& p, int32_t r) {
+  return int64_t{p.maybe_window_index ? p.maybe_window_index[r] : r} * p.win_row_stride;
+}
 
 // Backends.
 namespace cpu {
@@ -151,6 +160,9 @@ namespace cuda {
 void attention_paged(const PagedAttentionParams& p);
 void attention_dsv4(const Dsv4AttentionParams& p);
 int sm_count(int device);
+// Split-K factor that fills the device in whole waves (uses the kernel's occupancy).
+int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
+                                int kernel_variant, int64_t max_seq_cells);
 }  // namespace cuda
 
 }  // namespace kvcore::ops

@@ -28,12 +28,15 @@ void check_case(const CaseSpec& s, std::vector<int> splits = {0, 1, 5}) {
   const std::vector<float> cpu = run_op(c, Device::cpu());
   const std::vector<double> ref = reference(c);
   EXPECT_LE(max_rel_err(cpu, ref), tol(s));
-  for (int sp : splits) {
-    const std::vector<float> gpu = run_op(c, Device::cuda(0), sp);
+  for (int run = 0; run <= static_cast<int>(splits.size()); ++run) {
+    // every split count with the automatic kernel, then the register-load kernel once
+    const int sp = run < static_cast<int>(splits.size()) ? splits[run] : 0;
+    const int variant = run < static_cast<int>(splits.size()) ? 0 : 1;
+    const std::vector<float> gpu = run_op(c, Device::cuda(0), sp, nullptr, variant);
     const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
     worst_seen = std::max(worst_seen, e_ref);
     EXPECT_LE(e_cpu, tol(s)) << "vs CPU: kv " << dtype_name(s.kv) << " D " << s.head_dim << " heads " << s.n_q_heads
-                             << "/" << s.n_kv_heads << " splits " << sp;
+                             << "/" << s.n_kv_heads << " splits " << sp << " variant " << variant;
     EXPECT_LE(e_ref, tol(s)) << "vs f64: kv " << dtype_name(s.kv) << " D " << s.head_dim << " splits " << sp;
   }
 }
@@ -203,4 +206,22 @@ TEST(AttnCuda, BadInputsThrowAndLeaveOutputUntouched) {
   o3.check_tables = false;
   EXPECT_THROW(attention_decode(g.q_ref, kv2, g.table, o, o3), Error);  // misaligned pool
   EXPECT_EQ(out.to_host<float>(), sentinel);
+}
+
+TEST(AttnCuda, ManySequencesMoreCtasThanTheGpuHolds) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (DType kv : {DType::F16, DType::E4M3}) {
+    CaseSpec s;
+    s.kv = kv;
+    s.head_dim = 128;
+    s.n_q_heads = 32;
+    s.n_kv_heads = 8;
+    std::mt19937 rng(3);
+    s.seq_cells.clear();
+    for (int b = 0; b < 72; ++b) s.seq_cells.push_back(50 + static_cast<int>(rng() % 350));
+    s.dead_rate = 0.05;
+    s.sinks = true;
+    s.seed = 900 + int(kv);
+    check_case(s, {0, 2});
+  }
 }

@@ -63,6 +63,9 @@ struct AttentionOptions {
   // this copies the tables to the host (a synchronization); engines that trust their tables
   // may turn it off. Shapes and dtypes are always checked.
   bool check_tables = true;
+  // CUDA tuning and testing: 0 automatic, 1 the register-load kernel, 2 the cp.async
+  // pipeline (built for head_dim 128 with 16-bit and FP8 pages; elsewhere 2 means 1).
+  int32_t kernel_variant = 0;
   Stream stream;
 };
 
@@ -82,9 +85,10 @@ void attention_prefill(const TensorRef& q, const TensorRef& qo_indptr, const Pag
 // value given in AttentionOptions, or 0 to get the bound for the automatic choice).
 size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits = 0);
 
-// The split-K factor `num_splits = 0` resolves to (device-dependent).
-int32_t attention_auto_splits(Device device, int64_t batch, int64_t n_kv_heads, int64_t n_q_heads,
-                              int64_t max_seq_cells);
+// The split-K factor `num_splits = 0` resolves to (device-dependent: on CUDA it fills the
+// GPU in whole waves of the kernel chosen for this shape; max_seq_cells 0 = unknown).
+int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
+                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant = 0);
 
 // ---- DeepSeek-V4 sparse decode attention ----------------------------------------------
 // MQA with 64 query heads of 512 dims (any n_heads works); the key and the value are the same row.
@@ -95,7 +99,9 @@ int32_t attention_auto_splits(Device device, int64_t batch, int64_t n_kv_heads, 
 // The output's last 64 dims are then rotated back by the query position (RoPE at -q_pos).
 struct Dsv4AttentionArgs {
   TensorRef q;           // [n_rows, n_heads, 512] f32/f16/bf16, RoPE applied at q_positions
-  TensorRef window_kv;   // [n_rows, n_window, 512] f32/f16 (row strides free), n_window <= 128
+  TensorRef window_kv;   // [n_rows, n_window, 512] f32/f16 (row strides free), n_window <= 128;
+                         // or a pool of rings [n_seqs, n_window, 512] with window_index
+  TensorRef window_index;  // optional i32 [n_rows]: which window_kv[i] each query reads (empty: row r reads [r])
   TensorRef window_len;  // i32 [n_rows]: live window rows, 0..n_window
   TensorRef comp_rows;   // u8 [n_comp, 584] packed rows (may be empty when comp_idx is)
   TensorRef comp_idx;    // i32 [n_rows, k]: row ids into comp_rows, -1 = none (may be empty)
