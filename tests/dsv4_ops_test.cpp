@@ -41,20 +41,20 @@ TEST(Dsv4Math, Fp8NopeRoundTripMatchesExactReference) {
 TEST(Dsv4Math, Fp4CodecIsExactNearestEven) {
   const std::vector<double> grid = e2m1_grid();
   for (int c = 0; c < 16; ++c) {
-    const float v = math::dsv4_e2m1_decode(static_cast<uint8_t>(c));
-    EXPECT_EQ(math::dsv4_e2m1_decode(math::dsv4_e2m1_encode(v)), v) << "code " << c;
+    const float v = math::e2m1_decode(static_cast<uint8_t>(c));
+    EXPECT_EQ(math::e2m1_decode(math::e2m1_encode(v)), v) << "code " << c;
   }
   // Every f32 step between the grid points, ties included.
   for (float x = -7.0f; x <= 7.0f; x += 0.0625f) {
     const double want = grid_round(std::clamp<double>(x, -6, 6), grid);
-    EXPECT_EQ(static_cast<double>(math::dsv4_e2m1_decode(math::dsv4_e2m1_encode(x))), want) << x;
+    EXPECT_EQ(static_cast<double>(math::e2m1_decode(math::e2m1_encode(x))), want) << x;
   }
-  EXPECT_EQ(math::dsv4_e2m1_decode(math::dsv4_e2m1_encode(0.25f)), 0.0f);   // tie -> even code 0
-  EXPECT_EQ(math::dsv4_e2m1_decode(math::dsv4_e2m1_encode(0.75f)), 1.0f);   // tie -> even code 2
-  EXPECT_EQ(math::dsv4_e2m1_decode(math::dsv4_e2m1_encode(2.5f)), 2.0f);    // tie -> even code 4
-  EXPECT_EQ(math::dsv4_e2m1_decode(math::dsv4_e2m1_encode(5.0f)), 4.0f);    // tie -> even code 6
-  EXPECT_EQ(math::dsv4_e2m1_decode(math::dsv4_e2m1_encode(INFINITY)), 6.0f);
-  EXPECT_EQ(math::dsv4_e2m1_encode(NAN), 0);
+  EXPECT_EQ(math::e2m1_decode(math::e2m1_encode(0.25f)), 0.0f);   // tie -> even code 0
+  EXPECT_EQ(math::e2m1_decode(math::e2m1_encode(0.75f)), 1.0f);   // tie -> even code 2
+  EXPECT_EQ(math::e2m1_decode(math::e2m1_encode(2.5f)), 2.0f);    // tie -> even code 4
+  EXPECT_EQ(math::e2m1_decode(math::e2m1_encode(5.0f)), 4.0f);    // tie -> even code 6
+  EXPECT_EQ(math::e2m1_decode(math::e2m1_encode(INFINITY)), 6.0f);
+  EXPECT_EQ(math::e2m1_encode(NAN), 0x7);  // NaN -> +6, as CUDA's __nv_cvt_float_to_fp4 (shared fp4.hpp)
   // Block scales: 2^ceil(log2(amax / 6)).
   for (int trial = 0; trial < 30; ++trial) {
     std::vector<float> x = randn(128, 300 + trial, std::ldexp(1.0f, trial - 15));
@@ -74,12 +74,14 @@ TEST(Dsv4Math, HadamardIsTheOrthonormalSylvesterMatrix) {
     math::dsv4_hadamard(x.data(), n);
     for (int i = 0; i < n; ++i) EXPECT_NEAR(x[i], ref[i], 2e-6 * std::sqrt(double(n))) << n << " " << i;
   }
+  for (int n = 32; n <= 1024; n *= 2)  // the runtime-size scale is n^-0.5 rounded to f32
+    EXPECT_EQ(math::dsv4_hadamard_scale(n), static_cast<float>(1.0 / std::sqrt(double(n)))) << n;
 }
 
 TEST(Dsv4Math, PackedRowsDecodeToTheRoundTrip) {
   std::vector<float> row = randn(512, 7, 3.0f);
   std::vector<uint8_t> packed(math::Dsv4RowLayout::kBytes);
-  math::dsv4_pack_attention_row(row.data(), packed.data());
+  math::dsv4_row_pack(row.data(), packed.data());
   std::vector<float> rt = row;
   math::dsv4_fp8_round_trip_nope(rt.data(), 448);
   for (int d = 0; d < 512; ++d) {
@@ -93,6 +95,15 @@ TEST(Dsv4Math, PackedRowsDecodeToTheRoundTrip) {
   math::dsv4_pack_fp4_row(x.data(), 128, p4.data());
   math::dsv4_fp4_round_trip(x.data(), 128);
   for (int d = 0; d < 128; ++d) ASSERT_EQ(math::dsv4_unpack_fp4_value(p4.data(), 128, d), x[d]) << d;
+  // Non-finite inputs follow the shared codec: NaN -> +6 times the block scale, inf -> +-6 (finite amax sets the scale).
+  std::vector<float> y = randn(128, 9);
+  y[5] = NAN;
+  y[40] = -INFINITY;
+  math::dsv4_pack_fp4_row(y.data(), 128, p4.data());
+  math::dsv4_fp4_round_trip(y.data(), 128);
+  for (int d = 0; d < 128; ++d) ASSERT_EQ(math::dsv4_unpack_fp4_value(p4.data(), 128, d), y[d]) << d;
+  EXPECT_GT(y[5], 0.0f);
+  EXPECT_LT(y[40], 0.0f);
 }
 
 // ---- finalizer ----------------------------------------------------------------------------

@@ -62,7 +62,7 @@ void finish_row(const CompressorParams& p, int64_t w, float* buf) {
   if (p.rows_packed) {
     uint8_t* out = static_cast<uint8_t*>(p.rows) + w * p.rows_stride;
     if (p.kind == 0) {
-      math::dsv4_pack_attention_row(buf, out);
+      math::dsv4_row_pack(buf, out);
     } else {
       math::dsv4_hadamard(buf, p.head_dim);
       math::dsv4_pack_fp4_row(buf, p.head_dim, out);

@@ -82,7 +82,7 @@ __device__ inline void hadamard_smem(float* rows, int n, int count = 1) {
     }
     __syncthreads();
   }
-  const float s = math::dsv4_inv_sqrt_pow2(n);
+  const float s = math::dsv4_hadamard_scale(n);
   for (int i = threadIdx.x; i < n * count; i += blockDim.x) rows[i] = rows[i] * s;
   __syncthreads();
 }
@@ -94,14 +94,14 @@ __device__ inline void fp4_blocks(float* row, int n, uint8_t* maybe_packed) {
   for (int b = warp; b * 32 < n; b += n_warps) {
     const float v = row[b * 32 + lane];
     const float a = warp_max(math::finite_abs_max(0.0f, v));
-    const int k = math::dsv4_e2m1_scale_exponent(a);
+    const int k = math::e2m1_scale_exponent(a);
     if (maybe_packed) {
-      const uint8_t code = math::dsv4_e2m1_encode(v * math::pow2f(-k));
+      const uint8_t code = math::e2m1_encode_scaled(v, k);
       const uint8_t hi = static_cast<uint8_t>(__shfl_down_sync(0xffffffffu, code, 1));
       if ((lane & 1) == 0) maybe_packed[(b * 32 + lane) / 2] = static_cast<uint8_t>(code | (hi << 4));
       if (lane == 0) maybe_packed[n / 2 + b] = math::ue8m0_encode(k);
     } else {
-      row[b * 32 + lane] = math::dsv4_e2m1_round_trip(v, k);
+      row[b * 32 + lane] = math::e2m1_round_trip(v, k);
     }
   }
 }
