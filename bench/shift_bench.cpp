@@ -8,8 +8,10 @@
 // against the CPU op (V bytes identical, K within one ulp) and the seed port
 // against the CPU op (within two f16 ulps).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -239,6 +241,33 @@ void run_case(BenchOptions& opt, const Case& c) {
   const cli::Timing t = opt.time([&](int) { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
 #if KVCORE_WITH_CUDA
   if (seed_applies) seed_t = opt.time([&](int) { seed_run(); });
+  // Host time of one call (validation, plan, enqueue): it is inside every timing above.
+  if (dev.is_cuda()) {
+    std::vector<double> host_us;
+    for (int i = 0; i < 5; ++i) {
+      synchronize(dev);
+      const auto h0 = std::chrono::steady_clock::now();
+      shift_dense(layers, c.length, c.n_keep, c.n_discard);
+      host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
+    }
+    synchronize(dev);
+    std::sort(host_us.begin(), host_us.end());
+    opt.note(c.name + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us[2]) + " us");
+  }
+  // The other kernel on the same data in the same run (src/cuda/shift.cu: the default is the
+  // pipelined kernel, except for FP8 keys), forced through KVCORE_SHIFT_KERNEL.
+  std::optional<cli::Timing> other_t;
+  const char* other = c.fmt == Case::Fp8 ? "pipelined" : "single";
+  if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL")) {
+    setenv("KVCORE_SHIFT_KERNEL", other, 1);
+    upload();
+    shift_dense(layers, c.length, c.n_keep, c.n_discard);
+    synchronize(dev);
+    verify(other, false);
+    opt.note(c.name + ": the " + other + " kernel's results verified against the CPU op");
+    other_t = opt.time([&](int) { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
+    unsetenv("KVCORE_SHIFT_KERNEL");
+  }
 #endif
   cli::BenchRecord r;
   r.bench = "shift";
@@ -251,6 +280,13 @@ void run_case(BenchOptions& opt, const Case& c) {
     r.baseline_t = seed_t;
   }
   opt.report(r);
+#if KVCORE_WITH_CUDA
+  if (other_t) {
+    r.case_name = c.name + "_" + other + "_kernel";
+    r.t = *other_t;
+    opt.report(r);
+  }
+#endif
 }
 
 }  // namespace
