@@ -149,6 +149,24 @@ TEST(ShiftCuda, SingleBufferKernelStillAgrees) {
   ASSERT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0);
 }
 
+// FP8 keys default to the single-buffer kernel; the pipelined one must agree too.
+TEST(ShiftCuda, PipelinedKernelWithFp8Keys) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  ASSERT_EQ(setenv("KVCORE_SHIFT_KERNEL", "pipelined", 1), 0);
+  LayerSpec f;
+  f.form = KForm::Fp8;
+  f.heads = 3;
+  f.head_dim = 128;
+  f.rope = RopeSpec::plain(128, 10000.0);
+  run_both({f, f}, 400, 399, 4, 33, 105);   // many bands
+  run_both({f}, 400, 400, 4, 198, 106);     // one band: tiles dealt statically
+  f.head_dim = 512;
+  f.heads = 1;
+  f.rope = RopeSpec::deepseek_v4_compressed();
+  run_both({f}, 200, 200, 0, 150, 107);
+  ASSERT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0);
+}
+
 TEST(ShiftCuda, HeadDimsDtypesAndStrides) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 20;
