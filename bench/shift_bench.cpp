@@ -8,8 +8,10 @@
 // against the CPU op (V bytes identical, K within one ulp) and the seed port
 // against the CPU op (within two f16 ulps).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -140,7 +142,8 @@ Cmp compare16(const std::vector<uint8_t>& a, const std::vector<uint8_t>& ref, in
   return {beyond, se, sr};
 }
 
-void run_case(BenchOptions& opt, const Case& c) {
+// Cases (and kernel variants) whose results failed their check.
+void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed) {
   if (!opt.wants(c.name)) return;
   const Device dev = opt.device;
   const int64_t n_moved = c.length - c.n_keep - c.n_discard;
@@ -230,27 +233,74 @@ void run_case(BenchOptions& opt, const Case& c) {
     std::swap(vr, vs);
   }
 #endif
-  upload();
-  shift_dense(layers, c.length, c.n_keep, c.n_discard);
-  synchronize(dev);
-  verify("kvcore", false);
-  opt.note(c.name + ": results verified against the CPU op");
-
-  const cli::Timing t = opt.time([&](int) { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
+  // One kernel variant (nullptr: the default; else KVCORE_SHIFT_KERNEL's value): checked on
+  // fresh data, then timed. A variant that fails its check is named on stderr and not timed;
+  // the case goes on with the other variant and the bench fails at the end.
+  auto run_variant = [&](const char* kernel) -> std::optional<cli::Timing> {
+    const std::string who = kernel ? std::string("the ") + kernel + " kernel" : std::string("kvcore");
+#if KVCORE_WITH_CUDA
+    if (kernel) setenv("KVCORE_SHIFT_KERNEL", kernel, 1);
+#endif
+    std::optional<cli::Timing> out;
+    try {
+      upload();
+      shift_dense(layers, c.length, c.n_keep, c.n_discard);
+      synchronize(dev);
+      verify(who.c_str(), false);
+      opt.note(c.name + ": " + who + " results verified against the CPU op");
+      out = opt.time([&](int) { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::Corrupt) throw;
+      std::fprintf(stderr, "[bench] %s: %s FAILED: %s\n", c.name.c_str(), who.c_str(), e.what());
+      failed.push_back(c.name + " (" + who + ")");
+    }
+#if KVCORE_WITH_CUDA
+    if (kernel) unsetenv("KVCORE_SHIFT_KERNEL");
+#endif
+    return out;
+  };
+  const std::optional<cli::Timing> t = run_variant(nullptr);
 #if KVCORE_WITH_CUDA
   if (seed_applies) seed_t = opt.time([&](int) { seed_run(); });
+  // Host time of one call (validation, plan, enqueue): it is inside every timing above.
+  if (dev.is_cuda()) {
+    std::vector<double> host_us;
+    for (int i = 0; i < 5; ++i) {
+      synchronize(dev);
+      const auto h0 = std::chrono::steady_clock::now();
+      shift_dense(layers, c.length, c.n_keep, c.n_discard);
+      host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
+    }
+    synchronize(dev);
+    std::sort(host_us.begin(), host_us.end());
+    opt.note(c.name + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us[2]) + " us");
+  }
+  // The other kernel on the same data in the same run (src/cuda/shift.cu: the default is the
+  // pipelined kernel, except for FP8 keys), forced through KVCORE_SHIFT_KERNEL.
+  std::optional<cli::Timing> other_t;
+  const char* other = c.fmt == Case::Fp8 ? "pipelined" : "single";
+  if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL")) other_t = run_variant(other);
 #endif
   cli::BenchRecord r;
   r.bench = "shift";
   r.case_name = c.name;
   r.bytes = bytes;
-  r.t = t;
   r.traffic = cli::Traffic::Copy;
   if (seed_t) {
     r.baseline = "seed_port";
     r.baseline_t = seed_t;
   }
-  opt.report(r);
+  if (t) {
+    r.t = *t;
+    opt.report(r);
+  }
+#if KVCORE_WITH_CUDA
+  if (other_t) {
+    r.case_name = c.name + "_" + other + "_kernel";
+    r.t = *other_t;
+    opt.report(r);
+  }
+#endif
 }
 
 }  // namespace
@@ -277,5 +327,9 @@ KVCORE_BENCH(shift, "context shift on a dense cache (shift_dense, all layers in 
     opt.note("shift on the CPU: only the 4k and 32k Llama cases (the 128k ones need 16 GB)");
     cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.length > 32768 || c.fmt != Case::F16; }), cases.end());
   }
-  for (const Case& c : cases) run_case(opt, c);
+  std::vector<std::string> failed;
+  for (const Case& c : cases) run_case(opt, c, failed);
+  std::string list;
+  for (const std::string& f : failed) list += (list.empty() ? "" : ", ") + f;
+  require(failed.empty(), ErrorCode::Corrupt, "bench shift: results differ from the CPU op in ", list);
 }

@@ -110,6 +110,25 @@ TEST(ShiftDense, ManyLayersWithPerLayerThetaInOneCall) {
   run_and_check(specs, {45, 44, 4, 6});
 }
 
+// The entry point makes one RoPE table (and cos/sin) per run of equal specs; any
+// difference (theta, head_dim, freq_factors, pairing) must give the layer its own.
+TEST(ShiftDense, RepeatedAndAlternatingSpecsShareTablesOnlyWhenEqual) {
+  const RopeSpec a = RopeSpec::plain(64, 10000.0);
+  RopeSpec f = a;
+  f.freq_factors.assign(32, 1.0f);
+  f.freq_factors[5] = 8.0f;
+  RopeSpec i = a;
+  i.pairing = RopePairing::Interleaved;
+  std::vector<LayerSpec> specs = {plain(DType::F16, DType::F16, 2, 64, a),  plain(DType::F16, DType::F16, 2, 64, a),
+                                  plain(DType::F16, std::nullopt, 2, 64, RopeSpec::plain(64, 500000.0)),
+                                  plain(DType::BF16, DType::F16, 2, 64, a), plain(DType::F16, DType::F16, 2, 64, f),
+                                  plain(DType::F16, DType::F16, 2, 64, a),  plain(DType::F16, DType::F16, 1, 128, a),
+                                  plain(DType::F16, DType::F16, 2, 64, i),  plain(DType::F16, DType::F16, 2, 64, i),
+                                  plain(DType::F16, DType::F16, 2, 64, a)};
+  specs[6].v_head_dim = 128;
+  run_and_check(specs, {50, 50, 3, 20});
+}
+
 TEST(ShiftDense, StridedRowsAndOwnVHeadDim) {
   LayerSpec s = plain(DType::F16, DType::BF16, 2, 64, RopeSpec::plain(64, 10000.0));
   s.v_head_dim = 48;

@@ -25,11 +25,14 @@ void check_row_strides(const std::string& name, const TensorRef& t, int64_t n_he
   checks::not_null(op, name, t);
   checks::non_negative_strides(op, name, t);
   checks::innermost_contiguous(op, name, t);
-  if (t.ndim() == 3)
-    require_arg(t.size(1) <= 1 || t.stride(1) == row_elems / n_heads, "shift: ", name, ".stride[1] must be ",
-                row_elems / n_heads, " (heads packed in a token), got ", t.stride(1), " for ", t.describe());
-  require_arg(t.size(0) <= 1 || t.stride(0) >= row_elems, "shift: ", name, ".stride[0] = ", t.stride(0),
-              " is smaller than one token's ", row_elems, " elements: rows would overlap in ", t.describe());
+  // Messages are built only on failure: a call validates every layer, and describe() strings
+  // for 32-64 tensors would cost more host time than a small shift takes on the GPU.
+  if (t.ndim() == 3 && !(t.size(1) <= 1 || t.stride(1) == row_elems / n_heads))
+    require_arg(false, "shift: ", name, ".stride[1] must be ", row_elems / n_heads, " (heads packed in a token), got ",
+                t.stride(1), " for ", t.describe());
+  if (!(t.size(0) <= 1 || t.stride(0) >= row_elems))
+    require_arg(false, "shift: ", name, ".stride[0] = ", t.stride(0), " is smaller than one token's ", row_elems,
+                " elements: rows would overlap in ", t.describe());
 }
 
 struct KInfo {
@@ -38,22 +41,46 @@ struct KInfo {
   int64_t n_heads = 0;
   int head_dim = 0;
   math::RopeTable table{};
+  bool table_reused = false;  // taken from a TableCache: same spec and head_dim as the layer before
+};
+
+// Every field of RopeSpec that a table depends on. A call usually gives every
+// layer the same spec: its table and cos/sin are then computed once (each costs
+// microseconds of host time per layer, which a small GPU shift would wait for).
+bool same_rotation(const RopeSpec& a, const RopeSpec& b) {
+  static_assert(sizeof(RopeSpec) == 112, "RopeSpec changed: compare the new fields in same_rotation()");
+  return a.n_rot == b.n_rot && a.slice == b.slice && a.pairing == b.pairing && a.theta == b.theta &&
+         a.scaling == b.scaling && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor && a.original_max_position == b.original_max_position &&
+         a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.yarn_truncate == b.yarn_truncate &&
+         a.freq_factors == b.freq_factors && a.attention_factor == b.attention_factor;
+}
+
+// The last table made, for the next layer to reuse.
+struct TableCache {
+  bool valid = false;
+  RopeSpec spec;
+  int head_dim = 0;
+  math::RopeTable table{};
 };
 
 // Validates K (and its FP8 scales) against the RopeSpec; returns its byte description.
-KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& scales, const RopeSpec& rope) {
+KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& scales, const RopeSpec& rope,
+                 TableCache* maybe_cache = nullptr) {
   KInfo info;
   require_arg(!k.empty(), "shift: ", name, ".k is empty");
   ShiftTensorParams& p = info.params;
   const DType dt = k.dtype();
   if (dt == DType::F32 || dt == DType::F16 || dt == DType::BF16 || dt == DType::E4M3) {
-    checks::ndim_is("shift", name + ".k", k, 3);
+    if (k.ndim() != 3) checks::ndim_is("shift", name + ".k", k, 3);
     info.head_dim = static_cast<int>(k.size(2));
     p.kind = dt == DType::F32 ? ShiftKind::F32 : dt == DType::F16 ? ShiftKind::F16 : dt == DType::BF16 ? ShiftKind::BF16 : ShiftKind::Fp8;
   } else if (dt == DType::U8) {
-    require_arg(k.ndim() == 2 || k.ndim() == 3, "shift: ", name, ".k (DeepSeek-V4 rows) must be u8 [capacity, 584] or [capacity, n_kv_heads, 584], got ", k.describe());
-    require_arg(k.size(k.ndim() - 1) == math::Dsv4RowLayout::kBytes, "shift: ", name, ".k (DeepSeek-V4 rows) must have ",
-                math::Dsv4RowLayout::kBytes, " bytes per row, got ", k.describe());
+    if (!(k.ndim() == 2 || k.ndim() == 3))
+      require_arg(false, "shift: ", name, ".k (DeepSeek-V4 rows) must be u8 [capacity, 584] or [capacity, n_kv_heads, 584], got ", k.describe());
+    if (k.size(k.ndim() - 1) != math::Dsv4RowLayout::kBytes)
+      require_arg(false, "shift: ", name, ".k (DeepSeek-V4 rows) must have ", math::Dsv4RowLayout::kBytes,
+                  " bytes per row, got ", k.describe());
     info.head_dim = math::Dsv4RowLayout::kHeadDim;
     p.kind = ShiftKind::Dsv4;
   } else {
@@ -63,16 +90,22 @@ KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& s
   info.n_heads = k.ndim() == 3 ? k.size(1) : 1;
   const int64_t head_elems = p.kind == ShiftKind::Dsv4 ? math::Dsv4RowLayout::kBytes : info.head_dim;
   check_row_strides(name + ".k", k, info.n_heads, info.n_heads * head_elems);
-  require_arg(info.n_heads > 0 && info.head_dim > 0, "shift: ", name, ".k has no heads or no dims: ", k.describe());
+  if (!(info.n_heads > 0 && info.head_dim > 0)) require_arg(false, "shift: ", name, ".k has no heads or no dims: ", k.describe());
   try {
-    info.table = make_rope_table(rope, info.head_dim);
+    if (maybe_cache && maybe_cache->valid && maybe_cache->head_dim == info.head_dim && same_rotation(maybe_cache->spec, rope)) {
+      info.table = maybe_cache->table;
+      info.table_reused = true;
+    } else {
+      info.table = make_rope_table(rope, info.head_dim);
+      if (maybe_cache) *maybe_cache = {true, rope, info.head_dim, info.table};
+    }
   } catch (const Error& e) {
     throw Error(ErrorCode::InvalidArgument, detail::concat("shift: ", name, ".rope does not fit head_dim ", info.head_dim, ": ", e.what()));
   }
   const math::RopeLayout& l = info.table.layout;
-  if (p.kind == ShiftKind::Dsv4)
-    require_arg(l.first_dim >= math::Dsv4RowLayout::kNope, "shift: ", name, ".rope rotates dims [", l.first_dim, ", ",
-                l.first_dim + l.n_rot, ") but a DeepSeek-V4 row keeps only dims [448, 512) in bf16 (", rope.describe(), ")");
+  if (p.kind == ShiftKind::Dsv4 && l.first_dim < math::Dsv4RowLayout::kNope)
+    require_arg(false, "shift: ", name, ".rope rotates dims [", l.first_dim, ", ", l.first_dim + l.n_rot,
+                ") but a DeepSeek-V4 row keeps only dims [448, 512) in bf16 (", rope.describe(), ")");
   p.base = static_cast<uint8_t*>(k.data());
   p.token_stride = k.stride(0) * static_cast<int64_t>(k.element_size());
   if (p.kind == ShiftKind::Dsv4)  // the bf16 tail is read as 16-bit values
@@ -85,12 +118,13 @@ KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& s
                 ".k (e4m3) head_dim must be a multiple of 64 and <= ", ops::kShiftMaxFp8HeadDim, ", got ", info.head_dim);
     require_arg(!scales.empty(), "shift: ", name, ".k is e4m3 but maybe_k_scales is missing");
     checks::dtype_is("shift", name + ".maybe_k_scales", scales, DType::UE8M0);
-    checks::ndim_is("shift", name + ".maybe_k_scales", scales, 3);
+    if (scales.ndim() != 3) checks::ndim_is("shift", name + ".maybe_k_scales", scales, 3);
     const int64_t nb = info.head_dim / math::kFp8Block;
-    require_arg(scales.size(0) == info.capacity && scales.size(1) == info.n_heads && scales.size(2) == nb, "shift: ", name,
-                ".maybe_k_scales must be [", info.capacity, ", ", info.n_heads, ", ", nb, "] for ", k.describe(), ", got ", scales.describe());
+    if (!(scales.size(0) == info.capacity && scales.size(1) == info.n_heads && scales.size(2) == nb))
+      require_arg(false, "shift: ", name, ".maybe_k_scales must be [", info.capacity, ", ", info.n_heads, ", ", nb, "] for ",
+                  k.describe(), ", got ", scales.describe());
     check_row_strides(name + ".maybe_k_scales", scales, info.n_heads, info.n_heads * nb);
-    checks::same_device("shift", name + ".k", k, name + ".maybe_k_scales", scales);
+    if (scales.device() != k.device()) checks::same_device("shift", name + ".k", k, name + ".maybe_k_scales", scales);
     p.maybe_scales = static_cast<uint8_t*>(scales.data());
     p.scale_token_stride = scales.stride(0);
     p.scale_head_bytes = static_cast<int32_t>(nb);
@@ -106,7 +140,7 @@ ShiftTensorParams describe_v(const std::string& name, const TensorRef& v, const 
   ShiftTensorParams p;
   const DType dt = v.dtype();
   require_arg(dt == DType::F32 || dt == DType::F16 || dt == DType::BF16, "shift: ", name, ".maybe_v must be f32, f16 or bf16, got ", dtype_name(dt));
-  checks::ndim_is("shift", name + ".maybe_v", v, 3);
+  if (v.ndim() != 3) checks::ndim_is("shift", name + ".maybe_v", v, 3);
   require_arg(v.size(0) == k.capacity, "shift: ", name, ".maybe_v capacity ", v.size(0), " differs from ", name, ".k capacity ", k.capacity);
   require_arg(v.size(1) == k.n_heads, "shift: ", name, ".maybe_v has ", v.size(1), " kv heads but ", name, ".k has ", k.n_heads);
   require_arg(v.size(2) > 0, "shift: ", name, ".maybe_v has head_dim 0");
@@ -148,26 +182,31 @@ void shift_dense(std::span<const ShiftDenseLayer> layers, int64_t length, int64_
   std::vector<int32_t> pair_offset;
   std::vector<float> cos_t, sin_t;
   std::vector<const void*> seen;
+  TableCache cache;
   for (size_t i = 0; i < layers.size(); ++i) {
     const ShiftDenseLayer& L = layers[i];
     const std::string name = "layers[" + std::to_string(i) + "]";
-    checks::same_device("shift_dense", "layers[0].k", layers[0].k, name + ".k", L.k);
-    KInfo k = describe_k(name, L.k, L.maybe_k_scales, L.rope);
+    if (L.k.device() != dev) checks::same_device("shift_dense", "layers[0].k", layers[0].k, name + ".k", L.k);
+    KInfo k = describe_k(name, L.k, L.maybe_k_scales, L.rope, &cache);
     require_arg(length <= k.capacity, "shift_dense: length ", length, " exceeds ", name, ".k capacity ", k.capacity);
     k.params.layer = static_cast<int32_t>(i);
     tensors.push_back(k.params);
     seen.push_back(L.k.data());
     if (k.params.maybe_scales) seen.push_back(k.params.maybe_scales);
     if (!L.maybe_v.empty()) {
-      checks::same_device("shift_dense", name + ".k", L.k, name + ".maybe_v", L.maybe_v);
+      if (L.maybe_v.device() != L.k.device()) checks::same_device("shift_dense", name + ".k", L.k, name + ".maybe_v", L.maybe_v);
       ShiftTensorParams v = describe_v(name, L.maybe_v, k);
       v.layer = static_cast<int32_t>(i);
       tensors.push_back(v);
       seen.push_back(L.maybe_v.data());
     }
     layouts.push_back(k.table.layout);
-    pair_offset.push_back(static_cast<int32_t>(cos_t.size()));
-    append_sincos(k.table, static_cast<int32_t>(-n_discard), cos_t, sin_t);
+    if (k.table_reused && !pair_offset.empty()) {
+      pair_offset.push_back(pair_offset.back());  // same frequencies as the previous layer: share its cos/sin
+    } else {
+      pair_offset.push_back(static_cast<int32_t>(cos_t.size()));
+      append_sincos(k.table, static_cast<int32_t>(-n_discard), cos_t, sin_t);
+    }
   }
   for (size_t a = 0; a < seen.size(); ++a)
     for (size_t b = a + 1; b < seen.size(); ++b)

@@ -131,6 +131,42 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
   run_both({s}, 20011, 19999, 3, 255, 9);
 }
 
+// The first (single tile buffer) kernel stays selectable for comparisons
+// (KVCORE_SHIFT_KERNEL=single); every other test runs the default, pipelined one.
+TEST(ShiftCuda, SingleBufferKernelStillAgrees) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  ASSERT_EQ(setenv("KVCORE_SHIFT_KERNEL", "single", 1), 0);
+  const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
+  run_both({llama}, 3001, 2999, 4, 1000, 101);
+  run_both({llama, llama}, 2500, 2500, 4, 7, 102);
+  run_both({llama}, 500, 480, 4, 300, 103);
+  LayerSpec f;
+  f.form = KForm::Fp8;
+  f.heads = 3;
+  f.head_dim = 128;
+  f.rope = RopeSpec::plain(128, 10000.0);
+  run_both({f}, 400, 399, 4, 33, 104);
+  ASSERT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0);
+}
+
+// FP8 keys default to the single-buffer kernel; the pipelined one must agree too.
+TEST(ShiftCuda, PipelinedKernelWithFp8Keys) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  ASSERT_EQ(setenv("KVCORE_SHIFT_KERNEL", "pipelined", 1), 0);
+  LayerSpec f;
+  f.form = KForm::Fp8;
+  f.heads = 3;
+  f.head_dim = 128;
+  f.rope = RopeSpec::plain(128, 10000.0);
+  run_both({f, f}, 400, 399, 4, 33, 105);   // many bands
+  run_both({f}, 400, 400, 4, 198, 106);     // one band: tiles dealt statically
+  f.head_dim = 512;
+  f.heads = 1;
+  f.rope = RopeSpec::deepseek_v4_compressed();
+  run_both({f}, 200, 200, 0, 150, 107);
+  ASSERT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0);
+}
+
 TEST(ShiftCuda, HeadDimsDtypesAndStrides) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 20;

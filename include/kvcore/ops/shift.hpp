@@ -30,7 +30,9 @@
 //
 // CUDA: one persistent kernel per group of layers (up to 40 Llama-like
 // layers), each retained byte read once and written once, no scratch copy;
-// ordered on `stream`. CPU: OpenMP, same bytes for moves.
+// ordered on `stream`. Environment KVCORE_SHIFT_KERNEL=single|pipelined picks
+// the kernel (for comparisons; default: pipelined, single for FP8 keys).
+// CPU: OpenMP, same bytes for moves.
 //
 // Precision (measured by tests/shift_*_test.cpp, head_dim 128, N(0,1) keys,
 // rms error relative to a float64 rotation at the final position):
