@@ -243,7 +243,7 @@ KVCORE_DEMO_SECTION(70, "session", "end-to-end decode past the cache's capacity 
     const RunResult r = run_session(s, c.mode, c.fmt, opt.device, opt.seed);
     const bool ok = r.max_err <= c.tol && r.shifts >= 1;
     failures += ok ? 0 : 1;
-    std::printf("%-12s %-5s %7d %12.2e %18.2e %10.0f %12.0f  %s (tol %.0e)\n",
+    std::printf("%-12s %-5s %7d %12.2e %18.2e %10.0f %12.0f  %s (tol %.2g)\n",
                 c.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
                 std::string(kv_format_name(c.fmt)).c_str(), r.shifts, r.max_err, r.max_err_after_shift,
                 s.steps / r.seconds, r.bytes_per_token, ok ? "ok" : "FAILED", c.tol);
