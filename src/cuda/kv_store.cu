@@ -195,6 +195,92 @@ __global__ void __launch_bounds__(256) kv_rotate_vec_kernel(const __grid_constan
   *hi = c;
 }
 
+// ---- fast store path: f32 / f16 / bf16 pools, 8 dims per 16-byte access ------------------------
+// One thread per (token, head, unit): a unit is a group of 8 rotated pairs (2 x 8 dims) or 8
+// non-rotated dims. Loads the source as vectors, rotates with the same per-pair math as the warp
+// path, converts with the same functions: identical bytes.
+
+template <class T>
+__device__ __forceinline__ void load8(const void* src, DType t, int64_t i, float* out) {
+  const Vec8<T> v = *reinterpret_cast<const Vec8<T>*>(static_cast<const T*>(src) + i);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if constexpr (sizeof(T) == 4) out[k] = v.v[k];
+    else out[k] = t == DType::F16 ? math::f16_bits_to_f32(v.v[k]) : math::bf16_bits_to_f32(v.v[k]);
+  }
+}
+
+__device__ __forceinline__ void load_src8(const KvStoreParams& p, int64_t i, float* out) {
+  if (p.src_dtype == DType::F32) load8<float>(p.src, p.src_dtype, i, out);
+  else load8<uint16_t>(p.src, p.src_dtype, i, out);
+}
+
+template <KvFormat F>
+__device__ __forceinline__ void store8(void* pool, int64_t i, const float* x) {
+  using T = typename std::conditional<F == KvFormat::F32, float, uint16_t>::type;
+  Vec8<T> v;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v.v[k] = from_float<F>(x[k]);
+  *reinterpret_cast<Vec8<T>*>(static_cast<T*>(pool) + i) = v;
+}
+
+template <KvFormat F>
+__global__ void __launch_bounds__(256) kv_store_vec_kernel(const __grid_constant__ KvStoreParams p) {
+  const bool rotate = p.maybe_positions != nullptr;
+  const math::RopeLayout l = rotate ? p.rope.layout : math::RopeLayout{};
+  const int32_t rot_units = l.n_pairs() / 8, plain_units = (p.head_dim - l.n_rot) / 8;
+  const int32_t units = rot_units + plain_units;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tid >= static_cast<int64_t>(p.n_tokens) * p.n_heads * units) return;
+  const int32_t u = static_cast<int32_t>(tid % units);
+  const int64_t row = tid / units;
+  const int32_t h = static_cast<int32_t>(row % p.n_heads);
+  const int32_t t = static_cast<int32_t>(row / p.n_heads);
+  const int32_t cell = p.slots[t];
+  if (cell < 0 || cell >= p.num_cells) return;
+  const int64_t src = t * p.src_token_stride + h * p.src_head_stride;
+  const int64_t dst = (static_cast<int64_t>(cell) * p.n_heads + h) * p.row_width;
+  float x[16];
+  if (u >= rot_units) {  // 8 dims that do not rotate
+    const int32_t q = 8 * (u - rot_units);
+    const int32_t d = q < l.first_dim ? q : q + l.n_rot;
+    load_src8(p, src + d, x);
+    store8<F>(p.pool, dst + d, x);
+    return;
+  }
+  // 8 pairs: NeoX dims first + 8u .. +8 and first + n_pairs + 8u .. +8; interleaved 16 dims from first + 16u.
+  const int32_t d0 = l.first_dim + (l.interleaved ? 16 * u : 8 * u);
+  const int32_t d1 = l.interleaved ? d0 + 8 : l.first_dim + l.n_pairs() + 8 * u;
+  load_src8(p, src + d0, x);
+  load_src8(p, src + d1, x + 8);
+  const float pos = static_cast<float>(p.maybe_positions[t]);
+  const float mag = p.rope.attention_factor;
+  float sn[8], cs[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * u + k]), &sn[k], &cs[k]);
+  if (l.interleaved) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) math::rotate_pair(x[2 * k], x[2 * k + 1], cs[k] * mag, sn[k] * mag);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) math::rotate_pair(x[k], x[8 + k], cs[k] * mag, sn[k] * mag);
+  }
+  store8<F>(p.pool, dst + d0, x);
+  store8<F>(p.pool, dst + d1, x + 8);
+}
+
+bool vec_store_ok(const KvStoreParams& p) {
+  if (p.format != KvFormat::F16 && p.format != KvFormat::BF16 && p.format != KvFormat::F32) return false;
+  const int64_t ses = p.src_dtype == DType::F32 ? 4 : 2, pes = p.format == KvFormat::F32 ? 4 : 2;
+  const bool src_aligned = reinterpret_cast<uintptr_t>(p.src) % 16 == 0 && (p.src_token_stride * ses) % 16 == 0 &&
+                           (p.src_head_stride * ses) % 16 == 0;
+  const bool pool_aligned = reinterpret_cast<uintptr_t>(p.pool) % 16 == 0 && (p.row_width * pes) % 16 == 0;
+  if (!src_aligned || !pool_aligned || p.head_dim % 8 != 0) return false;
+  if (!p.maybe_positions) return true;
+  const math::RopeLayout& l = p.rope.layout;
+  return l.n_pairs() % 8 == 0 && l.first_dim % 8 == 0;
+}
+
 // Can the fast path take these params? (16-byte aligned groups of 8 pairs in 16-bit or f32 rows)
 bool vec_rotate_ok(const KvRotateParams& p) {
   if (p.format != KvFormat::F16 && p.format != KvFormat::BF16 && p.format != KvFormat::F32) return false;
@@ -210,6 +296,16 @@ bool vec_rotate_ok(const KvRotateParams& p) {
 void kv_store(const KvStoreParams& p, Stream stream) {
   const int64_t rows = static_cast<int64_t>(p.n_tokens) * p.n_heads;
   if (rows == 0) return;
+  if (vec_store_ok(p)) {
+    const int32_t n_rot = p.maybe_positions ? p.rope.layout.n_rot : 0;
+    const int64_t threads = rows * ((n_rot / 2) / 8 + (p.head_dim - n_rot) / 8);
+    const unsigned grid = static_cast<unsigned>((threads + 255) / 256);
+    if (p.format == KvFormat::F16) kv_store_vec_kernel<KvFormat::F16><<<grid, 256, 0, native(stream)>>>(p);
+    else if (p.format == KvFormat::BF16) kv_store_vec_kernel<KvFormat::BF16><<<grid, 256, 0, native(stream)>>>(p);
+    else kv_store_vec_kernel<KvFormat::F32><<<grid, 256, 0, native(stream)>>>(p);
+    KVCORE_CUDA_CHECK_LAUNCH("kv_store_vec_kernel");
+    return;
+  }
   kv_store_kernel<<<grid_for(rows), kWarps * 32, 0, native(stream)>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("kv_store_kernel");
 }
