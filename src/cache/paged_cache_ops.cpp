@@ -161,14 +161,14 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     t.n_tokens = 0;
   };
   try {
-  finish(txn, cow, [&] {
-    copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
-    copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
-    if (k_all)
-      for (int32_t l = 0; l < cfg.n_layers; ++l)
-        store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
-    if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
-  });
+    finish(txn, cow, [&] {
+      copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
+      copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
+      if (k_all)
+        for (int32_t l = 0; l < cfg.n_layers; ++l)
+          store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
+      if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
+    });
   } catch (...) {
     forget();
     throw;
