@@ -241,12 +241,14 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMod
   const double retained_k = static_cast<double>(ctx - keep - discard) * g.layers * g.heads * g.dim * 2;
   const double bytes = stored ? 2.0 * retained_k : static_cast<double>(ctx - keep - discard) * 5.0;
   const PagedShiftCase sc{ctx, keep, discard, g.layers, g.heads, g.dim};
-  if (paged_shift_baselines().empty()) {
+  // Baselines are CUDA programs (bench/paged_shift_baselines.cu): compared on a GPU only.
+  const bool with_baselines = opt.device.is_cuda() && !paged_shift_baselines().empty();
+  if (!with_baselines) {
     BenchRecord rec = record(name, bytes);
     rec.t = t;
     opt.report(rec);
   }
-  for (const PagedShiftBaseline& b : paged_shift_baselines()) {
+  for (const PagedShiftBaseline& b : with_baselines ? paged_shift_baselines() : std::vector<PagedShiftBaseline>{}) {
     BenchRecord rec = record(name, bytes);
     rec.t = t;
     rec.baseline = b.name;
