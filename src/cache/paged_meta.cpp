@@ -49,12 +49,16 @@ const PagedSeq& PagedMeta::seq(SeqId id) const {
 }
 
 void PagedMeta::shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
+  int32_t* __restrict pos = positions.data();
+  int32_t* __restrict pend = pending.data();
+  const uint8_t* __restrict val = valid.data();
+  const int32_t bs = block_size;
   for (int32_t b : blocks) {
     const int64_t c0 = cell(b, 0);
-    for (int32_t j = 0; j < block_size; ++j) {
-      const int32_t on = valid[c0 + j] ? 1 : 0;  // branch-free: the loop vectorizes
-      positions[c0 + j] -= delta * on;
-      pending[c0 + j] -= pending_delta * on;
+    for (int32_t j = 0; j < bs; ++j) {  // branch-free over restrict pointers: the loop vectorizes
+      const int32_t on = val[c0 + j] != 0;
+      pos[c0 + j] -= delta * on;
+      pend[c0 + j] -= pending_delta * on;
     }
   }
 }
