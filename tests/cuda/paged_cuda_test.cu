@@ -3,8 +3,8 @@
 //    sources, skipped slots): without rotation the pool bytes are identical for every format;
 //    with rotation (sincosf on the device, libm on the host) values agree within one unit of
 //    the format's last place, FP8 codes differ by at most one step, and rarely (measured, printed).
-//  * The same random operation sequence (tests/paged_model.hpp, 20,000 operations per format
-//    and mode) on a CPU cache and a CUDA cache: identical ids, metadata, failures and error
+//  * The same random operation sequence (tests/paged_model.hpp, 10,000 operations per format
+//    and mode, 100,000 in all) on a CPU cache and a CUDA cache: identical ids, metadata, failures and error
 //    codes after every operation; identical positions/validity arrays on the device; identical
 //    V pool bytes and (rope-on-read) K pool bytes; both read back against the f64 model.
 #include <gtest/gtest.h>
@@ -188,7 +188,7 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
       for (size_t i = k_arrays; i < per_layer; ++i) ASSERT_EQ(a.arrays[base + i], b.arrays[base + i]) << "V bytes, op " << op;
     }
   };
-  for (int64_t i = 0; i < 20000 && !::testing::Test::HasFailure(); ++i) drv.step();
+  for (int64_t i = 0; i < 10000 && !::testing::Test::HasFailure(); ++i) drv.step();
   drv.check_all();
   std::printf("[paged cuda] model %s %s: %lld ops, %lld failed cleanly on both; K bytes differing CPU vs CUDA: %lld of %lld; "
               "worst |err|/tol K %.3f V %.3f\n",
