@@ -76,7 +76,10 @@ TensorRef PagedCache::Impl::pending_view() const {
 void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
   if (dev.is_cpu() || lo >= hi) return;
   const size_t c0 = static_cast<size_t>(lo) * cfg.block_size, n = static_cast<size_t>(hi - lo) * cfg.block_size;
-  copy_bytes(pos_dev.as<int32_t>() + c0, dev, meta.positions.data() + c0, Device::cpu(), n * 4, cfg.stream);
+  std::vector<int32_t> pos(n);
+  for (size_t i = 0; i < n; ++i) pos[i] = meta.pos(static_cast<int64_t>(c0 + i));
+  copy_bytes(pos_dev.as<int32_t>() + c0, dev, pos.data(), Device::cpu(), n * 4, cfg.stream);
+  std::fill(meta.device_owed.begin() + lo, meta.device_owed.begin() + hi, 0);
   copy_bytes(valid_dev.as<uint8_t>() + c0, dev, meta.valid.data() + c0, Device::cpu(), n, cfg.stream);
   copy_bytes(pending_dev.as<int32_t>() + c0, dev, meta.pending.data() + c0, Device::cpu(), n * 4, cfg.stream);
 }
@@ -126,6 +129,7 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
   m.dev = device;
   m.lay = PagedLayout{m.cfg.block_size, m.cfg.n_kv_heads, m.cfg.head_dim};
   m.meta.init(m.cfg.block_size, m.cfg.num_blocks);
+  m.meta.lazy_device = device.is_cuda();
   for (int32_t l = 0; l < m.cfg.n_layers; ++l) m.rope.push_back(make_rope_table(m.cfg.rope_for(l), m.cfg.head_dim));
 
   const int64_t cells_heads = m.num_cells() * m.cfg.n_kv_heads;
@@ -211,7 +215,7 @@ SeqInfo PagedCache::info(SeqId seq) const {
   i.n_blocks = static_cast<int32_t>(s.blocks.size());
   if (s.n_cells > 0) {
     const int32_t c = s.n_cells - 1;
-    i.last_position = mt.positions[mt.cell(s.blocks[c / mt.block_size], c % mt.block_size)];
+    i.last_position = mt.pos(mt.cell(s.blocks[c / mt.block_size], c % mt.block_size));
   }
   return i;
 }
@@ -254,7 +258,7 @@ std::string PagedCache::debug_state() const {
        << " |";
     for (int32_t j = 0; j < mt.block_size; ++j) {
       const int64_t c = mt.cell(b, j);
-      os << ' ' << mt.positions[c] << ':' << int(mt.valid[c]) << ':' << mt.pending[c];
+      os << ' ' << mt.pos(c) << ':' << int(mt.valid[c]) << ':' << mt.pending[c];
     }
     os << "\n";
   }
@@ -300,7 +304,7 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
     for (int32_t j = 0; j < used; ++j) {
       const int64_t c = m.meta.cell(b, j);
       if (!m.meta.valid[c]) continue;
-      const int32_t pos = m.meta.positions[c];
+      const int32_t pos = m.meta.pos(c);
       out.positions.push_back(pos);
       for (int32_t h = 0; h < H; ++h) {
         const int64_t r = static_cast<int64_t>(j) * H + h;

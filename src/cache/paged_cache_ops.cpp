@@ -95,7 +95,7 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     int32_t last = -1;
     if (s.n_cells > 0) {
       const int32_t c = s.n_cells - 1;
-      last = meta.positions[meta.cell(s.blocks[c / cfg.block_size], c % cfg.block_size)];
+      last = meta.pos(meta.cell(s.blocks[c / cfg.block_size], c % cfg.block_size));
     }
     for (int32_t j = 0; j < counts[i]; ++j, ++at) {
       const int32_t p = positions[at];
@@ -342,8 +342,8 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
           const int32_t c = static_cast<int32_t>(bi) * bs + j;
           const int64_t cell = mt.cell(b, j);
           if (!mt.valid[cell] || c < c0) continue;
-          if (c <= c1) txn.set_cell(b, j, mt.positions[cell], 0, 0);
-          else txn.set_cell(b, j, mt.positions[cell] - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
+          if (c <= c1) txn.set_cell(b, j, mt.pos(cell), 0, 0);
+          else txn.set_cell(b, j, mt.pos(cell) - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
         }
         break;
       }
@@ -363,16 +363,51 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
 
 bool PagedCache::needs_prepare() const {
   const PagedMeta& mt = impl_->meta;
+  if (mt.any_shift)
+    for (int32_t b = 0; b < mt.num_blocks; ++b)
+      if (mt.refcount[b] > 0 && (mt.lazy_device ? mt.device_owed[b] : mt.block_shift[b]) != 0) return true;
   if (!mt.any_pending) return false;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
     if (mt.pending_flag[b] && mt.refcount[b] > 0) return true;
   return false;
 }
 
+// Bring the contract's positions up to date: fold the lazy shifts into the CPU arrays, or
+// subtract what the device mirror still owes (one kernel over the blocks concerned).
+void PagedCache::Impl::settle_positions() {
+  if (!meta.any_shift) return;
+  if (dev.is_cpu()) {
+    for (int32_t b = 0; b < cfg.num_blocks; ++b) meta.materialize(b);
+    meta.any_shift = false;
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  std::vector<int32_t> list;  // [blocks..., amounts...]
+  for (int32_t b = 0; b < cfg.num_blocks; ++b)
+    if (meta.device_owed[b] != 0) list.push_back(b);
+  const size_t n = list.size();
+  for (size_t i = 0; i < n; ++i) list.push_back(meta.device_owed[list[i]]);
+  if (n > 0) {
+    int32_t* d = upload_list(list);
+    cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), d,
+                           static_cast<int32_t>(n), cfg.block_size, 0, 0, false, cfg.stream, d + n);
+    synchronize(dev, cfg.stream);
+    for (size_t i = 0; i < n; ++i) meta.device_owed[list[i]] = 0;
+  }
+  meta.any_shift = false;
+#endif
+}
+
 void PagedCache::prepare() {
   Impl& m = *impl_;
   m.check_usable();
   PagedMeta& mt = m.meta;
+  try {
+    m.settle_positions();
+  } catch (...) {
+    m.corrupt = true;  // the device positions are in an unknown state
+    throw;
+  }
   if (!mt.any_pending) return;
   std::vector<int32_t> blocks;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
