@@ -18,6 +18,10 @@ namespace cuda {
 // arrays: device [n_arrays]; pairs: device i32 [n_pairs, 2] (src block, dst block).
 void paged_copy_blocks(const PagedPoolArray* arrays, int32_t n_arrays, const int32_t* pairs, int32_t n_pairs,
                        Stream stream);
+// Scatter packed cell arrays into the mirrors: packed = i32 [n_blocks block ids | n_blocks *
+// block_size positions | the same of pending deltas | the same of validity (0/1)].
+void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed, int32_t n_blocks,
+                         int32_t block_size, Stream stream);
 // Cell arrays of the listed blocks (device i32 [n_blocks]): with clear_pending, pending = 0 for
 // every cell; otherwise valid cells get positions -= delta (maybe_block_delta[i] instead for the
 // i-th listed block when given: device i32 [n_blocks]) and pending -= pending_delta.

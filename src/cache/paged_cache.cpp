@@ -104,6 +104,30 @@ void PagedCache::Impl::device_shift_cells(const std::vector<int32_t>& blocks, in
 #endif
 }
 
+void PagedCache::Impl::sync_blocks(const std::vector<int32_t>& blocks) {
+  if (dev.is_cpu() || blocks.empty()) return;
+#if KVCORE_WITH_CUDA
+  const int32_t bs = cfg.block_size;
+  const size_t n = blocks.size(), cells = n * static_cast<size_t>(bs);
+  std::vector<int32_t> packed(n + 3 * cells);
+  std::copy(blocks.begin(), blocks.end(), packed.begin());
+  for (size_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < bs; ++j) {
+      const int64_t c = meta.cell(blocks[i], j);
+      const size_t k = i * bs + j;
+      packed[n + k] = meta.pos(c);
+      packed[n + cells + k] = meta.pending[c];
+      packed[n + 2 * cells + k] = meta.valid[c];
+    }
+    meta.device_owed[blocks[i]] = 0;  // the device gets the positions with every lazy shift applied
+  }
+  const int32_t* d = upload_list(packed);
+  cuda::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), d,
+                            static_cast<int32_t>(n), bs, cfg.stream);
+  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
+#endif
+}
+
 void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
   if (pairs.empty()) return;
   const int32_t n_pairs = static_cast<int32_t>(pairs.size() / 2);

@@ -35,6 +35,8 @@ struct PagedCache::Impl {
   // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors, positions with their
   // lazy shifts applied (the device then owes nothing for these blocks). No-op on CPU.
   void sync_cells(int32_t lo, int32_t hi);
+  // The same for a list of blocks, in one packed upload and one scatter kernel.
+  void sync_blocks(const std::vector<int32_t>& blocks);
   // Device side of a transaction: COW block copies; then, after `device_work`, mirror the
   // cell arrays; on any failure undo the host changes and rethrow.
   void copy_blocks(const std::vector<int32_t>& pairs);
@@ -50,15 +52,15 @@ struct PagedCache::Impl {
         ++bulk_done;
       }
       device_work();
-      sync_cells(txn.dirty_lo(), txn.dirty_hi());
+      sync_blocks(txn.dirty_blocks());
     } catch (...) {
-      const int32_t lo = txn.dirty_lo(), hi = txn.dirty_hi();
+      const std::vector<int32_t> dirty = txn.dirty_blocks();
       std::vector<PagedTxn::Bulk> undo(txn.bulk().begin(), txn.bulk().begin() + static_cast<std::ptrdiff_t>(bulk_done));
       txn.rollback();
       try {  // put the old values back on the device (best effort: the device may be gone)
         for (const PagedTxn::Bulk& b : undo)
           if (b.stored) device_shift_cells(b.blocks, 0, -b.n);
-        sync_cells(lo, hi);
+        sync_blocks(dirty);
       } catch (...) {
       }
       throw;

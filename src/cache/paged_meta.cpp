@@ -93,8 +93,6 @@ void PagedTxn::set_cell(int32_t b, int32_t slot, int32_t position, uint8_t valid
   m_.valid[c] = valid;
   m_.pending[c] = pending;
   if (pending != 0 && !m_.pending_flag[b]) set_pending_flag(b, 1);
-  dirty_lo_ = std::min(dirty_lo_, b);
-  dirty_hi_ = std::max(dirty_hi_, b + 1);
 }
 
 void PagedTxn::set_refcount(int32_t b, int32_t value) {

@@ -114,9 +114,13 @@ class PagedTxn {
   };
   const std::vector<Bulk>& bulk() const { return bulk_; }
 
-  // Blocks whose cell arrays changed through set_cell: [dirty_lo, dirty_hi) (empty when lo >= hi).
-  int32_t dirty_lo() const { return dirty_lo_; }
-  int32_t dirty_hi() const { return dirty_hi_; }
+  // Blocks whose cell arrays changed through set_cell (each once).
+  std::vector<int32_t> dirty_blocks() const {
+    std::vector<int32_t> v;
+    v.reserve(blocks_.size());
+    for (const SavedBlock& s : blocks_) v.push_back(s.block);
+    return v;
+  }
 
   void commit();
   void rollback() noexcept;
@@ -142,7 +146,6 @@ class PagedTxn {
   SeqId saved_next_id_ = 0;
   uint64_t saved_next_version_ = 0;
   bool saved_counters_ = false;
-  int32_t dirty_lo_ = INT32_MAX, dirty_hi_ = 0;
 };
 
 }  // namespace kvcore
