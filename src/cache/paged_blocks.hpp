@@ -30,4 +30,12 @@ void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid
                       const int32_t* maybe_block_delta = nullptr);
 }  // namespace cuda
 
+namespace cpu {  // the same on host memory (PagedCacheConfig::debug_mirror)
+void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed, int32_t n_blocks,
+                         int32_t block_size);
+void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
+                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending,
+                      const int32_t* maybe_block_delta = nullptr);
+}  // namespace cpu
+
 }  // namespace kvcore

@@ -69,12 +69,39 @@ KvPool PagedCache::Impl::pool(bool is_k, int32_t layer) const {
 }
 
 TensorRef PagedCache::Impl::pending_view() const {
-  void* p = dev.is_cpu() ? const_cast<int32_t*>(meta.pending.data()) : pending_dev.data();
+  void* p = mirrored() ? pending_dev.data() : const_cast<int32_t*>(meta.pending.data());
   return TensorRef(p, DType::I32, dev, {cfg.num_blocks, cfg.block_size});
 }
 
+void PagedCache::Impl::mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta,
+                                   bool clear_pending, const int32_t* maybe_block_delta) {
+  if (dev.is_cpu()) {
+    cpu::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
+                          cfg.block_size, delta, pending_delta, clear_pending, maybe_block_delta);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
+                         cfg.block_size, delta, pending_delta, clear_pending, cfg.stream, maybe_block_delta);
+  synchronize(dev, cfg.stream);  // lists come from `scratch`, reused by the next call; also surfaces faults here
+#endif
+}
+
+void PagedCache::Impl::mirror_scatter(const int32_t* packed, int32_t n_blocks) {
+  if (dev.is_cpu()) {
+    cpu::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
+                             cfg.block_size);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
+                            cfg.block_size, cfg.stream);
+  synchronize(dev, cfg.stream);
+#endif
+}
+
 void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
-  if (dev.is_cpu() || lo >= hi) return;
+  if (!mirrored() || lo >= hi) return;
   const size_t c0 = static_cast<size_t>(lo) * cfg.block_size, n = static_cast<size_t>(hi - lo) * cfg.block_size;
   std::vector<int32_t> pos(n);
   for (size_t i = 0; i < n; ++i) pos[i] = meta.pos(static_cast<int64_t>(c0 + i));
@@ -92,21 +119,12 @@ int32_t* PagedCache::Impl::upload_list(const std::vector<int32_t>& v) {
 }
 
 void PagedCache::Impl::device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
-  if (dev.is_cpu() || blocks.empty()) return;
-#if !KVCORE_WITH_CUDA
-  (void)delta;
-  (void)pending_delta;
-#else
-  int32_t* list = upload_list(blocks);
-  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), list,
-                         static_cast<int32_t>(blocks.size()), cfg.block_size, delta, pending_delta, false, cfg.stream);
-  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
-#endif
+  if (!mirrored() || blocks.empty()) return;
+  mirror_edit(upload_list(blocks), static_cast<int32_t>(blocks.size()), delta, pending_delta, false);
 }
 
 void PagedCache::Impl::sync_blocks(const std::vector<int32_t>& blocks) {
-  if (dev.is_cpu() || blocks.empty()) return;
-#if KVCORE_WITH_CUDA
+  if (!mirrored() || blocks.empty()) return;
   const int32_t bs = cfg.block_size;
   const size_t n = blocks.size(), cells = n * static_cast<size_t>(bs);
   std::vector<int32_t> packed(n + 3 * cells);
@@ -119,13 +137,9 @@ void PagedCache::Impl::sync_blocks(const std::vector<int32_t>& blocks) {
       packed[n + cells + k] = meta.pending[c];
       packed[n + 2 * cells + k] = meta.valid[c];
     }
-    meta.device_owed[blocks[i]] = 0;  // the device gets the positions with every lazy shift applied
+    meta.device_owed[blocks[i]] = 0;  // the mirror gets the positions with every lazy shift applied
   }
-  const int32_t* d = upload_list(packed);
-  cuda::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), d,
-                            static_cast<int32_t>(n), bs, cfg.stream);
-  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
-#endif
+  mirror_scatter(upload_list(packed), static_cast<int32_t>(n));
 }
 
 void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
@@ -153,7 +167,8 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
   m.dev = device;
   m.lay = PagedLayout{m.cfg.block_size, m.cfg.n_kv_heads, m.cfg.head_dim};
   m.meta.init(m.cfg.block_size, m.cfg.num_blocks);
-  m.meta.lazy_device = device.is_cuda();
+  require_arg(!m.cfg.debug_mirror || device.is_cpu(), "PagedCacheConfig.debug_mirror is for CPU caches, got ", device.str());
+  m.meta.lazy_device = m.mirrored();
   for (int32_t l = 0; l < m.cfg.n_layers; ++l) m.rope.push_back(make_rope_table(m.cfg.rope_for(l), m.cfg.head_dim));
 
   const int64_t cells_heads = m.num_cells() * m.cfg.n_kv_heads;
@@ -175,13 +190,13 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
       if (kv_format_has_scales(m.cfg.v_format)) alloc(m.v_scales, m.cfg.v_head_dim / 64);
     }
   }
-  if (device.is_cuda()) {
+  if (m.mirrored()) {
     m.pos_dev = Buffer(static_cast<size_t>(m.num_cells()) * 4, device);
     m.valid_dev = Buffer(static_cast<size_t>(m.num_cells()), device);
     m.pending_dev = Buffer(static_cast<size_t>(m.num_cells()) * 4, device);
     m.sync_cells(0, m.cfg.num_blocks);
-    m.arrays_dev = Buffer::from_host(m.arrays, device);
   }
+  if (device.is_cuda()) m.arrays_dev = Buffer::from_host(m.arrays, device);
 }
 
 PagedCache::~PagedCache() = default;
@@ -194,13 +209,13 @@ PagedLayout PagedCache::layout() const { return impl_->lay; }
 
 TensorRef PagedCache::positions() const {
   const Impl& m = *impl_;
-  void* p = m.dev.is_cpu() ? const_cast<int32_t*>(m.meta.positions.data()) : m.pos_dev.data();
+  void* p = m.mirrored() ? m.pos_dev.data() : const_cast<int32_t*>(m.meta.positions.data());
   return TensorRef(p, DType::I32, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
 }
 
 TensorRef PagedCache::valid() const {
   const Impl& m = *impl_;
-  void* p = m.dev.is_cpu() ? const_cast<uint8_t*>(m.meta.valid.data()) : m.valid_dev.data();
+  void* p = m.mirrored() ? m.valid_dev.data() : const_cast<uint8_t*>(m.meta.valid.data());
   return TensorRef(p, DType::U8, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
 }
 

@@ -376,26 +376,22 @@ bool PagedCache::needs_prepare() const {
 // subtract what the device mirror still owes (one kernel over the blocks concerned).
 void PagedCache::Impl::settle_positions() {
   if (!meta.any_shift) return;
-  if (dev.is_cpu()) {
+  if (!mirrored()) {
     for (int32_t b = 0; b < cfg.num_blocks; ++b) meta.materialize(b);
     meta.any_shift = false;
     return;
   }
-#if KVCORE_WITH_CUDA
   std::vector<int32_t> list;  // [blocks..., amounts...]
   for (int32_t b = 0; b < cfg.num_blocks; ++b)
     if (meta.device_owed[b] != 0) list.push_back(b);
   const size_t n = list.size();
   for (size_t i = 0; i < n; ++i) list.push_back(meta.device_owed[list[i]]);
   if (n > 0) {
-    int32_t* d = upload_list(list);
-    cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), d,
-                           static_cast<int32_t>(n), cfg.block_size, 0, 0, false, cfg.stream, d + n);
-    synchronize(dev, cfg.stream);
+    const int32_t* d = upload_list(list);
+    mirror_edit(d, static_cast<int32_t>(n), 0, 0, false, d + n);
     for (size_t i = 0; i < n; ++i) meta.device_owed[list[i]] = 0;
   }
   meta.any_shift = false;
-#endif
 }
 
 void PagedCache::prepare() {
@@ -421,13 +417,8 @@ void PagedCache::prepare() {
   try {
     for (int32_t l = 0; l < m.cfg.n_layers; ++l)
       kv_rotate_blocks(m.pool(true, l), list, m.pending_view(), m.rope[l], m.cfg.stream);
-#if KVCORE_WITH_CUDA
-    if (m.dev.is_cuda())
-      cuda::paged_edit_cells(m.pos_dev.as<int32_t>(), m.pending_dev.as<int32_t>(), m.valid_dev.as<uint8_t>(),
-                             dev_blocks, static_cast<int32_t>(blocks.size()), m.cfg.block_size, 0, 0, true,
-                             m.cfg.stream);
-#endif
     synchronize(m.dev, m.cfg.stream);
+    if (m.mirrored()) m.mirror_edit(dev_blocks, static_cast<int32_t>(blocks.size()), 0, 0, true);
   } catch (...) {
     m.corrupt = true;  // some layers may be rotated and others not: nothing consistent to return to
     throw;

@@ -27,6 +27,12 @@ struct PagedCache::Impl {
   bool corrupt = false;
 
   bool has_v() const { return cfg.v_head_dim > 0; }
+  // Are the contract's cell arrays separate mirrors of the host metadata (CUDA, or debug_mirror)?
+  bool mirrored() const { return dev.is_cuda() || cfg.debug_mirror; }
+  // The mirror kernels (paged_blocks.hpp) on this cache's device; lists live in device memory.
+  void mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta, bool clear_pending,
+                   const int32_t* maybe_block_delta = nullptr);
+  void mirror_scatter(const int32_t* packed, int32_t n_blocks);
   void check_usable() const;
   int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
 

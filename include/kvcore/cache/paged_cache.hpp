@@ -65,6 +65,10 @@ struct PagedCacheConfig {
   // live token included). false: any positions >= 0.
   bool strict_positions = true;
   Stream stream;  // CUDA stream for every device operation of the cache
+  // Testing aid, CPU caches only: keep the contract's cell arrays as separate mirrors updated
+  // the way a CUDA cache updates its device copies (lazy offsets, packed scatters, pending
+  // edits), by CPU versions of the same kernels; lets CPU tests check the mirroring logic.
+  bool debug_mirror = false;
 
   // Throws InvalidArgument naming the field.
   void validate() const;
