@@ -167,6 +167,8 @@ BenchRecord record(const std::string& case_name, double bytes) {
   return r;
 }
 
+std::string ctx_name(int64_t ctx) { return ctx % 1024 == 0 ? std::to_string(ctx / 1024) + "k" : std::to_string(ctx); }
+
 double kv_bytes(const Geometry& g, KvFormat f, int64_t tokens) {  // K + V pool bytes of `tokens` tokens
   return 2.0 * static_cast<double>(tokens) * g.layers * g.heads * static_cast<double>(kv_row_bytes(f, g.dim));
 }
@@ -219,7 +221,7 @@ void bench_decode(BenchOptions& opt, const Geometry& g, const Rows& rows, KvForm
 
 void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMode mode, int64_t ctx, int32_t discard) {
   const bool stored = mode == RopeMode::RopeStored;
-  const std::string name = std::string("shift_") + (stored ? "stored_" : "onread_") + std::to_string(ctx / 1024) + "k_" +
+  const std::string name = std::string("shift_") + (stored ? "stored_" : "onread_") + ctx_name(ctx) + "_" +
                            (discard == ctx / 2 ? std::string("half") : std::to_string(discard));
   if (!opt.wants(name)) return;
   const int32_t keep = 4;
@@ -241,12 +243,14 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMod
   const double retained_k = static_cast<double>(ctx - keep - discard) * g.layers * g.heads * g.dim * 2;
   const double bytes = stored ? 2.0 * retained_k : static_cast<double>(ctx - keep - discard) * 5.0;
   const PagedShiftCase sc{ctx, keep, discard, g.layers, g.heads, g.dim};
-  if (paged_shift_baselines().empty()) {
+  // Baselines are CUDA programs (bench/paged_shift_baselines.cu): compared on a GPU only.
+  const bool with_baselines = opt.device.is_cuda() && !paged_shift_baselines().empty();
+  if (!with_baselines) {
     BenchRecord rec = record(name, bytes);
     rec.t = t;
     opt.report(rec);
   }
-  for (const PagedShiftBaseline& b : paged_shift_baselines()) {
+  for (const PagedShiftBaseline& b : with_baselines ? paged_shift_baselines() : std::vector<PagedShiftBaseline>{}) {
     BenchRecord rec = record(name, bytes);
     rec.t = t;
     rec.baseline = b.name;
@@ -256,7 +260,7 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMod
 }
 
 void bench_fork(BenchOptions& opt, const Geometry& g, const Rows& rows, int64_t ctx) {
-  const std::string name = "fork_" + std::to_string(ctx / 1024) + "k";
+  const std::string name = "fork_" + ctx_name(ctx);
   if (!opt.wants(name)) return;
   PagedCache c(llama_config(g, KvFormat::F16, RopeMode::RopeStored, ctx + 32), opt.device);
   const SeqId s = c.create();
@@ -266,7 +270,7 @@ void bench_fork(BenchOptions& opt, const Geometry& g, const Rows& rows, int64_t 
   opt.report(rec);
   const int32_t p = c.info(s).last_position + 1;
   const double block_bytes = static_cast<double>(c.stats().bytes_per_block);
-  BenchRecord w = record("fork_write_" + std::to_string(ctx / 1024) + "k", 2.0 * block_bytes);
+  BenchRecord w = record("fork_write_" + ctx_name(ctx), 2.0 * block_bytes);
   w.t = opt.time([&](int) {
     const SeqId f = c.fork(s);
     const int32_t pos[1] = {p};

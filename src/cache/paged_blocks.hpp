@@ -18,11 +18,24 @@ namespace cuda {
 // arrays: device [n_arrays]; pairs: device i32 [n_pairs, 2] (src block, dst block).
 void paged_copy_blocks(const PagedPoolArray* arrays, int32_t n_arrays, const int32_t* pairs, int32_t n_pairs,
                        Stream stream);
+// Scatter packed cell arrays into the mirrors: packed = i32 [n_blocks block ids | n_blocks *
+// block_size positions | the same of pending deltas | the same of validity (0/1)].
+void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed, int32_t n_blocks,
+                         int32_t block_size, Stream stream);
 // Cell arrays of the listed blocks (device i32 [n_blocks]): with clear_pending, pending = 0 for
-// every cell; otherwise valid cells get positions -= delta and pending -= pending_delta
-// (PagedMeta::shift_cells on the device mirror).
+// every cell; otherwise valid cells get positions -= delta (maybe_block_delta[i] instead for the
+// i-th listed block when given: device i32 [n_blocks]) and pending -= pending_delta.
 void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
-                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending, Stream stream);
+                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending, Stream stream,
+                      const int32_t* maybe_block_delta = nullptr);
 }  // namespace cuda
+
+namespace cpu {  // the same on host memory (PagedCacheConfig::debug_mirror)
+void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed, int32_t n_blocks,
+                         int32_t block_size);
+void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
+                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending,
+                      const int32_t* maybe_block_delta = nullptr);
+}  // namespace cpu
 
 }  // namespace kvcore

@@ -69,14 +69,44 @@ KvPool PagedCache::Impl::pool(bool is_k, int32_t layer) const {
 }
 
 TensorRef PagedCache::Impl::pending_view() const {
-  void* p = dev.is_cpu() ? const_cast<int32_t*>(meta.pending.data()) : pending_dev.data();
+  void* p = mirrored() ? pending_dev.data() : const_cast<int32_t*>(meta.pending.data());
   return TensorRef(p, DType::I32, dev, {cfg.num_blocks, cfg.block_size});
 }
 
+void PagedCache::Impl::mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta,
+                                   bool clear_pending, const int32_t* maybe_block_delta) {
+  if (dev.is_cpu()) {
+    cpu::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
+                          cfg.block_size, delta, pending_delta, clear_pending, maybe_block_delta);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
+                         cfg.block_size, delta, pending_delta, clear_pending, cfg.stream, maybe_block_delta);
+  synchronize(dev, cfg.stream);  // lists come from `scratch`, reused by the next call; also surfaces faults here
+#endif
+}
+
+void PagedCache::Impl::mirror_scatter(const int32_t* packed, int32_t n_blocks) {
+  if (dev.is_cpu()) {
+    cpu::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
+                             cfg.block_size);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
+                            cfg.block_size, cfg.stream);
+  synchronize(dev, cfg.stream);
+#endif
+}
+
 void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
-  if (dev.is_cpu() || lo >= hi) return;
+  if (!mirrored() || lo >= hi) return;
   const size_t c0 = static_cast<size_t>(lo) * cfg.block_size, n = static_cast<size_t>(hi - lo) * cfg.block_size;
-  copy_bytes(pos_dev.as<int32_t>() + c0, dev, meta.positions.data() + c0, Device::cpu(), n * 4, cfg.stream);
+  std::vector<int32_t> pos(n);
+  for (size_t i = 0; i < n; ++i) pos[i] = meta.pos(static_cast<int64_t>(c0 + i));
+  copy_bytes(pos_dev.as<int32_t>() + c0, dev, pos.data(), Device::cpu(), n * 4, cfg.stream);
+  std::fill(meta.device_owed.begin() + lo, meta.device_owed.begin() + hi, 0);
   copy_bytes(valid_dev.as<uint8_t>() + c0, dev, meta.valid.data() + c0, Device::cpu(), n, cfg.stream);
   copy_bytes(pending_dev.as<int32_t>() + c0, dev, meta.pending.data() + c0, Device::cpu(), n * 4, cfg.stream);
 }
@@ -89,16 +119,27 @@ int32_t* PagedCache::Impl::upload_list(const std::vector<int32_t>& v) {
 }
 
 void PagedCache::Impl::device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
-  if (dev.is_cpu() || blocks.empty()) return;
-#if !KVCORE_WITH_CUDA
-  (void)delta;
-  (void)pending_delta;
-#else
-  int32_t* list = upload_list(blocks);
-  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), list,
-                         static_cast<int32_t>(blocks.size()), cfg.block_size, delta, pending_delta, false, cfg.stream);
-  synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
-#endif
+  if (!mirrored() || blocks.empty()) return;
+  mirror_edit(upload_list(blocks), static_cast<int32_t>(blocks.size()), delta, pending_delta, false);
+}
+
+void PagedCache::Impl::sync_blocks(const std::vector<int32_t>& blocks) {
+  if (!mirrored() || blocks.empty()) return;
+  const int32_t bs = cfg.block_size;
+  const size_t n = blocks.size(), cells = n * static_cast<size_t>(bs);
+  std::vector<int32_t> packed(n + 3 * cells);
+  std::copy(blocks.begin(), blocks.end(), packed.begin());
+  for (size_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < bs; ++j) {
+      const int64_t c = meta.cell(blocks[i], j);
+      const size_t k = i * bs + j;
+      packed[n + k] = meta.pos(c);
+      packed[n + cells + k] = meta.pending[c];
+      packed[n + 2 * cells + k] = meta.valid[c];
+    }
+    meta.device_owed[blocks[i]] = 0;  // the mirror gets the positions with every lazy shift applied
+  }
+  mirror_scatter(upload_list(packed), static_cast<int32_t>(n));
 }
 
 void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
@@ -126,6 +167,8 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
   m.dev = device;
   m.lay = PagedLayout{m.cfg.block_size, m.cfg.n_kv_heads, m.cfg.head_dim};
   m.meta.init(m.cfg.block_size, m.cfg.num_blocks);
+  require_arg(!m.cfg.debug_mirror || device.is_cpu(), "PagedCacheConfig.debug_mirror is for CPU caches, got ", device.str());
+  m.meta.lazy_device = m.mirrored();
   for (int32_t l = 0; l < m.cfg.n_layers; ++l) m.rope.push_back(make_rope_table(m.cfg.rope_for(l), m.cfg.head_dim));
 
   const int64_t cells_heads = m.num_cells() * m.cfg.n_kv_heads;
@@ -147,13 +190,13 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
       if (kv_format_has_scales(m.cfg.v_format)) alloc(m.v_scales, m.cfg.v_head_dim / 64);
     }
   }
-  if (device.is_cuda()) {
+  if (m.mirrored()) {
     m.pos_dev = Buffer(static_cast<size_t>(m.num_cells()) * 4, device);
     m.valid_dev = Buffer(static_cast<size_t>(m.num_cells()), device);
     m.pending_dev = Buffer(static_cast<size_t>(m.num_cells()) * 4, device);
     m.sync_cells(0, m.cfg.num_blocks);
-    m.arrays_dev = Buffer::from_host(m.arrays, device);
   }
+  if (device.is_cuda()) m.arrays_dev = Buffer::from_host(m.arrays, device);
 }
 
 PagedCache::~PagedCache() = default;
@@ -166,13 +209,13 @@ PagedLayout PagedCache::layout() const { return impl_->lay; }
 
 TensorRef PagedCache::positions() const {
   const Impl& m = *impl_;
-  void* p = m.dev.is_cpu() ? const_cast<int32_t*>(m.meta.positions.data()) : m.pos_dev.data();
+  void* p = m.mirrored() ? m.pos_dev.data() : const_cast<int32_t*>(m.meta.positions.data());
   return TensorRef(p, DType::I32, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
 }
 
 TensorRef PagedCache::valid() const {
   const Impl& m = *impl_;
-  void* p = m.dev.is_cpu() ? const_cast<uint8_t*>(m.meta.valid.data()) : m.valid_dev.data();
+  void* p = m.mirrored() ? m.valid_dev.data() : const_cast<uint8_t*>(m.meta.valid.data());
   return TensorRef(p, DType::U8, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
 }
 
@@ -211,7 +254,7 @@ SeqInfo PagedCache::info(SeqId seq) const {
   i.n_blocks = static_cast<int32_t>(s.blocks.size());
   if (s.n_cells > 0) {
     const int32_t c = s.n_cells - 1;
-    i.last_position = mt.positions[mt.cell(s.blocks[c / mt.block_size], c % mt.block_size)];
+    i.last_position = mt.pos(mt.cell(s.blocks[c / mt.block_size], c % mt.block_size));
   }
   return i;
 }
@@ -254,7 +297,7 @@ std::string PagedCache::debug_state() const {
        << " |";
     for (int32_t j = 0; j < mt.block_size; ++j) {
       const int64_t c = mt.cell(b, j);
-      os << ' ' << mt.positions[c] << ':' << int(mt.valid[c]) << ':' << mt.pending[c];
+      os << ' ' << mt.pos(c) << ':' << int(mt.valid[c]) << ':' << mt.pending[c];
     }
     os << "\n";
   }
@@ -300,7 +343,7 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
     for (int32_t j = 0; j < used; ++j) {
       const int64_t c = m.meta.cell(b, j);
       if (!m.meta.valid[c]) continue;
-      const int32_t pos = m.meta.positions[c];
+      const int32_t pos = m.meta.pos(c);
       out.positions.push_back(pos);
       for (int32_t h = 0; h < H; ++h) {
         const int64_t r = static_cast<int64_t>(j) * H + h;

@@ -95,7 +95,7 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     int32_t last = -1;
     if (s.n_cells > 0) {
       const int32_t c = s.n_cells - 1;
-      last = meta.positions[meta.cell(s.blocks[c / cfg.block_size], c % cfg.block_size)];
+      last = meta.pos(meta.cell(s.blocks[c / cfg.block_size], c % cfg.block_size));
     }
     for (int32_t j = 0; j < counts[i]; ++j, ++at) {
       const int32_t p = positions[at];
@@ -161,14 +161,14 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     t.n_tokens = 0;
   };
   try {
-  finish(txn, cow, [&] {
-    copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
-    copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
-    if (k_all)
-      for (int32_t l = 0; l < cfg.n_layers; ++l)
-        store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
-    if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
-  });
+    finish(txn, cow, [&] {
+      copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
+      copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
+      if (k_all)
+        for (int32_t l = 0; l < cfg.n_layers; ++l)
+          store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
+      if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
+    });
   } catch (...) {
     forget();
     throw;
@@ -342,8 +342,8 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
           const int32_t c = static_cast<int32_t>(bi) * bs + j;
           const int64_t cell = mt.cell(b, j);
           if (!mt.valid[cell] || c < c0) continue;
-          if (c <= c1) txn.set_cell(b, j, mt.positions[cell], 0, 0);
-          else txn.set_cell(b, j, mt.positions[cell] - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
+          if (c <= c1) txn.set_cell(b, j, mt.pos(cell), 0, 0);
+          else txn.set_cell(b, j, mt.pos(cell) - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
         }
         break;
       }
@@ -363,16 +363,47 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
 
 bool PagedCache::needs_prepare() const {
   const PagedMeta& mt = impl_->meta;
+  if (mt.any_shift)
+    for (int32_t b = 0; b < mt.num_blocks; ++b)
+      if (mt.refcount[b] > 0 && (mt.lazy_device ? mt.device_owed[b] : mt.block_shift[b]) != 0) return true;
   if (!mt.any_pending) return false;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
     if (mt.pending_flag[b] && mt.refcount[b] > 0) return true;
   return false;
 }
 
+// Bring the contract's positions up to date: fold the lazy shifts into the CPU arrays, or
+// subtract what the device mirror still owes (one kernel over the blocks concerned).
+void PagedCache::Impl::settle_positions() {
+  if (!meta.any_shift) return;
+  if (!mirrored()) {
+    for (int32_t b = 0; b < cfg.num_blocks; ++b) meta.materialize(b);
+    meta.any_shift = false;
+    return;
+  }
+  std::vector<int32_t> list;  // [blocks..., amounts...]
+  for (int32_t b = 0; b < cfg.num_blocks; ++b)
+    if (meta.device_owed[b] != 0) list.push_back(b);
+  const size_t n = list.size();
+  for (size_t i = 0; i < n; ++i) list.push_back(meta.device_owed[list[i]]);
+  if (n > 0) {
+    const int32_t* d = upload_list(list);
+    mirror_edit(d, static_cast<int32_t>(n), 0, 0, false, d + n);
+    for (size_t i = 0; i < n; ++i) meta.device_owed[list[i]] = 0;
+  }
+  meta.any_shift = false;
+}
+
 void PagedCache::prepare() {
   Impl& m = *impl_;
   m.check_usable();
   PagedMeta& mt = m.meta;
+  try {
+    m.settle_positions();
+  } catch (...) {
+    m.corrupt = true;  // the device positions are in an unknown state
+    throw;
+  }
   if (!mt.any_pending) return;
   std::vector<int32_t> blocks;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
@@ -386,13 +417,8 @@ void PagedCache::prepare() {
   try {
     for (int32_t l = 0; l < m.cfg.n_layers; ++l)
       kv_rotate_blocks(m.pool(true, l), list, m.pending_view(), m.rope[l], m.cfg.stream);
-#if KVCORE_WITH_CUDA
-    if (m.dev.is_cuda())
-      cuda::paged_edit_cells(m.pos_dev.as<int32_t>(), m.pending_dev.as<int32_t>(), m.valid_dev.as<uint8_t>(),
-                             dev_blocks, static_cast<int32_t>(blocks.size()), m.cfg.block_size, 0, 0, true,
-                             m.cfg.stream);
-#endif
     synchronize(m.dev, m.cfg.stream);
+    if (m.mirrored()) m.mirror_edit(dev_blocks, static_cast<int32_t>(blocks.size()), 0, 0, true);
   } catch (...) {
     m.corrupt = true;  // some layers may be rotated and others not: nothing consistent to return to
     throw;

@@ -27,13 +27,22 @@ struct PagedCache::Impl {
   bool corrupt = false;
 
   bool has_v() const { return cfg.v_head_dim > 0; }
+  // Are the contract's cell arrays separate mirrors of the host metadata (CUDA, or debug_mirror)?
+  bool mirrored() const { return dev.is_cuda() || cfg.debug_mirror; }
+  // The mirror kernels (paged_blocks.hpp) on this cache's device; lists live in device memory.
+  void mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta, bool clear_pending,
+                   const int32_t* maybe_block_delta = nullptr);
+  void mirror_scatter(const int32_t* packed, int32_t n_blocks);
   void check_usable() const;
   int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
 
   KvPool pool(bool is_k, int32_t layer) const;
   TensorRef pending_view() const;
-  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors (no-op on CPU).
+  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors, positions with their
+  // lazy shifts applied (the device then owes nothing for these blocks). No-op on CPU.
   void sync_cells(int32_t lo, int32_t hi);
+  // The same for a list of blocks, in one packed upload and one scatter kernel.
+  void sync_blocks(const std::vector<int32_t>& blocks);
   // Device side of a transaction: COW block copies; then, after `device_work`, mirror the
   // cell arrays; on any failure undo the host changes and rethrow.
   void copy_blocks(const std::vector<int32_t>& pairs);
@@ -44,19 +53,20 @@ struct PagedCache::Impl {
     size_t bulk_done = 0;
     try {
       copy_blocks(cow_pairs);
-      for (const PagedTxn::Bulk& b : txn.bulk()) {
-        device_shift_cells(b.blocks, b.n, b.stored ? b.n : 0);
+      for (const PagedTxn::Bulk& b : txn.bulk()) {  // positions stay lazy (prepare()); pending deltas now
+        if (b.stored) device_shift_cells(b.blocks, 0, b.n);
         ++bulk_done;
       }
       device_work();
-      sync_cells(txn.dirty_lo(), txn.dirty_hi());
+      sync_blocks(txn.dirty_blocks());
     } catch (...) {
-      const int32_t lo = txn.dirty_lo(), hi = txn.dirty_hi();
+      const std::vector<int32_t> dirty = txn.dirty_blocks();
       std::vector<PagedTxn::Bulk> undo(txn.bulk().begin(), txn.bulk().begin() + static_cast<std::ptrdiff_t>(bulk_done));
       txn.rollback();
       try {  // put the old values back on the device (best effort: the device may be gone)
-        for (const PagedTxn::Bulk& b : undo) device_shift_cells(b.blocks, -b.n, b.stored ? -b.n : 0);
-        sync_cells(lo, hi);
+        for (const PagedTxn::Bulk& b : undo)
+          if (b.stored) device_shift_cells(b.blocks, 0, -b.n);
+        sync_blocks(dirty);
       } catch (...) {
       }
       throw;
@@ -74,6 +84,7 @@ struct PagedCache::Impl {
                     std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
   void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v);
   void truncate_impl(SeqId id, int32_t n);
+  void settle_positions();  // prepare()'s first step
 };
 
 }  // namespace kvcore

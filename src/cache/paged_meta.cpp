@@ -17,6 +17,8 @@ void PagedMeta::init(int32_t bs, int32_t nb) {
   refcount.assign(nb, 0);
   pending_flag.assign(nb, 0);
   txn_mark.assign(nb, 0);
+  block_shift.assign(nb, 0);
+  device_owed.assign(nb, 0);
   free_list.resize(nb);
   // Hand out low block ids first: pop_back() takes the end.
   for (int32_t i = 0; i < nb; ++i) free_list[i] = nb - 1 - i;
@@ -48,13 +50,25 @@ const PagedSeq& PagedMeta::seq(SeqId id) const {
   return it->second;
 }
 
+void PagedMeta::materialize(int32_t b) {
+  const int32_t sh = block_shift[b];
+  if (sh == 0) return;
+  const int64_t c0 = cell(b, 0);
+  for (int32_t j = 0; j < block_size; ++j) positions[c0 + j] -= valid[c0 + j] ? sh : 0;
+  block_shift[b] = 0;
+}
+
 void PagedMeta::shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
+  int32_t* __restrict pos = positions.data();
+  int32_t* __restrict pend = pending.data();
+  const uint8_t* __restrict val = valid.data();
+  const int32_t bs = block_size;
   for (int32_t b : blocks) {
     const int64_t c0 = cell(b, 0);
-    for (int32_t j = 0; j < block_size; ++j) {
-      const int32_t on = valid[c0 + j] ? 1 : 0;  // branch-free: the loop vectorizes
-      positions[c0 + j] -= delta * on;
-      pending[c0 + j] -= pending_delta * on;
+    for (int32_t j = 0; j < bs; ++j) {  // branch-free over restrict pointers: the loop vectorizes
+      const int32_t on = val[c0 + j] != 0;
+      pos[c0 + j] -= delta * on;
+      pend[c0 + j] -= pending_delta * on;
     }
   }
 }
@@ -67,19 +81,18 @@ void PagedTxn::save_cells(int32_t b) {
   saved_pos_.insert(saved_pos_.end(), m_.positions.begin() + c0, m_.positions.begin() + c0 + m_.block_size);
   saved_pending_.insert(saved_pending_.end(), m_.pending.begin() + c0, m_.pending.begin() + c0 + m_.block_size);
   saved_valid_.insert(saved_valid_.end(), m_.valid.begin() + c0, m_.valid.begin() + c0 + m_.block_size);
-  blocks_.push_back({b, m_.block_live[b], off});
+  blocks_.push_back({b, m_.block_live[b], m_.block_shift[b], off});
 }
 
 void PagedTxn::set_cell(int32_t b, int32_t slot, int32_t position, uint8_t valid, int32_t pending) {
   save_cells(b);
+  m_.materialize(b);  // cells change one by one from here: no lazy shift under them
   const int64_t c = m_.cell(b, slot);
   m_.block_live[b] += static_cast<int32_t>(valid != 0) - static_cast<int32_t>(m_.valid[c] != 0);
   m_.positions[c] = position;
   m_.valid[c] = valid;
   m_.pending[c] = pending;
   if (pending != 0 && !m_.pending_flag[b]) set_pending_flag(b, 1);
-  dirty_lo_ = std::min(dirty_lo_, b);
-  dirty_hi_ = std::max(dirty_hi_, b + 1);
 }
 
 void PagedTxn::set_refcount(int32_t b, int32_t value) {
@@ -155,7 +168,7 @@ int32_t PagedTxn::copy_block(int32_t src, int32_t used) {
   for (int32_t j = 0; j < m_.block_size; ++j) {
     const int64_t c = m_.cell(src, j);
     if (j < used) {
-      set_cell(dst, j, m_.positions[c], m_.valid[c], m_.pending[c]);
+      set_cell(dst, j, m_.pos(c), m_.valid[c], m_.pending[c]);
       any_pending |= static_cast<uint8_t>(m_.pending[c] != 0);
     } else {
       set_cell(dst, j, 0, 0, 0);
@@ -167,8 +180,13 @@ int32_t PagedTxn::copy_block(int32_t src, int32_t used) {
 
 void PagedTxn::bulk_shift(std::vector<int32_t> blocks, int32_t n, bool stored) {
   if (blocks.empty() || n == 0) return;
-  Bulk rec{std::move(blocks), n, stored, {}};
-  m_.shift_cells(rec.blocks, n, stored ? n : 0);
+  Bulk rec{std::move(blocks), n, stored, {}, m_.any_shift};
+  for (int32_t b : rec.blocks) {
+    m_.block_shift[b] += n;
+    if (m_.lazy_device) m_.device_owed[b] += n;
+  }
+  m_.any_shift = true;
+  if (stored) m_.shift_cells(rec.blocks, 0, n);
   if (stored) {
     rec.old_flags.reserve(rec.blocks.size());
     for (int32_t b : rec.blocks) {
@@ -185,7 +203,12 @@ void PagedTxn::commit() { done_ = true; }
 void PagedTxn::rollback() noexcept {
   done_ = true;
   for (auto it = bulk_.rbegin(); it != bulk_.rend(); ++it) {
-    m_.shift_cells(it->blocks, -it->n, it->stored ? -it->n : 0);
+    for (int32_t b : it->blocks) {
+      m_.block_shift[b] -= it->n;
+      if (m_.lazy_device) m_.device_owed[b] -= it->n;
+    }
+    m_.any_shift = it->old_any_shift;
+    if (it->stored) m_.shift_cells(it->blocks, 0, -it->n);
     for (size_t i = 0; i < it->old_flags.size(); ++i) m_.pending_flag[it->blocks[i]] = it->old_flags[i];
   }
   for (auto it = seqs_.rbegin(); it != seqs_.rend(); ++it) {
@@ -204,6 +227,7 @@ void PagedTxn::rollback() noexcept {
     std::copy_n(saved_pending_.begin() + s.cells, m_.block_size, m_.pending.begin() + c0);
     std::copy_n(saved_valid_.begin() + s.cells, m_.block_size, m_.valid.begin() + c0);
     m_.block_live[s.block] = s.live;
+    m_.block_shift[s.block] = s.shift;
     m_.txn_mark[s.block] = 0;
   }
   if (saved_counters_) {

@@ -34,6 +34,13 @@ struct PagedMeta {
   std::vector<int32_t> positions;
   std::vector<uint8_t> valid;
   std::vector<int32_t> pending;  // RopeStored: rotation owed to this cell's K (prepare() applies it)
+  // Lazy positions: a shift lowers the positions of every valid cell of the blocks after its
+  // cut by adding to block_shift (O(blocks), not O(cells)). The position of a valid cell is
+  // positions[c] - block_shift[block]; a block is materialized (folded into its cells) before
+  // any cell of it changes, and by prepare() on the CPU. device_owed (CUDA caches): what the
+  // device mirror of a block's positions still lacks; prepare() subtracts it there.
+  std::vector<int32_t> block_shift;
+  std::vector<int32_t> device_owed;
   // Per block.
   std::vector<int32_t> block_live;    // valid cells of the block (all block_size cells)
   std::vector<int32_t> refcount;      // sequences holding the block (0: free)
@@ -44,7 +51,9 @@ struct PagedMeta {
   SeqId next_id = 0;
   uint64_t next_version = 1;
   uint32_t next_txn = 1;
-  bool any_pending = false;  // a pending_flag may be set (prepare() is a no-op otherwise)
+  bool any_pending = false;  // a pending_flag may be set
+  bool any_shift = false;    // a block_shift or device_owed may be non-zero
+  bool lazy_device = false;  // CUDA cache: device_owed is kept (the CPU's arrays are the host arrays)
 
   void init(int32_t block_size, int32_t num_blocks);
   int64_t cell(int32_t block, int32_t slot) const { return static_cast<int64_t>(block) * block_size + slot; }
@@ -55,6 +64,12 @@ struct PagedMeta {
   // Cell index (in the sequence's span) of live token t, 0 <= t < n_live.
   int32_t locate(const PagedSeq& s, int32_t t) const;
   const PagedSeq& seq(SeqId id) const;  // throws InvalidArgument naming the id
+  // The position of cell c (block b), block_shift included.
+  int32_t pos(int64_t c) const {
+    return positions[c] - (valid[c] ? block_shift[c / block_size] : 0);
+  }
+  // Fold block_shift[b] into the block's cells (the values pos() returns do not change).
+  void materialize(int32_t b);
   // positions -= delta and pending -= pending_delta on the valid cells of `blocks` (host arrays).
   void shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
 };
@@ -86,28 +101,33 @@ class PagedTxn {
   // Copy block `src`'s cell metadata to a fresh block from the free list, keeping only its
   // first `used` cells (the rest cleared); one reference moves from src to the new block.
   int32_t copy_block(int32_t src, int32_t used);
-  // Lower the positions (and, with `stored`, the pending deltas) of every valid cell of `blocks`
-  // by n. Journaled as its inverse. None of these blocks may be changed otherwise in this
-  // transaction.
+  // Lower the positions (lazily: block_shift) and, with `stored`, the pending deltas of every
+  // valid cell of `blocks` by n. Journaled as its inverse. None of these blocks may be changed
+  // otherwise in this transaction.
   void bulk_shift(std::vector<int32_t> blocks, int32_t n, bool stored);
   struct Bulk {
     std::vector<int32_t> blocks;
     int32_t n;
     bool stored;
     std::vector<uint8_t> old_flags;
+    bool old_any_shift;
   };
   const std::vector<Bulk>& bulk() const { return bulk_; }
 
-  // Blocks whose cell arrays changed through set_cell: [dirty_lo, dirty_hi) (empty when lo >= hi).
-  int32_t dirty_lo() const { return dirty_lo_; }
-  int32_t dirty_hi() const { return dirty_hi_; }
+  // Blocks whose cell arrays changed through set_cell (each once).
+  std::vector<int32_t> dirty_blocks() const {
+    std::vector<int32_t> v;
+    v.reserve(blocks_.size());
+    for (const SavedBlock& s : blocks_) v.push_back(s.block);
+    return v;
+  }
 
   void commit();
   void rollback() noexcept;
 
  private:
   struct SavedBlock {
-    int32_t block, live;
+    int32_t block, live, shift;
     size_t cells;  // offset into the saved cell vectors
   };
   void save_cells(int32_t block);
@@ -126,7 +146,6 @@ class PagedTxn {
   SeqId saved_next_id_ = 0;
   uint64_t saved_next_version_ = 0;
   bool saved_counters_ = false;
-  int32_t dirty_lo_ = INT32_MAX, dirty_hi_ = 0;
 };
 
 }  // namespace kvcore

@@ -1,4 +1,5 @@
-// CPU kernels of the kv_store family: one row (token, head) per iteration, OpenMP over rows.
+// CPU kernels of the kv_store family: one token (or cell) per iteration, OpenMP over them;
+// the pair angles are computed once per token and shared by its heads.
 #include <cstdint>
 
 #include "ops/kv_store_params.hpp"
@@ -6,51 +7,69 @@
 
 namespace kvcore::cpu {
 
+namespace {
+
 // Below this many values a parallel region costs more than the work (decode steps, tests).
 constexpr int64_t kParallelMin = int64_t{1} << 17;
 
+// cos and sin of every pair at `position`, times `magnitude` (what math::rope_rotate_row computes
+// per row, hoisted so the heads of one token share it: same floats, same results).
+void pair_angles(const math::RopeTable& t, float position, float magnitude, float* c, float* s) {
+  for (int32_t i = 0; i < t.layout.n_pairs(); ++i) {
+    math::sincos_f32(math::rope_angle(position, t.freq[i]), &s[i], &c[i]);
+    c[i] *= magnitude;
+    s[i] *= magnitude;
+  }
+}
+
+void rotate_with(float* row, const math::RopeLayout& l, const float* c, const float* s) {
+  for (int32_t i = 0; i < l.n_pairs(); ++i) math::rotate_pair(row[l.dim0(i)], row[l.dim1(i)], c[i], s[i]);
+}
+
+}  // namespace
+
 void kv_store(const KvStoreParams& p) {
-  const int64_t rows = static_cast<int64_t>(p.n_tokens) * p.n_heads;
   const size_t elem = dtype_size(kv_format_dtype(p.format));
   const int32_t groups = kvrow::n_fp8_groups(p.format, p.head_dim);
-#pragma omp parallel for schedule(static) if (rows * p.head_dim >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int32_t t = static_cast<int32_t>(r / p.n_heads);
-    const int32_t h = static_cast<int32_t>(r % p.n_heads);
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(p.n_tokens) * p.n_heads * p.head_dim >= kParallelMin)
+  for (int32_t t = 0; t < p.n_tokens; ++t) {
     const int32_t cell = p.slots[t];
     if (cell < 0 || cell >= p.num_cells) continue;
-    float row[2 * math::RopeTable::kMaxPairs];
-    const int64_t base = t * p.src_token_stride + h * p.src_head_stride;
-    for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::load_src(p.src, p.src_dtype, base + d);
-    if (p.maybe_positions)
-      math::rope_rotate_row(row, p.rope, static_cast<float>(p.maybe_positions[t]), p.rope.attention_factor);
-    const int64_t row_index = static_cast<int64_t>(cell) * p.n_heads + h;
-    void* dst = static_cast<uint8_t*>(p.pool) + row_index * p.row_width * static_cast<int64_t>(elem);
-    uint8_t* scales = p.maybe_scales ? p.maybe_scales + row_index * groups : nullptr;
-    kvrow::encode_row(p.format, row, dst, scales, p.head_dim);
+    float c[math::RopeTable::kMaxPairs], s[math::RopeTable::kMaxPairs];
+    if (p.maybe_positions) pair_angles(p.rope, static_cast<float>(p.maybe_positions[t]), p.rope.attention_factor, c, s);
+    for (int32_t h = 0; h < p.n_heads; ++h) {
+      float row[2 * math::RopeTable::kMaxPairs];
+      const int64_t base = t * p.src_token_stride + h * p.src_head_stride;
+      for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::load_src(p.src, p.src_dtype, base + d);
+      if (p.maybe_positions) rotate_with(row, p.rope.layout, c, s);
+      const int64_t row_index = static_cast<int64_t>(cell) * p.n_heads + h;
+      void* dst = static_cast<uint8_t*>(p.pool) + row_index * p.row_width * static_cast<int64_t>(elem);
+      uint8_t* scales = p.maybe_scales ? p.maybe_scales + row_index * groups : nullptr;
+      kvrow::encode_row(p.format, row, dst, scales, p.head_dim);
+    }
   }
 }
 
 void kv_rotate_blocks(const KvRotateParams& p) {
-  const int64_t rows = static_cast<int64_t>(p.n_blocks) * p.block_size * p.n_heads;
+  const int64_t cells = static_cast<int64_t>(p.n_blocks) * p.block_size;
   const size_t elem = dtype_size(kv_format_dtype(p.format));
   const int32_t groups = kvrow::n_fp8_groups(p.format, p.head_dim);
-#pragma omp parallel for schedule(static) if (rows * p.head_dim >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t bs_heads = static_cast<int64_t>(p.block_size) * p.n_heads;
-    const int32_t b = p.blocks[r / bs_heads];
-    const int32_t slot = static_cast<int32_t>((r % bs_heads) / p.n_heads);
-    const int32_t h = static_cast<int32_t>(r % p.n_heads);
-    const int64_t cell = static_cast<int64_t>(b) * p.block_size + slot;
+#pragma omp parallel for schedule(static) if (cells * p.n_heads * p.head_dim >= kParallelMin)
+  for (int64_t i = 0; i < cells; ++i) {
+    const int64_t cell = static_cast<int64_t>(p.blocks[i / p.block_size]) * p.block_size + i % p.block_size;
     const int32_t delta = p.cell_delta[cell];
     if (delta == 0) continue;
-    const int64_t row_index = cell * p.n_heads + h;
-    void* dst = static_cast<uint8_t*>(p.pool) + row_index * p.row_width * static_cast<int64_t>(elem);
-    uint8_t* scales = p.maybe_scales ? p.maybe_scales + row_index * groups : nullptr;
-    float row[2 * math::RopeTable::kMaxPairs];
-    for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::decode(p.format, dst, scales, d);
-    math::rope_rotate_row(row, p.rope, static_cast<float>(delta), 1.0f);
-    kvrow::encode_rotated(p.format, row, dst, scales, p.head_dim, p.rope.layout);
+    float c[math::RopeTable::kMaxPairs], s[math::RopeTable::kMaxPairs];
+    pair_angles(p.rope, static_cast<float>(delta), 1.0f, c, s);
+    for (int32_t h = 0; h < p.n_heads; ++h) {
+      const int64_t row_index = cell * p.n_heads + h;
+      void* dst = static_cast<uint8_t*>(p.pool) + row_index * p.row_width * static_cast<int64_t>(elem);
+      uint8_t* scales = p.maybe_scales ? p.maybe_scales + row_index * groups : nullptr;
+      float row[2 * math::RopeTable::kMaxPairs];
+      for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::decode(p.format, dst, scales, d);
+      rotate_with(row, p.rope.layout, c, s);
+      kvrow::encode_rotated(p.format, row, dst, scales, p.head_dim, p.rope.layout);
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 #include "cuda/check.cuh"
 #include "ops/kv_store_params.hpp"
 #include "ops/kv_store_row.hpp"
+#include "ops/kv_store_vec.hpp"
 
 namespace kvcore::cuda {
 
@@ -116,93 +117,15 @@ __global__ void __launch_bounds__(kWarps * 32) kv_rotate_kernel(const __grid_con
 
 unsigned grid_for(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
 
-// ---- fast rotation path: f32 / f16 / bf16 rows, 8 pairs per thread, 16-byte accesses --------
-// One thread per (listed block, slot, head, group of 8 pairs): NeoX pairs (i, i + n_rot/2) read
-// 8 consecutive dims from each half; interleaved pairs read 16 consecutive dims. Same per-pair
-// math (sincos_f32 of the same f32 angle, rotate_pair, the same conversions) as the warp path,
-// so both paths give identical bytes.
-
-template <class T>
-struct alignas(16) Vec8 {
-  T v[8];
-};
-
-template <KvFormat F>
-__device__ __forceinline__ float to_float(const typename std::conditional<F == KvFormat::F32, float, uint16_t>::type x) {
-  if constexpr (F == KvFormat::F32) return x;
-  else if constexpr (F == KvFormat::F16) return math::f16_bits_to_f32(x);
-  else return math::bf16_bits_to_f32(x);
-}
-
-template <KvFormat F>
-__device__ __forceinline__ auto from_float(float x) {
-  if constexpr (F == KvFormat::F32) return x;
-  else if constexpr (F == KvFormat::F16) return math::f32_to_f16_bits(x);
-  else return math::f32_to_bf16_bits(x);
-}
-
+// Thin kernels over the vectorized bodies (ops/kv_store_vec.hpp).
 template <KvFormat F>
 __global__ void __launch_bounds__(256) kv_rotate_vec_kernel(const __grid_constant__ KvRotateParams p) {
-  using T = typename std::conditional<F == KvFormat::F32, float, uint16_t>::type;
-  const math::RopeLayout& l = p.rope.layout;
-  const int32_t groups = l.n_pairs() / 8;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (tid >= static_cast<int64_t>(p.n_blocks) * p.block_size * p.n_heads * groups) return;
-  const int32_t g = static_cast<int32_t>(tid % groups);
-  const int64_t row = tid / groups;  // (listed block, slot, head)
-  const int32_t h = static_cast<int32_t>(row % p.n_heads);
-  const int64_t cell_in_list = row / p.n_heads;
-  const int32_t b = p.blocks[cell_in_list / p.block_size];
-  const int64_t cell = static_cast<int64_t>(b) * p.block_size + cell_in_list % p.block_size;
-  const int32_t delta = p.cell_delta[cell];
-  if (delta == 0) return;
-  T* base = static_cast<T*>(p.pool) + (cell * p.n_heads + h) * p.row_width + l.first_dim;
-  Vec8<T>* lo;
-  Vec8<T>* hi;
-  if (l.interleaved) {
-    lo = reinterpret_cast<Vec8<T>*>(base + 16 * g);
-    hi = lo + 1;
-  } else {
-    lo = reinterpret_cast<Vec8<T>*>(base + 8 * g);
-    hi = reinterpret_cast<Vec8<T>*>(base + l.n_pairs() + 8 * g);
-  }
-  Vec8<T> a = *lo, c = *hi;
-  float x[16];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    x[k] = to_float<F>(a.v[k]);
-    x[8 + k] = to_float<F>(c.v[k]);
-  }
-  const float pos = static_cast<float>(delta);
-  float sn[8], cs[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * g + k]), &sn[k], &cs[k]);
-  // Interleaved: pair k is (x[2k], x[2k+1]) of the 16 consecutive dims; NeoX: (x[k], x[8+k]).
-  // Constant indices in both branches keep x in registers.
-  if (l.interleaved) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) math::rotate_pair(x[2 * k], x[2 * k + 1], cs[k] * 1.0f, sn[k] * 1.0f);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) math::rotate_pair(x[k], x[8 + k], cs[k] * 1.0f, sn[k] * 1.0f);
-  }
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    a.v[k] = from_float<F>(x[k]);
-    c.v[k] = from_float<F>(x[8 + k]);
-  }
-  *lo = a;
-  *hi = c;
+  kvvec::kv_rotate_vec_unit<F>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
 }
 
-// Can the fast path take these params? (16-byte aligned groups of 8 pairs in 16-bit or f32 rows)
-bool vec_rotate_ok(const KvRotateParams& p) {
-  if (p.format != KvFormat::F16 && p.format != KvFormat::BF16 && p.format != KvFormat::F32) return false;
-  const math::RopeLayout& l = p.rope.layout;
-  const int64_t es = p.format == KvFormat::F32 ? 4 : 2;
-  const bool aligned = reinterpret_cast<uintptr_t>(p.pool) % 16 == 0 && (p.row_width * es) % 16 == 0 &&
-                       (l.first_dim * es) % 16 == 0 && (l.n_pairs() * es) % 16 == 0;
-  return l.n_pairs() > 0 && l.n_pairs() % 8 == 0 && aligned;
+template <KvFormat F>
+__global__ void __launch_bounds__(256) kv_store_vec_kernel(const __grid_constant__ KvStoreParams p) {
+  kvvec::kv_store_vec_unit<F>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
 }
 
 }  // namespace
@@ -210,6 +133,16 @@ bool vec_rotate_ok(const KvRotateParams& p) {
 void kv_store(const KvStoreParams& p, Stream stream) {
   const int64_t rows = static_cast<int64_t>(p.n_tokens) * p.n_heads;
   if (rows == 0) return;
+  if (kvvec::vec_store_ok(p)) {
+    const int32_t n_rot = p.maybe_positions ? p.rope.layout.n_rot : 0;
+    const int64_t threads = static_cast<int64_t>(p.n_tokens) * ((n_rot / 2) / 8 + (p.head_dim - n_rot) / 8);
+    const unsigned grid = static_cast<unsigned>((threads + 255) / 256);
+    if (p.format == KvFormat::F16) kv_store_vec_kernel<KvFormat::F16><<<grid, 256, 0, native(stream)>>>(p);
+    else if (p.format == KvFormat::BF16) kv_store_vec_kernel<KvFormat::BF16><<<grid, 256, 0, native(stream)>>>(p);
+    else kv_store_vec_kernel<KvFormat::F32><<<grid, 256, 0, native(stream)>>>(p);
+    KVCORE_CUDA_CHECK_LAUNCH("kv_store_vec_kernel");
+    return;
+  }
   kv_store_kernel<<<grid_for(rows), kWarps * 32, 0, native(stream)>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("kv_store_kernel");
 }
@@ -217,8 +150,8 @@ void kv_store(const KvStoreParams& p, Stream stream) {
 void kv_rotate_blocks(const KvRotateParams& p, Stream stream) {
   const int64_t rows = static_cast<int64_t>(p.n_blocks) * p.block_size * p.n_heads;
   if (rows == 0) return;
-  if (vec_rotate_ok(p)) {
-    const int64_t threads = rows * (p.rope.layout.n_pairs() / 8);
+  if (kvvec::vec_rotate_ok(p)) {
+    const int64_t threads = static_cast<int64_t>(p.n_blocks) * p.block_size * (p.rope.layout.n_pairs() / 8);
     const unsigned grid = static_cast<unsigned>((threads + 255) / 256);
     if (p.format == KvFormat::F16) kv_rotate_vec_kernel<KvFormat::F16><<<grid, 256, 0, native(stream)>>>(p);
     else if (p.format == KvFormat::BF16) kv_rotate_vec_kernel<KvFormat::BF16><<<grid, 256, 0, native(stream)>>>(p);

@@ -25,26 +25,47 @@ __global__ void paged_copy_blocks_kernel(const PagedPoolArray* arrays, const int
 
 __global__ void paged_edit_cells_kernel(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks,
                                         int64_t n_cells, int32_t block_size, int32_t delta, int32_t pending_delta,
-                                        bool clear_pending) {
+                                        bool clear_pending, const int32_t* maybe_block_delta) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_cells) return;
   const int64_t c = static_cast<int64_t>(blocks[i / block_size]) * block_size + i % block_size;
   if (clear_pending) {
     pending[c] = 0;
   } else if (valid[c]) {
-    positions[c] -= delta;
+    positions[c] -= maybe_block_delta ? maybe_block_delta[i / block_size] : delta;
     pending[c] -= pending_delta;
   }
 }
 
+__global__ void paged_scatter_cells_kernel(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed,
+                                           int64_t n_cells, int32_t n_blocks, int32_t block_size) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_cells) return;
+  const int64_t c = static_cast<int64_t>(packed[i / block_size]) * block_size + i % block_size;
+  const int32_t* cells = packed + n_blocks;
+  positions[c] = cells[i];
+  pending[c] = cells[n_cells + i];
+  valid[c] = static_cast<uint8_t>(cells[2 * n_cells + i]);
+}
+
 }  // namespace
 
+void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed, int32_t n_blocks,
+                         int32_t block_size, Stream stream) {
+  const int64_t n = static_cast<int64_t>(n_blocks) * block_size;
+  if (n == 0) return;
+  paged_scatter_cells_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, native(stream)>>>(
+      positions, pending, valid, packed, n, n_blocks, block_size);
+  KVCORE_CUDA_CHECK_LAUNCH("paged_scatter_cells_kernel");
+}
+
 void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
-                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending, Stream stream) {
+                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending, Stream stream,
+                      const int32_t* maybe_block_delta) {
   const int64_t n = static_cast<int64_t>(n_blocks) * block_size;
   if (n == 0) return;
   paged_edit_cells_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, native(stream)>>>(
-      positions, pending, valid, blocks, n, block_size, delta, pending_delta, clear_pending);
+      positions, pending, valid, blocks, n, block_size, delta, pending_delta, clear_pending, maybe_block_delta);
   KVCORE_CUDA_CHECK_LAUNCH("paged_edit_cells_kernel");
 }
 

@@ -3,8 +3,8 @@
 //    sources, skipped slots): without rotation the pool bytes are identical for every format;
 //    with rotation (sincosf on the device, libm on the host) values agree within one unit of
 //    the format's last place, FP8 codes differ by at most one step, and rarely (measured, printed).
-//  * The same random operation sequence (tests/paged_model.hpp, 20,000 operations per format
-//    and mode) on a CPU cache and a CUDA cache: identical ids, metadata, failures and error
+//  * The same random operation sequence (tests/paged_model.hpp, 10,000 operations per format
+//    and mode, 100,000 in all) on a CPU cache and a CUDA cache: identical ids, metadata, failures and error
 //    codes after every operation; identical positions/validity arrays on the device; identical
 //    V pool bytes and (rope-on-read) K pool bytes; both read back against the f64 model.
 #include <gtest/gtest.h>
@@ -96,17 +96,17 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
         f == KvFormat::Dsv4Row ? (variant ? RopeSpec::deepseek_v4_window() : RopeSpec::deepseek_v4_compressed())
                                : (variant ? odd : RopeSpec::llama3_8b()),
         D);
+    for (int pad : {0, 5})  // contiguous rows (the vectorized CUDA path for plain pools), padded rows (per warp)
     for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
       TwinPool pool(f, blocks, bs, H, D);
-      // A strided source: every token row padded by 5 elements.
       Source src = make_source(rng, 1, n, H, D + 0, dt, Device::cpu(), true);
-      std::vector<uint8_t> padded(static_cast<size_t>(n) * (H * D + 5) * dtype_size(dt));
+      std::vector<uint8_t> padded(static_cast<size_t>(n) * (H * D + pad) * dtype_size(dt));
       for (int32_t t = 0; t < n; ++t)
-        std::memcpy(padded.data() + t * (H * D + 5) * dtype_size(dt),
+        std::memcpy(padded.data() + t * (H * D + pad) * dtype_size(dt),
                     static_cast<const uint8_t*>(src.tensor.data()) + t * H * D * dtype_size(dt), H * D * dtype_size(dt));
       Buffer dpad = Buffer::from_host(padded, Device::cuda(0));
-      const TensorRef hs(padded.data(), dt, Device::cpu(), {n, H, D}, {H * D + 5, D, 1});
-      const TensorRef ds(dpad.data(), dt, Device::cuda(0), {n, H, D}, {H * D + 5, D, 1});
+      const TensorRef hs(padded.data(), dt, Device::cpu(), {n, H, D}, {H * D + pad, D, 1});
+      const TensorRef ds(dpad.data(), dt, Device::cuda(0), {n, H, D}, {H * D + pad, D, 1});
       std::vector<int32_t> cells(blocks * bs);
       std::iota(cells.begin(), cells.end(), 0);
       std::shuffle(cells.begin(), cells.end(), rng);
@@ -121,10 +121,11 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
       synchronize(Device::cuda(0));
       auto [diff, worst] = pool.compare(H, D);
       if (!rotate) {
-        EXPECT_EQ(diff, 0) << kv_format_name(f) << " " << dtype_name(dt) << ": stored bytes differ without rotation";
+        EXPECT_EQ(diff, 0) << kv_format_name(f) << " " << dtype_name(dt) << " pad " << pad
+                           << ": stored bytes differ without rotation";
       } else {
-        std::printf("[paged cuda] kv_store %s from %s, rope variant %d, positions < 131072: %lld of %zu bytes differ, worst |diff|/rowmax %.3g\n",
-                    std::string(kv_format_name(f)).c_str(), std::string(dtype_name(dt)).c_str(), variant, static_cast<long long>(diff),
+        std::printf("[paged cuda] kv_store %s from %s (pad %d), rope variant %d, positions < 131072: %lld of %zu bytes differ, worst |diff|/rowmax %.3g\n",
+                    std::string(kv_format_name(f)).c_str(), std::string(dtype_name(dt)).c_str(), pad, variant, static_cast<long long>(diff),
                     pool.host_data.size(), worst);
         EXPECT_LE(worst, 2.0 * format_eps(f) + 2e-5) << kv_format_name(f);
       }
@@ -187,7 +188,7 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
       for (size_t i = k_arrays; i < per_layer; ++i) ASSERT_EQ(a.arrays[base + i], b.arrays[base + i]) << "V bytes, op " << op;
     }
   };
-  for (int64_t i = 0; i < 20000 && !::testing::Test::HasFailure(); ++i) drv.step();
+  for (int64_t i = 0; i < 10000 && !::testing::Test::HasFailure(); ++i) drv.step();
   drv.check_all();
   std::printf("[paged cuda] model %s %s: %lld ops, %lld failed cleanly on both; K bytes differing CPU vs CUDA: %lld of %lld; "
               "worst |err|/tol K %.3f V %.3f\n",

@@ -7,13 +7,18 @@
 //
 // RoPE modes:
 //   RopeStored: K is rotated at its position when written. shift() records a
-//     pending position delta per kept cell; prepare() (called by read(),
-//     block_tables(), and by an attention path before it reads) rotates every
-//     pending cell once, so k shifts cost one rounding, not k.
+//     pending position delta per kept cell; prepare() rotates every pending cell
+//     once, so k shifts cost one rounding, not k.
 //   RopeOnRead: K is stored unrotated; readers rotate at the cached positions.
-//     shift() edits positions, validity and block tables only: no K or V byte moves.
+//     shift() edits metadata only: no K or V byte moves.
 // shift() never moves V (nor K): it frees blocks whose cells are all cut, marks the
-// other cut cells dead (valid = 0) and lowers later positions by n_discard.
+// other cut cells dead (valid = 0) and lowers later positions by n_discard -- lazily:
+// the blocks after the cut get a per-block offset (O(blocks), not O(tokens)).
+//
+// prepare() brings the contract's arrays up to date (positions with every offset
+// applied, K with every pending rotation). read() and block_tables() call it; an
+// attention path that reads positions(), valid() or the pools must call it (or
+// block_tables()) after the last change and before it reads.
 //
 // Metadata (block tables, refcounts, free list, positions, validity) lives on
 // the host and is mirrored to the device arrays of the layout contract after
@@ -60,6 +65,10 @@ struct PagedCacheConfig {
   // live token included). false: any positions >= 0.
   bool strict_positions = true;
   Stream stream;  // CUDA stream for every device operation of the cache
+  // Testing aid, CPU caches only: keep the contract's cell arrays as separate mirrors updated
+  // the way a CUDA cache updates its device copies (lazy offsets, packed scatters, pending
+  // edits), by CPU versions of the same kernels; lets CPU tests check the mirroring logic.
+  bool debug_mirror = false;
 
   // Throws InvalidArgument naming the field.
   void validate() const;
@@ -146,15 +155,16 @@ class PagedCache {
   void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
   // Keep the first n tokens (speculative-decoding rollback).
   void truncate(SeqId seq, int32_t n);
-  // RopeStored: rotate every cell with a pending delta, once. A no-op when nothing is pending.
+  // Apply what shifts left pending: position offsets (both modes) and, RopeStored, the
+  // rotation of every cell with a pending delta, once. A no-op when nothing is pending.
   void prepare();
   bool needs_prepare() const;
 
   // ---- reading ---------------------------------------------------------------------
   PagedReadBack read(SeqId seq, int32_t layer);  // calls prepare()
   PagedCsr block_tables(std::span<const SeqId> seqs);  // calls prepare()
-  TensorRef positions() const;  // i32 [num_blocks, block_size]
-  TensorRef valid() const;      // u8  [num_blocks, block_size]
+  TensorRef positions() const;  // i32 [num_blocks, block_size] (current after prepare())
+  TensorRef valid() const;      // u8  [num_blocks, block_size] (always current)
   KvPool k_pool(int32_t layer) const;
   KvPool v_pool(int32_t layer) const;  // data empty without V
   const math::RopeTable& rope_table(int32_t layer) const;
