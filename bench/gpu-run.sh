@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
-STAGES=${GPU_RUN_STAGES:-"build tests bench baselines"}
+STAGES=${GPU_RUN_STAGES:-"build tests demo bench baselines"}
 COMMIT=${KVCORE_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "== $(date +%T) $*"; }
@@ -29,6 +29,10 @@ if has tests; then
   grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/tests.log" | head -40
   (cd build && ctest -L cpu -j 16 --timeout 300) >> "$OUT/tests.log" 2>&1
   grep -E "tests passed" "$OUT/tests.log" | tail -1
+fi
+if has demo; then
+  log "demo on the GPU (quick sizes: the float64 checks run on the host)"
+  ./build/kvcore demo --device cuda --quick 2>&1 | tee -a "$OUT/tests.log" | grep -E "^==|FAILED|passed|ok \(|demo " | head -60
 fi
 if has bench; then
   log "benchmarks"
