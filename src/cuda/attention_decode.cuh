@@ -447,4 +447,39 @@ constexpr int max_heads_per_cta(int hd, math::KvElem kv) {
   return hd <= 128 ? (kv == math::KvElem::E4M3 ? 4 : 8) : hd == 256 ? 4 : 2;
 }
 
+// ---- per-head_dim launchers (each attention_decode_d*.cu instantiates one head_dim) ----
+template <int HD, math::KvElem KV, int G>
+void launch_v(const PagedAttentionParams& p, int chunks, dim3 grid, cudaStream_t stream, int* q) {
+  if constexpr (has_async<HD, KV>()) {
+    if (p.kernel_variant != 1) return launch_paged<HD, KV, G, true>(p, chunks, grid, stream, q);
+  }
+  launch_paged<HD, KV, G, false>(p, chunks, grid, stream, q);
+}
+
+template <int HD, math::KvElem KV>
+void launch_g(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream, int* q) {
+  if (G == 1) return launch_v<HD, KV, 1>(p, chunks, grid, stream, q);
+  if constexpr (max_heads_per_cta(HD, KV) >= 4) {
+    if (G == 4) return launch_v<HD, KV, 4>(p, chunks, grid, stream, q);
+  }
+  if constexpr (max_heads_per_cta(HD, KV) == 8) {
+    if (G == 8) return launch_v<HD, KV, 8>(p, chunks, grid, stream, q);
+  }
+  if constexpr (max_heads_per_cta(HD, KV) == 2) {
+    if (G == 2) return launch_v<HD, KV, 2>(p, chunks, grid, stream, q);
+  }
+  throw Error(ErrorCode::NotSupported, detail::concat("attention: no kernel for ", G, " heads per CTA at head_dim ", HD));
+}
+
+// The body of every launch_paged_hd<HD> specialization: dispatch on the pool's element type.
+template <int HD>
+void launch_paged_hd_all(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream, int* q) {
+  switch (p.kv_elem) {
+    case math::KvElem::F32: return launch_g<HD, math::KvElem::F32>(p, G, chunks, grid, stream, q);
+    case math::KvElem::F16: return launch_g<HD, math::KvElem::F16>(p, G, chunks, grid, stream, q);
+    case math::KvElem::BF16: return launch_g<HD, math::KvElem::BF16>(p, G, chunks, grid, stream, q);
+    case math::KvElem::E4M3: return launch_g<HD, math::KvElem::E4M3>(p, G, chunks, grid, stream, q);
+  }
+}
+
 }  // namespace kvcore::ops::cuda::attn
