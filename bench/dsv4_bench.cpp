@@ -123,7 +123,8 @@ bool check_against_cpu(const Dsv4CacheConfig& cfg, const std::vector<std::unique
                        BenchOptions& opt) {
   if (dev.is_cpu()) return true;
   Dsv4CacheConfig small = cfg;
-  small.max_context = 512;
+  // Small, but the indexer's rows must still hold top-k picks (max_context / ratio >= index_topk).
+  small.max_context = std::max<int64_t>(512, static_cast<int64_t>(cfg.index_topk) * cfg.csa_ratio);
   small.layers = {Dsv4LayerKind::CSA};
   Dsv4Cache gpu(small, dev), cpu(small, Device::cpu());
   set_flash_weights(gpu, 77);
