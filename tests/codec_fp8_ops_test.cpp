@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "codec_seed_replica.hpp"
+#include "bench/baselines/seed_fp8_replica.hpp"
 #include "kvcore/kvcore.hpp"
 #include "kvcore/math/fp8.hpp"
 #include "kvcore/math/half.hpp"

@@ -1,5 +1,5 @@
 // FP8 E4M3 codec and UE8M0 scales (kvcore/math/fp8.hpp, fp8_block.hpp) against
-// seed 002's binary search (tests/codec_seed_replica.hpp) and exact arithmetic.
+// seed 002's binary search (bench/baselines/seed_fp8_replica.hpp) and exact arithmetic.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "codec_seed_replica.hpp"
+#include "bench/baselines/seed_fp8_replica.hpp"
 #include "kvcore/math/fp8.hpp"
 #include "kvcore/math/fp8_block.hpp"
 

@@ -3,41 +3,9 @@
 #include <cmath>
 
 #include "bench/baselines/seed_fp8.hpp"
+#include "bench/baselines/seed_fp8_replica.hpp"
 
 namespace kvcore::baselines {
-namespace {
-
-const float dsv4_e4m3fn_exp_scale[16] = {
-    0.0f, 0.015625f, 0.03125f, 0.0625f, 0.125f, 0.25f, 0.5f, 1.0f,
-    2.0f, 4.0f, 8.0f, 16.0f, 32.0f, 64.0f, 128.0f, 256.0f,
-};
-
-inline float dsv4_e4m3fn_value(int i) {
-  const int exp = (i >> 3) & 0x0f;
-  const int mant = i & 0x07;
-  return exp == 0 ? float(mant) * 0.001953125f : (1.0f + float(mant) * 0.125f) * dsv4_e4m3fn_exp_scale[exp];
-}
-
-inline float dsv4_e4m3fn_dequant(float x) {
-  const float sign = x < 0.0f ? -1.0f : 1.0f;
-  const float ax = std::fmin(std::fabs(x), 448.0f);
-  int lo = 0;
-  int hi = 126;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (dsv4_e4m3fn_value(mid) <= ax) lo = mid;
-    else hi = mid - 1;
-  }
-  int best = lo;
-  if (best < 126) {
-    const float best_diff = std::fabs(ax - dsv4_e4m3fn_value(best));
-    const float next_diff = std::fabs(ax - dsv4_e4m3fn_value(best + 1));
-    if (next_diff < best_diff || (next_diff == best_diff && ((best + 1) & 1) == 0 && (best & 1) != 0)) best = best + 1;
-  }
-  return sign * dsv4_e4m3fn_value(best);
-}
-
-}  // namespace
 
 void seed_fp8_kv_quantize_cpu(const SeedFp8Args& args, const void* src0, void* dst) {
   const int64_t n_rows = args.ne01 * args.ne02 * args.ne03;
@@ -57,10 +25,9 @@ void seed_fp8_kv_quantize_cpu(const SeedFp8Args& args, const void* src0, void* d
       }
       for (int stride = 32; stride > 0; stride >>= 1)
         for (int tid = 0; tid < stride; ++tid) scratch[tid] = std::fmax(scratch[tid], scratch[tid + stride]);
-      const float amax = std::fmax(scratch[0], 1.0e-4f);
-      const float scale = std::exp2(std::ceil(std::log2(amax / 448.0f)));
+      const float scale = codec_seed::block_scale(scratch[0]);
       for (int tid = 0; tid < 64; ++tid) {
-        const float q = dsv4_e4m3fn_dequant(std::fmin(std::fmax(v[tid] / scale, -448.0f), 448.0f)) * scale;
+        const float q = codec_seed::round_trip(v[tid], scale);
         *reinterpret_cast<float*>(dst_base + (off + tid) * args.nb0) = q;
       }
     }

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "codec_seed_replica.hpp"
+#include "bench/baselines/seed_fp8_replica.hpp"
 #include "kvcore/math/fp4.hpp"
 #include "kvcore/math/fp8.hpp"
 #include "kvcore/math/fp8_block.hpp"
