@@ -3,7 +3,9 @@
 # build for sm_90, run the CUDA tests (CUDA against CPU), every benchmark with the ceilings
 # measured in the same job, the PyTorch/HF baselines, and a summary with ratios.
 #   KVCORE_GIT_COMMIT=<hash> OUT=<dir> bash bench/gpu-run.sh [bench names...]
-# Env: GPU_RUN_STAGES="build tests bench baselines" (default all), BENCH_ARGS (extra args to kvcore bench).
+# Env: GPU_RUN_STAGES="build tests bench baselines" (default all), BENCH_ARGS (extra args to kvcore bench),
+#      GPU_TEST_FILTER (a gtest filter: only those CUDA tests, no CPU suite), BASELINES (scripts to run,
+#      default every bench/*_baseline.py), BUILD_TARGETS (default: everything).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -20,15 +22,21 @@ if has build; then
   log "build (commit $COMMIT)"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DKVCORE_GIT_COMMIT="$COMMIT" >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  cmake --build build -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { grep -E 'error|Error' -A3 "$OUT/build.log" | head -60; exit 1; }
+  cmake --build build -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$OUT/build.log" 2>&1 || { grep -E 'error|Error' -A3 "$OUT/build.log" | head -60; exit 1; }
   ./build/kvcore info
 fi
 if has tests; then
-  log "CUDA tests (CUDA against CPU) and the CPU suite"
-  (cd build && ctest -L gpu --output-on-failure --timeout 600 -j 4) > "$OUT/tests.log" 2>&1
-  grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/tests.log" | head -40
-  (cd build && ctest -L cpu -j 16 --timeout 300) >> "$OUT/tests.log" 2>&1
-  grep -E "tests passed" "$OUT/tests.log" | tail -1
+  if [ -n "${GPU_TEST_FILTER:-}" ]; then
+    log "CUDA tests matching $GPU_TEST_FILTER"
+    ./build/tests/kvcore_cuda_tests --gtest_filter="$GPU_TEST_FILTER" > "$OUT/tests.log" 2>&1
+    grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Exception|\[attn|tests ran" "$OUT/tests.log" | head -60
+  else
+    log "CUDA tests (CUDA against CPU) and the CPU suite"
+    (cd build && ctest -L gpu --output-on-failure --timeout 600 -j 4) > "$OUT/tests.log" 2>&1
+    grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/tests.log" | head -40
+    (cd build && ctest -L cpu -j 16 --timeout 300) >> "$OUT/tests.log" 2>&1
+    grep -E "tests passed" "$OUT/tests.log" | tail -1
+  fi
 fi
 if has demo; then
   log "demo on the GPU (quick sizes: the float64 checks run on the host)"
@@ -46,7 +54,7 @@ if has bench; then
 fi
 if has baselines; then
   log "PyTorch / HF baselines"
-  for s in bench/*_baseline.py; do
+  for s in ${BASELINES:-bench/*_baseline.py}; do
     [ -f "$s" ] || continue
     log "$s"
     python3 "$s" --json "$OUT/baselines.jsonl" 2>&1 | tee -a "$OUT/baselines.log" | tail -25
