@@ -1,5 +1,7 @@
 // CUDA paged attention (decode and prefill) against the CPU op and the
-// float64 reference, on fresh random pages of awkward sizes.
+// float64 reference, on fresh random pages of awkward sizes; every case runs the
+// automatic kernel (the tensor-core one for head_dim 64/128 with 16-bit or FP8 pages)
+// and both SIMT kernels.
 // Tolerances (relative to max(1, max |ref|)): f32 outputs 3e-5 (rope-on-read
 // 2e-4: f32 sincos of angles up to ~1e3 rad on both sides), f16 outputs 1e-3,
 // bf16 outputs 8e-3 (one output rounding).
@@ -28,10 +30,12 @@ void check_case(const CaseSpec& s, std::vector<int> splits = {0, 1, 5}) {
   const std::vector<float> cpu = run_op(c, Device::cpu());
   const std::vector<double> ref = reference(c);
   EXPECT_LE(max_rel_err(cpu, ref), tol(s));
-  for (int run = 0; run <= static_cast<int>(splits.size()); ++run) {
-    // every split count with the automatic kernel, then the register-load kernel once
-    const int sp = run < static_cast<int>(splits.size()) ? splits[run] : 0;
-    const int variant = run < static_cast<int>(splits.size()) ? 0 : 1;
+  const int n_split_runs = static_cast<int>(splits.size());
+  for (int run = 0; run < n_split_runs + 2; ++run) {
+    // every split count with the automatic kernel (tensor cores where built), then the two
+    // SIMT kernels once each (register loads, cp.async pipeline)
+    const int sp = run < n_split_runs ? splits[run] : 0;
+    const int variant = run < n_split_runs ? 0 : run - n_split_runs + 1;
     const std::vector<float> gpu = run_op(c, Device::cuda(0), sp, nullptr, variant);
     const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
     worst_seen = std::max(worst_seen, e_ref);
