@@ -4,8 +4,10 @@
 // H200's read bandwidth whatever the format; with mma.sync a warp handles a 16-token
 // tile of K and V in ~80 instructions, so the kernel is bound by memory again.
 //
-// CTA = 4 warps for one (query row, split, kv head, chunk of <= 16 query heads). The
-// chunk's heads are the M rows of m16n8k16 (padding rows are zero). Each warp owns every
+// CTA = 4 warps for one (block of query rows, split, kv head, chunk of <= 16 query heads).
+// The M rows of m16n8k16 are (query row, head) pairs: decode has one row per sequence,
+// prefill packs up to 16 / heads rows of one sequence, so a K/V tile read from memory
+// serves all of them (each row keeps its own causal limit). Padding rows are zero. Each warp owns every
 // 4th 16-token tile of the split and a private cp.async ring of kStages tiles (K, V and
 // the tile's metadata words), so the main loop needs only __syncwarp. Per tile:
 //   S = Q K^T (ldmatrix of K rows; FP8 rows are converted in registers), masked,
@@ -197,18 +199,34 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const int bs = p.layout.block_size;
   const int n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
-  const int q_pos = p.maybe_q_positions ? p.maybe_q_positions[row] : 0;
   const int h0 = kvh * p.group + chunk * chunk_heads;
   const int n_h = min(chunk_heads, p.group - chunk * chunk_heads);
+  // Prefill: this CTA serves rows row .. row + n_r - 1 of sequence b when row starts a
+  // block of 16 / chunk_heads rows of b; the CTAs of the other rows have nothing to do.
+  int n_r = 1;
+  if (p.maybe_qo_indptr) {
+    const int per = 16 / chunk_heads, first = p.maybe_qo_indptr[b];
+    if ((row - first) % per != 0) return;
+    n_r = min(per, p.maybe_qo_indptr[b + 1] - row);
+  }
+  // M row m = rr * chunk_heads + gg: query row row + rr, head h0 + gg.
+  auto m_real = [&](int m) { return m / chunk_heads < n_r && m % chunk_heads < n_h; };
+  auto m_qpos = [&](int m) {
+    return p.maybe_q_positions && m / chunk_heads < n_r ? p.maybe_q_positions[row + m / chunk_heads] : 0;
+  };
+  const int q_pos0 = m_qpos(g), q_pos1 = m_qpos(g + 8);  // this thread's two M rows
 
-  // ---- queries -> shared f32 [16][HD] (rows >= n_h zero) -> hi/lo A fragments in registers
+  // ---- queries -> shared f32 [16][HD] (padding rows zero) -> hi/lo A fragments in registers
   uint32_t qhi[S::kKSteps][4], qlo[S::kKSteps][4];
   {
     float* qs = reinterpret_cast<float*>(smem);
     for (int i = tid; i < 16 * HD; i += kThreads) {
-      const int h = i / HD, d = i % HD;
-      qs[i] = h < n_h ? q_elem_to_f32(p.q, int64_t{row} * p.q_row_stride + int64_t{h0 + h} * p.q_head_stride + d, p.q_elem)
-                      : 0.0f;
+      const int m = i / HD, d = i % HD;
+      qs[i] = m_real(m) ? q_elem_to_f32(p.q,
+                                        int64_t{row + m / chunk_heads} * p.q_row_stride +
+                                            int64_t{h0 + m % chunk_heads} * p.q_head_stride + d,
+                                        p.q_elem)
+                        : 0.0f;
     }
     float* freq = reinterpret_cast<float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
     if constexpr (ROPE) {
@@ -220,10 +238,11 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     __syncthreads();
     if (ROPE && p.rotate_query) {  // q at its own position, exactly as the CPU does it
       const int n_pairs = p.rope.layout.n_pairs();
-      for (int i = tid; i < n_h * n_pairs; i += kThreads) {
+      for (int i = tid; i < 16 * n_pairs; i += kThreads) {
         const int h = i / n_pairs, pi = i % n_pairs;
+        if (!m_real(h)) continue;
         float sn, cs;
-        math::sincos_f32(math::rope_angle(static_cast<float>(q_pos), freq[pi]), &sn, &cs);
+        math::sincos_f32(math::rope_angle(static_cast<float>(m_qpos(h)), freq[pi]), &sn, &cs);
         math::rotate_pair(qs[h * HD + p.rope.layout.dim0(pi)], qs[h * HD + p.rope.layout.dim1(pi)],
                           cs * p.rope.attention_factor, sn * p.rope.attention_factor);
       }
@@ -317,8 +336,9 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
 
-    // ---- this thread's 4 keys: tile rows nb * 8 + 2t + e
-    bool vis[2][2];
+    // ---- this thread's 4 keys: tile rows nb * 8 + 2t + e. vis: live and in range (every
+    // M row); seen[nb][x]: also within C element x's row's causal and window limits.
+    bool vis[2][2], seen[2][4];
     float ksc[S::kScaleBlocks][2][2], vsc[S::kScaleBlocks][2][2];
     bool any_hidden = false;
 #pragma unroll
@@ -329,12 +349,18 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         const int cell = meta[r];
         bool v = cell >= 0;
         if (v && p.maybe_valid) v = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
+        vis[nb][e] = v;
+        seen[nb][e] = seen[nb][2 + e] = v;
         if (v && need_pos) {
           const int k_pos = meta[kTile + r];
-          if (p.causal && k_pos > q_pos) v = false;
-          if (p.window > 0 && static_cast<int64_t>(q_pos) - k_pos >= p.window) v = false;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int qp = half ? q_pos1 : q_pos0;
+            bool ok = !(p.causal && k_pos > qp);
+            if (p.window > 0 && static_cast<int64_t>(qp) - k_pos >= p.window) ok = false;
+            seen[nb][2 * half + e] = ok;
+          }
         }
-        vis[nb][e] = v;
 #pragma unroll
         for (int c = 0; c < S::kScaleBlocks; ++c) ksc[c][nb][e] = vsc[c][nb][e] = 1.0f;
         if constexpr (kFp8) {
@@ -433,7 +459,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
           float v = 0.0f;
 #pragma unroll
           for (int c = 0; c < S::kScaleBlocks; ++c) v = fmaf(acc[c][nb][x], ksc[c][nb][x & 1], v);
-          s[nb][x] = vis[nb][x & 1] ? v * sl2 : math::neg_inf_f32();
+          s[nb][x] = seen[nb][x] ? v * sl2 : math::neg_inf_f32();
         }
     }
 
@@ -565,8 +591,9 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     ml[(warp * 16 + g + 8) * 2] = m1, ml[(warp * 16 + g + 8) * 2 + 1] = l1;
   }
   __syncthreads();
-  for (int i = tid; i < n_h * HD; i += kThreads) {
+  for (int i = tid; i < 16 * HD; i += kThreads) {
     const int h = i / HD, d = i % HD;
+    if (!m_real(h)) continue;
     float mx = ml[h * 2];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) mx = math::max_f32(mx, ml[(w * 16 + h) * 2]);
@@ -577,7 +604,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       l += ml[(w * 16 + h) * 2 + 1] * f;
       acc += red[(w * 16 + h) * HD + d] * f;
     }
-    const int64_t part = (int64_t{row} * p.n_q_heads + h0 + h) * p.num_splits + split;
+    const int64_t part = (int64_t{row + h / chunk_heads} * p.n_q_heads + h0 + h % chunk_heads) * p.num_splits + split;
     p.o_part[part * HD + d] = l > 0.0f ? acc / l : 0.0f;
     if (d == 0) p.lse_part[part] = l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
   }

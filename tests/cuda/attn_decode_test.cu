@@ -154,17 +154,23 @@ TEST(AttnCuda, LongContextSplitK) {
 
 TEST(AttnCuda, PrefillCausal) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  for (DType kv : {DType::F16, DType::E4M3}) {
+  // group 4: 4 query rows per tensor-core CTA; group 1: 16 rows; group 16: one row.
+  struct H {
+    int q, kv;
+    DType t;
+  };
+  for (H h : {H{8, 2, DType::F16}, H{8, 2, DType::E4M3}, H{4, 4, DType::BF16}, H{32, 2, DType::F16}}) {
+    const DType kv = h.t;
     CaseSpec s;
     s.kv = kv;
-    s.head_dim = 128;
-    s.n_q_heads = 8;
-    s.n_kv_heads = 2;
+    s.head_dim = h.q == 4 ? 64 : 128;
+    s.n_q_heads = h.q;
+    s.n_kv_heads = h.kv;
     s.seq_cells = {140, 19, 333};
     s.q_tokens = {33, 19, 1};
     s.dead_rate = 0.1;
     s.sinks = true;
-    s.seed = 21 + int(kv);
+    s.seed = 21 + int(kv) + h.q;
     check_case(s, {0, 3});
     s.window = 16;
     s.rope_on_read = true;
