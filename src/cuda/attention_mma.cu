@@ -61,10 +61,13 @@ bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant) {
 bool serves(const PagedAttentionParams& p) {
   if (!serves_shape(p.layout.head_dim, p.kv_elem, p.kernel_variant)) return false;
   if (p.rope_on_read && p.kv_elem == math::KvElem::E4M3) return false;  // pairs cross scale blocks
-  // Metadata words are copied with 4-byte cp.async from word-aligned addresses.
-  if (p.maybe_valid && !aligned4(p.maybe_valid)) return false;
+  // Byte metadata (valid flags, UE8M0 scales) is copied as the aligned 4-byte word holding
+  // it: the arrays must start word-aligned and span whole words (no read past their end).
+  const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
+  if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
   if (p.kv_elem == math::KvElem::E4M3 && p.scale_mode == math::KvScaleMode::Ue8m0Per64 &&
-      !(aligned4(p.maybe_k_scale_u8) && aligned4(p.maybe_v_scale_u8)))
+      !(aligned4(p.maybe_k_scale_u8) && aligned4(p.maybe_v_scale_u8) &&
+        cells * p.layout.n_kv_heads * (p.layout.head_dim / 64) % 4 == 0))
     return false;
   return true;
 }
