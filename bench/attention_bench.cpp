@@ -201,15 +201,15 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
   ao.max_seq_cells = ctx;
   if (rope) ao.rope_on_read = RopeSpec::llama3_8b();
   const int32_t splits = std::max(attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 0),
-                                  attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 1));
+                                  attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 2));
   s.ws = Buffer(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
   ao.workspace = TensorRef(s.ws.data(), DType::U8, d, {static_cast<int64_t>(s.ws.size())});
-  // The automatic kernel (the cp.async pipeline at this shape on CUDA) and, for comparison,
-  // the register-load kernel ("_regload").
-  for (int variant : {0, 1}) {
-    if (variant == 1 && !d.is_cuda()) break;
+  // The automatic kernel (tensor cores at this shape on CUDA; FP8 with rope-on-read: the
+  // SIMT kernel) and, for comparison, the SIMT cp.async kernel ("_simt").
+  for (int variant : {0, 2}) {
+    if (variant == 2 && (!d.is_cuda() || (rope && fp8))) break;
     ao.kernel_variant = variant;
-    const std::string cname = name + (variant ? "_regload" : "");
+    const std::string cname = name + (variant ? "_simt" : "");
     if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
       opt.note(cname + ": result check FAILED, not timed");
       continue;

@@ -5,6 +5,7 @@
 
 #include "cuda/attention_decode.cuh"
 #include "cuda/attention_merge.cuh"
+#include "cuda/attention_mma.hpp"
 
 namespace kvcore::ops::cuda {
 
@@ -107,14 +108,19 @@ void dispatch_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cu
 int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
                                 int kernel_variant, int64_t max_seq_cells) {
   KVCORE_CUDA_CHECK(cudaSetDevice(device));
-  const int G = heads_per_cta(head_dim, kv, group);
+  const bool mma = mma_attn::serves_shape(head_dim, kv, kernel_variant);
+  const int G = mma ? mma_attn::heads_per_cta(group) : heads_per_cta(head_dim, kv, group);
   const int chunks = (group + G - 1) / G;
-  PagedAttentionParams q{};
-  q.layout.head_dim = head_dim;
-  q.kv_elem = kv;
-  q.kernel_variant = kernel_variant;
   int per_sm = 0;
-  dispatch_hd(q, G, chunks, dim3(), nullptr, &per_sm);
+  if (mma) {
+    per_sm = mma_attn::blocks_per_sm(head_dim, kv, false);
+  } else {
+    PagedAttentionParams q{};
+    q.layout.head_dim = head_dim;
+    q.kv_elem = kv;
+    q.kernel_variant = kernel_variant;
+    dispatch_hd(q, G, chunks, dim3(), nullptr, &per_sm);
+  }
   const int64_t slots = int64_t{std::max(per_sm, 1)} * sm_count(device);
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
   // At least 128 cells per split; at most 1024 splits.
@@ -138,15 +144,21 @@ void attention_paged(const PagedAttentionParams& p) {
   require_arg(reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0,
               "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
   const int hd = p.layout.head_dim;
-  const int G = heads_per_cta(hd, p.kv_elem, p.group);
-  const int chunks = (p.group + G - 1) / G;
-  const int64_t gx = int64_t{p.n_rows} * p.num_splits;
-  const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
-  require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention: grid too large (rows x splits ", gx,
-              ", kv heads x chunks ", gy, ")");
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
   cudaStream_t stream = kvcore::cuda::native(p.stream);
-  dispatch_hd(p, G, chunks, grid, stream, nullptr);
+  if (mma_attn::serves(p)) {
+    mma_attn::launch(p, stream);
+  } else {
+    const int G = heads_per_cta(hd, p.kv_elem, p.group);
+    const int chunks = (p.group + G - 1) / G;
+    const int64_t gx = int64_t{p.n_rows} * p.num_splits;
+    const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
+    require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention: grid too large (rows x splits ", gx,
+                ", kv heads x chunks ", gy, ")");
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+    PagedAttentionParams simt = p;
+    if (simt.kernel_variant == 3) simt.kernel_variant = 0;  // asked for mma where it is not built
+    dispatch_hd(simt, G, chunks, grid, stream, nullptr);
+  }
   attn::MergeArgs m{};
   m.o_part = p.o_part;
   m.lse_part = p.lse_part;

@@ -1,5 +1,7 @@
 // CUDA paged attention (decode and prefill) against the CPU op and the
-// float64 reference, on fresh random pages of awkward sizes.
+// float64 reference, on fresh random pages of awkward sizes; every case runs the
+// automatic kernel (the tensor-core one for head_dim 64/128 with 16-bit or FP8 pages)
+// and both SIMT kernels.
 // Tolerances (relative to max(1, max |ref|)): f32 outputs 3e-5 (rope-on-read
 // 2e-4: f32 sincos of angles up to ~1e3 rad on both sides), f16 outputs 1e-3,
 // bf16 outputs 8e-3 (one output rounding).
@@ -28,10 +30,12 @@ void check_case(const CaseSpec& s, std::vector<int> splits = {0, 1, 5}) {
   const std::vector<float> cpu = run_op(c, Device::cpu());
   const std::vector<double> ref = reference(c);
   EXPECT_LE(max_rel_err(cpu, ref), tol(s));
-  for (int run = 0; run <= static_cast<int>(splits.size()); ++run) {
-    // every split count with the automatic kernel, then the register-load kernel once
-    const int sp = run < static_cast<int>(splits.size()) ? splits[run] : 0;
-    const int variant = run < static_cast<int>(splits.size()) ? 0 : 1;
+  const int n_split_runs = static_cast<int>(splits.size());
+  for (int run = 0; run < n_split_runs + 2; ++run) {
+    // every split count with the automatic kernel (tensor cores where built), then the two
+    // SIMT kernels once each (register loads, cp.async pipeline)
+    const int sp = run < n_split_runs ? splits[run] : 0;
+    const int variant = run < n_split_runs ? 0 : run - n_split_runs + 1;
     const std::vector<float> gpu = run_op(c, Device::cuda(0), sp, nullptr, variant);
     const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
     worst_seen = std::max(worst_seen, e_ref);
@@ -150,17 +154,23 @@ TEST(AttnCuda, LongContextSplitK) {
 
 TEST(AttnCuda, PrefillCausal) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  for (DType kv : {DType::F16, DType::E4M3}) {
+  // group 4: 4 query rows per tensor-core CTA; group 1: 16 rows; group 16: one row.
+  struct H {
+    int q, kv;
+    DType t;
+  };
+  for (H h : {H{8, 2, DType::F16}, H{8, 2, DType::E4M3}, H{4, 4, DType::BF16}, H{32, 2, DType::F16}}) {
+    const DType kv = h.t;
     CaseSpec s;
     s.kv = kv;
-    s.head_dim = 128;
-    s.n_q_heads = 8;
-    s.n_kv_heads = 2;
+    s.head_dim = h.q == 4 ? 64 : 128;
+    s.n_q_heads = h.q;
+    s.n_kv_heads = h.kv;
     s.seq_cells = {140, 19, 333};
     s.q_tokens = {33, 19, 1};
     s.dead_rate = 0.1;
     s.sinks = true;
-    s.seed = 21 + int(kv);
+    s.seed = 21 + int(kv) + h.q;
     check_case(s, {0, 3});
     s.window = 16;
     s.rope_on_read = true;

@@ -63,8 +63,10 @@ struct AttentionOptions {
   // this copies the tables to the host (a synchronization); engines that trust their tables
   // may turn it off. Shapes and dtypes are always checked.
   bool check_tables = true;
-  // CUDA tuning and testing: 0 automatic, 1 the register-load kernel, 2 the cp.async
-  // pipeline (built for head_dim 128 with 16-bit and FP8 pages; elsewhere 2 means 1).
+  // CUDA tuning and testing: 0 automatic (the tensor-core kernel where it is built, else the
+  // SIMT kernel), 1 the SIMT register-load kernel, 2 the SIMT cp.async pipeline (head_dim 128
+  // with 16-bit and FP8 pages; elsewhere 2 means 1), 3 the tensor-core kernel (head_dim 64 and
+  // 128, 16-bit and FP8 pages; rope-on-read with 16-bit pages only; elsewhere 3 means 0).
   int32_t kernel_variant = 0;
   Stream stream;
 };

@@ -1,0 +1,97 @@
+// Launchers of the tensor-core decode kernel (attention_mma.cuh): which calls it
+// serves, its occupancy for the split-K choice, and the launch.
+#include "cuda/attention_mma.cuh"
+#include "cuda/attention_mma.hpp"
+
+namespace kvcore::ops::cuda::mma_attn {
+
+namespace {
+
+template <int HD, math::KvElem KV, bool ROPE>
+void launch_one(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream,
+                int* blocks_per_sm) {
+  constexpr int kSmem = Shape<HD, KV, ROPE>::kSmemBytes;
+  static const bool attr_set = [] {
+    KVCORE_CUDA_CHECK(
+        cudaFuncSetAttribute(mma_decode_kernel<HD, KV, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)attr_set;
+  if (blocks_per_sm) {
+    KVCORE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mma_decode_kernel<HD, KV, ROPE>, kThreads, kSmem));
+    return;
+  }
+  mma_decode_kernel<HD, KV, ROPE><<<grid, kThreads, kSmem, stream>>>(p, chunks, chunk_heads);
+  KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");
+}
+
+template <int HD, math::KvElem KV>
+void launch_rope(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+  if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps);
+  launch_one<HD, KV, false>(p, grid, chunks, chunk_heads, stream, bps);
+}
+
+template <int HD>
+void launch_hd(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+  switch (p.kv_elem) {
+    case math::KvElem::F16: return launch_rope<HD, math::KvElem::F16>(p, grid, chunks, chunk_heads, stream, bps);
+    case math::KvElem::BF16: return launch_rope<HD, math::KvElem::BF16>(p, grid, chunks, chunk_heads, stream, bps);
+    case math::KvElem::E4M3:
+      if (p.rope_on_read) break;
+      return launch_one<HD, math::KvElem::E4M3, false>(p, grid, chunks, chunk_heads, stream, bps);
+    case math::KvElem::F32: break;
+  }
+  throw Error(ErrorCode::NotSupported, "mma attention: f32 pages, and FP8 pages with rope on read, are not served");
+}
+
+void dispatch(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+  if (p.layout.head_dim == 64) return launch_hd<64>(p, grid, chunks, chunk_heads, stream, bps);
+  return launch_hd<128>(p, grid, chunks, chunk_heads, stream, bps);
+}
+
+bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
+
+}  // namespace
+
+bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant) {
+  return (kernel_variant == 0 || kernel_variant == 3) && (head_dim == 64 || head_dim == 128) && kv != math::KvElem::F32;
+}
+
+bool serves(const PagedAttentionParams& p) {
+  if (!serves_shape(p.layout.head_dim, p.kv_elem, p.kernel_variant)) return false;
+  if (p.rope_on_read && p.kv_elem == math::KvElem::E4M3) return false;  // pairs cross scale blocks
+  // Byte metadata (valid flags, UE8M0 scales) is copied as the aligned 4-byte word holding
+  // it: the arrays must start word-aligned and span whole words (no read past their end).
+  const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
+  if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
+  if (p.kv_elem == math::KvElem::E4M3 && p.scale_mode == math::KvScaleMode::Ue8m0Per64 &&
+      !(aligned4(p.maybe_k_scale_u8) && aligned4(p.maybe_v_scale_u8) &&
+        cells * p.layout.n_kv_heads * (p.layout.head_dim / 64) % 4 == 0))
+    return false;
+  return true;
+}
+
+int heads_per_cta(int group) { return group < 16 ? group : 16; }
+
+int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read) {
+  PagedAttentionParams q{};
+  q.layout.head_dim = head_dim;
+  q.kv_elem = kv;
+  q.rope_on_read = rope_on_read && kv != math::KvElem::E4M3;
+  int n = 0;
+  dispatch(q, dim3(), 1, 1, nullptr, &n);
+  return n;
+}
+
+void launch(const PagedAttentionParams& p, cudaStream_t stream) {
+  const int chunk_heads = heads_per_cta(p.group);
+  const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
+  const int64_t gx = int64_t{p.n_rows} * p.num_splits;
+  const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
+  require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention: grid too large (rows x splits ", gx,
+              ", kv heads x chunks ", gy, ")");
+  dispatch(p, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), chunks, chunk_heads, stream, nullptr);
+}
+
+}  // namespace kvcore::ops::cuda::mma_attn
