@@ -82,6 +82,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
   const int h0 = kvh * p.group + chunk * chunk_heads;
   const int n_h = min(chunk_heads, p.group - chunk * chunk_heads);
+  const int pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;  // key pos = stored - pos_off
   // Prefill: this CTA serves rows row .. row + n_r - 1 of sequence b when row starts a
   // block of kN / chunk_heads rows of b; the CTAs of the other rows have nothing to do.
   int n_r = 1;
@@ -238,7 +239,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       bool v = cell >= 0;
       if (v && p.maybe_valid) v = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
       vis[e] = v;
-      kpos[e] = need_pos ? meta[kTile + r] : 0;
+      kpos[e] = need_pos ? meta[kTile + r] - pos_off : 0;
 #pragma unroll
       for (int c = 0; c < SB; ++c) ksc[c][e] = vsc[c][e] = 1.0f;
       if constexpr (kFp8) {
@@ -265,7 +266,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       const float* freq = reinterpret_cast<const float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
       const int r = lane / 2;
       if (meta[r] >= 0) {
-        const float pos = static_cast<float>(meta[kTile + r]);
+        const float pos = static_cast<float>(meta[kTile + r] - pos_off);
         const float mag = p.rope.attention_factor;
         const int n_pairs = p.rope.layout.n_pairs();
         for (int pi = lane % 2; pi < n_pairs; pi += 2) {
