@@ -44,7 +44,9 @@ struct Shape {
   static constexpr int kTileBytes = kTile * kRowBytes;
   static constexpr int kKSteps = HD / 16;         // k-steps of S^T; also the 16-dim m-tiles of O^T
   static constexpr int kScaleBlocks = kFp8 ? HD / 64 : 1;
-  static constexpr int kStages = kFp8 ? 4 : 3;
+  // Ring depth per warp: FP8 tiles are half the size; rope on read needs room for the lo
+  // tiles, and 2 CTAs per SM matter more than a third stage.
+  static constexpr int kStages = kFp8 ? 4 : ROPE ? 2 : 3;
   static constexpr int kStageBytes = 2 * kTileBytes + kTile * kMetaWords * 4;
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kMergeBytes = kWarps * kN * (HD + 2) * 4;
