@@ -101,7 +101,7 @@ bool check_paged(PagedSetup& s, Device d, const PagedKV& kv, const BlockTable& t
   std::vector<int32_t> ip{0, static_cast<int32_t>(nb)}, ix(nb), lp{static_cast<int32_t>(s.ctx - (nb - 1) * kBlock)};
   std::iota(ix.begin(), ix.end(), 0);
   BlockTable ht{TensorRef(ip.data(), DType::I32, Device::cpu(), {2}), TensorRef(ix.data(), DType::I32, Device::cpu(), {nb}),
-                TensorRef(lp.data(), DType::I32, Device::cpu(), {1})};
+                TensorRef(lp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
   std::vector<float> hq(kQHeads * kHeadDim), ho(kQHeads * kHeadDim), go(kQHeads * kHeadDim);
   copy_bytes(hq.data(), Device::cpu(), q.data(), d, hq.size() * 4);
   copy_bytes(go.data(), Device::cpu(), out.data(), d, go.size() * 4);
@@ -195,7 +195,7 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
   for (int64_t c = 0; c < s.copies; ++c)
     tables.push_back({TensorRef(s.indptr.data(), DType::I32, d, {batch + 1}),
                       TensorRef(s.indices_dev[c].data(), DType::I32, d, {per_copy}),
-                      TensorRef(s.lpl.data(), DType::I32, d, {batch})});
+                      TensorRef(s.lpl.data(), DType::I32, d, {batch}), TensorRef()});
   const TensorRef q(s.q.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
   const TensorRef out(s.out.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
   AttentionOptions ao;
