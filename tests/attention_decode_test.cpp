@@ -150,3 +150,43 @@ TEST(AttentionPrefill, CausalChunkAgainstPrefixAndItself) {
     check(s, 2);
   }
 }
+
+// Cells that store position + a per-sequence offset, read with table.pos_offset, give the
+// same attention as materialized positions: rope on read, window, causal prefill, forks.
+TEST(AttentionDecode, PositionOffsetsActLikeMaterializedPositions) {
+  for (int variant = 0; variant < 4; ++variant) {
+    CaseSpec s;
+    s.head_dim = 64;
+    s.seq_cells = {45, 80, 17};
+    s.dead_rate = 0.2;
+    s.pos_offsets = true;
+    s.rope_on_read = variant != 1;
+    s.rotate_query = variant == 2;
+    s.window = variant >= 1 ? 30 : 0;
+    s.shared_blocks = variant == 3 ? 2 : 0;
+    if (variant == 2) s.q_tokens = {5, 9, 1};
+    s.seed = 60 + variant;
+    check(s);
+  }
+}
+
+TEST(AttentionDecode, PositionOffsetOfTheWrongShapeThrows) {
+  CaseSpec s;
+  s.seq_cells = {20, 30};
+  s.pos_offsets = true;
+  const HostCase c = make_case(s);
+  DeviceCase g;
+  make_device_case(c, Device::cpu(), g);
+  std::vector<float> out(static_cast<size_t>(c.rows) * s.n_q_heads * s.head_dim, 42.0f);
+  const TensorRef o(out.data(), DType::F32, Device::cpu(), {c.rows, s.n_q_heads, s.head_dim});
+  BlockTable t = g.table;
+  std::vector<int32_t> three{0, 0, 0};
+  t.pos_offset = TensorRef(three.data(), DType::I32, Device::cpu(), {3});
+  try {
+    attention_decode(g.q_ref, g.kv, t, o, g.opt);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pos_offset"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(out, std::vector<float>(out.size(), 42.0f));
+}

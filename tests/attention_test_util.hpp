@@ -30,6 +30,7 @@ struct CaseSpec {
   bool sinks = false;
   bool rope_on_read = false, rotate_query = false;
   std::vector<int> q_tokens;       // prefill: new tokens per sequence (the last cells of each sequence)
+  bool pos_offsets = false;        // store positions + a per-sequence offset, pass table.pos_offset
   uint64_t seed = 1;
 };
 
@@ -261,7 +262,7 @@ inline std::vector<double> reference(const HostCase& c) {
 
 // Device copies of a HostCase and the views an op call takes.
 struct DeviceCase {
-  Buffer k, v, ks, vs, pos, valid, indptr, indices, lpl, q, qpos, qo, sinks;
+  Buffer k, v, ks, vs, pos, valid, indptr, indices, lpl, q, qpos, qo, sinks, pos_off;
   PagedKV kv;
   BlockTable table;
   AttentionOptions opt;
@@ -294,7 +295,26 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
       g.kv.v_scale = TensorRef(g.vs.data(), DType::UE8M0, d, {nb, bs, nkv, D / 64});
     }
   }
-  g.pos = upload(c.positions, d);
+  if (s.pos_offsets) {
+    // Each sequence's cells store position + offset (forked sequences share one offset, as
+    // PagedCache keeps it); the op must subtract table.pos_offset and see the same keys.
+    const int64_t n_seq = static_cast<int64_t>(c.last_page_len.size());
+    std::vector<int32_t> off(n_seq), stored = c.positions;
+    for (int64_t b = 0; b < n_seq; ++b) off[b] = s.shared_blocks > 0 ? 1234 : 1000 + 37 * static_cast<int32_t>(b);
+    std::vector<bool> done(stored.size(), false);
+    for (int64_t b = 0; b < n_seq; ++b)
+      for (int32_t i = c.indptr[b]; i < c.indptr[b + 1]; ++i)
+        for (int64_t slot = 0; slot < s.block_size; ++slot) {
+          const int64_t cell = int64_t{c.indices[i]} * s.block_size + slot;
+          if (!done[cell]) stored[cell] += off[b], done[cell] = true;
+        }
+    g.pos = upload(stored, d);
+    g.pos_off = upload(off, d);
+    g.table.pos_offset = TensorRef(g.pos_off.data(), DType::I32, d, {n_seq});
+  } else {
+    g.pos = upload(c.positions, d);
+    g.table.pos_offset = TensorRef();
+  }
   g.valid = upload(c.valid, d);
   g.kv.positions = TensorRef(g.pos.data(), DType::I32, d, {nb, bs});
   g.kv.valid = TensorRef(g.valid.data(), DType::U8, d, {nb, bs});

@@ -126,7 +126,7 @@ class Stack {
            bqp = Buffer::from_host(qpos, dev_);
     BlockTable table{TensorRef(bip.data(), DType::I32, dev_, {c_.batch + 1}),
                      TensorRef(bix.data(), DType::I32, dev_, {static_cast<int64_t>(indices.size())}),
-                     TensorRef(blp.data(), DType::I32, dev_, {c_.batch})};
+                     TensorRef(blp.data(), DType::I32, dev_, {c_.batch}), TensorRef()};
     double worst = 0;
     for (int l = 0; l < c_.layers; ++l) {
       std::vector<float> q(static_cast<size_t>(c_.batch) * dm);

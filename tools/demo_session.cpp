@@ -168,7 +168,7 @@ RunResult run_session(const SessionShape& s, RopeMode mode, KvFormat fmt, Device
       const KvPool kp = cache.k_pool(l), vp = cache.v_pool(l);
       PagedKV kv{kp.data, vp.data, kp.scales, vp.scales, cache.positions(), cache.valid()};
       attention_decode(TensorRef(qbuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}), kv,
-                       BlockTable{csr.indptr, csr.indices, csr.last_page_len},
+                       BlockTable{csr.indptr, csr.indices, csr.last_page_len, TensorRef()},
                        TensorRef(obuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}), opt);
       std::vector<float> out = obuf.to_host<float>();
 

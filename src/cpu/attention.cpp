@@ -37,6 +37,7 @@ void run_task(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spl
   const int32_t n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
   const int32_t q_pos = p.maybe_q_positions ? p.maybe_q_positions[r] : 0;
+  const int32_t pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
 
   // Queries of this kv head's group, rotated if asked, scaled into the log2 domain.
   std::vector<float> q(static_cast<size_t>(G) * D), acc(static_cast<size_t>(G) * D, 0.0f);
@@ -61,14 +62,15 @@ void run_task(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spl
       const int32_t block = p.indices[p.indptr[b] + j / bs];
       const int64_t cell = p.layout.cell(block, j % bs);
       cells[i] = cell;
-      if (!attention_cell_visible(p, cell, q_pos)) {
+      if (!attention_cell_visible(p, cell, q_pos + pos_off)) {  // == key position vs q_pos
         for (int32_t g = 0; g < G; ++g) s[static_cast<size_t>(g) * kTile + i] = math::neg_inf_f32();
         cells[i] = -1;
         continue;
       }
       load_row(p, true, cell, kvh, krow.data());
       if (p.rope_on_read)
-        math::rope_rotate_row(krow.data(), p.rope, static_cast<float>(p.maybe_positions[cell]), p.rope.attention_factor);
+        math::rope_rotate_row(krow.data(), p.rope, static_cast<float>(attention_key_position(p, cell, b)),
+                              p.rope.attention_factor);
       for (int32_t g = 0; g < G; ++g) {
         const float* qg = &q[static_cast<size_t>(g) * D];
         float dot = 0.0f;

@@ -1,6 +1,8 @@
 // Host side of CUDA attention: kernel choice and grid, the split-K merge kernel.
 #include <algorithm>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "cuda/attention_decode.cuh"
@@ -111,15 +113,28 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   const bool mma = mma_attn::serves_shape(head_dim, kv, kernel_variant);
   const int G = mma ? mma_attn::heads_per_cta(group) : heads_per_cta(head_dim, kv, group);
   const int chunks = (group + G - 1) / G;
+  // Occupancy queries cost host time on every call: remember them per kernel choice.
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int, int>, int> known;
+  const auto key = std::make_tuple(device, head_dim, static_cast<int>(kv), mma ? 3 : kernel_variant, G);
   int per_sm = 0;
-  if (mma) {
-    per_sm = mma_attn::blocks_per_sm(head_dim, kv, false);
-  } else {
-    PagedAttentionParams q{};
-    q.layout.head_dim = head_dim;
-    q.kv_elem = kv;
-    q.kernel_variant = kernel_variant;
-    dispatch_hd(q, G, chunks, dim3(), nullptr, &per_sm);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = known.find(key);
+    if (it != known.end()) per_sm = it->second;
+  }
+  if (per_sm == 0) {
+    if (mma) {
+      per_sm = mma_attn::blocks_per_sm(head_dim, kv, false, group);
+    } else {
+      PagedAttentionParams q{};
+      q.layout.head_dim = head_dim;
+      q.kv_elem = kv;
+      q.kernel_variant = kernel_variant;
+      dispatch_hd(q, G, chunks, dim3(), nullptr, &per_sm);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    known[key] = per_sm;
   }
   const int64_t slots = int64_t{std::max(per_sm, 1)} * sm_count(device);
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);

@@ -123,6 +123,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
   const int n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
   const int q_pos = p.maybe_q_positions ? p.maybe_q_positions[row] : 0;
+  const int pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
   const int h0 = kvh * p.group + chunk * G;
   const int n_h = min(G, p.group - chunk * G);
   const int n_pairs = p.rope.layout.n_pairs();
@@ -250,7 +251,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
         const int blk = blocks[pow2_bs ? j >> bs_shift : j / bs];
         const int slot = pow2_bs ? j & (bs - 1) : j % bs;
         const int64_t cell = int64_t{blk} * bs + slot;
-        vis[u] = attention_cell_visible(p, cell, q_pos);
+        vis[u] = attention_cell_visible(p, cell, q_pos + pos_off);  // == key position vs q_pos
         if (vis[u]) {
           const int64_t row_id = cell * n_kv + kvh;
           if constexpr (ASYNC) {
@@ -278,7 +279,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
               vsc[u] = p.maybe_v_scale_f32[row_id];
             }
           }
-          if (p.rope_on_read) kpos[u] = p.maybe_positions[cell];
+          if (p.rope_on_read) kpos[u] = p.maybe_positions[cell] - pos_off;
         }
       }
     }

@@ -7,23 +7,33 @@ namespace kvcore::ops::cuda::mma_attn {
 
 namespace {
 
-template <int HD, math::KvElem KV, bool ROPE>
-void launch_one(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream,
-                int* blocks_per_sm) {
-  constexpr int kSmem = Shape<HD, KV, ROPE>::kSmemBytes;
+template <int HD, math::KvElem KV, bool ROPE, int NT>
+void launch_nt(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream,
+               int* blocks_per_sm) {
+  constexpr int kSmem = Shape<HD, KV, ROPE, NT>::kSmemBytes;
   static const bool attr_set = [] {
     KVCORE_CUDA_CHECK(
-        cudaFuncSetAttribute(mma_decode_kernel<HD, KV, ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        cudaFuncSetAttribute(mma_decode_kernel<HD, KV, ROPE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)attr_set;
   if (blocks_per_sm) {
     KVCORE_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mma_decode_kernel<HD, KV, ROPE>, kThreads, kSmem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mma_decode_kernel<HD, KV, ROPE, NT>, kThreads, kSmem));
     return;
   }
-  mma_decode_kernel<HD, KV, ROPE><<<grid, kThreads, kSmem, stream>>>(p, chunks, chunk_heads);
+  mma_decode_kernel<HD, KV, ROPE, NT><<<grid, kThreads, kSmem, stream>>>(p, chunks, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");
+}
+
+// 8 query columns per CTA for decode with up to 8 heads per kv head; else 16 (prefill packs
+// 16 / heads rows).
+template <int HD, math::KvElem KV, bool ROPE>
+void launch_one(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream,
+                int* blocks_per_sm) {
+  if (chunk_heads <= 8 && !p.maybe_qo_indptr)
+    return launch_nt<HD, KV, ROPE, 1>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+  launch_nt<HD, KV, ROPE, 2>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
 }
 
 template <int HD, math::KvElem KV>
@@ -74,13 +84,13 @@ bool serves(const PagedAttentionParams& p) {
 
 int heads_per_cta(int group) { return group < 16 ? group : 16; }
 
-int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read) {
+int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
   PagedAttentionParams q{};
   q.layout.head_dim = head_dim;
   q.kv_elem = kv;
   q.rope_on_read = rope_on_read && kv != math::KvElem::E4M3;
   int n = 0;
-  dispatch(q, dim3(), 1, 1, nullptr, &n);
+  dispatch(q, dim3(), 1, heads_per_cta(group), nullptr, &n);
   return n;
 }
 

@@ -1,33 +1,29 @@
-// Tensor-core paged decode attention (head_dim 64 / 128; f16, bf16 and FP8 pages; K
-// stored rotated, or, for 16-bit pages, rotated while read). The SIMT kernel (attention_decode.cuh) spends ~80 instructions per
-// cached row on dot products, shuffles and conversions and so tops out at ~35% of the
-// H200's read bandwidth whatever the format; with mma.sync a warp handles a 16-token
-// tile of K and V in ~80 instructions, so the kernel is bound by memory again.
+// Tensor-core paged attention (decode, and prefill rows packed per CTA): head_dim 64 /
+// 128; f16, bf16 and FP8 pages; K stored rotated, or (16-bit pages) rotated while read.
+// The SIMT kernel (attention_decode.cuh) spends ~80 instructions per cached row on dot
+// products and shuffles and tops out at ~35% of the read bandwidth; here a warp handles a
+// 16-token tile of K and V with ~40 mma.sync, so the kernel is bound by memory again.
 //
-// CTA = 4 warps for one (block of query rows, split, kv head, chunk of <= 16 query heads).
-// The M rows of m16n8k16 are (query row, head) pairs: decode has one row per sequence,
-// prefill packs up to 16 / heads rows of one sequence, so a K/V tile read from memory
-// serves all of them (each row keeps its own causal limit). Padding rows are zero. Each warp owns every
-// 4th 16-token tile of the split and a private cp.async ring of kStages tiles (K, V and
-// the tile's metadata words), so the main loop needs only __syncwarp. Per tile:
-//   S = Q K^T (ldmatrix of K rows; FP8 rows are converted in registers), masked,
-//   online softmax in registers, O += P V (ldmatrix.trans of V rows).
+// Transposed products: the 16 tokens of a tile are the M rows and the query columns (head,
+// or (row, head) in prefill) are N = 8 or 16, so GQA groups of 4-8 waste little:
+//   S^T = K Q^T      (A: K rows by ldmatrix; FP8 codes converted in registers; B: q in registers)
+//   O^T += V^T P^T   (A: V rows by ldmatrix.trans; B: P moved across lanes by 8 shuffles)
+// CTA = 4 warps for one (block of query rows, split, kv head, chunk of <= 16 columns). Each
+// warp owns every 4th tile of the split and a private cp.async ring of kStages tiles (K, V
+// and the tile's metadata words), so the main loop needs only __syncwarp. Online softmax per
+// column; the warps' states are merged in shared memory into one normalized partial
+// (o, lse) per split, combined by attention_merge like the SIMT kernel's.
+//
 // Precision: q and P are split into hi + lo halves of the mma type (two mma each), so
-// scores and outputs carry ~f32 accuracy and match the CPU op at the f32 tolerances.
-// Rope on read (16-bit pages): after a tile lands, the warp rotates its K rows in shared
-// memory at their cached positions (f32 math, cos/sin by a Cody-Waite reduction of the
-// same f32 angle the CPU uses plus the SFU on [-pi/4, pi/4]), keeping hi in place and lo
-// in a per-warp tile, and adds the q_hi K_lo product.
-// FP8 scales: K's per-64 (or per-row) scale multiplies the partial score of its dims;
-// V's scale is folded into P, normalised by the tile's largest scale so P stays <= 1.
-// The warps' states are merged in shared memory into one normalized partial (o, lse)
-// per split, combined by attention_merge like the SIMT kernel's.
+// scores and outputs keep ~f32 accuracy and match the CPU op at the f32 tolerances.
+// Rope on read: the warp rotates its K rows in shared memory at their cached positions
+// (f32 math; cos/sin from the same f32 angle as the CPU), hi in place, lo in a second tile.
+// FP8 scales: K's per-64 (or per-row) scale multiplies the partial score of its dims; V's
+// is folded into P relative to a running per-block reference R (the largest scale seen),
+// so |P| stays <= 1 and O is rescaled only when R grows (with the softmax rescale).
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include "cuda/check.cuh"
+#include "cuda/mma_primitives.cuh"
 #include "kvcore/math/fp8.hpp"
 #include "kvcore/math/softmax.hpp"
 #include "ops/attention_params.hpp"
@@ -36,23 +32,25 @@ namespace kvcore::ops::cuda::mma_attn {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTile = 16;      // tokens per warp step (the k of the P V mma)
+constexpr int kTile = 16;      // tokens per warp step: the M of S^T, the K of O^T
 constexpr int kMetaWords = 5;  // per token of a stage: cell, position, valid word, K scale word, V scale word
 
-template <int HD, math::KvElem KV, bool ROPE = false>
+template <int HD, math::KvElem KV, bool ROPE, int NT>
 struct Shape {
   static constexpr bool kFp8 = KV == math::KvElem::E4M3;
+  static constexpr int kN = 8 * NT;               // query columns per CTA
   static constexpr int kRowBytes = HD * (kFp8 ? 1 : 2);
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per cached row
   static constexpr int kTileBytes = kTile * kRowBytes;
-  static constexpr int kKSteps = HD / 16;         // k-steps of Q K^T
-  static constexpr int kNBlocks = HD / 8;         // 8-dim n-blocks of the output
+  static constexpr int kKSteps = HD / 16;         // k-steps of S^T; also the 16-dim m-tiles of O^T
   static constexpr int kScaleBlocks = kFp8 ? HD / 64 : 1;
-  static constexpr int kStages = kFp8 ? 4 : 3;
+  // Ring depth per warp: FP8 tiles are half the size; rope on read needs room for the lo
+  // tiles, and 2 CTAs per SM matter more than a third stage.
+  static constexpr int kStages = kFp8 ? 4 : ROPE ? 2 : 3;
   static constexpr int kStageBytes = 2 * kTileBytes + kTile * kMetaWords * 4;
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
-  static constexpr int kMergeBytes = kWarps * 16 * (HD + 2) * 4;
-  static constexpr int kQBytes = 16 * HD * 4;
+  static constexpr int kMergeBytes = kWarps * kN * (HD + 2) * 4;
+  static constexpr int kQBytes = kN * HD * 4;
   static constexpr int kBaseBytes =
       kPipeBytes > kMergeBytes ? (kPipeBytes > kQBytes ? kPipeBytes : kQBytes) : (kMergeBytes > kQBytes ? kMergeBytes : kQBytes);
   // Rope on read: after the base area, each warp's K lo tile and the pair frequencies.
@@ -62,137 +60,22 @@ struct Shape {
   static_assert(!(ROPE && kFp8), "FP8 pages rotate on read in the SIMT kernel (pairs cross scale blocks)");
 };
 
-// Byte offset of 16-byte chunk `c` of tile row `r`, XOR-swizzled so that the 8 rows an
-// ldmatrix phase reads at one logical chunk fall in 8 different bank groups.
-template <int CHUNKS>
-__device__ __forceinline__ int swz(int r, int c) {
-  if constexpr (CHUNKS >= 8) return (r * CHUNKS + (c ^ (r & 7))) * 16;
-  else return (r * CHUNKS + (c ^ ((r >> 1) & 3))) * 16;  // 64-byte rows: two per 128 bytes
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool fill) {
-  const int n = fill ? 16 : 0;  // 0: write zeros, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a * b, m16n8k16, f32 accumulators; BF16 picks the bf16 variant.
-template <bool BF16>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (BF16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats -> hi and lo halves of the mma type, packed (x in the low 16 bits).
-template <bool BF16>
-__device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
-  if constexpr (BF16) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    const float2 hf = __bfloat1622float2(h);
-    const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-    hi = *reinterpret_cast<const uint32_t*>(&h);
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-  } else {
-    const __half2 h = __floats2half2_rn(x, y);
-    const float2 hf = __half22float2(h);
-    const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
-    hi = *reinterpret_cast<const uint32_t*>(&h);
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-  }
-}
-
-// Two E4M3 codes (low byte first) -> f16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  uint32_t r;
-  memcpy(&r, &h, 4);
-  return r;
-}
-
-// sin and cos of an f32 angle: Cody-Waite reduction by pi/2 in three f32 parts (FMA keeps
-// each step exact to ~1 ulp of the remainder for |a| < ~2^17 * pi), then the SFU on
-// |r| <= pi/4 (abs. error < 4e-7). The CPU reference rounds a double result (0.5 ulp).
-__device__ __forceinline__ void sincos_reduced(float a, float* s, float* c) {
-  const float k = rintf(a * 0.636619772367581343f);
-  float r = fmaf(-k, 0x1.921fb6p+0f, a);
-  r = fmaf(-k, -0x1.777a5cp-25f, r);
-  r = fmaf(-k, -0x1.ee59dap-50f, r);
-  float sr, cr;
-  __sincosf(r, &sr, &cr);
-  const int q = static_cast<int>(k) & 3;
-  *s = q == 0 ? sr : q == 1 ? cr : q == 2 ? -sr : -cr;
-  *c = q == 0 ? cr : q == 1 ? -sr : q == 2 ? -cr : sr;
-}
-
-// 16-bit element d of tile row r (swizzled like the cp.async copies).
-template <int CHUNKS>
-__device__ __forceinline__ int elem_off(int r, int d) {
-  return swz<CHUNKS>(r, d / 8) + (d % 8) * 2;
-}
-
-template <bool BF16>
-__device__ __forceinline__ float ld16(const unsigned char* p) {
-  const uint16_t b = *reinterpret_cast<const uint16_t*>(p);
-  return BF16 ? __uint_as_float(uint32_t{b} << 16) : __half2float(__ushort_as_half(b));
-}
-template <bool BF16>
-__device__ __forceinline__ void st16_split(unsigned char* hi, unsigned char* lo, float x) {
-  if constexpr (BF16) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    const __nv_bfloat16 l = __float2bfloat16_rn(x - __bfloat162float(h));
-    *reinterpret_cast<__nv_bfloat16*>(hi) = h;
-    *reinterpret_cast<__nv_bfloat16*>(lo) = l;
-  } else {
-    const __half h = __float2half_rn(x);
-    const __half l = __float2half_rn(x - __half2float(h));
-    *reinterpret_cast<__half*>(hi) = h;
-    *reinterpret_cast<__half*>(lo) = l;
-  }
-}
-
-// Output dim held in accumulator element e (0: c0/c2, 1: c1/c3) of n-block nb by a
-// thread of quad position t. FP8 V fragments interleave even and odd dims (see PV).
+// Dim held by O^T accumulator element x of m-tile mt in a thread of fragment row g. FP8 V
+// fragments put dim 2g of the 16-dim chunk in row g and dim 2g + 1 in row g + 8.
 template <bool FP8>
-__device__ __forceinline__ int out_dim(int nb, int e, int t) {
-  if constexpr (FP8) return (nb >> 1) * 16 + 4 * t + 2 * e + (nb & 1);
-  else return nb * 8 + 2 * t + e;
+__device__ __forceinline__ int out_dim(int mt, int x, int g) {
+  if constexpr (FP8) return mt * 16 + 2 * g + (x >> 1);
+  else return mt * 16 + 8 * (x >> 1) + g;
 }
 
-template <int HD, math::KvElem KV, bool ROPE>
+template <int HD, math::KvElem KV, bool ROPE, int NT>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
                                             int chunk, int chunk_heads) {
-  using S = Shape<HD, KV, ROPE>;
+  using S = Shape<HD, KV, ROPE, NT>;
   constexpr bool kFp8 = S::kFp8;
   constexpr bool kBf16 = KV == math::KvElem::BF16;
+  constexpr int kN = S::kN;
+  constexpr int SB = S::kScaleBlocks;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
   const int b = attention_row_seq(p, row);
@@ -201,64 +84,68 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
   const int h0 = kvh * p.group + chunk * chunk_heads;
   const int n_h = min(chunk_heads, p.group - chunk * chunk_heads);
+  const int pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;  // key pos = stored - pos_off
   // Prefill: this CTA serves rows row .. row + n_r - 1 of sequence b when row starts a
-  // block of 16 / chunk_heads rows of b; the CTAs of the other rows have nothing to do.
+  // block of kN / chunk_heads rows of b; the CTAs of the other rows have nothing to do.
   int n_r = 1;
   if (p.maybe_qo_indptr) {
-    const int per = 16 / chunk_heads, first = p.maybe_qo_indptr[b];
+    const int per = kN / chunk_heads, first = p.maybe_qo_indptr[b];
     if ((row - first) % per != 0) return;
     n_r = min(per, p.maybe_qo_indptr[b + 1] - row);
   }
-  // M row m = rr * chunk_heads + gg: query row row + rr, head h0 + gg.
-  auto m_real = [&](int m) { return m / chunk_heads < n_r && m % chunk_heads < n_h; };
-  auto m_qpos = [&](int m) {
-    return p.maybe_q_positions && m / chunk_heads < n_r ? p.maybe_q_positions[row + m / chunk_heads] : 0;
+  // Column n = rr * chunk_heads + gg: query row row + rr, head h0 + gg.
+  auto n_real = [&](int n) { return n / chunk_heads < n_r && n % chunk_heads < n_h; };
+  auto n_qpos = [&](int n) {
+    return p.maybe_q_positions && n / chunk_heads < n_r ? p.maybe_q_positions[row + n / chunk_heads] : 0;
   };
-  const int q_pos0 = m_qpos(g), q_pos1 = m_qpos(g + 8);  // this thread's two M rows
+  int qpos[NT][2];  // this thread's columns 8j + 2t + e
+#pragma unroll
+  for (int j = 0; j < NT; ++j) qpos[j][0] = n_qpos(8 * j + 2 * t), qpos[j][1] = n_qpos(8 * j + 2 * t + 1);
 
-  // ---- queries -> shared f32 [16][HD] (padding rows zero) -> hi/lo A fragments in registers
-  uint32_t qhi[S::kKSteps][4], qlo[S::kKSteps][4];
+  // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments
+  uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
   {
     float* qs = reinterpret_cast<float*>(smem);
-    for (int i = tid; i < 16 * HD; i += kThreads) {
-      const int m = i / HD, d = i % HD;
-      qs[i] = m_real(m) ? q_elem_to_f32(p.q,
-                                        int64_t{row + m / chunk_heads} * p.q_row_stride +
-                                            int64_t{h0 + m % chunk_heads} * p.q_head_stride + d,
+    for (int i = tid; i < kN * HD; i += kThreads) {
+      const int n = i / HD, d = i % HD;
+      qs[i] = n_real(n) ? q_elem_to_f32(p.q,
+                                        int64_t{row + n / chunk_heads} * p.q_row_stride +
+                                            int64_t{h0 + n % chunk_heads} * p.q_head_stride + d,
                                         p.q_elem)
                         : 0.0f;
     }
-    float* freq = reinterpret_cast<float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
     if constexpr (ROPE) {
+      float* freq = reinterpret_cast<float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
       for (int i = tid; i < p.rope.layout.n_pairs(); i += kThreads) freq[i] = p.rope.freq[i];
       // K lo tiles start at zero: the dims RoPE leaves alone keep a zero lo part.
       for (int i = tid; i < kWarps * S::kTileBytes / 16; i += kThreads)
         reinterpret_cast<uint4*>(smem + S::kBaseBytes)[i] = make_uint4(0, 0, 0, 0);
+      __syncthreads();
+      if (p.rotate_query) {  // q at its own position, exactly as the CPU does it
+        const int n_pairs = p.rope.layout.n_pairs();
+        for (int i = tid; i < kN * n_pairs; i += kThreads) {
+          const int n = i / n_pairs, pi = i % n_pairs;
+          if (!n_real(n)) continue;
+          float sn, cs;
+          math::sincos_f32(math::rope_angle(static_cast<float>(n_qpos(n)), freq[pi]), &sn, &cs);
+          math::rotate_pair(qs[n * HD + p.rope.layout.dim0(pi)], qs[n * HD + p.rope.layout.dim1(pi)],
+                            cs * p.rope.attention_factor, sn * p.rope.attention_factor);
+        }
+      }
     }
     __syncthreads();
-    if (ROPE && p.rotate_query) {  // q at its own position, exactly as the CPU does it
-      const int n_pairs = p.rope.layout.n_pairs();
-      for (int i = tid; i < 16 * n_pairs; i += kThreads) {
-        const int h = i / n_pairs, pi = i % n_pairs;
-        if (!m_real(h)) continue;
-        float sn, cs;
-        math::sincos_f32(math::rope_angle(static_cast<float>(m_qpos(h)), freq[pi]), &sn, &cs);
-        math::rotate_pair(qs[h * HD + p.rope.layout.dim0(pi)], qs[h * HD + p.rope.layout.dim1(pi)],
-                          cs * p.rope.attention_factor, sn * p.rope.attention_factor);
-      }
-      __syncthreads();
-    }
 #pragma unroll
-    for (int ks = 0; ks < S::kKSteps; ++ks) {
-      // k index pairs (2t, 2t+1) and (2t+8, 2t+9) of this k-step; FP8 K fragments hold
-      // dims 4t..4t+3 of the 16-dim chunk in their place (a permutation of k, shared by q).
-      const int d0 = kFp8 ? ks * 16 + 4 * t : ks * 16 + 2 * t;
-      const int d1 = kFp8 ? d0 + 2 : d0 + 8;
-      split2<kBf16>(qs[g * HD + d0], qs[g * HD + d0 + 1], qhi[ks][0], qlo[ks][0]);
-      split2<kBf16>(qs[(g + 8) * HD + d0], qs[(g + 8) * HD + d0 + 1], qhi[ks][1], qlo[ks][1]);
-      split2<kBf16>(qs[g * HD + d1], qs[g * HD + d1 + 1], qhi[ks][2], qlo[ks][2]);
-      split2<kBf16>(qs[(g + 8) * HD + d1], qs[(g + 8) * HD + d1 + 1], qhi[ks][3], qlo[ks][3]);
-    }
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int ks = 0; ks < S::kKSteps; ++ks) {
+        // B rows k = (2t, 2t+1) and (2t+8, 2t+9) of this k-step; FP8 K fragments hold dims
+        // 4t..4t+3 of the 16-dim chunk in their place (a permutation of k, shared by q).
+        const float* qn = qs + (8 * j + g) * HD;
+        const int d0 = kFp8 ? ks * 16 + 4 * t : ks * 16 + 2 * t;
+        const int d1 = kFp8 ? d0 + 2 : d0 + 8;
+        split2<kBf16>(qn[d0], qn[d0 + 1], qh[j][ks][0], ql[j][ks][0]);
+        split2<kBf16>(qn[d1], qn[d1 + 1], qh[j][ks][1], ql[j][ks][1]);
+      }
     __syncthreads();  // the q area becomes pipeline stages
   }
 
@@ -280,8 +167,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     if (i < n_steps) {
       unsigned char* st = wbase + (i % S::kStages) * S::kStageBytes;
       int* meta = reinterpret_cast<int*>(st + 2 * S::kTileBytes);
-      const int j0 = range.begin + (i * kWarps + warp) * kTile;
-      const int j = j0 + (lane & 15);
+      const int j = range.begin + (i * kWarps + warp) * kTile + (lane & 15);
       int cell = -1;
       if (j < range.end) {
         const int blk = blocks[pow2_bs ? j >> bs_shift : j / bs];
@@ -321,11 +207,19 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
   for (int i = 0; i < S::kStages - 1; ++i) issue(i);
 
-  float o[S::kNBlocks][4];
+  float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
 #pragma unroll
-  for (int nb = 0; nb < S::kNBlocks; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
-  float m0 = math::neg_inf_f32(), m1 = math::neg_inf_f32(), l0 = 0.0f, l1 = 0.0f;
+  for (int mt = 0; mt < S::kKSteps; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+  float mcol[NT][2], lcol[NT][2];  // softmax state of columns 8j + 2t + e
+#pragma unroll
+  for (int j = 0; j < NT; ++j) mcol[j][0] = mcol[j][1] = math::neg_inf_f32(), lcol[j][0] = lcol[j][1] = 0.0f;
+  float vref[SB];  // FP8: V's running reference scale per block (0: nothing seen)
+#pragma unroll
+  for (int c = 0; c < SB; ++c) vref[c] = 0.0f;
   const float sl2 = p.softmax_scale * math::kLog2e;
+  const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, and its row
 
   for (int i = 0; i < n_steps; ++i) {
     __syncwarp();  // every lane is done reading the stage the next issue overwrites
@@ -336,59 +230,45 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
 
-    // ---- this thread's 4 keys: tile rows nb * 8 + 2t + e. vis: live and in range (every
-    // M row); seen[nb][x]: also within C element x's row's causal and window limits.
-    bool vis[2][2], seen[2][4];
-    float ksc[S::kScaleBlocks][2][2], vsc[S::kScaleBlocks][2][2];
-    bool any_hidden = false;
+    // ---- this thread's 2 tokens (fragment rows g, g + 8): live, position, scales
+    bool vis[2];
+    int kpos[2];
+    float ksc[SB][2], vsc[SB][2];
 #pragma unroll
-    for (int nb = 0; nb < 2; ++nb)
+    for (int e = 0; e < 2; ++e) {
+      const int r = g + 8 * e;
+      const int cell = meta[r];
+      bool v = cell >= 0;
+      if (v && p.maybe_valid) v = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
+      vis[e] = v;
+      kpos[e] = need_pos ? meta[kTile + r] - pos_off : 0;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = nb * 8 + 2 * t + e;
-        const int cell = meta[r];
-        bool v = cell >= 0;
-        if (v && p.maybe_valid) v = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
-        vis[nb][e] = v;
-        seen[nb][e] = seen[nb][2 + e] = v;
-        if (v && need_pos) {
-          const int k_pos = meta[kTile + r];
+      for (int c = 0; c < SB; ++c) ksc[c][e] = vsc[c][e] = 1.0f;
+      if constexpr (kFp8) {
+        const uint32_t kw = static_cast<uint32_t>(meta[3 * kTile + r]), vw = static_cast<uint32_t>(meta[4 * kTile + r]);
+        if (per64) {
+          const int sh = static_cast<int>(((int64_t{cell} * n_kv + kvh) * (HD / 64)) & 3);
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int qp = half ? q_pos1 : q_pos0;
-            bool ok = !(p.causal && k_pos > qp);
-            if (p.window > 0 && static_cast<int64_t>(qp) - k_pos >= p.window) ok = false;
-            seen[nb][2 * half + e] = ok;
+          for (int c = 0; c < SB; ++c) {
+            ksc[c][e] = math::ue8m0_decode(static_cast<uint8_t>(kw >> (8 * (sh + c))));
+            vsc[c][e] = v ? math::ue8m0_decode(static_cast<uint8_t>(vw >> (8 * (sh + c)))) : 0.0f;
           }
-        }
+        } else {
 #pragma unroll
-        for (int c = 0; c < S::kScaleBlocks; ++c) ksc[c][nb][e] = vsc[c][nb][e] = 1.0f;
-        if constexpr (kFp8) {
-          const uint32_t kw = static_cast<uint32_t>(meta[3 * kTile + r]), vw = static_cast<uint32_t>(meta[4 * kTile + r]);
-          if (per64) {
-            const int sh = static_cast<int>(((int64_t{cell} * n_kv + kvh) * (HD / 64)) & 3);
-#pragma unroll
-            for (int c = 0; c < S::kScaleBlocks; ++c) {
-              ksc[c][nb][e] = math::ue8m0_decode(static_cast<uint8_t>(kw >> (8 * (sh + c))));
-              vsc[c][nb][e] = v ? math::ue8m0_decode(static_cast<uint8_t>(vw >> (8 * (sh + c)))) : 0.0f;
-            }
-          } else {
-#pragma unroll
-            for (int c = 0; c < S::kScaleBlocks; ++c) {  // one scale for the row: every block gets it
-              ksc[c][nb][e] = __uint_as_float(kw);
-              vsc[c][nb][e] = v ? __uint_as_float(vw) : 0.0f;
-            }
+          for (int c = 0; c < SB; ++c) {  // one scale for the row: every block gets it
+            ksc[c][e] = __uint_as_float(kw);
+            vsc[c][e] = v ? __uint_as_float(vw) : 0.0f;
           }
         }
       }
-    any_hidden = !(vis[0][0] && vis[0][1] && vis[1][0] && vis[1][1]);
+    }
 
     if constexpr (ROPE) {  // rotate the tile's K rows: lane -> row lane / 2, every other pair
       unsigned char* klo = smem + S::kBaseBytes + warp * S::kTileBytes;
       const float* freq = reinterpret_cast<const float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
       const int r = lane / 2;
       if (meta[r] >= 0) {
-        const float pos = static_cast<float>(meta[kTile + r]);
+        const float pos = static_cast<float>(meta[kTile + r] - pos_off);
         const float mag = p.rope.attention_factor;
         const int n_pairs = p.rope.layout.n_pairs();
         for (int pi = lane % 2; pi < n_pairs; pi += 2) {
@@ -406,216 +286,242 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       __syncwarp();
     }
 
-    // ---- S = Q K^T for the 16 keys (n-block nb: keys nb*8 .. nb*8+7), per scale block
-    float s[2][4];
+    // ---- S^T = K Q^T per scale block; hi and lo products in separate accumulators
+    float s[NT][4];  // x: token g + 8 * (x >> 1), column 8j + 2t + (x & 1)
     {
-      float acc[S::kScaleBlocks][2][4];
+      float sh[SB][NT][4], sl[SB][NT][4];
 #pragma unroll
-      for (int c = 0; c < S::kScaleBlocks; ++c)
+      for (int c = 0; c < SB; ++c)
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb) acc[c][nb][0] = acc[c][nb][1] = acc[c][nb][2] = acc[c][nb][3] = 0.0f;
-      const int mi = lane / 8, mr = lane % 8;
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) sh[c][j][x] = sl[c][j][x] = 0.0f;
       if constexpr (kFp8) {
-        // matrices: (keys 0-7, chunk ks), (keys 8-15, ks), (keys 0-7, ks+1), (keys 8-15, ks+1)
+        // matrices: (tokens 0-7, chunk ks), (tokens 8-15, ks), (tokens 0-7, ks+1), (tokens 8-15, ks+1)
 #pragma unroll
         for (int ks = 0; ks < S::kKSteps; ks += 2) {
           uint32_t r[4];
           ldsm_x4(r, k_s + swz<S::kChunks>((mi & 1) * 8 + mr, ks + mi / 2));
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
+            const uint32_t a[4] = {e4m3x2_to_f16x2(r[2 * h]), e4m3x2_to_f16x2(r[2 * h + 1]),
+                                   e4m3x2_to_f16x2(r[2 * h] >> 16), e4m3x2_to_f16x2(r[2 * h + 1] >> 16)};
             const int c = (ks + h) / 4;
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-              const uint32_t x = r[2 * h + nb];
-              const uint32_t b0 = e4m3x2_to_f16x2(x), b1 = e4m3x2_to_f16x2(x >> 16);
-              mma16816<false>(acc[c][nb], qhi[ks + h], b0, b1);
-              mma16816<false>(acc[c][nb], qlo[ks + h], b0, b1);
+            for (int j = 0; j < NT; ++j) {
+              mma16816<false>(sh[c][j], a, qh[j][ks + h][0], qh[j][ks + h][1]);
+              mma16816<false>(sl[c][j], a, ql[j][ks + h][0], ql[j][ks + h][1]);
             }
           }
         }
       } else {
-        // matrices: (keys 0-7, chunk 2ks), (keys 0-7, 2ks+1), (keys 8-15, 2ks), (keys 8-15, 2ks+1)
+        // matrices: (tokens 0-7, chunk 2ks), (tokens 8-15, 2ks), (tokens 0-7, 2ks+1), (tokens 8-15, 2ks+1)
 #pragma unroll
         for (int ks = 0; ks < S::kKSteps; ++ks) {
-          uint32_t r[4];
-          const int off = swz<S::kChunks>((mi / 2) * 8 + mr, 2 * ks + (mi & 1));
-          ldsm_x4(r, k_s + off);
-          mma16816<kBf16>(acc[0][0], qhi[ks], r[0], r[1]);
-          mma16816<kBf16>(acc[0][0], qlo[ks], r[0], r[1]);
-          mma16816<kBf16>(acc[0][1], qhi[ks], r[2], r[3]);
-          mma16816<kBf16>(acc[0][1], qlo[ks], r[2], r[3]);
-          if constexpr (ROPE) {  // + q_hi K_lo: the rotated keys' rounding remainder
-            uint32_t rl[4];
-            ldsm_x4(rl, smem_addr(smem + S::kBaseBytes + warp * S::kTileBytes) + off);
-            mma16816<kBf16>(acc[0][0], qhi[ks], rl[0], rl[1]);
-            mma16816<kBf16>(acc[0][1], qhi[ks], rl[2], rl[3]);
+          uint32_t a[4];
+          const int off = swz<S::kChunks>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
+          ldsm_x4(a, k_s + off);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            mma16816<kBf16>(sh[0][j], a, qh[j][ks][0], qh[j][ks][1]);
+            mma16816<kBf16>(sl[0][j], a, ql[j][ks][0], ql[j][ks][1]);
+          }
+          if constexpr (ROPE) {  // + K_lo q_hi: the rotated keys' rounding remainder
+            uint32_t al[4];
+            ldsm_x4(al, smem_addr(smem + S::kBaseBytes + warp * S::kTileBytes) + off);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma16816<kBf16>(sl[0][j], al, qh[j][ks][0], qh[j][ks][1]);
           }
         }
       }
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
+      for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
+          const int e = x >> 1;  // which of the thread's tokens
           float v = 0.0f;
 #pragma unroll
-          for (int c = 0; c < S::kScaleBlocks; ++c) v = fmaf(acc[c][nb][x], ksc[c][nb][x & 1], v);
-          s[nb][x] = seen[nb][x] ? v * sl2 : math::neg_inf_f32();
+          for (int c = 0; c < SB; ++c) v = fmaf(sh[c][j][x] + sl[c][j][x], ksc[c][e], v);
+          bool seen = vis[e];
+          if (seen && need_pos) {
+            const int qp = qpos[j][x & 1];
+            if (p.causal && kpos[e] > qp) seen = false;
+            if (p.window > 0 && static_cast<int64_t>(qp) - kpos[e] >= p.window) seen = false;
+          }
+          s[j][x] = seen ? v * sl2 : math::neg_inf_f32();
         }
     }
 
-    // ---- online softmax over rows g (x = 0, 1) and g + 8 (x = 2, 3)
-    float p_[2][4];
-    {
-      float mx0 = math::max_f32(math::max_f32(s[0][0], s[0][1]), math::max_f32(s[1][0], s[1][1]));
-      float mx1 = math::max_f32(math::max_f32(s[0][2], s[0][3]), math::max_f32(s[1][2], s[1][3]));
-      mx0 = math::max_f32(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = math::max_f32(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = math::max_f32(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = math::max_f32(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float n0 = math::max_f32(m0, mx0), n1 = math::max_f32(m1, mx1);
-      const float r0 = math::softmax_rescale(m0, n0), r1 = math::softmax_rescale(m1, n1);
-      m0 = n0;
-      m1 = n1;
-      float sum0 = 0.0f, sum1 = 0.0f;
+    // ---- online softmax per column: max over the 16 tokens (2 here, 8 lanes of equal t)
+    float pw[NT][4];
+    float rs[NT][2];
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb) {
-        p_[nb][0] = math::softmax_weight(s[nb][0], n0);
-        p_[nb][1] = math::softmax_weight(s[nb][1], n0);
-        p_[nb][2] = math::softmax_weight(s[nb][2], n1);
-        p_[nb][3] = math::softmax_weight(s[nb][3], n1);
-        sum0 += p_[nb][0] + p_[nb][1];
-        sum1 += p_[nb][2] + p_[nb][3];
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = math::max_f32(s[j][e], s[j][2 + e]);
+        mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mn = math::max_f32(mcol[j][e], mx);
+        rs[j][e] = math::softmax_rescale(mcol[j][e], mn);
+        mcol[j][e] = mn;
+        pw[j][e] = math::softmax_weight(s[j][e], mn);
+        pw[j][2 + e] = math::softmax_weight(s[j][2 + e], mn);
+        lcol[j][e] = lcol[j][e] * rs[j][e] + pw[j][e] + pw[j][2 + e];
       }
-      l0 = l0 * r0 + sum0;
-      l1 = l1 * r1 + sum1;
+    // FP8: V's reference scale per block grows to the tile's largest live scale.
+    float vfac[SB], vinv[SB];
 #pragma unroll
-      for (int nb = 0; nb < S::kNBlocks; ++nb) o[nb][0] *= r0, o[nb][1] *= r0, o[nb][2] *= r1, o[nb][3] *= r1;
+    for (int c = 0; c < SB; ++c) {
+      vfac[c] = 1.0f;
+      vinv[c] = 1.0f;
+      if constexpr (kFp8) {
+        float mx = math::max_f32(fabsf(vsc[c][0]), fabsf(vsc[c][1]));  // |P'| <= 1 for any sign
+        mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float rn = math::max_f32(vref[c], mx);
+        vfac[c] = vref[c] > 0.0f ? vref[c] / rn : 1.0f;
+        vinv[c] = rn > 0.0f ? 1.0f / rn : 0.0f;
+        vref[c] = rn;
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < S::kKSteps; ++mt) {
+      const float f = vfac[kFp8 ? mt / 4 : 0];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const float f0 = rs[j][0] * f, f1 = rs[j][1] * f;
+        o[mt][j][0] *= f0, o[mt][j][1] *= f1, o[mt][j][2] *= f0, o[mt][j][3] *= f1;
+      }
     }
 
     // Hidden keys weigh 0, but 0 * NaN is NaN: a dead cell's V bytes (never written) must
     // not reach the mma. Rare (dead cells, the tail tile), so zero those rows in place.
-    if (__any_sync(0xffffffffu, any_hidden)) {
+    if (__any_sync(0xffffffffu, !(vis[0] && vis[1]))) {
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool hide = !vis[nb][e];
-          if (hide) {
-            const int r = nb * 8 + 2 * t + e;
-            for (int c = g; c < S::kChunks; c += 8)
-              *reinterpret_cast<uint4*>(st + S::kTileBytes + swz<S::kChunks>(r, c)) = make_uint4(0, 0, 0, 0);
-          }
-        }
+      for (int e = 0; e < 2; ++e)
+        if (!vis[e])
+          for (int c = t; c < S::kChunks; c += 4)
+            *reinterpret_cast<uint4*>(st + S::kTileBytes + swz<S::kChunks>(g + 8 * e, c)) = make_uint4(0, 0, 0, 0);
       __syncwarp();
     }
 
-    // ---- O += P V
-    const int mi = lane / 8, mr = lane % 8;
+    // ---- P^T as B fragments: lane (g, t) needs tokens 2t, 2t+1, 2t+8, 2t+9 of column 8j + g,
+    // held by lanes 8t + g/2 (tokens 2t, 2t+8) and 8t + 4 + g/2 (tokens 2t+1, 2t+9).
+    const int src_a = 8 * t + g / 2, src_b = src_a + 4;
+    const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;  // the high or low halves of both words
+    uint32_t ph[SB][NT][2], pl[SB][NT][2];
+#pragma unroll
+    for (int c = 0; c < SB; ++c)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float w[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) w[x] = kFp8 ? pw[j][x] * (vsc[c][x >> 1] * vinv[c]) : pw[j][x];
+        uint32_t h01, l01, h23, l23;
+        split2<kBf16>(w[0], w[1], h01, l01);  // token g, columns 2t, 2t+1
+        split2<kBf16>(w[2], w[3], h23, l23);  // token g + 8
+        ph[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, h01, src_a), __shfl_sync(0xffffffffu, h01, src_b), sel);
+        ph[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, h23, src_a), __shfl_sync(0xffffffffu, h23, src_b), sel);
+        pl[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, l01, src_a), __shfl_sync(0xffffffffu, l01, src_b), sel);
+        pl[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, l23, src_a), __shfl_sync(0xffffffffu, l23, src_b), sel);
+      }
+
+    // ---- O^T += V^T P^T
     if constexpr (kFp8) {
-      // Per scale block (64 dims = 4 chunks): P' = P * vsc / max(vsc), O += max(vsc) * (P' V).
-      constexpr int kChunksPerBlock = S::kChunks / S::kScaleBlocks;
-      // (F32PerRow: every block holds the row's one scale.)
+      // matrices: (tokens 0-7, chunk cc), (tokens 8-15, cc), (tokens 0-7, cc+1), (tokens 8-15, cc+1);
+      // chunk = 16 dims = one m-tile. After the byte permute: low pair = dim 2g, high = 2g + 1.
 #pragma unroll
-      for (int c = 0; c < S::kScaleBlocks; ++c) {
-        const int sc = c;
-        float smax = math::max_f32(math::max_f32(vsc[sc][0][0], vsc[sc][0][1]), math::max_f32(vsc[sc][1][0], vsc[sc][1][1]));
-        smax = math::max_f32(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
-        smax = math::max_f32(smax, __shfl_xor_sync(0xffffffffu, smax, 2));
-        const float inv = smax > 0.0f ? 1.0f / smax : 0.0f;
-        uint32_t ph[4], pl[4];
-        split2<false>(p_[0][0] * (vsc[sc][0][0] * inv), p_[0][1] * (vsc[sc][0][1] * inv), ph[0], pl[0]);
-        split2<false>(p_[0][2] * (vsc[sc][0][0] * inv), p_[0][3] * (vsc[sc][0][1] * inv), ph[1], pl[1]);
-        split2<false>(p_[1][0] * (vsc[sc][1][0] * inv), p_[1][1] * (vsc[sc][1][1] * inv), ph[2], pl[2]);
-        split2<false>(p_[1][2] * (vsc[sc][1][0] * inv), p_[1][3] * (vsc[sc][1][1] * inv), ph[3], pl[3]);
+      for (int cc = 0; cc < S::kChunks; cc += 2) {
+        uint32_t r[4];
+        ldsm_x4_t(r, v_s + swz<S::kChunks>((mi & 1) * 8 + mr, cc + mi / 2));
 #pragma unroll
-        for (int cc = 0; cc < kChunksPerBlock; cc += 2) {
-          const int ch = c * kChunksPerBlock + cc;
-          // matrices: (keys 0-7, chunk ch), (keys 8-15, ch), (keys 0-7, ch+1), (keys 8-15, ch+1)
-          uint32_t r[4];
-          ldsm_x4_t(r, v_s + swz<S::kChunks>((mi & 1) * 8 + mr, ch + mi / 2));
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t lo_tok = __byte_perm(r[2 * h], 0, 0x3120), hi_tok = __byte_perm(r[2 * h + 1], 0, 0x3120);
+          const uint32_t a[4] = {e4m3x2_to_f16x2(lo_tok), e4m3x2_to_f16x2(lo_tok >> 16), e4m3x2_to_f16x2(hi_tok),
+                                 e4m3x2_to_f16x2(hi_tok >> 16)};
+          const int mt = cc + h, c = mt / 4;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            // r[2h]: keys 2t, 2t+1 at dims 2g, 2g+1 of chunk ch+h; r[2h+1]: keys 8+2t, 9+2t.
-            const uint32_t lo_pair = __byte_perm(r[2 * h], 0, 0x3120), hi_pair = __byte_perm(r[2 * h + 1], 0, 0x3120);
-#pragma unroll
-            for (int par = 0; par < 2; ++par) {  // even dims, then odd dims
-              const uint32_t b0 = e4m3x2_to_f16x2(lo_pair >> (16 * par)), b1 = e4m3x2_to_f16x2(hi_pair >> (16 * par));
-              float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma16816<false>(tmp, ph, b0, b1);
-              mma16816<false>(tmp, pl, b0, b1);
-              float(&acc)[4] = o[2 * (ch + h) + par];
-#pragma unroll
-              for (int x = 0; x < 4; ++x) acc[x] = fmaf(smax, tmp[x], acc[x]);
-            }
+          for (int j = 0; j < NT; ++j) {
+            mma16816<false>(o[mt][j], a, ph[c][j][0], ph[c][j][1]);
+            mma16816<false>(o[mt][j], a, pl[c][j][0], pl[c][j][1]);
           }
         }
       }
     } else {
-      uint32_t ph[4], pl[4];
-      split2<kBf16>(p_[0][0], p_[0][1], ph[0], pl[0]);
-      split2<kBf16>(p_[0][2], p_[0][3], ph[1], pl[1]);
-      split2<kBf16>(p_[1][0], p_[1][1], ph[2], pl[2]);
-      split2<kBf16>(p_[1][2], p_[1][3], ph[3], pl[3]);
-      // matrices: (keys 0-7, chunk c), (keys 8-15, c), (keys 0-7, c+1), (keys 8-15, c+1)
+      // matrices: (tokens 0-7, chunk 2mt), (tokens 0-7, 2mt+1), (tokens 8-15, 2mt), (tokens 8-15, 2mt+1)
 #pragma unroll
-      for (int c = 0; c < S::kNBlocks; c += 2) {
-        uint32_t r[4];
-        ldsm_x4_t(r, v_s + swz<S::kChunks>((mi & 1) * 8 + mr, c + mi / 2));
-        mma16816<kBf16>(o[c], ph, r[0], r[1]);
-        mma16816<kBf16>(o[c], pl, r[0], r[1]);
-        mma16816<kBf16>(o[c + 1], ph, r[2], r[3]);
-        mma16816<kBf16>(o[c + 1], pl, r[2], r[3]);
+      for (int mt = 0; mt < S::kKSteps; ++mt) {
+        uint32_t a[4];
+        ldsm_x4_t(a, v_s + swz<S::kChunks>((mi / 2) * 8 + mr, 2 * mt + (mi & 1)));
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          mma16816<kBf16>(o[mt][j], a, ph[0][j][0], ph[0][j][1]);
+          mma16816<kBf16>(o[mt][j], a, pl[0][j][0], pl[0][j][1]);
+        }
       }
     }
   }
   cp_async_wait<0>();
 
   // ---- merge the 4 warps in shared memory and write the normalized partial
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  __syncthreads();  // every warp is done with its pipeline stages
-  float* red = reinterpret_cast<float*>(smem);           // [kWarps][16][HD]
-  float* ml = red + kWarps * 16 * HD;                    // [kWarps][16][2]: m, l
 #pragma unroll
-  for (int nb = 0; nb < S::kNBlocks; ++nb)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int d = out_dim<kFp8>(nb, e, t);
-      red[(warp * 16 + g) * HD + d] = o[nb][e];
-      red[(warp * 16 + g + 8) * HD + d] = o[nb][2 + e];
+      lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 4);
+      lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 8);
+      lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 16);
     }
-  if (t == 0) {
-    ml[(warp * 16 + g) * 2] = m0, ml[(warp * 16 + g) * 2 + 1] = l0;
-    ml[(warp * 16 + g + 8) * 2] = m1, ml[(warp * 16 + g + 8) * 2 + 1] = l1;
-  }
-  __syncthreads();
-  for (int i = tid; i < 16 * HD; i += kThreads) {
-    const int h = i / HD, d = i % HD;
-    if (!m_real(h)) continue;
-    float mx = ml[h * 2];
+  __syncthreads();  // every warp is done with its pipeline stages
+  float* red = reinterpret_cast<float*>(smem);  // [kWarps][kN][HD]
+  float* ml = red + kWarps * kN * HD;           // [kWarps][kN][2]: m, l
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) mx = math::max_f32(mx, ml[(w * 16 + h) * 2]);
+  for (int mt = 0; mt < S::kKSteps; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float v = kFp8 ? o[mt][j][x] * vref[mt / 4 % SB] : o[mt][j][x];
+        red[(warp * kN + 8 * j + 2 * t + (x & 1)) * HD + out_dim<kFp8>(mt, x, g)] = v;
+      }
+  if (g == 0)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        ml[(warp * kN + 8 * j + 2 * t + e) * 2] = mcol[j][e];
+        ml[(warp * kN + 8 * j + 2 * t + e) * 2 + 1] = lcol[j][e];
+      }
+  __syncthreads();
+  for (int i = tid; i < kN * HD; i += kThreads) {
+    const int n = i / HD, d = i % HD;
+    if (!n_real(n)) continue;
+    float mx = ml[n * 2];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mx = math::max_f32(mx, ml[(w * kN + n) * 2]);
     float l = 0.0f, acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float f = math::softmax_rescale(ml[(w * 16 + h) * 2], mx);
-      l += ml[(w * 16 + h) * 2 + 1] * f;
-      acc += red[(w * 16 + h) * HD + d] * f;
+      const float f = math::softmax_rescale(ml[(w * kN + n) * 2], mx);
+      l += ml[(w * kN + n) * 2 + 1] * f;
+      acc += red[(w * kN + n) * HD + d] * f;
     }
-    const int64_t part = (int64_t{row + h / chunk_heads} * p.n_q_heads + h0 + h % chunk_heads) * p.num_splits + split;
+    const int64_t part = (int64_t{row + n / chunk_heads} * p.n_q_heads + h0 + n % chunk_heads) * p.num_splits + split;
     p.o_part[part * HD + d] = l > 0.0f ? acc / l : 0.0f;
     if (d == 0) p.lse_part[part] = l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
   }
 }
 
-template <int HD, math::KvElem KV, bool ROPE>
-__global__ void __launch_bounds__(kThreads) mma_decode_kernel(const PagedAttentionParams p, int chunks, int chunk_heads) {
+template <int HD, math::KvElem KV, bool ROPE, int NT>
+__global__ void __launch_bounds__(kThreads, NT == 1 ? 3 : 2)
+    mma_decode_kernel(const PagedAttentionParams p, int chunks, int chunk_heads) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int row = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
   const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
-  decode_body<HD, KV, ROPE>(p, smem, row, split, kvh, chunk, chunk_heads);
+  decode_body<HD, KV, ROPE, NT>(p, smem, row, split, kvh, chunk, chunk_heads);
 }
 
 }  // namespace kvcore::ops::cuda::mma_attn

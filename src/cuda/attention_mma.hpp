@@ -11,7 +11,7 @@ bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant);
 // serves_shape, no rope-on-read for FP8 pages, metadata arrays word-aligned.
 bool serves(const PagedAttentionParams& p);
 int heads_per_cta(int group);
-int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read);
+int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group);
 void launch(const PagedAttentionParams& p, cudaStream_t stream);
 
 }  // namespace kvcore::ops::cuda::mma_attn

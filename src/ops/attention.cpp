@@ -112,6 +112,15 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   require_arg(table.indices.is_contiguous(), op, ": table.indices must be contiguous");
   if (!prefill)
     require_arg(batch == n_rows, op, ": q has ", n_rows, " rows but the block table holds ", batch, " sequences");
+  if (!table.pos_offset.empty()) {
+    checks::not_null(op, "table.pos_offset", table.pos_offset);
+    checks::ndim_is(op, "table.pos_offset", table.pos_offset, 1);
+    checks::dtype_is(op, "table.pos_offset", table.pos_offset, DType::I32);
+    checks::size_is(op, "table.pos_offset", table.pos_offset, 0, batch);
+    checks::same_device(op, "q", q, "table.pos_offset", table.pos_offset);
+    require_arg(table.pos_offset.is_contiguous(), op, ": table.pos_offset must be contiguous");
+    require_arg(!kv.positions.empty(), op, ": table.pos_offset needs kv.positions");
+  }
 
   if (opt.check_tables || dev.is_cpu()) {
     const std::vector<int32_t> ip = host_i32(table.indptr);
@@ -188,6 +197,7 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   p.indptr = table.indptr.data_as<const int32_t>();
   p.indices = table.indices.data_as<const int32_t>();
   p.last_page_len = table.last_page_len.data_as<const int32_t>();
+  p.maybe_seq_pos_offset = table.pos_offset.empty() ? nullptr : table.pos_offset.data_as<const int32_t>();
   p.batch = static_cast<int32_t>(batch);
   p.q = q.data();
   p.q_elem = ops::attn::q_elem_of(q.dtype());

@@ -43,6 +43,10 @@ struct BlockTable {
   TensorRef indptr;         // i32 [batch + 1]
   TensorRef indices;        // i32 [indptr[batch]] block ids
   TensorRef last_page_len;  // i32 [batch], 1..block_size for a sequence with blocks
+  // Optional i32 [batch]: the key position in a cell of sequence b is positions[cell] -
+  // pos_offset[b] (PagedCache::block_tables(.., PagedPositions::Offsets) exports it, so a
+  // rope-on-read shift needs no per-cell work). Empty: 0.
+  TensorRef pos_offset;
 };
 
 struct AttentionOptions {
