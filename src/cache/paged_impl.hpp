@@ -38,8 +38,7 @@ struct PagedCache::Impl {
 
   KvPool pool(bool is_k, int32_t layer) const;
   TensorRef pending_view() const;
-  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors, positions with their
-  // lazy shifts applied (the device then owes nothing for these blocks). No-op on CPU.
+  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors. No-op on CPU.
   void sync_cells(int32_t lo, int32_t hi);
   // The same for a list of blocks, in one packed upload and one scatter kernel.
   void sync_blocks(const std::vector<int32_t>& blocks);
@@ -53,8 +52,8 @@ struct PagedCache::Impl {
     size_t bulk_done = 0;
     try {
       copy_blocks(cow_pairs);
-      for (const PagedTxn::Bulk& b : txn.bulk()) {  // positions stay lazy (prepare()); pending deltas now
-        if (b.stored) device_shift_cells(b.blocks, 0, b.n);
+      for (const PagedTxn::Bulk& b : txn.bulk()) {
+        device_shift_cells(b.blocks, b.pos_delta, b.pending_delta);
         ++bulk_done;
       }
       device_work();
@@ -64,8 +63,7 @@ struct PagedCache::Impl {
       std::vector<PagedTxn::Bulk> undo(txn.bulk().begin(), txn.bulk().begin() + static_cast<std::ptrdiff_t>(bulk_done));
       txn.rollback();
       try {  // put the old values back on the device (best effort: the device may be gone)
-        for (const PagedTxn::Bulk& b : undo)
-          if (b.stored) device_shift_cells(b.blocks, 0, -b.n);
+        for (const PagedTxn::Bulk& b : undo) device_shift_cells(b.blocks, -b.pos_delta, -b.pending_delta);
         sync_blocks(dirty);
       } catch (...) {
       }
@@ -84,7 +82,9 @@ struct PagedCache::Impl {
                     std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
   void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v);
   void truncate_impl(SeqId id, int32_t n);
-  void settle_positions();  // prepare()'s first step
+  void fold_offsets();
+  void rotate_pending();  // prepare()'s second step (RopeStored)  // prepare()'s first step: every sequence's pos_offset into its cells
+  PagedCsr tables(std::span<const SeqId> seqs, bool with_offsets);
 };
 
 }  // namespace kvcore

@@ -98,8 +98,9 @@ KVCORE_VEC_UNROLL
 }
 
 // ---- store: f32 / f16 / bf16 pools, 8 dims per 16-byte access -------------------------------------
-// One thread per (token, unit), looping over the heads: a unit is a group of 8 rotated pairs
-// (2 x 8 dims) or 8 non-rotated dims. Loads the source as vectors, rotates with the same per-pair math as the warp
+// One thread per (token, head, unit): a unit is a group of 8 rotated pairs (2 x 8 dims) or 8
+// non-rotated dims. (Looping over the heads in one thread left a 4096-token launch with 128
+// CTAs on a 132-SM GPU: too few bytes in flight. The angles are now recomputed per head: cheap.) Loads the source as vectors, rotates with the same per-pair math as the warp
 // path, converts with the same functions: identical bytes.
 
 template <class T>
@@ -126,46 +127,53 @@ KVCORE_VEC_UNROLL
   *reinterpret_cast<Vec8<T>*>(static_cast<T*>(pool) + i) = v;
 }
 
-// Thread `tid` of the store: tid < n_tokens * (n_rot / 16 + (head_dim - n_rot) / 8).
+// Units (threads) per (token, head) row of the store: groups of 8 rotated pairs + groups of 8 plain dims.
+KVCORE_HD int32_t kv_store_vec_units(const KvStoreParams& p) {
+  const int32_t n_rot = p.maybe_positions ? p.rope.layout.n_rot : 0;
+  return (n_rot / 2) / 8 + (p.head_dim - n_rot) / 8;
+}
+// Threads of one store launch: one per (token, head, unit), the unit fastest, so the threads of
+// a warp cover whole rows and consecutive rows (coalesced 16-byte accesses, thousands of warps).
+KVCORE_HD int64_t kv_store_vec_threads(const KvStoreParams& p) {
+  return static_cast<int64_t>(p.n_tokens) * p.n_heads * kv_store_vec_units(p);
+}
+
+// Thread `tid` of the store: tid < kv_store_vec_threads(p).
 template <KvFormat F>
 KVCORE_HD void kv_store_vec_unit(const KvStoreParams& p, int64_t tid) {
   const bool rotate = p.maybe_positions != nullptr;
   const math::RopeLayout l = rotate ? p.rope.layout : math::RopeLayout{};
-  const int32_t rot_units = l.n_pairs() / 8, plain_units = (p.head_dim - l.n_rot) / 8;
-  const int32_t units = rot_units + plain_units;
-  if (tid >= static_cast<int64_t>(p.n_tokens) * units) return;
+  const int32_t rot_units = l.n_pairs() / 8;
+  const int32_t units = kv_store_vec_units(p);
+  if (tid >= kv_store_vec_threads(p)) return;
   const int32_t u = static_cast<int32_t>(tid % units);
-  const int32_t t = static_cast<int32_t>(tid / units);
+  const int64_t row = tid / units;
+  const int32_t h = static_cast<int32_t>(row % p.n_heads);
+  const int32_t t = static_cast<int32_t>(row / p.n_heads);
   const int32_t cell = p.slots[t];
   if (cell < 0 || cell >= p.num_cells) return;
-  const int64_t src_t = t * p.src_token_stride;
-  const int64_t dst_t = static_cast<int64_t>(cell) * p.n_heads * p.row_width;
+  const int64_t src = t * p.src_token_stride + h * p.src_head_stride;
+  const int64_t dst = (static_cast<int64_t>(cell) * p.n_heads + h) * p.row_width;
   float x[16];
   if (u >= rot_units) {  // 8 dims that do not rotate
     const int32_t q = 8 * (u - rot_units);
     const int32_t d = q < l.first_dim ? q : q + l.n_rot;
-    for (int32_t h = 0; h < p.n_heads; ++h) {
-      load_src8(p, src_t + h * p.src_head_stride + d, x);
-      store8<F>(p.pool, dst_t + static_cast<int64_t>(h) * p.row_width + d, x);
-    }
+    load_src8(p, src + d, x);
+    store8<F>(p.pool, dst + d, x);
     return;
   }
   // 8 pairs: NeoX dims first + 8u .. +8 and first + n_pairs + 8u .. +8; interleaved 16 dims from first + 16u.
-  // The angles depend on the token and the pair only: computed once, applied to every head.
   const int32_t d0 = l.first_dim + (l.interleaved ? 16 * u : 8 * u);
   const int32_t d1 = l.interleaved ? d0 + 8 : l.first_dim + l.n_pairs() + 8 * u;
+  load_src8(p, src + d0, x);  // loads first: their latency hides behind the angle math
+  load_src8(p, src + d1, x + 8);
   const float pos = static_cast<float>(p.maybe_positions[t]);
   float sn[8], cs[8];
 KVCORE_VEC_UNROLL
   for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * u + k]), &sn[k], &cs[k]);
-  for (int32_t h = 0; h < p.n_heads; ++h) {
-    const int64_t src = src_t + h * p.src_head_stride, dst = dst_t + static_cast<int64_t>(h) * p.row_width;
-    load_src8(p, src + d0, x);
-    load_src8(p, src + d1, x + 8);
-    rotate8(x, l.interleaved != 0, cs, sn, p.rope.attention_factor);
-    store8<F>(p.pool, dst + d0, x);
-    store8<F>(p.pool, dst + d1, x + 8);
-  }
+  rotate8(x, l.interleaved != 0, cs, sn, p.rope.attention_factor);
+  store8<F>(p.pool, dst + d0, x);
+  store8<F>(p.pool, dst + d1, x + 8);
 }
 
 inline bool vec_store_ok(const KvStoreParams& p) {
