@@ -33,6 +33,12 @@ struct PagedAttentionParams {
   const int32_t* indices;             // [indptr[batch]]
   const int32_t* last_page_len;       // [batch]
   int32_t batch;
+  // [batch] or null (= all 0): the key position of sequence b's cell is maybe_positions[cell] -
+  // maybe_seq_pos_offset[b] (PagedCache's block_tables(.., PagedPositions::Offsets) exports it as
+  // PagedCsr::pos_offset; rope-on-read shifts then cost O(1) in the context length). Readers of
+  // maybe_positions must subtract it wherever they use a key position (rope-on-read rotation,
+  // causal and window masks); attention_key_position() below does.
+  const int32_t* maybe_seq_pos_offset = nullptr;
   // ---- queries
   const void* q;                      // [n_rows, n_q_heads, head_dim] of q_elem, strides below
   QElem q_elem;
@@ -87,7 +93,13 @@ KVCORE_HD CellRange attention_split_range(int32_t n_cells, int32_t s, int32_t n_
   return {b, e};
 }
 
-// Is cell (block, slot) a key of a query at q_pos?
+// Position of the key in `cell` of sequence b (maybe_positions must be set).
+KVCORE_HD int32_t attention_key_position(const PagedAttentionParams& p, int64_t cell, int32_t b) {
+  return p.maybe_positions[cell] - (p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0);
+}
+
+// Is cell (block, slot) a key of a query at q_pos? (Ignores maybe_seq_pos_offset: callers that
+// accept offsets pass q_pos + maybe_seq_pos_offset[b], which is equivalent.)
 KVCORE_HD bool attention_cell_visible(const PagedAttentionParams& p, int64_t cell, int32_t q_pos) {
   if (p.maybe_valid && p.maybe_valid[cell] == 0) return false;
   if (p.window > 0 || p.causal) {
