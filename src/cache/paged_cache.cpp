@@ -100,6 +100,18 @@ void PagedCache::Impl::mirror_scatter(const int32_t* packed, int32_t n_blocks) {
 #endif
 }
 
+void PagedCache::Impl::mirror_set_cells(const int32_t* slots, const int32_t* stored, int32_t n) {
+  if (!mirrored() || n == 0) return;
+  if (dev.is_cpu()) {
+    cpu::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n,
+                        cfg.stream);
+#endif
+}
+
 void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
   if (!mirrored() || lo >= hi) return;
   const size_t c0 = static_cast<size_t>(lo) * cfg.block_size, n = static_cast<size_t>(hi - lo) * cfg.block_size;

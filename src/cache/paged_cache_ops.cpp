@@ -162,15 +162,20 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     t.counts.clear();
     t.n_tokens = 0;
   };
+  // The new cells' mirrors come from the ticket's device lists (one small kernel) when the stored
+  // positions are the given ones (no position offset); otherwise the changed blocks are uploaded.
+  bool plain = true;
+  for (SeqId id : seqs) plain = plain && meta.seqs.at(id).pos_offset == 0;
   try {
     finish(txn, cow, [&] {
       copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
       copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
+      if (plain) mirror_set_cells(t.slots.as<int32_t>(), t.positions.as<int32_t>(), t.n_tokens);
       if (k_all)
         for (int32_t l = 0; l < cfg.n_layers; ++l)
           store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
-      if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
-    });
+      if (dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
+    }, /*sync_dirty=*/!plain);
   } catch (...) {
     forget();
     throw;

@@ -33,6 +33,7 @@ struct PagedCache::Impl {
   void mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta, bool clear_pending,
                    const int32_t* maybe_block_delta = nullptr);
   void mirror_scatter(const int32_t* packed, int32_t n_blocks);
+  void mirror_set_cells(const int32_t* slots, const int32_t* stored, int32_t n);  // device lists
   void check_usable() const;
   int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
 
@@ -47,8 +48,10 @@ struct PagedCache::Impl {
   void copy_blocks(const std::vector<int32_t>& pairs);
   // Apply PagedMeta::shift_cells to the device mirrors (no-op on CPU, where they are the host arrays).
   void device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
+  // sync_dirty false: device_work mirrors every cell change itself, except those of the
+  // copies' target blocks, which are synced here.
   template <class F>
-  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work) {
+  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work, bool sync_dirty = true) {
     size_t bulk_done = 0;
     try {
       copy_blocks(cow_pairs);
@@ -57,7 +60,13 @@ struct PagedCache::Impl {
         ++bulk_done;
       }
       device_work();
-      sync_blocks(txn.dirty_blocks());
+      if (sync_dirty) {
+        sync_blocks(txn.dirty_blocks());
+      } else {
+        std::vector<int32_t> targets;
+        for (size_t i = 1; i < cow_pairs.size(); i += 2) targets.push_back(cow_pairs[i]);
+        sync_blocks(targets);
+      }
     } catch (...) {
       const std::vector<int32_t> dirty = txn.dirty_blocks();
       std::vector<PagedTxn::Bulk> undo(txn.bulk().begin(), txn.bulk().begin() + static_cast<std::ptrdiff_t>(bulk_done));
