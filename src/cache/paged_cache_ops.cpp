@@ -139,16 +139,20 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
         cow.push_back(src);
         cow.push_back(s.blocks.back());
       }
-      for (int32_t j = 0; j < counts[i]; ++j, ++at) {
+      for (int32_t j = 0; j < counts[i];) {  // one run of cells per block
         const int32_t c = s.n_cells + j;
         if (c % cfg.block_size == 0 && static_cast<size_t>(c / cfg.block_size) == s.blocks.size()) {
           const int32_t b = txn.pop_free();
           txn.set_refcount(b, 1);
           s.blocks.push_back(b);
         }
-        const int32_t b = s.blocks[c / cfg.block_size];
-        txn.set_cell(b, c % cfg.block_size, positions[at] + s.pos_offset, 1, 0);
-        t.host_slots[at] = static_cast<int32_t>(meta.cell(b, c % cfg.block_size));
+        const int32_t b = s.blocks[c / cfg.block_size], slot = c % cfg.block_size;
+        const int32_t run = std::min(cfg.block_size - slot, counts[i] - j);
+        txn.set_run(b, slot, run, positions.data() + at, s.pos_offset);
+        const int32_t first = static_cast<int32_t>(meta.cell(b, slot));
+        for (int32_t k = 0; k < run; ++k) t.host_slots[at + k] = first + k;
+        j += run;
+        at += run;
       }
       s.n_cells += counts[i];
       s.n_live += counts[i];

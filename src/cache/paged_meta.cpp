@@ -91,6 +91,19 @@ void PagedTxn::set_cell(int32_t b, int32_t slot, int32_t position, uint8_t valid
   if (pending != 0 && !m_.pending_flag[b]) set_pending_flag(b, 1);
 }
 
+void PagedTxn::set_run(int32_t b, int32_t slot, int32_t n, const int32_t* pos, int32_t add) {
+  save_cells(b);
+  const int64_t c0 = m_.cell(b, slot);
+  int32_t became_live = 0;
+  for (int32_t j = 0; j < n; ++j) {
+    became_live += m_.valid[c0 + j] == 0 ? 1 : 0;
+    m_.positions[c0 + j] = pos[j] + add;
+    m_.valid[c0 + j] = 1;
+    m_.pending[c0 + j] = 0;
+  }
+  m_.block_live[b] += became_live;
+}
+
 void PagedTxn::set_refcount(int32_t b, int32_t value) {
   refcounts_.push_back({b, m_.refcount[b]});
   m_.shared_blocks += static_cast<int32_t>(value > 1) - static_cast<int32_t>(m_.refcount[b] > 1);

@@ -81,6 +81,8 @@ class PagedTxn {
   PagedTxn& operator=(const PagedTxn&) = delete;
 
   void set_cell(int32_t block, int32_t slot, int32_t position, uint8_t valid, int32_t pending);
+  // set_cell(block, slot + j, positions[j] + add, 1, 0) for j < n, in one pass.
+  void set_run(int32_t block, int32_t slot, int32_t n, const int32_t* positions, int32_t add);
   void set_refcount(int32_t block, int32_t value);
   void set_pending_flag(int32_t block, uint8_t value);
   int32_t pop_free();
