@@ -30,7 +30,7 @@ SeqId PagedCache::fork(SeqId seq) {
   PagedSeq& src = txn.seq(seq);
   src.version = txn.next_version();  // outstanding tickets of src must not write into shared blocks
   PagedSeq copy = src;
-  for (int32_t b : copy.blocks) txn.set_refcount(b, m.meta.refcount[b] + 1);
+  txn.add_refs(copy.blocks, 1);
   const SeqId id = txn.add_seq(std::move(copy));
   txn.commit();
   return id;
@@ -41,8 +41,13 @@ void PagedCache::erase(SeqId seq) {
   m.check_usable();
   m.meta.seq(seq);
   PagedTxn txn(m.meta);
-  const std::vector<int32_t> blocks = txn.seq(seq).blocks;
-  for (int32_t b : blocks) txn.release_block(b);
+  // Blocks another sequence still holds lose one reference in bulk; the others go back to the free list.
+  std::vector<int32_t> shared;
+  for (int32_t b : txn.seq(seq).blocks) {
+    if (m.meta.refcount[b] > 1) shared.push_back(b);
+    else txn.release_block(b);
+  }
+  txn.add_refs(shared, -1);
   txn.remove_seq(seq);
   m.finish(txn, {});
 }

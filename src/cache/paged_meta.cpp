@@ -104,6 +104,19 @@ void PagedTxn::set_run(int32_t b, int32_t slot, int32_t n, const int32_t* pos, i
   m_.block_live[b] += became_live;
 }
 
+void PagedTxn::add_refs(const std::vector<int32_t>& blocks, int32_t delta) {
+  if (blocks.empty() || delta == 0) return;
+  int32_t shared = 0;
+  for (int32_t b : blocks) {
+    const int32_t rc = m_.refcount[b];
+    require(rc + delta > 0, ErrorCode::Corrupt, "PagedCache: bulk reference change would free block ", b);
+    shared += static_cast<int32_t>(rc + delta > 1) - static_cast<int32_t>(rc > 1);
+    m_.refcount[b] = rc + delta;
+  }
+  m_.shared_blocks += shared;
+  ref_bulk_.push_back({blocks, delta});
+}
+
 void PagedTxn::set_refcount(int32_t b, int32_t value) {
   refcounts_.push_back({b, m_.refcount[b]});
   m_.shared_blocks += static_cast<int32_t>(value > 1) - static_cast<int32_t>(m_.refcount[b] > 1);
@@ -219,6 +232,12 @@ void PagedTxn::rollback() noexcept {
     if (it->first) m_.free_list.pop_back();
     else m_.free_list.push_back(it->second);
   }
+  for (auto it = ref_bulk_.rbegin(); it != ref_bulk_.rend(); ++it)
+    for (int32_t b : it->first) {
+      const int32_t rc = m_.refcount[b];
+      m_.shared_blocks += static_cast<int32_t>(rc - it->second > 1) - static_cast<int32_t>(rc > 1);
+      m_.refcount[b] = rc - it->second;
+    }
   for (auto it = refcounts_.rbegin(); it != refcounts_.rend(); ++it) {
     m_.shared_blocks += static_cast<int32_t>(it->second > 1) - static_cast<int32_t>(m_.refcount[it->first] > 1);
     m_.refcount[it->first] = it->second;

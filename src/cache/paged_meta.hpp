@@ -84,6 +84,9 @@ class PagedTxn {
   // set_cell(block, slot + j, positions[j] + add, 1, 0) for j < n, in one pass.
   void set_run(int32_t block, int32_t slot, int32_t n, const int32_t* positions, int32_t add);
   void set_refcount(int32_t block, int32_t value);
+  // refcount += delta on every listed block (distinct; none may reach 0): one journal record,
+  // so fork() and the release of shared blocks cost O(blocks) with a small constant.
+  void add_refs(const std::vector<int32_t>& blocks, int32_t delta);
   void set_pending_flag(int32_t block, uint8_t value);
   int32_t pop_free();
   void push_free(int32_t block);
@@ -138,6 +141,7 @@ class PagedTxn {
   std::vector<std::pair<bool, int32_t>> free_ops_;      // (pushed?, block)
   std::vector<std::pair<SeqId, std::optional<PagedSeq>>> seqs_;
   std::vector<Bulk> bulk_;
+  std::vector<std::pair<std::vector<int32_t>, int32_t>> ref_bulk_;  // (blocks, delta)
   SeqId saved_next_id_ = 0;
   uint64_t saved_next_version_ = 0;
   bool saved_counters_ = false;
