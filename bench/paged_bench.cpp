@@ -5,7 +5,12 @@
 //   decode_<fmt>_b64:        one decode step for 64 sequences: reserve + 32 per-layer stores
 //   shift_<mode>_<ctx>_<d>:  shift(4, d) of a ctx-token sequence, every layer; rope-stored includes
 //                            prepare() (the one rotation of the retained K: bytes = K read + written);
-//                            rope-on-read edits metadata only (bytes = positions/validity written).
+//                            rope-on-read edits metadata only (the cells before the cut and the cut
+//                            blocks; the sequence's position offset grows): the shift alone, which is
+//                            all an offset-aware reader (block_tables(.., PagedPositions::Offsets))
+//                            needs; bytes = positions/validity of the cells edited.
+//   shift_onread_<ctx>_<d>_fold: the same followed by prepare(), which folds the offset into every
+//                            cell (what a reader of plain positions() needs): O(context).
 //                            Timed on the host clock around the call (it is host + device work);
 //                            every baseline registered with KVCORE_PAGED_SHIFT_BASELINE runs on the
 //                            same geometry and is reported beside it.
@@ -234,14 +239,23 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMod
   const bool ok = require_ok(opt, name, check_layer0(c, s, rows, [&](int64_t j) { return j < keep ? j : j + discard; }), tol);
   fill(c, s, rows, discard);
   if (!ok) return;
-  const Timing t = time_wall(
-      opt, opt.device, [&](int) { if (c.info(s).n_live < ctx) fill(c, s, rows, ctx - c.info(s).n_live); },
-      [&](int) {
-        c.shift(s, keep, discard);
-        c.prepare();
-      });
+  auto refill = [&](int) {
+    if (c.info(s).n_live < ctx) fill(c, s, rows, ctx - c.info(s).n_live);
+  };
+  const Timing t = time_wall(opt, opt.device, refill, [&](int) {
+    c.shift(s, keep, discard);
+    if (stored) c.prepare();
+  });
   const double retained_k = static_cast<double>(ctx - keep - discard) * g.layers * g.heads * g.dim * 2;
-  const double bytes = stored ? 2.0 * retained_k : static_cast<double>(ctx - keep - discard) * 5.0;
+  const double bytes = stored ? 2.0 * retained_k : static_cast<double>(keep + 2 * 16) * 5.0;
+  if (!stored) {  // the fold an offset-unaware reader pays once after the shift
+    BenchRecord fold = record(name + "_fold", static_cast<double>(ctx - keep - discard) * 4.0);
+    fold.t = time_wall(opt, opt.device, refill, [&](int) {
+      c.shift(s, keep, discard);
+      c.prepare();
+    });
+    opt.report(fold);
+  }
   const PagedShiftCase sc{ctx, keep, discard, g.layers, g.heads, g.dim};
   // Baselines are CUDA programs (bench/paged_shift_baselines.cu): compared on a GPU only.
   const bool with_baselines = opt.device.is_cuda() && !paged_shift_baselines().empty();

@@ -38,8 +38,7 @@ std::vector<Spec> specs() {
 
 template <KvFormat F>
 void run_store(const KvStoreParams& p) {
-  const int32_t n_rot = p.maybe_positions ? p.rope.layout.n_rot : 0;
-  const int64_t threads = static_cast<int64_t>(p.n_tokens) * ((n_rot / 2) / 8 + (p.head_dim - n_rot) / 8);
+  const int64_t threads = kvvec::kv_store_vec_threads(p);
   for (int64_t t = 0; t < threads + 5; ++t) kvvec::kv_store_vec_unit<F>(p, t);  // + 5: out-of-range threads do nothing
 }
 

@@ -234,6 +234,7 @@ struct Driver {
   int64_t ops = 0, failed_ops = 0, oom = 0, shifts = 0, forks = 0;
   int32_t max_seqs = 6, max_append = 20;
   double read_prob = 0.2;
+  double offsets_prob = 0.1;
   // After each op, compare caches[i] with caches[0] (metadata text, and the bytes of
   // positions/validity); `compare_pools` is called for the pool bytes when set.
   std::function<void(int64_t op)> on_step;
@@ -478,6 +479,39 @@ struct Driver {
     EXPECT_EQ(static_cast<int32_t>(blocks.size()), ps.blocks_used);
   }
 
+  // The export for offset-aware readers (block_tables with PagedPositions::Offsets, no fold):
+  // stored position - pos_offset of every live cell of `id` is the model's position, on every cache.
+  void check_offsets(SeqId id) {
+    const RefSeq& want = model[id];
+    for (PagedCache* c : caches) {
+      const SeqId ids[1] = {id};
+      const PagedCsr csr = c->block_tables(ids, PagedPositions::Offsets);
+      auto i32 = [](const TensorRef& t) {
+        const std::vector<uint8_t> b = download(t);
+        std::vector<int32_t> v(b.size() / 4);
+        if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
+        return v;
+      };
+      const std::vector<int32_t> indptr = i32(csr.indptr), indices = i32(csr.indices), last = i32(csr.last_page_len),
+                                 off = i32(csr.pos_offset), pos = i32(c->positions());
+      const std::vector<uint8_t> valid = download(c->valid());
+      const int32_t bs = c->config().block_size;
+      const int32_t cells = PagedLayout::seq_cells(indptr.data(), last.data(), 0, bs);
+      size_t t = 0;
+      for (int32_t j = 0; j < cells; ++j) {
+        const int64_t cell = static_cast<int64_t>(indices[j / bs]) * bs + j % bs;
+        if (!valid[cell]) continue;
+        if (t >= want.size() || pos[cell] - off[0] != want[t].pos) {
+          ADD_FAILURE() << "seq " << id << " cell " << j << ": stored " << pos[cell] << " - offset " << off[0]
+                        << " != model position " << (t < want.size() ? want[t].pos : -1);
+          return;
+        }
+        ++t;
+      }
+      EXPECT_EQ(t, want.size()) << "live cells of seq " << id;
+    }
+  }
+
   void step() {
     ++ops;
     const int32_t r = rand(0, 99);
@@ -497,6 +531,7 @@ struct Driver {
       op_append();
     }
     if (!model.empty() && coin(read_prob)) check(pick(), rand(0, cfg().n_layers - 1));
+    if (!model.empty() && coin(offsets_prob)) check_offsets(pick());
     if (on_step) on_step(ops);
   }
 };

@@ -28,6 +28,9 @@ void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, c
 void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
                       int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending, Stream stream,
                       const int32_t* maybe_block_delta = nullptr);
+// Cells of new tokens: positions[slots[i]] = stored[i], valid = 1, pending = 0 (device i32 [n]).
+void paged_set_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* slots, const int32_t* stored,
+                     int32_t n, Stream stream);
 }  // namespace cuda
 
 namespace cpu {  // the same on host memory (PagedCacheConfig::debug_mirror)
@@ -36,6 +39,8 @@ void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, c
 void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
                       int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending,
                       const int32_t* maybe_block_delta = nullptr);
+void paged_set_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* slots, const int32_t* stored,
+                     int32_t n);
 }  // namespace cpu
 
 }  // namespace kvcore

@@ -100,13 +100,22 @@ void PagedCache::Impl::mirror_scatter(const int32_t* packed, int32_t n_blocks) {
 #endif
 }
 
+void PagedCache::Impl::mirror_set_cells(const int32_t* slots, const int32_t* stored, int32_t n) {
+  if (!mirrored() || n == 0) return;
+  if (dev.is_cpu()) {
+    cpu::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n,
+                        cfg.stream);
+#endif
+}
+
 void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
   if (!mirrored() || lo >= hi) return;
   const size_t c0 = static_cast<size_t>(lo) * cfg.block_size, n = static_cast<size_t>(hi - lo) * cfg.block_size;
-  std::vector<int32_t> pos(n);
-  for (size_t i = 0; i < n; ++i) pos[i] = meta.pos(static_cast<int64_t>(c0 + i));
-  copy_bytes(pos_dev.as<int32_t>() + c0, dev, pos.data(), Device::cpu(), n * 4, cfg.stream);
-  std::fill(meta.device_owed.begin() + lo, meta.device_owed.begin() + hi, 0);
+  copy_bytes(pos_dev.as<int32_t>() + c0, dev, meta.positions.data() + c0, Device::cpu(), n * 4, cfg.stream);
   copy_bytes(valid_dev.as<uint8_t>() + c0, dev, meta.valid.data() + c0, Device::cpu(), n, cfg.stream);
   copy_bytes(pending_dev.as<int32_t>() + c0, dev, meta.pending.data() + c0, Device::cpu(), n * 4, cfg.stream);
 }
@@ -137,7 +146,6 @@ void PagedCache::Impl::sync_blocks(const std::vector<int32_t>& blocks) {
       packed[n + cells + k] = meta.pending[c];
       packed[n + 2 * cells + k] = meta.valid[c];
     }
-    meta.device_owed[blocks[i]] = 0;  // the mirror gets the positions with every lazy shift applied
   }
   mirror_scatter(upload_list(packed), static_cast<int32_t>(n));
 }
@@ -168,7 +176,6 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
   m.lay = PagedLayout{m.cfg.block_size, m.cfg.n_kv_heads, m.cfg.head_dim};
   m.meta.init(m.cfg.block_size, m.cfg.num_blocks);
   require_arg(!m.cfg.debug_mirror || device.is_cpu(), "PagedCacheConfig.debug_mirror is for CPU caches, got ", device.str());
-  m.meta.lazy_device = m.mirrored();
   for (int32_t l = 0; l < m.cfg.n_layers; ++l) m.rope.push_back(make_rope_table(m.cfg.rope_for(l), m.cfg.head_dim));
 
   const int64_t cells_heads = m.num_cells() * m.cfg.n_kv_heads;
@@ -254,7 +261,7 @@ SeqInfo PagedCache::info(SeqId seq) const {
   i.n_blocks = static_cast<int32_t>(s.blocks.size());
   if (s.n_cells > 0) {
     const int32_t c = s.n_cells - 1;
-    i.last_position = mt.pos(mt.cell(s.blocks[c / mt.block_size], c % mt.block_size));
+    i.last_position = mt.pos(mt.cell(s.blocks[c / mt.block_size], c % mt.block_size)) - s.pos_offset;
   }
   return i;
 }
@@ -285,7 +292,7 @@ std::string PagedCache::debug_state() const {
   std::ostringstream os;
   os << "next_id " << mt.next_id << "\n";
   for (const auto& [id, s] : mt.seqs) {
-    os << "seq " << id << " cells " << s.n_cells << " live " << s.n_live << " blocks";
+    os << "seq " << id << " cells " << s.n_cells << " live " << s.n_live << " offset " << s.pos_offset << " blocks";
     for (int32_t b : s.blocks) os << ' ' << b;
     os << "\n";
   }
@@ -308,9 +315,8 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
   Impl& m = *impl_;
   m.check_usable();
   require_arg(layer >= 0 && layer < m.cfg.n_layers, "PagedCache::read: layer ", layer, " outside [0, ", m.cfg.n_layers, ")");
-  const PagedSeq& s0 = m.meta.seq(seq);
-  (void)s0;
-  prepare();
+  m.meta.seq(seq);
+  m.rotate_pending();  // positions: stored - the sequence's offset, no fold needed
   const PagedSeq& s = m.meta.seq(seq);
   const int32_t H = m.cfg.n_kv_heads, D = m.cfg.head_dim, DV = m.cfg.v_head_dim;
   PagedReadBack out;
@@ -343,7 +349,7 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
     for (int32_t j = 0; j < used; ++j) {
       const int64_t c = m.meta.cell(b, j);
       if (!m.meta.valid[c]) continue;
-      const int32_t pos = m.meta.pos(c);
+      const int32_t pos = m.meta.pos(c) - s.pos_offset;
       out.positions.push_back(pos);
       for (int32_t h = 0; h < H; ++h) {
         const int64_t r = static_cast<int64_t>(j) * H + h;
@@ -360,30 +366,39 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
   return out;
 }
 
-PagedCsr PagedCache::block_tables(std::span<const SeqId> seqs) {
+PagedCsr PagedCache::block_tables(std::span<const SeqId> seqs, PagedPositions positions) {
   Impl& m = *impl_;
   m.check_usable();
   for (SeqId id : seqs) m.meta.seq(id);  // validate every id first
-  prepare();
+  const bool offsets = positions == PagedPositions::Offsets;
+  if (offsets) m.rotate_pending();
+  else prepare();
+  return m.tables(seqs, offsets);
+}
+
+PagedCsr PagedCache::Impl::tables(std::span<const SeqId> seqs, bool with_offsets) {
   const size_t batch = seqs.size();
-  std::vector<int32_t> host(batch + 1 + batch);  // indptr, last_page_len; indices appended after
+  // indptr [batch + 1], last_page_len [batch], pos_offset [batch]; indices appended after.
+  std::vector<int32_t> host(batch + 1 + 2 * batch);
   std::vector<int32_t> indices;
   host[0] = 0;
   for (size_t i = 0; i < batch; ++i) {
-    const PagedSeq& s = m.meta.seq(seqs[i]);
+    const PagedSeq& s = meta.seq(seqs[i]);
     indices.insert(indices.end(), s.blocks.begin(), s.blocks.end());
     host[i + 1] = static_cast<int32_t>(indices.size());
-    host[batch + 1 + i] = s.blocks.empty() ? 0 : m.meta.cells_in_block(s, s.blocks.size() - 1);
+    host[batch + 1 + i] = s.blocks.empty() ? 0 : meta.cells_in_block(s, s.blocks.size() - 1);
+    host[2 * batch + 1 + i] = with_offsets ? s.pos_offset : 0;
   }
   host.insert(host.end(), indices.begin(), indices.end());
   const size_t bytes = host.size() * 4;
-  if (m.csr.size() < bytes) m.csr = Buffer(std::max<size_t>(bytes, 4096), m.dev);
-  copy_bytes(m.csr.data(), m.dev, host.data(), Device::cpu(), bytes, m.cfg.stream);
-  int32_t* base = m.csr.as<int32_t>();
+  if (csr.size() < bytes) csr = Buffer(std::max<size_t>(bytes, 4096), dev);
+  copy_bytes(csr.data(), dev, host.data(), Device::cpu(), bytes, cfg.stream);
+  int32_t* base = csr.as<int32_t>();
   PagedCsr out;
-  out.indptr = TensorRef(base, DType::I32, m.dev, {static_cast<int64_t>(batch + 1)});
-  out.last_page_len = TensorRef(base + batch + 1, DType::I32, m.dev, {static_cast<int64_t>(batch)});
-  out.indices = TensorRef(base + 2 * batch + 1, DType::I32, m.dev, {static_cast<int64_t>(indices.size())});
+  out.indptr = TensorRef(base, DType::I32, dev, {static_cast<int64_t>(batch + 1)});
+  out.last_page_len = TensorRef(base + batch + 1, DType::I32, dev, {static_cast<int64_t>(batch)});
+  out.pos_offset = TensorRef(base + 2 * batch + 1, DType::I32, dev, {static_cast<int64_t>(batch)});
+  out.indices = TensorRef(base + 3 * batch + 1, DType::I32, dev, {static_cast<int64_t>(indices.size())});
   return out;
 }
 

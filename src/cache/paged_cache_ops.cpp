@@ -30,7 +30,7 @@ SeqId PagedCache::fork(SeqId seq) {
   PagedSeq& src = txn.seq(seq);
   src.version = txn.next_version();  // outstanding tickets of src must not write into shared blocks
   PagedSeq copy = src;
-  for (int32_t b : copy.blocks) txn.set_refcount(b, m.meta.refcount[b] + 1);
+  txn.add_refs(copy.blocks, 1);
   const SeqId id = txn.add_seq(std::move(copy));
   txn.commit();
   return id;
@@ -41,8 +41,13 @@ void PagedCache::erase(SeqId seq) {
   m.check_usable();
   m.meta.seq(seq);
   PagedTxn txn(m.meta);
-  const std::vector<int32_t> blocks = txn.seq(seq).blocks;
-  for (int32_t b : blocks) txn.release_block(b);
+  // Blocks another sequence still holds lose one reference in bulk; the others go back to the free list.
+  std::vector<int32_t> shared;
+  for (int32_t b : txn.seq(seq).blocks) {
+    if (m.meta.refcount[b] > 1) shared.push_back(b);
+    else txn.release_block(b);
+  }
+  txn.add_refs(shared, -1);
   txn.remove_seq(seq);
   m.finish(txn, {});
 }
@@ -95,11 +100,13 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     int32_t last = -1;
     if (s.n_cells > 0) {
       const int32_t c = s.n_cells - 1;
-      last = meta.pos(meta.cell(s.blocks[c / cfg.block_size], c % cfg.block_size));
+      last = meta.pos(meta.cell(s.blocks[c / cfg.block_size], c % cfg.block_size)) - s.pos_offset;
     }
     for (int32_t j = 0; j < counts[i]; ++j, ++at) {
       const int32_t p = positions[at];
       require_arg(p >= 0, op, ": positions[", at, "] = ", p, " is negative");
+      require_arg(p <= INT32_MAX - s.pos_offset, op, ": positions[", at, "] = ", p, " overflows i32 with sequence ", seqs[i],
+                  "'s position offset ", s.pos_offset);
       if (cfg.strict_positions)
         require_arg(p > last, op, ": positions[", at, "] = ", p, " of sequence ", seqs[i], " does not follow position ",
                     last, " (positions must increase)");
@@ -137,16 +144,20 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
         cow.push_back(src);
         cow.push_back(s.blocks.back());
       }
-      for (int32_t j = 0; j < counts[i]; ++j, ++at) {
+      for (int32_t j = 0; j < counts[i];) {  // one run of cells per block
         const int32_t c = s.n_cells + j;
         if (c % cfg.block_size == 0 && static_cast<size_t>(c / cfg.block_size) == s.blocks.size()) {
           const int32_t b = txn.pop_free();
           txn.set_refcount(b, 1);
           s.blocks.push_back(b);
         }
-        const int32_t b = s.blocks[c / cfg.block_size];
-        txn.set_cell(b, c % cfg.block_size, positions[at], 1, 0);
-        t.host_slots[at] = static_cast<int32_t>(meta.cell(b, c % cfg.block_size));
+        const int32_t b = s.blocks[c / cfg.block_size], slot = c % cfg.block_size;
+        const int32_t run = std::min(cfg.block_size - slot, counts[i] - j);
+        txn.set_run(b, slot, run, positions.data() + at, s.pos_offset);
+        const int32_t first = static_cast<int32_t>(meta.cell(b, slot));
+        for (int32_t k = 0; k < run; ++k) t.host_slots[at + k] = first + k;
+        j += run;
+        at += run;
       }
       s.n_cells += counts[i];
       s.n_live += counts[i];
@@ -160,15 +171,20 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     t.counts.clear();
     t.n_tokens = 0;
   };
+  // The new cells' mirrors come from the ticket's device lists (one small kernel) when the stored
+  // positions are the given ones (no position offset); otherwise the changed blocks are uploaded.
+  bool plain = true;
+  for (SeqId id : seqs) plain = plain && meta.seqs.at(id).pos_offset == 0;
   try {
     finish(txn, cow, [&] {
       copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
       copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
+      if (plain) mirror_set_cells(t.slots.as<int32_t>(), t.positions.as<int32_t>(), t.n_tokens);
       if (k_all)
         for (int32_t l = 0; l < cfg.n_layers; ++l)
           store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
-      if (k_all && dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
-    });
+      if (dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
+    }, /*sync_dirty=*/!plain);
   } catch (...) {
     forget();
     throw;
@@ -290,48 +306,56 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
   const int32_t bs = m.cfg.block_size;
   const int32_t c0 = mt.locate(s0, n_keep), c1 = mt.locate(s0, n_keep + n_discard - 1);
   const size_t b0 = static_cast<size_t>(c0 / bs), b1 = static_cast<size_t>(c1 / bs), nb = s0.blocks.size();
-  // Plan. Blocks before b0 stay as they are; blocks strictly between b0 and b1 hold only cut or
-  // dead cells: dropped. b0 and b1 are edited cell by cell (dropped if nothing live is left);
-  // every block after b1 only has its positions (and pending deltas) lowered: one bulk edit.
-  // An edited block that is shared is copied first.
+  const bool stored = m.cfg.rope_mode == RopeMode::RopeStored;
+  // Which side of the cut moves. RopeStored: the cells after it (their K rotates anyway).
+  // RopeOnRead: the smaller side; raising the cells before the cut adds n_discard to the
+  // sequence's offset, which needs every block of the sequence to be its own.
+  const int64_t tail_cells = static_cast<int64_t>(s0.n_cells) - 1 - c1;
+  const bool raise = !stored && c0 < tail_cells && !mt.any_shared(s0);
+  if (raise)
+    require_arg(s0.pos_offset <= INT32_MAX - n_discard, op, ": sequence ", seq, "'s position offset ", s0.pos_offset,
+                " + ", n_discard, " overflows i32");
+  // Plan, over the blocks that change only. Before b0: raised in bulk (raise) or untouched.
+  // b0 and b1 are edited cell by cell (dropped if nothing live is left); blocks strictly
+  // between them hold only cut or dead cells: dropped. After b1: lowered in bulk (not raise;
+  // edited cell by cell when shared: copied first) or untouched.
   enum class Fate : uint8_t { Keep, Drop, Edit, Bulk };
-  std::vector<Fate> fate(nb, Fate::Keep);
-  int64_t copies = 0;
-  for (size_t bi = b0; bi < nb; ++bi) {
-    if (bi > b0 && bi < b1) {
-      fate[bi] = Fate::Drop;
-      continue;
-    }
+  auto fate_of = [&](size_t bi) -> Fate {
+    if (bi < b0) return raise ? Fate::Bulk : Fate::Keep;
+    if (bi > b1) return raise ? Fate::Keep : (mt.refcount[s0.blocks[bi]] > 1 ? Fate::Edit : Fate::Bulk);
+    if (bi > b0 && bi < b1) return Fate::Drop;
     const int32_t b = s0.blocks[bi];
-    if (bi > b1) {
-      fate[bi] = mt.refcount[b] > 1 ? Fate::Edit : Fate::Bulk;
-    } else {
-      int32_t live_after = 0;
-      for (int32_t j = 0; j < mt.cells_in_block(s0, bi); ++j) {
-        const int32_t c = static_cast<int32_t>(bi) * bs + j;
-        live_after += mt.valid[mt.cell(b, j)] && (c < c0 || c > c1) ? 1 : 0;
-      }
-      fate[bi] = live_after == 0 && bi + 1 < nb ? Fate::Drop : Fate::Edit;
+    int32_t live_after = 0;
+    for (int32_t j = 0; j < mt.cells_in_block(s0, bi); ++j) {
+      const int32_t c = static_cast<int32_t>(bi) * bs + j;
+      live_after += mt.valid[mt.cell(b, j)] && (c < c0 || c > c1) ? 1 : 0;
     }
-    if (fate[bi] == Fate::Edit && mt.refcount[b] > 1) ++copies;
+    return live_after == 0 && bi + 1 < nb ? Fate::Drop : Fate::Edit;
+  };
+  // Blocks the plan visits: [0, b0) when raising, [b0, b1], (b1, nb) when lowering.
+  const size_t lo = raise ? 0 : b0, hi = raise ? b1 + 1 : nb;
+  std::vector<Fate> fates(hi - lo);
+  int64_t copies = 0;
+  for (size_t bi = lo; bi < hi; ++bi) {
+    fates[bi - lo] = fate_of(bi);
+    if (fates[bi - lo] == Fate::Edit && mt.refcount[s0.blocks[bi]] > 1) ++copies;
   }
   require(copies <= static_cast<int64_t>(mt.free_list.size()), ErrorCode::OutOfMemory, op, ": sequence ", seq,
           " shares ", copies, " blocks the shift must edit; copying them needs ", copies, " free blocks, the pool has ",
           mt.free_list.size());
 
-  const bool stored = m.cfg.rope_mode == RopeMode::RopeStored;
   PagedTxn txn(mt);
   PagedSeq& s = txn.seq(seq);
-  std::vector<int32_t> cow, kept, dropped, bulk;
-  kept.reserve(nb);
-  for (size_t bi = 0; bi < nb; ++bi) {
+  std::vector<int32_t> cow, bulk, dropped;
+  size_t out = lo;  // s.blocks is compacted in place over [lo, hi): dropped blocks leave
+  for (size_t bi = lo; bi < hi; ++bi) {
     int32_t b = s.blocks[bi];
-    switch (fate[bi]) {
+    switch (fates[bi - lo]) {
       case Fate::Keep: break;
       case Fate::Drop: dropped.push_back(b); continue;
       case Fate::Bulk: bulk.push_back(b); break;
       case Fate::Edit: {
-        const int32_t used = mt.cells_in_block(s0, bi);
+        const int32_t used = mt.cells_in_block(s, bi);  // s.n_cells and s.blocks.size() are unchanged so far
         if (mt.refcount[b] > 1) {
           const int32_t copy = txn.copy_block(b, used);
           cow.push_back(b);
@@ -341,20 +365,32 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
         for (int32_t j = 0; j < used; ++j) {
           const int32_t c = static_cast<int32_t>(bi) * bs + j;
           const int64_t cell = mt.cell(b, j);
-          if (!mt.valid[cell] || c < c0) continue;
-          if (c <= c1) txn.set_cell(b, j, mt.pos(cell), 0, 0);
-          else txn.set_cell(b, j, mt.pos(cell) - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
+          if (!mt.valid[cell]) continue;
+          if (c < c0) {
+            if (raise) txn.set_cell(b, j, mt.pos(cell) + n_discard, 1, mt.pending[cell]);
+          } else if (c <= c1) {
+            txn.set_cell(b, j, mt.pos(cell), 0, 0);
+          } else if (!raise) {
+            txn.set_cell(b, j, mt.pos(cell) - n_discard, 1, mt.pending[cell] - (stored ? n_discard : 0));
+          }
         }
         break;
       }
     }
-    kept.push_back(b);
+    s.blocks[out++] = b;
   }
-  txn.bulk_shift(std::move(bulk), n_discard, stored);
-  for (int32_t b : dropped) txn.release_block(b);  // after the copies: a dropped block is never a copy target
+  if (out != hi) s.blocks.erase(s.blocks.begin() + static_cast<std::ptrdiff_t>(out), s.blocks.begin() + static_cast<std::ptrdiff_t>(hi));
+  // After the copies: a dropped block must never become a copy's target (a failed transaction
+  // gives it back to the sequence with its bytes intact).
+  for (int32_t b : dropped) txn.release_block(b);
+  if (raise) {
+    txn.bulk_edit(std::move(bulk), -n_discard, 0);
+    s.pos_offset += n_discard;
+  } else {
+    txn.bulk_edit(std::move(bulk), n_discard, stored ? n_discard : 0);
+  }
   s.n_cells -= static_cast<int32_t>(dropped.size()) * bs;
   s.n_live -= n_discard;
-  s.blocks = std::move(kept);
   s.version = txn.next_version();
   m.finish(txn, cow);
 }
@@ -363,47 +399,53 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
 
 bool PagedCache::needs_prepare() const {
   const PagedMeta& mt = impl_->meta;
-  if (mt.any_shift)
-    for (int32_t b = 0; b < mt.num_blocks; ++b)
-      if (mt.refcount[b] > 0 && (mt.lazy_device ? mt.device_owed[b] : mt.block_shift[b]) != 0) return true;
+  for (const auto& [id, sq] : mt.seqs)
+    if (sq.pos_offset != 0) return true;
   if (!mt.any_pending) return false;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
     if (mt.pending_flag[b] && mt.refcount[b] > 0) return true;
   return false;
 }
 
-// Bring the contract's positions up to date: fold the lazy shifts into the CPU arrays, or
-// subtract what the device mirror still owes (one kernel over the blocks concerned).
-void PagedCache::Impl::settle_positions() {
-  if (!meta.any_shift) return;
-  if (!mirrored()) {
-    for (int32_t b = 0; b < cfg.num_blocks; ++b) meta.materialize(b);
-    meta.any_shift = false;
-    return;
-  }
+// Fold every sequence's position offset into its cells: positions -= offset on the valid
+// cells of its blocks (each block once: its holders share the offset), on the device first
+// (one kernel over the listed blocks), then on the host.
+void PagedCache::Impl::fold_offsets() {
   std::vector<int32_t> list;  // [blocks..., amounts...]
-  for (int32_t b = 0; b < cfg.num_blocks; ++b)
-    if (meta.device_owed[b] != 0) list.push_back(b);
-  const size_t n = list.size();
-  for (size_t i = 0; i < n; ++i) list.push_back(meta.device_owed[list[i]]);
-  if (n > 0) {
-    const int32_t* d = upload_list(list);
-    mirror_edit(d, static_cast<int32_t>(n), 0, 0, false, d + n);
-    for (size_t i = 0; i < n; ++i) meta.device_owed[list[i]] = 0;
+  std::vector<uint8_t> seen;
+  for (const auto& [id, sq] : meta.seqs) {
+    if (sq.pos_offset == 0) continue;
+    if (seen.empty()) seen.assign(static_cast<size_t>(cfg.num_blocks), 0);
+    for (int32_t b : sq.blocks)
+      if (!seen[b]) {
+        seen[b] = 1;
+        list.push_back(b);
+      }
   }
-  meta.any_shift = false;
+  if (seen.empty()) return;
+  const size_t n = list.size();
+  std::vector<int32_t> amount(n);
+  {
+    std::vector<int32_t> block_off(static_cast<size_t>(cfg.num_blocks), 0);
+    for (const auto& [id, sq] : meta.seqs)
+      for (int32_t b : sq.blocks) block_off[b] = sq.pos_offset;
+    for (size_t i = 0; i < n; ++i) amount[i] = block_off[list[i]];
+  }
+  if (mirrored() && n > 0) {
+    std::vector<int32_t> packed(list);
+    packed.insert(packed.end(), amount.begin(), amount.end());
+    const int32_t* d = upload_list(packed);
+    mirror_edit(d, static_cast<int32_t>(n), 0, 0, false, d + n);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t c0 = meta.cell(list[i], 0);
+    for (int32_t j = 0; j < cfg.block_size; ++j) meta.positions[c0 + j] -= meta.valid[c0 + j] ? amount[i] : 0;
+  }
+  for (auto& [id, sq] : meta.seqs) sq.pos_offset = 0;
 }
 
-void PagedCache::prepare() {
-  Impl& m = *impl_;
-  m.check_usable();
-  PagedMeta& mt = m.meta;
-  try {
-    m.settle_positions();
-  } catch (...) {
-    m.corrupt = true;  // the device positions are in an unknown state
-    throw;
-  }
+void PagedCache::Impl::rotate_pending() {
+  PagedMeta& mt = meta;
   if (!mt.any_pending) return;
   std::vector<int32_t> blocks;
   for (int32_t b = 0; b < mt.num_blocks; ++b)
@@ -412,22 +454,33 @@ void PagedCache::prepare() {
     mt.any_pending = false;
     return;
   }
-  int32_t* dev_blocks = m.upload_list(blocks);
-  const TensorRef list(dev_blocks, DType::I32, m.dev, {static_cast<int64_t>(blocks.size())});
+  int32_t* dev_blocks = upload_list(blocks);
+  const TensorRef list(dev_blocks, DType::I32, dev, {static_cast<int64_t>(blocks.size())});
   try {
-    for (int32_t l = 0; l < m.cfg.n_layers; ++l)
-      kv_rotate_blocks(m.pool(true, l), list, m.pending_view(), m.rope[l], m.cfg.stream);
-    synchronize(m.dev, m.cfg.stream);
-    if (m.mirrored()) m.mirror_edit(dev_blocks, static_cast<int32_t>(blocks.size()), 0, 0, true);
+    for (int32_t l = 0; l < cfg.n_layers; ++l) kv_rotate_blocks(pool(true, l), list, pending_view(), rope[l], cfg.stream);
+    synchronize(dev, cfg.stream);
+    if (mirrored()) mirror_edit(dev_blocks, static_cast<int32_t>(blocks.size()), 0, 0, true);
   } catch (...) {
-    m.corrupt = true;  // some layers may be rotated and others not: nothing consistent to return to
+    corrupt = true;  // some layers may be rotated and others not: nothing consistent to return to
     throw;
   }
   for (int32_t b : blocks) {
-    std::fill_n(mt.pending.begin() + mt.cell(b, 0), m.cfg.block_size, 0);
+    std::fill_n(mt.pending.begin() + mt.cell(b, 0), cfg.block_size, 0);
     mt.pending_flag[b] = 0;
   }
   mt.any_pending = false;
+}
+
+void PagedCache::prepare() {
+  Impl& m = *impl_;
+  m.check_usable();
+  try {
+    m.fold_offsets();
+  } catch (...) {
+    m.corrupt = true;  // the device positions are in an unknown state
+    throw;
+  }
+  m.rotate_pending();
 }
 
 }  // namespace kvcore

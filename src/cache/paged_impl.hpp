@@ -33,13 +33,13 @@ struct PagedCache::Impl {
   void mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta, bool clear_pending,
                    const int32_t* maybe_block_delta = nullptr);
   void mirror_scatter(const int32_t* packed, int32_t n_blocks);
+  void mirror_set_cells(const int32_t* slots, const int32_t* stored, int32_t n);  // device lists
   void check_usable() const;
   int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
 
   KvPool pool(bool is_k, int32_t layer) const;
   TensorRef pending_view() const;
-  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors, positions with their
-  // lazy shifts applied (the device then owes nothing for these blocks). No-op on CPU.
+  // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors. No-op on CPU.
   void sync_cells(int32_t lo, int32_t hi);
   // The same for a list of blocks, in one packed upload and one scatter kernel.
   void sync_blocks(const std::vector<int32_t>& blocks);
@@ -48,24 +48,31 @@ struct PagedCache::Impl {
   void copy_blocks(const std::vector<int32_t>& pairs);
   // Apply PagedMeta::shift_cells to the device mirrors (no-op on CPU, where they are the host arrays).
   void device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
+  // sync_dirty false: device_work mirrors every cell change itself, except those of the
+  // copies' target blocks, which are synced here.
   template <class F>
-  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work) {
+  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work, bool sync_dirty = true) {
     size_t bulk_done = 0;
     try {
       copy_blocks(cow_pairs);
-      for (const PagedTxn::Bulk& b : txn.bulk()) {  // positions stay lazy (prepare()); pending deltas now
-        if (b.stored) device_shift_cells(b.blocks, 0, b.n);
+      for (const PagedTxn::Bulk& b : txn.bulk()) {
+        device_shift_cells(b.blocks, b.pos_delta, b.pending_delta);
         ++bulk_done;
       }
       device_work();
-      sync_blocks(txn.dirty_blocks());
+      if (sync_dirty) {
+        sync_blocks(txn.dirty_blocks());
+      } else {
+        std::vector<int32_t> targets;
+        for (size_t i = 1; i < cow_pairs.size(); i += 2) targets.push_back(cow_pairs[i]);
+        sync_blocks(targets);
+      }
     } catch (...) {
       const std::vector<int32_t> dirty = txn.dirty_blocks();
       std::vector<PagedTxn::Bulk> undo(txn.bulk().begin(), txn.bulk().begin() + static_cast<std::ptrdiff_t>(bulk_done));
       txn.rollback();
       try {  // put the old values back on the device (best effort: the device may be gone)
-        for (const PagedTxn::Bulk& b : undo)
-          if (b.stored) device_shift_cells(b.blocks, 0, -b.n);
+        for (const PagedTxn::Bulk& b : undo) device_shift_cells(b.blocks, -b.pos_delta, -b.pending_delta);
         sync_blocks(dirty);
       } catch (...) {
       }
@@ -84,7 +91,9 @@ struct PagedCache::Impl {
                     std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
   void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v);
   void truncate_impl(SeqId id, int32_t n);
-  void settle_positions();  // prepare()'s first step
+  void fold_offsets();
+  void rotate_pending();  // prepare()'s second step (RopeStored)  // prepare()'s first step: every sequence's pos_offset into its cells
+  PagedCsr tables(std::span<const SeqId> seqs, bool with_offsets);
 };
 
 }  // namespace kvcore

@@ -17,8 +17,6 @@ void PagedMeta::init(int32_t bs, int32_t nb) {
   refcount.assign(nb, 0);
   pending_flag.assign(nb, 0);
   txn_mark.assign(nb, 0);
-  block_shift.assign(nb, 0);
-  device_owed.assign(nb, 0);
   free_list.resize(nb);
   // Hand out low block ids first: pop_back() takes the end.
   for (int32_t i = 0; i < nb; ++i) free_list[i] = nb - 1 - i;
@@ -50,12 +48,11 @@ const PagedSeq& PagedMeta::seq(SeqId id) const {
   return it->second;
 }
 
-void PagedMeta::materialize(int32_t b) {
-  const int32_t sh = block_shift[b];
-  if (sh == 0) return;
-  const int64_t c0 = cell(b, 0);
-  for (int32_t j = 0; j < block_size; ++j) positions[c0 + j] -= valid[c0 + j] ? sh : 0;
-  block_shift[b] = 0;
+bool PagedMeta::any_shared(const PagedSeq& s) const {
+  if (shared_blocks == 0) return false;
+  for (int32_t b : s.blocks)
+    if (refcount[b] > 1) return true;
+  return false;
 }
 
 void PagedMeta::shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta) {
@@ -81,12 +78,11 @@ void PagedTxn::save_cells(int32_t b) {
   saved_pos_.insert(saved_pos_.end(), m_.positions.begin() + c0, m_.positions.begin() + c0 + m_.block_size);
   saved_pending_.insert(saved_pending_.end(), m_.pending.begin() + c0, m_.pending.begin() + c0 + m_.block_size);
   saved_valid_.insert(saved_valid_.end(), m_.valid.begin() + c0, m_.valid.begin() + c0 + m_.block_size);
-  blocks_.push_back({b, m_.block_live[b], m_.block_shift[b], off});
+  blocks_.push_back({b, m_.block_live[b], off});
 }
 
 void PagedTxn::set_cell(int32_t b, int32_t slot, int32_t position, uint8_t valid, int32_t pending) {
   save_cells(b);
-  m_.materialize(b);  // cells change one by one from here: no lazy shift under them
   const int64_t c = m_.cell(b, slot);
   m_.block_live[b] += static_cast<int32_t>(valid != 0) - static_cast<int32_t>(m_.valid[c] != 0);
   m_.positions[c] = position;
@@ -95,8 +91,35 @@ void PagedTxn::set_cell(int32_t b, int32_t slot, int32_t position, uint8_t valid
   if (pending != 0 && !m_.pending_flag[b]) set_pending_flag(b, 1);
 }
 
+void PagedTxn::set_run(int32_t b, int32_t slot, int32_t n, const int32_t* pos, int32_t add) {
+  save_cells(b);
+  const int64_t c0 = m_.cell(b, slot);
+  int32_t became_live = 0;
+  for (int32_t j = 0; j < n; ++j) {
+    became_live += m_.valid[c0 + j] == 0 ? 1 : 0;
+    m_.positions[c0 + j] = pos[j] + add;
+    m_.valid[c0 + j] = 1;
+    m_.pending[c0 + j] = 0;
+  }
+  m_.block_live[b] += became_live;
+}
+
+void PagedTxn::add_refs(const std::vector<int32_t>& blocks, int32_t delta) {
+  if (blocks.empty() || delta == 0) return;
+  int32_t shared = 0;
+  for (int32_t b : blocks) {
+    const int32_t rc = m_.refcount[b];
+    require(rc + delta > 0, ErrorCode::Corrupt, "PagedCache: bulk reference change would free block ", b);
+    shared += static_cast<int32_t>(rc + delta > 1) - static_cast<int32_t>(rc > 1);
+    m_.refcount[b] = rc + delta;
+  }
+  m_.shared_blocks += shared;
+  ref_bulk_.push_back({blocks, delta});
+}
+
 void PagedTxn::set_refcount(int32_t b, int32_t value) {
   refcounts_.push_back({b, m_.refcount[b]});
+  m_.shared_blocks += static_cast<int32_t>(value > 1) - static_cast<int32_t>(m_.refcount[b] > 1);
   m_.refcount[b] = value;
 }
 
@@ -178,16 +201,11 @@ int32_t PagedTxn::copy_block(int32_t src, int32_t used) {
   return dst;
 }
 
-void PagedTxn::bulk_shift(std::vector<int32_t> blocks, int32_t n, bool stored) {
-  if (blocks.empty() || n == 0) return;
-  Bulk rec{std::move(blocks), n, stored, {}, m_.any_shift};
-  for (int32_t b : rec.blocks) {
-    m_.block_shift[b] += n;
-    if (m_.lazy_device) m_.device_owed[b] += n;
-  }
-  m_.any_shift = true;
-  if (stored) m_.shift_cells(rec.blocks, 0, n);
-  if (stored) {
+void PagedTxn::bulk_edit(std::vector<int32_t> blocks, int32_t pos_delta, int32_t pending_delta) {
+  if (blocks.empty() || (pos_delta == 0 && pending_delta == 0)) return;
+  Bulk rec{std::move(blocks), pos_delta, pending_delta, {}};
+  m_.shift_cells(rec.blocks, pos_delta, pending_delta);
+  if (pending_delta != 0) {
     rec.old_flags.reserve(rec.blocks.size());
     for (int32_t b : rec.blocks) {
       rec.old_flags.push_back(m_.pending_flag[b]);
@@ -203,12 +221,7 @@ void PagedTxn::commit() { done_ = true; }
 void PagedTxn::rollback() noexcept {
   done_ = true;
   for (auto it = bulk_.rbegin(); it != bulk_.rend(); ++it) {
-    for (int32_t b : it->blocks) {
-      m_.block_shift[b] -= it->n;
-      if (m_.lazy_device) m_.device_owed[b] -= it->n;
-    }
-    m_.any_shift = it->old_any_shift;
-    if (it->stored) m_.shift_cells(it->blocks, 0, -it->n);
+    m_.shift_cells(it->blocks, -it->pos_delta, -it->pending_delta);
     for (size_t i = 0; i < it->old_flags.size(); ++i) m_.pending_flag[it->blocks[i]] = it->old_flags[i];
   }
   for (auto it = seqs_.rbegin(); it != seqs_.rend(); ++it) {
@@ -219,7 +232,16 @@ void PagedTxn::rollback() noexcept {
     if (it->first) m_.free_list.pop_back();
     else m_.free_list.push_back(it->second);
   }
-  for (auto it = refcounts_.rbegin(); it != refcounts_.rend(); ++it) m_.refcount[it->first] = it->second;
+  for (auto it = ref_bulk_.rbegin(); it != ref_bulk_.rend(); ++it)
+    for (int32_t b : it->first) {
+      const int32_t rc = m_.refcount[b];
+      m_.shared_blocks += static_cast<int32_t>(rc - it->second > 1) - static_cast<int32_t>(rc > 1);
+      m_.refcount[b] = rc - it->second;
+    }
+  for (auto it = refcounts_.rbegin(); it != refcounts_.rend(); ++it) {
+    m_.shared_blocks += static_cast<int32_t>(it->second > 1) - static_cast<int32_t>(m_.refcount[it->first] > 1);
+    m_.refcount[it->first] = it->second;
+  }
   for (auto it = flags_.rbegin(); it != flags_.rend(); ++it) m_.pending_flag[it->first] = it->second;
   for (const SavedBlock& s : blocks_) {
     const size_t c0 = static_cast<size_t>(m_.cell(s.block, 0));
@@ -227,7 +249,6 @@ void PagedTxn::rollback() noexcept {
     std::copy_n(saved_pending_.begin() + s.cells, m_.block_size, m_.pending.begin() + c0);
     std::copy_n(saved_valid_.begin() + s.cells, m_.block_size, m_.valid.begin() + c0);
     m_.block_live[s.block] = s.live;
-    m_.block_shift[s.block] = s.shift;
     m_.txn_mark[s.block] = 0;
   }
   if (saved_counters_) {

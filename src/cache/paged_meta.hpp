@@ -4,8 +4,12 @@
 // flags, free-list pops and pushes, old sequence states, and bulk position edits
 // as their inverse); rollback() restores it. Callers count what an operation needs
 // (blocks, copies) before they start a transaction, so a transaction only fails on
-// a device error. The journal costs O(what changes): a shift of a 128k-token
-// sequence records one bulk edit, not 128k cells.
+// a device error. The journal costs O(what changes).
+//
+// Positions: a cell stores a position; the position a sequence's token has is the stored
+// one minus the sequence's pos_offset. Every sequence holding a block has the same
+// pos_offset (a shift that changes a sequence's offset first makes its blocks its own), so
+// "stored - offset" is well defined per cell and prepare() can fold the offsets in.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -22,6 +26,7 @@ struct PagedSeq {
   int32_t n_cells = 0;  // cells spanned: (blocks - 1) * block_size + cells used in the last block
   int32_t n_live = 0;   // live cells (tokens)
   uint64_t version = 0;
+  int32_t pos_offset = 0;  // token position = stored cell position - pos_offset (rope-on-read shifts)
   // Invariants: blocks.size() == ceil(n_cells / block_size); n_cells > 0 => cell n_cells - 1 is
   // live; every block holds a live cell of the span; every block but the last is fully spanned.
 };
@@ -34,13 +39,6 @@ struct PagedMeta {
   std::vector<int32_t> positions;
   std::vector<uint8_t> valid;
   std::vector<int32_t> pending;  // RopeStored: rotation owed to this cell's K (prepare() applies it)
-  // Lazy positions: a shift lowers the positions of every valid cell of the blocks after its
-  // cut by adding to block_shift (O(blocks), not O(cells)). The position of a valid cell is
-  // positions[c] - block_shift[block]; a block is materialized (folded into its cells) before
-  // any cell of it changes, and by prepare() on the CPU. device_owed (CUDA caches): what the
-  // device mirror of a block's positions still lacks; prepare() subtracts it there.
-  std::vector<int32_t> block_shift;
-  std::vector<int32_t> device_owed;
   // Per block.
   std::vector<int32_t> block_live;    // valid cells of the block (all block_size cells)
   std::vector<int32_t> refcount;      // sequences holding the block (0: free)
@@ -51,9 +49,8 @@ struct PagedMeta {
   SeqId next_id = 0;
   uint64_t next_version = 1;
   uint32_t next_txn = 1;
-  bool any_pending = false;  // a pending_flag may be set
-  bool any_shift = false;    // a block_shift or device_owed may be non-zero
-  bool lazy_device = false;  // CUDA cache: device_owed is kept (the CPU's arrays are the host arrays)
+  int32_t shared_blocks = 0;  // blocks with refcount > 1 (0: no sequence shares anything)
+  bool any_pending = false;   // a pending_flag may be set
 
   void init(int32_t block_size, int32_t num_blocks);
   int64_t cell(int32_t block, int32_t slot) const { return static_cast<int64_t>(block) * block_size + slot; }
@@ -64,12 +61,10 @@ struct PagedMeta {
   // Cell index (in the sequence's span) of live token t, 0 <= t < n_live.
   int32_t locate(const PagedSeq& s, int32_t t) const;
   const PagedSeq& seq(SeqId id) const;  // throws InvalidArgument naming the id
-  // The position of cell c (block b), block_shift included.
-  int32_t pos(int64_t c) const {
-    return positions[c] - (valid[c] ? block_shift[c / block_size] : 0);
-  }
-  // Fold block_shift[b] into the block's cells (the values pos() returns do not change).
-  void materialize(int32_t b);
+  // The stored position of cell c.
+  int32_t pos(int64_t c) const { return positions[c]; }
+  // Does any block of `s` have another holder?
+  bool any_shared(const PagedSeq& s) const;
   // positions -= delta and pending -= pending_delta on the valid cells of `blocks` (host arrays).
   void shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
 };
@@ -86,7 +81,12 @@ class PagedTxn {
   PagedTxn& operator=(const PagedTxn&) = delete;
 
   void set_cell(int32_t block, int32_t slot, int32_t position, uint8_t valid, int32_t pending);
+  // set_cell(block, slot + j, positions[j] + add, 1, 0) for j < n, in one pass.
+  void set_run(int32_t block, int32_t slot, int32_t n, const int32_t* positions, int32_t add);
   void set_refcount(int32_t block, int32_t value);
+  // refcount += delta on every listed block (distinct; none may reach 0): one journal record,
+  // so fork() and the release of shared blocks cost O(blocks) with a small constant.
+  void add_refs(const std::vector<int32_t>& blocks, int32_t delta);
   void set_pending_flag(int32_t block, uint8_t value);
   int32_t pop_free();
   void push_free(int32_t block);
@@ -101,16 +101,14 @@ class PagedTxn {
   // Copy block `src`'s cell metadata to a fresh block from the free list, keeping only its
   // first `used` cells (the rest cleared); one reference moves from src to the new block.
   int32_t copy_block(int32_t src, int32_t used);
-  // Lower the positions (lazily: block_shift) and, with `stored`, the pending deltas of every
-  // valid cell of `blocks` by n. Journaled as its inverse. None of these blocks may be changed
-  // otherwise in this transaction.
-  void bulk_shift(std::vector<int32_t> blocks, int32_t n, bool stored);
+  // positions -= pos_delta and pending -= pending_delta on every valid cell of `blocks` (O(cells),
+  // vectorized). Journaled as its inverse. None of these blocks may be changed otherwise in
+  // this transaction.
+  void bulk_edit(std::vector<int32_t> blocks, int32_t pos_delta, int32_t pending_delta);
   struct Bulk {
     std::vector<int32_t> blocks;
-    int32_t n;
-    bool stored;
+    int32_t pos_delta, pending_delta;
     std::vector<uint8_t> old_flags;
-    bool old_any_shift;
   };
   const std::vector<Bulk>& bulk() const { return bulk_; }
 
@@ -127,7 +125,7 @@ class PagedTxn {
 
  private:
   struct SavedBlock {
-    int32_t block, live, shift;
+    int32_t block, live;
     size_t cells;  // offset into the saved cell vectors
   };
   void save_cells(int32_t block);
@@ -143,6 +141,7 @@ class PagedTxn {
   std::vector<std::pair<bool, int32_t>> free_ops_;      // (pushed?, block)
   std::vector<std::pair<SeqId, std::optional<PagedSeq>>> seqs_;
   std::vector<Bulk> bulk_;
+  std::vector<std::pair<std::vector<int32_t>, int32_t>> ref_bulk_;  // (blocks, delta)
   SeqId saved_next_id_ = 0;
   uint64_t saved_next_version_ = 0;
   bool saved_counters_ = false;

@@ -31,4 +31,13 @@ void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid
   }
 }
 
+void paged_set_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* slots, const int32_t* stored,
+                     int32_t n) {
+  for (int32_t i = 0; i < n; ++i) {
+    positions[slots[i]] = stored[i];
+    pending[slots[i]] = 0;
+    valid[slots[i]] = 1;
+  }
+}
+
 }  // namespace kvcore::cpu

@@ -128,19 +128,127 @@ __global__ void __launch_bounds__(256) kv_store_vec_kernel(const __grid_constant
   kvvec::kv_store_vec_unit<F>(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
 }
 
+// ---- FP8 store: R = head_dim / 16 threads per (token, head) row, 16 dims each -------------------
+// Contiguous mode (no rotation, or interleaved pairs over the whole row): thread u holds dims
+// [16u, 16u + 16), an FP8 group is 4 lanes. NeoX mode (pairs (i, i + head_dim/2) over the whole
+// row): thread u holds dims [8u, 8u + 8) and [head_dim/2 + 8u, ...), so it rotates in registers;
+// each of its two chunks belongs to a group of 8 lanes. Group amax: xor shuffles inside those
+// lanes (R divides 32, so rows never straddle a warp). Same per-element math as the CPU kernel:
+// identical bytes for identical floats. Every lane reaches the shuffles (no early return).
+enum class Fp8Mode : int { None = 0, Contiguous = 1, Neox = 2 };
+
+Fp8Mode fp8_vec_mode(const KvStoreParams& p) {
+  if (p.format != KvFormat::Fp8) return Fp8Mode::None;
+  const int32_t D = p.head_dim;
+  if (D != 64 && D != 128 && D != 256 && D != 512) return Fp8Mode::None;
+  const int64_t es = p.src_dtype == DType::F32 ? 4 : 2;
+  const bool src_aligned = reinterpret_cast<uintptr_t>(p.src) % 16 == 0 && (p.src_token_stride * es) % 16 == 0 &&
+                           (p.src_head_stride * es) % 16 == 0;
+  if (!src_aligned || reinterpret_cast<uintptr_t>(p.pool) % 16 != 0) return Fp8Mode::None;
+  const math::RopeLayout& l = p.rope.layout;
+  if (!p.maybe_positions || l.n_rot == 0) return Fp8Mode::Contiguous;
+  if (l.first_dim != 0 || l.n_rot != D) return Fp8Mode::None;
+  if (l.interleaved) return Fp8Mode::Contiguous;
+  return D >= 128 ? Fp8Mode::Neox : Fp8Mode::None;
+}
+
+__device__ __forceinline__ float chunk_amax(const float* x) {
+  float a = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) a = math::finite_abs_max(a, x[k]);
+  return a;
+}
+
+__device__ __forceinline__ uint2 fp8_codes8(const float* x, int k) {
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i / 4] |= static_cast<uint32_t>(kvrow::fp8_code(x[i], k)) << (8 * (i % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+template <Fp8Mode M>
+__global__ void __launch_bounds__(256) kv_store_fp8_kernel(const __grid_constant__ KvStoreParams p) {
+  const int32_t R = p.head_dim / 16;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t total = static_cast<int64_t>(p.n_tokens) * p.n_heads * R;
+  const int32_t u = static_cast<int32_t>(tid % R);
+  const int64_t row = tid / R;
+  const int32_t h = static_cast<int32_t>(row % p.n_heads);
+  const int32_t t = static_cast<int32_t>(row / p.n_heads);
+  const int32_t cell = tid < total ? p.slots[t] : -1;
+  const bool active = cell >= 0 && cell < p.num_cells;
+  const int32_t half = p.head_dim / 2;
+  const int32_t d0 = M == Fp8Mode::Neox ? 8 * u : 16 * u;
+  const int32_t d1 = M == Fp8Mode::Neox ? half + 8 * u : d0 + 8;
+  float x[16];
+  if (active) {
+    const int64_t src = t * p.src_token_stride + h * p.src_head_stride;
+    kvvec::load_src8(p, src + d0, x);
+    kvvec::load_src8(p, src + d1, x + 8);
+    if (p.maybe_positions && p.rope.layout.n_rot > 0) {
+      const float pos = static_cast<float>(p.maybe_positions[t]);
+      float sn[8], cs[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * u + k]), &sn[k], &cs[k]);
+      kvvec::rotate8(x, M == Fp8Mode::Contiguous, cs, sn, p.rope.attention_factor);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) x[k] = 0.0f;
+  }
+  float a0 = chunk_amax(x), a1 = chunk_amax(x + 8);
+  if (M == Fp8Mode::Contiguous) {  // both chunks in one group of 4 lanes
+    a0 = fmaxf(a0, a1);
+    a0 = fmaxf(a0, __shfl_xor_sync(kFull, a0, 1));
+    a0 = fmaxf(a0, __shfl_xor_sync(kFull, a0, 2));
+    a1 = a0;
+  } else {  // lo chunks of 8 lanes form one group, hi chunks another
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) {
+      a0 = fmaxf(a0, __shfl_xor_sync(kFull, a0, off));
+      a1 = fmaxf(a1, __shfl_xor_sync(kFull, a1, off));
+    }
+  }
+  if (!active) return;
+  const int k0 = math::e4m3_scale_exponent(a0), k1 = math::e4m3_scale_exponent(a1);
+  const int64_t row_index = static_cast<int64_t>(cell) * p.n_heads + h;
+  uint8_t* dst = static_cast<uint8_t*>(p.pool) + row_index * p.head_dim;
+  uint8_t* scales = p.maybe_scales + row_index * (p.head_dim / 64);
+  const uint2 c0 = fp8_codes8(x, k0), c1 = fp8_codes8(x + 8, k1);
+  if (M == Fp8Mode::Contiguous) {
+    *reinterpret_cast<uint4*>(dst + d0) = make_uint4(c0.x, c0.y, c1.x, c1.y);
+    if (u % 4 == 0) scales[u / 4] = math::ue8m0_encode(k0);
+  } else {
+    *reinterpret_cast<uint2*>(dst + d0) = c0;
+    *reinterpret_cast<uint2*>(dst + d1) = c1;
+    if (u % 8 == 0) {
+      scales[d0 / 64] = math::ue8m0_encode(k0);
+      scales[d1 / 64] = math::ue8m0_encode(k1);
+    }
+  }
+}
+
 }  // namespace
 
 void kv_store(const KvStoreParams& p, Stream stream) {
   const int64_t rows = static_cast<int64_t>(p.n_tokens) * p.n_heads;
   if (rows == 0) return;
   if (kvvec::vec_store_ok(p)) {
-    const int32_t n_rot = p.maybe_positions ? p.rope.layout.n_rot : 0;
-    const int64_t threads = static_cast<int64_t>(p.n_tokens) * ((n_rot / 2) / 8 + (p.head_dim - n_rot) / 8);
+    const int64_t threads = kvvec::kv_store_vec_threads(p);
     const unsigned grid = static_cast<unsigned>((threads + 255) / 256);
     if (p.format == KvFormat::F16) kv_store_vec_kernel<KvFormat::F16><<<grid, 256, 0, native(stream)>>>(p);
     else if (p.format == KvFormat::BF16) kv_store_vec_kernel<KvFormat::BF16><<<grid, 256, 0, native(stream)>>>(p);
     else kv_store_vec_kernel<KvFormat::F32><<<grid, 256, 0, native(stream)>>>(p);
     KVCORE_CUDA_CHECK_LAUNCH("kv_store_vec_kernel");
+    return;
+  }
+  const Fp8Mode m = fp8_vec_mode(p);
+  if (m != Fp8Mode::None) {
+    const int64_t threads = rows * (p.head_dim / 16);
+    const unsigned grid = static_cast<unsigned>((threads + 255) / 256);
+    if (m == Fp8Mode::Neox) kv_store_fp8_kernel<Fp8Mode::Neox><<<grid, 256, 0, native(stream)>>>(p);
+    else kv_store_fp8_kernel<Fp8Mode::Contiguous><<<grid, 256, 0, native(stream)>>>(p);
+    KVCORE_CUDA_CHECK_LAUNCH("kv_store_fp8_kernel");
     return;
   }
   kv_store_kernel<<<grid_for(rows), kWarps * 32, 0, native(stream)>>>(p);

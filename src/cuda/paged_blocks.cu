@@ -48,7 +48,25 @@ __global__ void paged_scatter_cells_kernel(int32_t* positions, int32_t* pending,
   valid[c] = static_cast<uint8_t>(cells[2 * n_cells + i]);
 }
 
+__global__ void paged_set_cells_kernel(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* slots,
+                                       const int32_t* stored, int32_t n) {
+  const int32_t i = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  const int32_t c = slots[i];
+  positions[c] = stored[i];
+  pending[c] = 0;
+  valid[c] = 1;
+}
+
 }  // namespace
+
+void paged_set_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* slots, const int32_t* stored,
+                     int32_t n, Stream stream) {
+  if (n == 0) return;
+  paged_set_cells_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, native(stream)>>>(positions, pending, valid,
+                                                                                              slots, stored, n);
+  KVCORE_CUDA_CHECK_LAUNCH("paged_set_cells_kernel");
+}
 
 void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed, int32_t n_blocks,
                          int32_t block_size, Stream stream) {

@@ -98,8 +98,9 @@ KVCORE_VEC_UNROLL
 }
 
 // ---- store: f32 / f16 / bf16 pools, 8 dims per 16-byte access -------------------------------------
-// One thread per (token, unit), looping over the heads: a unit is a group of 8 rotated pairs
-// (2 x 8 dims) or 8 non-rotated dims. Loads the source as vectors, rotates with the same per-pair math as the warp
+// One thread per (token, pair of heads, unit): a unit is a group of 8 rotated pairs (2 x 8 dims)
+// or 8 non-rotated dims. (Looping over all 8 heads in one thread left a 4096-token launch with
+// 128 CTAs on a 132-SM GPU: too few bytes in flight.) Loads the source as vectors, rotates with the same per-pair math as the warp
 // path, converts with the same functions: identical bytes.
 
 template <class T>
@@ -126,45 +127,62 @@ KVCORE_VEC_UNROLL
   *reinterpret_cast<Vec8<T>*>(static_cast<T*>(pool) + i) = v;
 }
 
-// Thread `tid` of the store: tid < n_tokens * (n_rot / 16 + (head_dim - n_rot) / 8).
+// Units per (token, head) row of the store: groups of 8 rotated pairs + groups of 8 plain dims.
+KVCORE_HD int32_t kv_store_vec_units(const KvStoreParams& p) {
+  const int32_t n_rot = p.maybe_positions ? p.rope.layout.n_rot : 0;
+  return (n_rot / 2) / 8 + (p.head_dim - n_rot) / 8;
+}
+// Heads one thread stores: 2 share the angles of their token (half the trig per byte) while a
+// 4096-token launch still has ~128k threads in flight.
+constexpr int32_t kVecHeadsPerThread = 2;
+KVCORE_HD int32_t kv_store_vec_head_groups(const KvStoreParams& p) {
+  return (p.n_heads + kVecHeadsPerThread - 1) / kVecHeadsPerThread;
+}
+// Threads of one store launch: one per (token, head pair, unit), the unit fastest.
+KVCORE_HD int64_t kv_store_vec_threads(const KvStoreParams& p) {
+  return static_cast<int64_t>(p.n_tokens) * kv_store_vec_head_groups(p) * kv_store_vec_units(p);
+}
+
+// Thread `tid` of the store: tid < kv_store_vec_threads(p).
 template <KvFormat F>
 KVCORE_HD void kv_store_vec_unit(const KvStoreParams& p, int64_t tid) {
   const bool rotate = p.maybe_positions != nullptr;
   const math::RopeLayout l = rotate ? p.rope.layout : math::RopeLayout{};
-  const int32_t rot_units = l.n_pairs() / 8, plain_units = (p.head_dim - l.n_rot) / 8;
-  const int32_t units = rot_units + plain_units;
-  if (tid >= static_cast<int64_t>(p.n_tokens) * units) return;
+  const int32_t rot_units = l.n_pairs() / 8;
+  const int32_t units = kv_store_vec_units(p), groups = kv_store_vec_head_groups(p);
+  if (tid >= kv_store_vec_threads(p)) return;
   const int32_t u = static_cast<int32_t>(tid % units);
-  const int32_t t = static_cast<int32_t>(tid / units);
+  const int64_t row = tid / units;
+  const int32_t h0 = static_cast<int32_t>(row % groups) * kVecHeadsPerThread;
+  const int32_t t = static_cast<int32_t>(row / groups);
+  const int32_t nh = p.n_heads - h0 < kVecHeadsPerThread ? p.n_heads - h0 : kVecHeadsPerThread;
   const int32_t cell = p.slots[t];
   if (cell < 0 || cell >= p.num_cells) return;
-  const int64_t src_t = t * p.src_token_stride;
-  const int64_t dst_t = static_cast<int64_t>(cell) * p.n_heads * p.row_width;
-  float x[16];
+  const int64_t src = t * p.src_token_stride + h0 * p.src_head_stride;
+  const int64_t dst = (static_cast<int64_t>(cell) * p.n_heads + h0) * p.row_width;
+  float x[kVecHeadsPerThread][16];
   if (u >= rot_units) {  // 8 dims that do not rotate
     const int32_t q = 8 * (u - rot_units);
     const int32_t d = q < l.first_dim ? q : q + l.n_rot;
-    for (int32_t h = 0; h < p.n_heads; ++h) {
-      load_src8(p, src_t + h * p.src_head_stride + d, x);
-      store8<F>(p.pool, dst_t + static_cast<int64_t>(h) * p.row_width + d, x);
-    }
+    for (int32_t i = 0; i < nh; ++i) load_src8(p, src + i * p.src_head_stride + d, x[i]);
+    for (int32_t i = 0; i < nh; ++i) store8<F>(p.pool, dst + i * p.row_width + d, x[i]);
     return;
   }
   // 8 pairs: NeoX dims first + 8u .. +8 and first + n_pairs + 8u .. +8; interleaved 16 dims from first + 16u.
-  // The angles depend on the token and the pair only: computed once, applied to every head.
   const int32_t d0 = l.first_dim + (l.interleaved ? 16 * u : 8 * u);
   const int32_t d1 = l.interleaved ? d0 + 8 : l.first_dim + l.n_pairs() + 8 * u;
+  for (int32_t i = 0; i < nh; ++i) {  // loads first: their latency hides behind the angle math
+    load_src8(p, src + i * p.src_head_stride + d0, x[i]);
+    load_src8(p, src + i * p.src_head_stride + d1, x[i] + 8);
+  }
   const float pos = static_cast<float>(p.maybe_positions[t]);
   float sn[8], cs[8];
 KVCORE_VEC_UNROLL
   for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * u + k]), &sn[k], &cs[k]);
-  for (int32_t h = 0; h < p.n_heads; ++h) {
-    const int64_t src = src_t + h * p.src_head_stride, dst = dst_t + static_cast<int64_t>(h) * p.row_width;
-    load_src8(p, src + d0, x);
-    load_src8(p, src + d1, x + 8);
-    rotate8(x, l.interleaved != 0, cs, sn, p.rope.attention_factor);
-    store8<F>(p.pool, dst + d0, x);
-    store8<F>(p.pool, dst + d1, x + 8);
+  for (int32_t i = 0; i < nh; ++i) {
+    rotate8(x[i], l.interleaved != 0, cs, sn, p.rope.attention_factor);
+    store8<F>(p.pool, dst + i * p.row_width + d0, x[i]);
+    store8<F>(p.pool, dst + i * p.row_width + d1, x[i] + 8);
   }
 }
 

@@ -11,14 +11,29 @@
 //     once, so k shifts cost one rounding, not k.
 //   RopeOnRead: K is stored unrotated; readers rotate at the cached positions.
 //     shift() edits metadata only: no K or V byte moves.
-// shift() never moves V (nor K): it frees blocks whose cells are all cut, marks the
-// other cut cells dead (valid = 0) and lowers later positions by n_discard -- lazily:
-// the blocks after the cut get a per-block offset (O(blocks), not O(tokens)).
+// shift() never moves V (nor K): it frees blocks whose cells are all cut and marks the
+// other cut cells dead (valid = 0).
 //
-// prepare() brings the contract's arrays up to date (positions with every offset
-// applied, K with every pending rotation). read() and block_tables() call it; an
-// attention path that reads positions(), valid() or the pools must call it (or
-// block_tables()) after the last change and before it reads.
+// Positions. A cell stores a position; a sequence has a position offset (pos_offset), and the
+// position of its token in that cell is stored - pos_offset. Every sequence holding a block
+// has the same offset. RopeStored: shift() lowers the stored positions of the cells after the
+// cut (their K must be rotated anyway: O(those cells)); the offset stays 0. RopeOnRead: shift()
+// edits whichever side of the cut is smaller -- it lowers the cells after the cut, or it raises
+// the cells before the cut and adds n_discard to the offset -- so a shift costs
+// O(min(n_keep, tokens after the cut) + n_discard / block_size + block_size) host work and
+// uploads only the blocks it edited, whatever the context length. (A sequence that shares
+// blocks with another one always lowers the cells after the cut, copying shared blocks first.)
+//
+// Readers: block_tables(seqs, PagedPositions::Offsets) exports each sequence's offset beside
+// its block table (key position = positions()[cell] - pos_offset[b]; for rope-on-read attention
+// adding pos_offset[b] to the query positions is equivalent), and costs nothing more.
+// prepare() -- and block_tables(seqs) with the default PagedPositions::Materialized -- folds
+// every offset into the cells (O(cells of the sequences with an offset), once per shift), so
+// positions() holds token positions for readers that take no offsets.
+//
+// prepare() also rotates what shifts left pending (RopeStored). read() and block_tables() call
+// what they need; an attention path that reads positions(), valid() or the pools directly
+// must call prepare() (or block_tables()) after the last change and before it reads.
 //
 // Metadata (block tables, refcounts, free list, positions, validity) lives on
 // the host and is mirrored to the device arrays of the layout contract after
@@ -66,7 +81,7 @@ struct PagedCacheConfig {
   bool strict_positions = true;
   Stream stream;  // CUDA stream for every device operation of the cache
   // Testing aid, CPU caches only: keep the contract's cell arrays as separate mirrors updated
-  // the way a CUDA cache updates its device copies (lazy offsets, packed scatters, pending
+  // the way a CUDA cache updates its device copies (bulk edits, packed scatters, pending
   // edits), by CPU versions of the same kernels; lets CPU tests check the mirroring logic.
   bool debug_mirror = false;
 
@@ -100,6 +115,13 @@ struct PagedCsr {
   TensorRef indptr;         // i32 [batch + 1]
   TensorRef indices;        // i32 [indptr[batch]]
   TensorRef last_page_len;  // i32 [batch]
+  TensorRef pos_offset;     // i32 [batch]: key position = positions()[cell] - pos_offset[b] (0 when materialized)
+};
+
+// How block_tables() hands out positions.
+enum class PagedPositions : uint8_t {
+  Materialized,  // fold every offset into the cells first (prepare()): positions() are token positions
+  Offsets,       // leave the cells as stored; PagedCsr::pos_offset says what to subtract (no O(cells) work)
 };
 
 // Cells reserved for one step's new tokens (reserve()); layers are then stored one at a
@@ -155,15 +177,17 @@ class PagedCache {
   void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
   // Keep the first n tokens (speculative-decoding rollback).
   void truncate(SeqId seq, int32_t n);
-  // Apply what shifts left pending: position offsets (both modes) and, RopeStored, the
-  // rotation of every cell with a pending delta, once. A no-op when nothing is pending.
+  // Apply what shifts left pending: fold every sequence's position offset into its cells
+  // (RopeOnRead) and, RopeStored, rotate every cell with a pending delta, once. A no-op when
+  // nothing is pending.
   void prepare();
   bool needs_prepare() const;
 
   // ---- reading ---------------------------------------------------------------------
   PagedReadBack read(SeqId seq, int32_t layer);  // calls prepare()
-  PagedCsr block_tables(std::span<const SeqId> seqs);  // calls prepare()
-  TensorRef positions() const;  // i32 [num_blocks, block_size] (current after prepare())
+  // Materialized: calls prepare(). Offsets: applies pending rotations only.
+  PagedCsr block_tables(std::span<const SeqId> seqs, PagedPositions positions = PagedPositions::Materialized);
+  TensorRef positions() const;  // i32 [num_blocks, block_size]: stored positions (token positions after prepare())
   TensorRef valid() const;      // u8  [num_blocks, block_size] (always current)
   KvPool k_pool(int32_t layer) const;
   KvPool v_pool(int32_t layer) const;  // data empty without V
@@ -175,7 +199,8 @@ class PagedCache {
   bool contains(SeqId seq) const;
   std::vector<SeqId> sequences() const;
   // Canonical text of all host metadata (sequences, block lists, refcounts, free list,
-  // per-cell positions / validity / pending deltas of used blocks): tests compare it.
+  // per-sequence position offsets, per-cell stored positions / validity / pending deltas of
+  // used blocks): tests compare it.
   std::string debug_state() const;
   const PagedCacheConfig& config() const;
   Device device() const;
