@@ -191,18 +191,19 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
   Buffer q = upload(randn(static_cast<size_t>(cfg.index_heads) * cfg.index_dim, 5), dev),
          w = upload(randn(cfg.index_heads, 6), dev), scores(static_cast<size_t>(cap) * 4, dev),
          picks(static_cast<size_t>(cfg.index_topk) * 4, dev);
-  auto step = [&](int64_t p) {
+  auto step = [&](int64_t p, Stream st) {
     const int tok = static_cast<int>(p % n_tok);
     for (int l = 0; l < cache.n_layers(); ++l) {
-      cache.append(0, l, p, inputs[l]->at(tok, 1, cfg.head_dim, dev));
+      cache.append(0, l, p, inputs[l]->at(tok, 1, cfg.head_dim, dev), st);
       if (with_indexer && cfg.layers[l] == Dsv4LayerKind::CSA)
         cache.indexer_topk(0, l, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
                            TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), p,
-                           TensorRef(scores.data(), DType::F32, dev, {1, cap}), TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}));
+                           TensorRef(scores.data(), DType::F32, dev, {1, cap}), TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}),
+                           st);
     }
   };
   const Timing t = opt.time([&](int) {
-    for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos);
+    for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos, Stream{});
   });
   BenchRecord r;
   r.bench = "dsv4";
@@ -212,18 +213,17 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
   r.traffic = Traffic::Copy;
   opt.report(r);
 #if KVCORE_WITH_CUDA
-  if (dev.is_cuda() && !with_indexer) {
+  if (dev.is_cuda()) {
     // The same 128 tokens captured once into a CUDA graph and replayed: what the
     // step costs without host overhead. Replays redo the captured positions (an
     // engine would keep positions in device memory to reuse one graph).
     synchronize(dev);
     const Timing tg = kvcore::cli::dsv4_time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
-      for (int i = 0; i < tokens_per_rep; ++i, ++pos)
-        for (int l = 0; l < cache.n_layers(); ++l)
-          cache.append(0, l, pos, inputs[l]->at(static_cast<int>(pos % n_tok), 1, cfg.head_dim, dev), s);
+      for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos, s);
     });
     BenchRecord g = r;
-    g.case_name = fmt("decode43 cache step ctx=%lld (CUDA graph replay)", context);
+    g.case_name = with_indexer ? fmt("decode43 cache step+indexer ctx=%lld (CUDA graph replay)", context)
+                               : fmt("decode43 cache step ctx=%lld (CUDA graph replay)", context);
     g.t = per(tg, tokens_per_rep);
     g.baseline = "plain launches";
     g.baseline_t = r.t;

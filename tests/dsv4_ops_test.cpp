@@ -108,6 +108,47 @@ TEST(Dsv4Math, PackedRowsDecodeToTheRoundTrip) {
 
 // ---- finalizer ----------------------------------------------------------------------------
 
+// The pools' fast forms do the same float operations in the same order as their plain
+// forms: the register pool (each exp once) equals the three-pass pool, the batched online
+// pool equals the candidate-at-a-time online loop, bit for bit, -inf candidates included.
+float online_pool_one_at_a_time(int n, const std::vector<float>& z, const std::vector<float>& c) {
+  float mx = -INFINITY, den = 0.0f, acc = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (z[j] == -INFINITY) continue;
+    if (z[j] > mx) {
+      const float r = std::exp(mx - z[j]);
+      den = den * r + 1.0f;
+      acc = acc * r + c[j];
+      mx = z[j];
+    } else {
+      const float e = std::exp(z[j] - mx);
+      den += e;
+      acc += c[j] * e;
+    }
+  }
+  return mx == -INFINITY ? 0.0f : acc / den;
+}
+
+TEST(Dsv4Math, FastPoolsAreBitIdenticalToTheirPlainForms) {
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = trial < 150 ? 1 + trial % 40 : 128;
+    std::vector<float> z = randn(static_cast<size_t>(n), 500 + trial, 3.0f), c = randn(static_cast<size_t>(n), 900 + trial);
+    for (int j = 0; j < n; ++j)
+      if ((j + trial) % 5 == 0) z[j] = -INFINITY;
+    if (trial % 17 == 3) std::fill(z.begin(), z.end(), -INFINITY);
+    auto at = [&](int j, float& zz, float& cc) {
+      zz = z[j];
+      cc = c[j];
+    };
+    const float online = math::dsv4_pool_online(n, at), ref = online_pool_one_at_a_time(n, z, c);
+    EXPECT_EQ(std::memcmp(&online, &ref, 4), 0) << "n " << n << " trial " << trial << ": " << online << " vs " << ref;
+    if (n >= 8) {
+      const float fixed = math::dsv4_pool_fixed<8>(at), plain = math::dsv4_pool(8, at);
+      EXPECT_EQ(std::memcmp(&fixed, &plain, 4), 0) << "trial " << trial << ": " << fixed << " vs " << plain;
+    }
+  }
+}
+
 TEST(Dsv4Ops, FinalizerMatchesTheSeed) {
   const int hd = 512, n_rot = 64, R = 5, n = 7;  // n > R: only the last R rows reach the ring
   for (bool f16_ring : {false, true}) {

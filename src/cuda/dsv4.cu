@@ -125,25 +125,31 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const CompressorParam
   prefill_window_body(p, smem, w0 + blockIdx.x);
 }
 
-// The state as token-by-token storing leaves it; one thread per column walks the
-// rows in order (rows < m, which may copy rows >= m, first).
+// The state as token-by-token storing leaves it. A thread per (column, row r < m):
+// row r, then (overlapping states) row m + r, whose old value row r may copy: the
+// only order between rows. (A thread walking all 128 rows of an HCA state was a
+// chain of dependent loads: tens of microseconds.)
+__device__ inline void prefill_state_row(const CompressorParams& p, int32_t r, int k) {
+  int64_t tok = 0;
+  int32_t src = 0;
+  const int how = prefill_state_source(p, r, &tok, &src);
+  const int64_t dst = static_cast<int64_t>(r) * p.width + k;
+  if (how == 1) {
+    const int64_t t = p.pos + tok;
+    p.state_kv[dst] = p.c[tok * p.c_stride + k];
+    p.state_score[dst] = p.z[tok * p.z_stride + k] + ape_value(p, t % p.ratio, k);
+  } else if (how == 2) {
+    p.state_kv[dst] = p.state_kv[static_cast<int64_t>(src) * p.width + k];
+    p.state_score[dst] = p.state_score[static_cast<int64_t>(src) * p.width + k];
+  }
+}
+
 __global__ void prefill_state_kernel(const CompressorParams p) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= p.width) return;
-  for (int r = 0; r < p.state_rows; ++r) {
-    int64_t tok = 0;
-    int32_t src = 0;
-    const int how = prefill_state_source(p, r, &tok, &src);
-    const int64_t dst = static_cast<int64_t>(r) * p.width + k;
-    if (how == 1) {
-      const int64_t t = p.pos + tok;
-      p.state_kv[dst] = p.c[tok * p.c_stride + k];
-      p.state_score[dst] = p.z[tok * p.z_stride + k] + ape_value(p, t % p.ratio, k);
-    } else if (how == 2) {
-      p.state_kv[dst] = p.state_kv[static_cast<int64_t>(src) * p.width + k];
-      p.state_score[dst] = p.state_score[static_cast<int64_t>(src) * p.width + k];
-    }
-  }
+  const int32_t r = blockIdx.y;
+  prefill_state_row(p, r, k);
+  if (p.overlap) prefill_state_row(p, r + p.ratio, k);
 }
 
 void prefill(const CompressorParams& p, Stream s) {
@@ -155,7 +161,9 @@ void prefill(const CompressorParams& p, Stream s) {
     prefill_kernel<<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_kernel");
   }
-  prefill_state_kernel<<<(p.width + kThreads - 1) / kThreads, kThreads, 0, native(s)>>>(p);
+  const dim3 state_grid(static_cast<unsigned>((p.width + kThreads - 1) / kThreads),
+                        static_cast<unsigned>(p.overlap ? p.ratio : p.state_rows));
+  prefill_state_kernel<<<state_grid, kThreads, 0, native(s)>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_state_kernel");
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kvcore/math/dsv4.hpp"
+#include "kvcore/math/fp4_hadamard.hpp"
 #include "kvcore/math/half.hpp"
 #include "ops/dsv4_candidates.hpp"
 #include "ops/dsv4_params.hpp"
@@ -106,6 +107,34 @@ __device__ inline void fp4_blocks(float* row, int n, uint8_t* maybe_packed) {
   }
 }
 
+// Indexer rows of 128 dims (the model's): Hadamard + FP4 by warp 0 alone, in registers (the
+// same network and block scales as hadamard_smem + fp4_blocks, so the same bits, without the
+// eight block barriers). Writes the packed row (codes + scales) or rounds buf in place.
+__device__ inline void fp4_hadamard128_row(float* buf, uint8_t* maybe_packed) {
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x < 32) {
+    float v[4] = {buf[4 * lane], buf[4 * lane + 1], buf[4 * lane + 2], buf[4 * lane + 3]};
+    math::hadamard128_warp(v, lane);
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) amax = math::finite_abs_max(amax, v[i]);
+#pragma unroll
+    for (int m = 1; m < math::kFp4Block / 4; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const int k = math::e2m1_scale_exponent(amax);
+    if (maybe_packed) {
+#pragma unroll
+      for (int i = 0; i < 4; i += 2)
+        maybe_packed[2 * lane + i / 2] =
+            static_cast<uint8_t>(math::e2m1_encode_scaled(v[i], k) | (math::e2m1_encode_scaled(v[i + 1], k) << 4));
+      if ((lane & 7) == 0) maybe_packed[math::kHadamardDim / 2 + lane / 8] = math::ue8m0_encode(k);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) buf[4 * lane + i] = math::e2m1_round_trip(v[i], k);
+    }
+  }
+  __syncthreads();
+}
+
 // RMSNorm with weight, RoPE at w * ratio, quantization, store: the row is in
 // shared memory `buf` (head_dim floats). All threads of the block call this.
 __device__ inline void finish_row(const CompressorParams& p, int64_t w, float* buf, float* scratch) {
@@ -133,6 +162,8 @@ __device__ inline void finish_row(const CompressorParams& p, int64_t w, float* b
         out[L::kRopeOffset + 2 * i + 1] = static_cast<uint8_t>(h >> 8);
       }
       if (threadIdx.x == 0) out[L::kPadOffset] = 0;
+    } else if (p.head_dim == math::kHadamardDim) {
+      fp4_hadamard128_row(buf, out);
     } else {
       hadamard_smem(buf, p.head_dim);
       fp4_blocks(buf, p.head_dim, out);
@@ -142,6 +173,8 @@ __device__ inline void finish_row(const CompressorParams& p, int64_t w, float* b
   if (p.quant) {
     if (p.kind == 0) {
       fp8_nope_blocks(buf, p.head_dim - p.n_rot, nullptr);
+    } else if (p.head_dim == math::kHadamardDim) {
+      fp4_hadamard128_row(buf, nullptr);
     } else {
       hadamard_smem(buf, p.head_dim);
       fp4_blocks(buf, p.head_dim, nullptr);

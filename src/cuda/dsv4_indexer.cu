@@ -1,22 +1,72 @@
-// CUDA kernels of the DeepSeek-V4 lightning indexer: scores
-// I(t, s) = sum_h w_h relu(q_h . k_s) (a warp per row), then an exact causal
-// top-k per query (radix select on order-preserving keys, ties to the lower row,
-// a bitonic sort of the picks), matching the CPU's order for identical scores.
+// CUDA kernels of the DeepSeek-V4 lightning indexer:
+//  - scores I(t, s) = sum_h w_h relu(q_h . k_s): a tiled kernel (64 rows x all heads a CTA, the
+//    transformed query once a CTA in shared memory, register tiles of 8 rows x 2 heads a thread,
+//    rows split across CTAs over all SMs); a general warp-per-row kernel for dims the tiled one
+//    does not take (dim % 4 != 0, or a query too large for shared memory);
+//  - an exact causal top-k per query: one CTA, the keys (order-preserving u32 of the scores) in
+//    shared memory when they fit, a 3-pass radix select (12 + 10 + 10 bits) with a block-wide
+//    suffix scan to find the digit, the keys above the threshold in any order plus the ties in
+//    row order (lowest rows first), then a bitonic sort of the picks (key descending, row
+//    ascending) held in registers: shuffles for strides <= 32, shared memory above.
+//    The CPU orders by (score descending, row ascending) too, so identical scores give identical picks.
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
 
 #include "cuda/check.cuh"
 #include "cuda/dsv4_common.cuh"
 #include "kvcore/error.hpp"
+#include "kvcore/math/fp4_hadamard.hpp"
 #include "ops/dsv4_backends.hpp"
 
 namespace kvcore::dsv4::cuda {
 
 using kvcore::cuda::native;
 
-constexpr int kRowsPerBlock = 128;  // score rows per block (16 per warp)
+namespace {
+
+int current_device() {
+  int dev = 0;
+  KVCORE_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+int sm_count_of(int dev) {
+  static std::atomic<int> cache[64] = {};
+  if (dev < 0 || dev >= 64) {
+    int n = 0;
+    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` once per device (a driver call per
+// launch would cost more than the decode kernels themselves).
+struct SmemOptIn {
+  std::atomic<int> set[64] = {};
+  void ensure(const void* fn, size_t bytes, int dev) {
+    if (bytes <= 48 * 1024) return;
+    const int b = static_cast<int>(bytes);
+    if (dev >= 0 && dev < 64 && set[dev].load(std::memory_order_relaxed) >= b) return;
+    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, b));
+    if (dev >= 0 && dev < 64) set[dev].store(b, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace
+
+constexpr int kRowsPerBlock = 128;  // score rows per block of the general kernel (16 per warp)
 constexpr int kMaxPerLane = 32;     // dim <= 1024
 
-// ---- scores -------------------------------------------------------------------------------
+// ---- scores, the general kernel (any dim; used when the tiled one does not apply) -------------
 
 __device__ inline void score_body(const IndexerParams& p, float* qs /* [n_heads * dim] */, int32_t i, int64_t s0) {
   // The query, Hadamard + FP4 transformed like the stored rows when quantized.
@@ -74,10 +124,165 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const IndexerParams p) 
   score_body(p, smem, blockIdx.y, static_cast<int64_t>(blockIdx.x) * kRowsPerBlock);
 }
 
+// ---- scores, the tiled kernel -------------------------------------------------------------
+
+constexpr int kTileRows = 64;                         // rows of one tile
+constexpr int kRowSlots = 8;                          // lane & 7: rows slot + 8 i of the tile
+constexpr int kTileRowsPerThread = kTileRows / kRowSlots;
+constexpr int kHeadSlots = 4 * (kThreads / 32);       // lane >> 3 and the warp: 32 head slots
+constexpr int kHeadChunk = 2 * kHeadSlots;            // heads slot and slot + 32 of each chunk of 64
+
+// Shared memory of the tiled kernel: the query [heads, dim], one tile of rows [kTileRows, dim + 4]
+// (padded: the 8 rows a quarter warp reads hit 8 different bank groups), the per-warp row sums.
+__host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim) {
+  return static_cast<size_t>(n_heads) * dim + static_cast<size_t>(kTileRows) * (dim + 4) +
+         static_cast<size_t>(kThreads / 32) * kTileRows;
+}
+
+// The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
+// when quantized (the same butterfly network and block scales as the CPU: identical bits).
+__device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {
+  const float* q = p.q + i * p.q_stride0;
+  if (p.quant && p.dim == math::kHadamardDim) {  // the model's case: a warp per head, in registers
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    for (int h = warp; h < p.n_heads; h += n_warps) {
+      const float* src = q + h * p.q_stride1 + 4 * lane;
+      float v[4] = {src[0], src[1], src[2], src[3]};
+      math::fp4_hadamard_round_trip128_warp(v, lane);
+      *reinterpret_cast<float4*>(qs + h * math::kHadamardDim + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    __syncthreads();
+    return;
+  }
+  const int n = p.n_heads * p.dim;
+  for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+    const int h = idx / p.dim, d = idx - h * p.dim;
+    qs[idx] = q[h * p.q_stride1 + d];
+  }
+  __syncthreads();
+  if (p.quant) {  // FP4 blocks of 32 never straddle two heads (dim % 32 == 0)
+    hadamard_smem(qs, p.dim, p.n_heads);
+    fp4_blocks(qs, n, nullptr);
+    __syncthreads();
+  }
+}
+
+// Rows s0 .. s0 + n - 1 into ks [kTileRows, ld] as f32 (the CPU's unpacked values); rows >= n zero.
+__device__ inline void load_tile(const IndexerParams& p, float* ks, int ld, int64_t s0, int n) {
+  if (p.rows_packed) {  // 8 nibbles (one u32 of codes) a thread step; dim % 32 == 0
+    const int words = p.dim / 8;
+    for (int idx = threadIdx.x; idx < kTileRows * words; idx += blockDim.x) {
+      const int r = idx / words, wd = idx - r * words;
+      float* dst = ks + r * ld + wd * 8;
+      if (r >= n) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dst[j] = 0.0f;
+        continue;
+      }
+      const uint8_t* row = static_cast<const uint8_t*>(p.rows) + (s0 + r) * p.rows_stride;
+      const float scale = math::ue8m0_decode(row[p.dim / 2 + (wd * 8) / math::kFp4Block]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t b = row[wd * 4 + j];
+        dst[2 * j] = math::e2m1_decode(static_cast<uint8_t>(b & 0xfu)) * scale;
+        dst[2 * j + 1] = math::e2m1_decode(static_cast<uint8_t>(b >> 4)) * scale;
+      }
+    }
+  } else {
+    const float* rows = static_cast<const float*>(p.rows);
+    for (int idx = threadIdx.x; idx < kTileRows * p.dim; idx += blockDim.x) {
+      const int r = idx / p.dim, d = idx - r * p.dim;
+      ks[r * ld + d] = r < n ? rows[(s0 + r) * p.rows_stride + d] : 0.0f;
+    }
+  }
+}
+
+// grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
+// its query's visible rows and writes -inf to the invisible rest of [0, cap).
+__global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
+  extern __shared__ __align__(16) float smem[];
+  const int32_t i = blockIdx.y;
+  const int64_t t = p.first_query_pos + i;
+  const int64_t vis = min(p.n_rows, visible_rows(t, p.ratio));
+  float* sc = p.scores + i * p.scores_stride;
+  for (int64_t s = vis + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < p.cap;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    sc[s] = -INFINITY;
+  if (static_cast<int64_t>(blockIdx.x) * kTileRows >= vis) return;  // block-uniform
+
+  const int ld = p.dim + 4;
+  float* qs = smem;
+  float* ks = qs + static_cast<size_t>(p.n_heads) * p.dim;
+  float* red = ks + static_cast<size_t>(kTileRows) * ld;
+  load_query(p, qs, i);
+  const float* w = p.weights + i * p.w_stride;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int rs = lane & (kRowSlots - 1), hs = warp * 4 + (lane >> 3);
+
+  for (int64_t s0 = static_cast<int64_t>(blockIdx.x) * kTileRows; s0 < vis; s0 += static_cast<int64_t>(gridDim.x) * kTileRows) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - s0));
+    load_tile(p, ks, ld, s0, n);
+    __syncthreads();
+    float row_acc[kTileRowsPerThread];
+#pragma unroll
+    for (int r = 0; r < kTileRowsPerThread; ++r) row_acc[r] = 0.0f;
+    for (int hc = 0; hc < p.n_heads; hc += kHeadChunk) {
+      const int h0 = hc + hs, h1 = hc + hs + kHeadSlots;
+      const bool v0 = h0 < p.n_heads, v1 = h1 < p.n_heads;
+      const float* q0 = qs + (v0 ? h0 : 0) * p.dim;
+      const float* q1 = qs + (v1 ? h1 : 0) * p.dim;
+      float acc[kTileRowsPerThread][2];
+#pragma unroll
+      for (int r = 0; r < kTileRowsPerThread; ++r) acc[r][0] = acc[r][1] = 0.0f;
+      for (int d = 0; d < p.dim; d += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(q0 + d);
+        const float4 b = *reinterpret_cast<const float4*>(q1 + d);
+#pragma unroll
+        for (int r = 0; r < kTileRowsPerThread; ++r) {
+          const float4 k = *reinterpret_cast<const float4*>(ks + (rs + kRowSlots * r) * ld + d);
+          acc[r][0] = fmaf(a.x, k.x, acc[r][0]);
+          acc[r][0] = fmaf(a.y, k.y, acc[r][0]);
+          acc[r][0] = fmaf(a.z, k.z, acc[r][0]);
+          acc[r][0] = fmaf(a.w, k.w, acc[r][0]);
+          acc[r][1] = fmaf(b.x, k.x, acc[r][1]);
+          acc[r][1] = fmaf(b.y, k.y, acc[r][1]);
+          acc[r][1] = fmaf(b.z, k.z, acc[r][1]);
+          acc[r][1] = fmaf(b.w, k.w, acc[r][1]);
+        }
+      }
+      const float w0 = v0 ? w[h0] : 0.0f, w1 = v1 ? w[h1] : 0.0f;
+#pragma unroll
+      for (int r = 0; r < kTileRowsPerThread; ++r) {
+        float part = 0.0f;
+        if (v0) part += w0 * (acc[r][0] > 0.0f ? acc[r][0] : 0.0f);
+        if (v1) part += w1 * (acc[r][1] > 0.0f ? acc[r][1] : 0.0f);
+        row_acc[r] += part;
+      }
+    }
+    // Sum the 32 head slots of each row: the 4 of a warp by shuffles, the 8 warps in shared memory.
+#pragma unroll
+    for (int r = 0; r < kTileRowsPerThread; ++r) {
+      row_acc[r] += __shfl_xor_sync(0xffffffffu, row_acc[r], 8);
+      row_acc[r] += __shfl_xor_sync(0xffffffffu, row_acc[r], 16);
+    }
+    if (lane < kRowSlots)
+#pragma unroll
+      for (int r = 0; r < kTileRowsPerThread; ++r) red[warp * kTileRows + rs + kRowSlots * r] = row_acc[r];
+    __syncthreads();
+    if (threadIdx.x < n) {
+      float total = 0.0f;
+      for (int wp = 0; wp < kThreads / 32; ++wp) total += red[wp * kTileRows + threadIdx.x];
+      sc[s0 + threadIdx.x] = total;
+    }
+    // The next tile's loads write ks only; red is rewritten after the barrier that follows them.
+  }
+}
+
 // ---- top-k ----------------------------------------------------------------------------------
 
 constexpr int kTopkThreads = 1024;
 constexpr int kMaxK = 2048;
+constexpr int kSmemKeysMax = 32768;  // visible rows whose keys are cached in shared memory (128 KB)
 
 // Larger float -> larger key; -0 counts as +0 (the CPU compares them equal).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -86,145 +291,250 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Block-wide exclusive prefix count of `flag` in thread order; returns this thread's
-// offset and writes the block total to *total.
-__device__ inline int block_prefix_count(bool flag, int* warp_counts /* >= 33 */, int* total) {
+// Block-wide inclusive scan of v over threads, forward (threads <= me) or backward (threads
+// >= me). scratch: >= 33 ints. Ends with a barrier, so scratch can be reused at once.
+__device__ inline int block_scan(int v, bool backward, int* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-  const int in_warp = __popc(ballot & ((1u << lane) - 1u));
-  if (lane == 0) warp_counts[warp] = __popc(ballot);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int acc = 0;
-    for (int w = 0; w < n_warps; ++w) {
-      const int c = warp_counts[w];
-      warp_counts[w] = acc;
-      acc += c;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, v, o), down = __shfl_down_sync(0xffffffffu, v, o);
+    if (backward) {
+      if (lane + o < 32) v += down;
+    } else {
+      if (lane >= o) v += up;
     }
-    warp_counts[32] = acc;
+  }
+  if (lane == (backward ? 0 : 31)) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int x = lane < n_warps ? scratch[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(0xffffffffu, x, o), down = __shfl_down_sync(0xffffffffu, x, o);
+      if (backward) {
+        if (lane + o < 32) x += down;
+      } else {
+        if (lane >= o) x += up;
+      }
+    }
+    if (lane < n_warps) scratch[lane] = x;  // inclusive over warps
   }
   __syncthreads();
-  const int off = warp_counts[warp] + in_warp;
-  *total = warp_counts[32];
+  if (backward) {
+    if (warp + 1 < n_warps) v += scratch[warp + 1];
+  } else {
+    if (warp > 0) v += scratch[warp - 1];
+  }
   __syncthreads();
-  return off;
+  return v;
 }
 
+// (key a, row a) before (key b, row b): key descending, row ascending.
+__device__ __forceinline__ bool comes_first(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
+  return ka > kb || (ka == kb && ia < ib);
+}
+
+// One bitonic compare-exchange for the element at index e holding (k, i) against (ok, oi).
+__device__ __forceinline__ void bitonic_keep(uint32_t& k, int32_t& i, uint32_t ok, int32_t oi, int e, int size, int stride) {
+  const bool up = (e & size) == 0, lower = (e & stride) == 0;
+  if (comes_first(k, i, ok, oi) != (up == lower)) {
+    k = ok;
+    i = oi;
+  }
+}
+
+template <bool kKeysInSmem>
 __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams p) {
+  extern __shared__ uint32_t keys[];  // [vis] when kKeysInSmem
+  __shared__ int hist[4096];
   __shared__ uint32_t sel_key[kMaxK];
   __shared__ int32_t sel_idx[kMaxK];
-  __shared__ int hist[256];
-  __shared__ int counts[33];
+  __shared__ int scratch[33];
   __shared__ uint32_t s_prefix;
   __shared__ int s_need, s_n_gt;
 
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
   const int32_t i = blockIdx.x;
   const int64_t t = p.first_query_pos + i;
-  const int64_t vis = min(p.n_rows, visible_rows(t, p.ratio));
+  const int vis = static_cast<int>(min(p.n_rows, visible_rows(t, p.ratio)));
   const float* sc = p.scores + i * p.scores_stride;
   int32_t* out = p.out + i * p.out_stride;
-  const int take = static_cast<int>(p.k < vis ? p.k : vis);
+  const int take = p.k < vis ? p.k : vis;
+  for (int j = tid; j < p.k; j += blockDim.x)  // -1 beyond take; the picks overwrite the rest below
+    if (j >= take) out[j] = -1;
+  if (take == 0) return;
 
-  // Radix select of the take-th largest key: MSB first, 8 bits a pass.
-  if (threadIdx.x == 0) {
-    s_prefix = 0;
-    s_need = take;
+  if constexpr (kKeysInSmem) {
+    for (int s = tid; s < vis; s += blockDim.x) keys[s] = order_key(sc[s]);
   }
+  if (tid == 0) s_n_gt = 0;
   __syncthreads();
-  uint32_t mask = 0;
-  for (int shift = 24; shift >= 0 && take > 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+  auto key_at = [&](int s) -> uint32_t {
+    if constexpr (kKeysInSmem) {
+      return keys[s];
+    } else {
+      return order_key(sc[s]);
+    }
+  };
+
+  // Radix select of the take-th largest key, MSB first: 12, 10, 10 bits.
+  uint32_t prefix = 0, mask = 0;
+  int need = take;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int bits = pass == 0 ? 12 : 10, shift = pass == 0 ? 20 : (pass == 1 ? 10 : 0);
+    const int n_bins = 1 << bits, per = n_bins / kTopkThreads;
+    for (int b = tid; b < n_bins; b += blockDim.x) hist[b] = 0;
     __syncthreads();
-    const uint32_t prefix = s_prefix;
-    for (int64_t s = threadIdx.x; s < vis; s += blockDim.x) {
-      const uint32_t key = order_key(sc[s]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+    for (int s = tid; s < vis; s += blockDim.x) {
+      const uint32_t key = key_at(s);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(n_bins - 1)], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int need = s_need, b = 255;
-      for (; b > 0; --b) {
-        if (hist[b] >= need) break;
-        need -= hist[b];
+    // The digit: the bin b with above(b) < need <= above(b) + hist[b], above(b) = keys in higher bins.
+    int local = 0;
+    for (int j = 0; j < per; ++j) local += hist[tid * per + j];
+    int above = block_scan(local, true, scratch) - local;
+    for (int j = per - 1; j >= 0; --j) {
+      const int b = tid * per + j, c = hist[b];
+      if (above < need && above + c >= need) {
+        s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+        s_need = need - above;
       }
-      s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-      s_need = need;  // how many keys equal to the final threshold still to take (after the last pass)
+      above += c;
     }
-    mask |= 255u << shift;
     __syncthreads();
+    prefix = s_prefix;
+    need = s_need;
+    mask |= static_cast<uint32_t>(n_bins - 1) << shift;
   }
-  const uint32_t kth = s_prefix;
-  const int n_ties = s_need;  // ties with the threshold key to take, lowest rows first
-  if (threadIdx.x == 0) s_n_gt = 0;
-  __syncthreads();
+  const uint32_t kth = prefix;
+  const int n_ties = need, n_gt = take - need;  // picks above the threshold key, ties to take
+
   // Keys above the threshold: any slot order (sorted below).
-  for (int64_t s = threadIdx.x; s < vis && take > 0; s += blockDim.x) {
-    const uint32_t key = order_key(sc[s]);
+  for (int s = tid; s < vis; s += blockDim.x) {
+    const uint32_t key = key_at(s);
     if (key > kth) {
       const int slot = atomicAdd(&s_n_gt, 1);
       sel_key[slot] = key;
-      sel_idx[slot] = static_cast<int32_t>(s);
+      sel_idx[slot] = s;
     }
   }
-  __syncthreads();
-  const int n_gt = s_n_gt;
-  // Ties in row order until n_ties are taken.
-  int taken = 0;
-  for (int64_t base = 0; base < vis && taken < n_ties; base += blockDim.x) {
-    const int64_t s = base + threadIdx.x;
-    const bool tie = s < vis && order_key(sc[s]) == kth;
-    int total = 0;
-    const int off = block_prefix_count(tie, counts, &total);
-    if (tie && taken + off < n_ties) {
-      sel_key[n_gt + taken + off] = kth;
-      sel_idx[n_gt + taken + off] = static_cast<int32_t>(s);
+  // Ties in row order: warp w owns the rows [w seg, (w + 1) seg); count, scan over warps, place.
+  const int seg = ((vis + n_warps - 1) / n_warps + 31) / 32 * 32;
+  const int s_begin = warp * seg, s_end = min(vis, s_begin + seg);
+  int mine = 0;
+  for (int s = s_begin + lane; s < s_end; s += 32) mine += key_at(s) == kth;
+  mine = __reduce_add_sync(0xffffffffu, mine);
+  const int lane_total = lane == 0 ? mine : 0;
+  int rank = block_scan(lane_total, false, scratch) - lane_total;  // ties in the warps before this one
+  rank = __shfl_sync(0xffffffffu, rank, 0);
+  for (int base = s_begin; base < s_end && rank < n_ties; base += 32) {
+    const int s = base + lane;
+    const bool tie = s < s_end && key_at(s) == kth;
+    const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+    const int r = rank + __popc(ballot & ((1u << lane) - 1u));
+    if (tie && r < n_ties) {
+      sel_key[n_gt + r] = kth;
+      sel_idx[n_gt + r] = s;
     }
-    taken += total;
+    rank += __popc(ballot);
   }
   __syncthreads();
-  // Bitonic sort of the picks: key descending, row ascending.
-  int n_sort = 1;
+
+  // Bitonic sort of the picks, two consecutive elements a thread: strides <= 32 by shuffles.
+  int n_sort = 64;  // whole warps
   while (n_sort < take) n_sort <<= 1;
-  for (int j = take + threadIdx.x; j < n_sort; j += blockDim.x) {
-    sel_key[j] = 0;
-    sel_idx[j] = 0x7fffffff;
+  const bool active = tid < n_sort / 2;
+  const int e0 = 2 * tid, e1 = e0 + 1;
+  uint32_t k0 = 0, k1 = 0;
+  int32_t i0 = 0x7fffffff, i1 = 0x7fffffff;  // padding sorts last
+  if (active) {
+    if (e0 < take) {
+      k0 = sel_key[e0];
+      i0 = sel_idx[e0];
+    }
+    if (e1 < take) {
+      k1 = sel_key[e1];
+      i1 = sel_idx[e1];
+    }
   }
   __syncthreads();
   for (int size = 2; size <= n_sort; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int a = threadIdx.x; a < n_sort; a += blockDim.x) {
-        const int b = a ^ stride;
-        if (b <= a) continue;
-        const bool up = (a & size) == 0;  // this pair sorts "best first"
-        const bool a_first = sel_key[a] > sel_key[b] || (sel_key[a] == sel_key[b] && sel_idx[a] < sel_idx[b]);
-        if (a_first != up) {
-          const uint32_t tk = sel_key[a];
-          sel_key[a] = sel_key[b];
-          sel_key[b] = tk;
-          const int32_t ti = sel_idx[a];
-          sel_idx[a] = sel_idx[b];
-          sel_idx[b] = ti;
+      if (stride == 1) {
+        if (active && comes_first(k0, i0, k1, i1) != ((e0 & size) == 0)) {
+          const uint32_t tk = k0;
+          k0 = k1;
+          k1 = tk;
+          const int32_t ti = i0;
+          i0 = i1;
+          i1 = ti;
         }
+      } else if (stride <= 32) {
+        if (active) {  // whole warps: n_sort / 2 is a multiple of 32
+          const int m = stride >> 1;
+          const uint32_t ok0 = __shfl_xor_sync(0xffffffffu, k0, m), ok1 = __shfl_xor_sync(0xffffffffu, k1, m);
+          const int32_t oi0 = __shfl_xor_sync(0xffffffffu, i0, m), oi1 = __shfl_xor_sync(0xffffffffu, i1, m);
+          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
+          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
+        }
+      } else {
+        if (active) {
+          sel_key[e0] = k0;
+          sel_idx[e0] = i0;
+          sel_key[e1] = k1;
+          sel_idx[e1] = i1;
+        }
+        __syncthreads();
+        if (active) {
+          const uint32_t ok0 = sel_key[e0 ^ stride], ok1 = sel_key[e1 ^ stride];
+          const int32_t oi0 = sel_idx[e0 ^ stride], oi1 = sel_idx[e1 ^ stride];
+          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
+          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
+        }
+        __syncthreads();
       }
-      __syncthreads();
     }
   }
-  for (int j = threadIdx.x; j < p.k; j += blockDim.x) out[j] = j < take ? sel_idx[j] : -1;
+  if (active) {
+    if (e0 < take) out[e0] = i0;
+    if (e1 < take) out[e1] = i1;
+  }
 }
 
 void indexer_topk(const IndexerParams& p, Stream s) {
-  const size_t q_smem = static_cast<size_t>(p.n_heads) * p.dim * sizeof(float);
-  require(q_smem <= 200 * 1024, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: heads x dim = ", p.n_heads, " x ",
-          p.dim, " exceeds the shared memory of one block");
   require(p.k <= kMaxK, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: top-k ", p.k, " exceeds ", kMaxK);
-  if (q_smem > 48 * 1024)
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(score_kernel),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(q_smem)));
-  const dim3 grid(static_cast<unsigned>((p.cap + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(p.n_q));
   require(p.n_q <= 65535, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: at most 65535 queries a call, got ", p.n_q);
-  score_kernel<<<grid, kThreads, q_smem, native(s)>>>(p);
-  KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_kernel");
-  topk_kernel<<<p.n_q, kTopkThreads, 0, native(s)>>>(p);
+  require(p.cap <= (int64_t{1} << 31) - 1, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: too many rows: ", p.cap);
+  const int dev = current_device();
+  const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim) * sizeof(float);
+  if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
+    static SmemOptIn opt_in;
+    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel), tiled_bytes, dev);
+    const int64_t tiles = (std::min(p.n_rows, p.cap) + kTileRows - 1) / kTileRows;
+    const int64_t want = std::max<int64_t>(1, 2 * int64_t{sm_count_of(dev)} / p.n_q);  // ~2 CTAs an SM in all
+    const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
+    score_tiled_kernel<<<grid, kThreads, tiled_bytes, native(s)>>>(p);
+    KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_tiled_kernel");
+  } else {
+    const size_t q_smem = static_cast<size_t>(p.n_heads) * p.dim * sizeof(float);
+    require(q_smem <= 200 * 1024, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: heads x dim = ", p.n_heads, " x ",
+            p.dim, " exceeds the shared memory of one block");
+    static SmemOptIn opt_in;
+    opt_in.ensure(reinterpret_cast<const void*>(score_kernel), q_smem, dev);
+    const dim3 grid(static_cast<unsigned>((p.cap + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(p.n_q));
+    score_kernel<<<grid, kThreads, q_smem, native(s)>>>(p);
+    KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_kernel");
+  }
+  const int64_t max_vis = std::min(p.n_rows, p.cap);
+  if (max_vis <= kSmemKeysMax) {
+    static SmemOptIn opt_in;
+    const size_t keys_bytes = static_cast<size_t>(max_vis) * sizeof(uint32_t);
+    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true>), keys_bytes, dev);
+    topk_kernel<true><<<p.n_q, kTopkThreads, keys_bytes, native(s)>>>(p);
+  } else {
+    topk_kernel<false><<<p.n_q, kTopkThreads, 0, native(s)>>>(p);
+  }
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
 }
 

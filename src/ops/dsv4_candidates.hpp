@@ -27,19 +27,23 @@ KVCORE_HD void state_candidate(const CompressorParams& p, int32_t j, int32_t k, 
 // tokens before position 0 are no candidate (-inf).
 KVCORE_HD void prefill_candidate(const CompressorParams& p, int64_t w, int32_t j, int32_t k, float& z, float& c) {
   const int32_t m = p.ratio;
+  // tok % m is the candidate's lane jm: no 64-bit division per candidate (it cost more than the pool).
   int64_t tok;
-  int32_t col;
+  int32_t col, jm;
   if (p.overlap) {
     if (j < m) {
       tok = (w - 1) * m + j;
       col = k;
+      jm = j;
     } else {
       tok = w * m + (j - m);
       col = p.head_dim + k;
+      jm = j - m;
     }
   } else {
     tok = w * m + j;
     col = k;
+    jm = j;
   }
   if (tok < 0) {
     z = -INFINITY;
@@ -49,11 +53,11 @@ KVCORE_HD void prefill_candidate(const CompressorParams& p, int64_t w, int32_t j
   if (tok >= p.pos) {
     const int64_t i = tok - p.pos;
     c = p.c[i * p.c_stride + col];
-    z = p.z[i * p.z_stride + col] + ape_value(p, tok % m, col);
+    z = p.z[i * p.z_stride + col] + ape_value(p, jm, col);
     return;
   }
   const int64_t cw = p.pos / m;  // the window that was current when the chunk began
-  const int64_t row = (p.overlap && tok / m == cw) ? m + tok % m : tok % m;
+  const int64_t row = (p.overlap && tok / m == cw) ? m + jm : jm;
   z = p.state_score[row * p.width + col];
   c = p.state_kv[row * p.width + col];
 }

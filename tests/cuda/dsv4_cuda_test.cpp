@@ -295,31 +295,47 @@ TEST(Dsv4Cuda, CompressionMatchesCpu) {
 
 // ---- indexer -----------------------------------------------------------------------------
 
-void check_indexer(Dsv4Quant quant, bool packed, int cap, int n_rows, int k, int64_t first, bool zero_rows) {
-  SCOPED_TRACE(::testing::Message() << "quant " << int(quant) << " packed " << packed << " cap " << cap << " k " << k);
-  const int H = 64, D = 128, nq = 3;
+enum class RowsMode { Random, ZeroEveryThird, AllSame };
+
+struct IndexerCase {
+  Dsv4Quant quant = Dsv4Quant::Off;
+  bool packed = false;
+  int H = 64, D = 128, nq = 3, cap = 0, n_rows = 0, k = 0;
+  int64_t first = 0;
+  RowsMode rows = RowsMode::Random;
+};
+
+void check_indexer(const IndexerCase& c) {
+  const int H = c.H, D = c.D, nq = c.nq, cap = c.cap, k = c.k;
+  const bool packed = c.packed;
+  SCOPED_TRACE(::testing::Message() << "quant " << int(c.quant) << " packed " << packed << " H " << H << " D " << D << " nq "
+                                    << nq << " cap " << cap << " n_rows " << c.n_rows << " k " << k << " first " << c.first
+                                    << " rows mode " << int(c.rows));
   std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
-  if (zero_rows)  // many rows scoring exactly 0: ties the top-k must break by row
-    for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + s * D, rows_f.begin() + (s + 1) * D, 0.0f);
+  if (c.rows == RowsMode::ZeroEveryThird)  // many rows scoring exactly 0: ties the top-k must break by row
+    for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
+  if (c.rows == RowsMode::AllSame)  // every row scores the same: the picks are rows 0, 1, 2, ...
+    for (int s = 1; s < cap; ++s) std::copy(rows_f.begin(), rows_f.begin() + D, rows_f.begin() + static_cast<size_t>(s) * D);
+  const int rb = math::dsv4_fp4_row_bytes(D);
   std::vector<uint8_t> rows_p;
   if (packed) {
-    rows_p.resize(static_cast<size_t>(cap) * 68);
-    for (int s = 0; s < cap; ++s) math::dsv4_pack_fp4_row(rows_f.data() + s * D, D, rows_p.data() + s * 68);
+    rows_p.resize(static_cast<size_t>(cap) * rb);
+    for (int s = 0; s < cap; ++s) math::dsv4_pack_fp4_row(rows_f.data() + static_cast<size_t>(s) * D, D, rows_p.data() + static_cast<size_t>(s) * rb);
   }
-  Twin<float> q(randn(nq * H * D, 72)), w(randn(nq * H, 73)), rf(rows_f);
-  if (zero_rows)
+  Twin<float> q(randn(static_cast<size_t>(nq) * H * D, 72)), w(randn(static_cast<size_t>(nq) * H, 73)), rf(rows_f);
+  if (c.rows == RowsMode::ZeroEveryThird)
     for (float& v : w.h) v = std::fabs(v);
   w.d.copy_from_host(w.h.data(), w.h.size() * 4);
   Twin<uint8_t> rp(packed ? rows_p : std::vector<uint8_t>(1));
-  Twin<float> sc(std::vector<float>(nq * cap, 0.0f));
-  Twin<int32_t> out(std::vector<int32_t>(nq * k, 0));
-  const TensorRef rows_d = packed ? rp.dev(DType::U8, {cap, 68}) : rf.dev(DType::F32, {cap, D});
-  const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, 68}) : rf.host(DType::F32, {cap, D});
-  dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, n_rows, first, 4, quant,
+  Twin<float> sc(std::vector<float>(static_cast<size_t>(nq) * cap, 0.0f));
+  Twin<int32_t> out(std::vector<int32_t>(static_cast<size_t>(nq) * k, 0));
+  const TensorRef rows_d = packed ? rp.dev(DType::U8, {cap, rb}) : rf.dev(DType::F32, {cap, D});
+  const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, rb}) : rf.host(DType::F32, {cap, D});
+  dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
                     sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}));
-  std::vector<float> sc_h(nq * cap);
-  std::vector<int32_t> out_h(nq * k);
-  dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, n_rows, first, 4, quant,
+  std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
+  std::vector<int32_t> out_h(static_cast<size_t>(nq) * k);
+  dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, c.n_rows, c.first, 4, c.quant,
                     view(sc_h, {nq, cap}), host_view(out_h, DType::I32, {nq, k}));
   const std::vector<float> sc_g = sc.down();
   const std::vector<int32_t> out_g = out.down();
@@ -331,15 +347,15 @@ void check_indexer(Dsv4Quant quant, bool packed, int cap, int n_rows, int k, int
   // (its own order) each, hence |gpu - cpu| <= 2 (D + H + 1) u M. Worst-case, order-independent; a wrong
   // term (a missed head or dim) is of order M / (H sqrt(D)) and still far above it.
   std::vector<float> qq(q.h);
-  if (quant == Dsv4Quant::On)
+  if (c.quant == Dsv4Quant::On)
     for (int r = 0; r < nq * H; ++r) {
-      math::dsv4_hadamard(qq.data() + r * D, D);
-      math::dsv4_fp4_round_trip(qq.data() + r * D, D);
+      math::dsv4_hadamard(qq.data() + static_cast<size_t>(r) * D, D);
+      math::dsv4_fp4_round_trip(qq.data() + static_cast<size_t>(r) * D, D);
     }
   std::vector<float> keys(rows_f);
   if (packed)
     for (int s = 0; s < cap; ++s)
-      for (int dd = 0; dd < D; ++dd) keys[s * D + dd] = math::dsv4_unpack_fp4_value(rows_p.data() + s * 68, D, dd);
+      for (int dd = 0; dd < D; ++dd) keys[static_cast<size_t>(s) * D + dd] = math::dsv4_unpack_fp4_value(rows_p.data() + static_cast<size_t>(s) * rb, D, dd);
   const double u = std::ldexp(1.0, -24);
   Diff d;
   double worst_ratio = 0;
@@ -348,12 +364,13 @@ void check_indexer(Dsv4Quant quant, bool packed, int cap, int n_rows, int k, int
       ASSERT_EQ(sc_g[i], sc_h[i]) << i;
       continue;
     }
-    const int qi = static_cast<int>(i) / cap, s = static_cast<int>(i) % cap;
+    const int qi = static_cast<int>(i / cap), s = static_cast<int>(i % cap);
     double m = 0;
     for (int h = 0; h < H; ++h) {
       double dot_abs = 0;
-      for (int dd = 0; dd < D; ++dd) dot_abs += std::fabs(double(qq[(qi * H + h) * D + dd]) * keys[s * D + dd]);
-      m += std::fabs(double(w.h[qi * H + h])) * dot_abs;
+      for (int dd = 0; dd < D; ++dd)
+        dot_abs += std::fabs(double(qq[(static_cast<size_t>(qi) * H + h) * D + dd]) * keys[static_cast<size_t>(s) * D + dd]);
+      m += std::fabs(double(w.h[static_cast<size_t>(qi) * H + h])) * dot_abs;
     }
     const double bound = 2.0 * (D + H + 1) * u * m;
     const double e = std::fabs(double(sc_g[i]) - sc_h[i]);
@@ -364,24 +381,95 @@ void check_indexer(Dsv4Quant quant, bool packed, int cap, int n_rows, int k, int
   std::printf("[dsv4 cuda] indexer scores: worst |gpu - cpu| / (2 (D + H + 1) u M) = %.3e\n", worst_ratio);
   int same = 0;
   for (int i = 0; i < nq; ++i) {
-    const int64_t vis = std::min<int64_t>(n_rows, (first + i + 1) / 4);
-    std::vector<int> order(vis);
+    const int64_t vis = std::min<int64_t>(c.n_rows, (c.first + i + 1) / 4);
+    std::vector<int> order(static_cast<size_t>(vis));
     std::iota(order.begin(), order.end(), 0);
     const float* s = sc_g.data() + static_cast<size_t>(i) * cap;
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s[a] > s[b]; });
-    for (int j = 0; j < k; ++j) ASSERT_EQ(out_g[i * k + j], j < vis ? order[j] : -1) << "query " << i << " pick " << j;
-    same += std::equal(out_g.begin() + i * k, out_g.begin() + (i + 1) * k, out_h.begin() + i * k);
+    for (int j = 0; j < k; ++j)
+      ASSERT_EQ(out_g[static_cast<size_t>(i) * k + j], j < vis ? order[j] : -1) << "query " << i << " pick " << j;
+    same += std::equal(out_g.begin() + static_cast<ptrdiff_t>(i) * k, out_g.begin() + static_cast<ptrdiff_t>(i + 1) * k,
+                       out_h.begin() + static_cast<ptrdiff_t>(i) * k);
   }
-  std::printf("[dsv4 cuda] indexer cap %d k %d quant %d packed %d: scores max rel err %.2e, %d/%d queries with the CPU's picks\n",
-              cap, k, int(quant), int(packed), d.max_err, same, nq);
+  if (c.rows == RowsMode::AllSame) {
+    EXPECT_EQ(same, nq);  // equal scores on both: the same picks
+  }
+  std::printf("[dsv4 cuda] indexer H %d D %d cap %d k %d quant %d packed %d: scores max rel err %.2e, %d/%d queries with the CPU's picks\n",
+              H, D, cap, k, int(c.quant), int(packed), d.max_err, same, nq);
+}
+
+IndexerCase icase(Dsv4Quant quant, bool packed, int cap, int n_rows, int k, int64_t first, RowsMode rows = RowsMode::Random) {
+  IndexerCase c;
+  c.quant = quant;
+  c.packed = packed;
+  c.cap = cap;
+  c.n_rows = n_rows;
+  c.k = k;
+  c.first = first;
+  c.rows = rows;
+  return c;
 }
 
 TEST(Dsv4Cuda, IndexerMatchesCpu) {
   REQUIRE_GPU();
-  check_indexer(Dsv4Quant::Off, false, 3001, 2900, 512, 4 * 2900, false);
-  check_indexer(Dsv4Quant::On, true, 3001, 2900, 512, 4 * 2900, false);
-  check_indexer(Dsv4Quant::On, false, 1201, 700, 1024, 1000, false);  // fewer visible rows than k: -1 picks
-  check_indexer(Dsv4Quant::Off, false, 2000, 2000, 700, 8000, true);  // ties at score 0
+  check_indexer(icase(Dsv4Quant::Off, false, 3001, 2900, 512, 4 * 2900));
+  check_indexer(icase(Dsv4Quant::On, true, 3001, 2900, 512, 4 * 2900));
+  check_indexer(icase(Dsv4Quant::On, false, 1201, 700, 1024, 1000));  // fewer visible rows than k: -1 picks
+  check_indexer(icase(Dsv4Quant::Off, false, 2000, 2000, 700, 8000, RowsMode::ZeroEveryThird));  // ties at score 0
+}
+
+// The tiled scorer's edges and the top-k's shapes: heads not a multiple of 64 (a partial chunk),
+// other dims (the shared-memory Hadamard path, the general scorer for dim % 4 != 0), queries whose
+// visible rows differ, a row count that is not a multiple of the tile, k at its maximum, k > rows,
+// no visible rows at all, all scores equal (every pick a tie, broken by row), and more visible
+// rows than the top-k keeps in shared memory (keys read from global memory).
+TEST(Dsv4Cuda, IndexerShapes) {
+  REQUIRE_GPU();
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 777, 777, 100, 2 * 777 - 3);  // visible rows 388, 388, 389, 389, 389
+    c.H = 72, c.D = 64, c.nq = 5;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 333, 301, 40, 4 * 301);
+    c.H = 5, c.D = 30, c.nq = 2;  // the general scorer
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 500, 450, 64, 4 * 450);
+    c.H = 3, c.D = 36, c.nq = 2;  // tiled, one partial head chunk
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, false, 4100, 4099, 2048, 4 * 4099);  // k at its maximum
+    c.nq = 1;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 40, 40, 5, 10);  // 2 or 3 visible rows of 40, k 5: then -1
+    c.nq = 4;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 64, 64, 8, 2);  // query 0 sees no row: all -1
+    c.nq = 3;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 1500, 1500, 512, 4 * 1500, RowsMode::AllSame);
+    c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 40000, 39990, 512, 4 * 40000);  // > 32768 rows: keys in global memory
+    c.H = 8, c.D = 64, c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 40000, 39990, 600, 4 * 40000, RowsMode::AllSame);
+    c.H = 4, c.D = 32, c.nq = 1;
+    check_indexer(c);
+  }
 }
 
 // ---- the cache on CUDA against the cache on the CPU ----------------------------------------

@@ -85,40 +85,77 @@ KVCORE_HD float dsv4_pool(int n, const At& at) {
 }
 
 // The same pool with N candidates fetched once into registers (CSA and the
-// indexer: N = 8). Same operations in the same order: identical results.
+// indexer: N = 8), each exp computed once and reused (exp is a function: the same
+// bits as computing it twice). Same operations in the same order: identical results.
 template <int N, class At>
 KVCORE_HD float dsv4_pool_fixed(const At& at) {
-  float zs[N], cs[N];
+  float zs[N], cs[N], es[N];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int j = 0; j < N; ++j) at(j, zs[j], cs[j]);
-  return dsv4_pool(N, [&](int j, float& z, float& c) {
-    z = zs[j];
-    c = cs[j];
-  });
+  float mx = -INFINITY;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < N; ++j) mx = zs[j] > mx ? zs[j] : mx;
+  if (mx == -INFINITY) return 0.0f;
+  float den = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < N; ++j) {
+    es[j] = zs[j] != -INFINITY ? expf(zs[j] - mx) : 0.0f;
+    if (zs[j] != -INFINITY) den += es[j];
+  }
+  float acc = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < N; ++j)
+    if (zs[j] != -INFINITY) acc += cs[j] * (es[j] / den);
+  return acc;
 }
 
 // The same pool in one pass (online softmax: the running max rescales the sums),
 // so each candidate is read once: HCA pools 128 candidates per channel and a
 // three-pass pool would stream them from memory three times. Agrees with the
-// three-pass form to a few ulps (a different rounding order).
+// three-pass form to a few ulps (a different rounding order). Candidates are
+// fetched kBatch at a time into registers (on a GPU, kBatch loads in flight instead
+// of one), then folded in order: the arithmetic does not depend on the batching.
 template <class At>
 KVCORE_HD float dsv4_pool_online(int n, const At& at) {
+  constexpr int kBatch = 16;
   float mx = -INFINITY, den = 0.0f, acc = 0.0f;
-  for (int j = 0; j < n; ++j) {
-    float z, c;
-    at(j, z, c);
-    if (z == -INFINITY) continue;
-    if (z > mx) {
-      const float r = expf(mx - z);  // 0 on the first candidate
-      den = den * r + 1.0f;
-      acc = acc * r + c;
-      mx = z;
-    } else {
-      const float e = expf(z - mx);
-      den += e;
-      acc += c * e;
+  for (int j0 = 0; j0 < n; j0 += kBatch) {
+    float zs[kBatch], cs[kBatch];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int b = 0; b < kBatch; ++b) {
+      if (j0 + b < n) {
+        at(j0 + b, zs[b], cs[b]);
+      } else {  // no candidate: skipped below like a -inf logit
+        zs[b] = -INFINITY;
+        cs[b] = 0.0f;
+      }
+    }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int b = 0; b < kBatch; ++b) {
+      const float z = zs[b], c = cs[b];
+      if (z == -INFINITY) continue;
+      if (z > mx) {
+        const float r = expf(mx - z);  // 0 on the first candidate
+        den = den * r + 1.0f;
+        acc = acc * r + c;
+        mx = z;
+      } else {
+        const float e = expf(z - mx);
+        den += e;
+        acc += c * e;
+      }
     }
   }
   return mx == -INFINITY ? 0.0f : acc / den;
