@@ -164,11 +164,13 @@ RunResult run_session(const SessionShape& s, RopeMode mode, KvFormat fmt, Device
       if (mode == RopeMode::RopeStored)
         for (int h = 0; h < s.q_heads; ++h) math::rope_rotate_row(&q_in[size_t(h) * s.head_dim], table, float(pos), 1.0f);
       qbuf.copy_from_host(q_in.data(), qbuf.size());
-      const PagedCsr csr = cache.block_tables(std::span<const SeqId>(&seq, 1));
+      // Offsets: after a rope-on-read shift the cells keep their stored positions and the
+      // sequence's offset travels with the table (no per-cell work).
+      const PagedCsr csr = cache.block_tables(std::span<const SeqId>(&seq, 1), PagedPositions::Offsets);
       const KvPool kp = cache.k_pool(l), vp = cache.v_pool(l);
       PagedKV kv{kp.data, vp.data, kp.scales, vp.scales, cache.positions(), cache.valid()};
       attention_decode(TensorRef(qbuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}), kv,
-                       BlockTable{csr.indptr, csr.indices, csr.last_page_len, TensorRef()},
+                       BlockTable{csr.indptr, csr.indices, csr.last_page_len, csr.pos_offset},
                        TensorRef(obuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}), opt);
       std::vector<float> out = obuf.to_host<float>();
 
