@@ -155,17 +155,8 @@ TEST(AttentionPrefill, CausalChunkAgainstPrefixAndItself) {
 // same attention as materialized positions: rope on read, window, causal prefill, forks.
 TEST(AttentionDecode, PositionOffsetsActLikeMaterializedPositions) {
   for (int variant = 0; variant < 4; ++variant) {
-    CaseSpec s;
+    CaseSpec s = pos_offset_case(variant, {45, 80, 17});
     s.head_dim = 64;
-    s.seq_cells = {45, 80, 17};
-    s.dead_rate = 0.2;
-    s.pos_offsets = true;
-    s.rope_on_read = variant != 1;
-    s.rotate_query = variant == 2;
-    s.window = variant >= 1 ? 30 : 0;
-    s.shared_blocks = variant == 3 ? 2 : 0;
-    if (variant == 2) s.q_tokens = {5, 9, 1};
-    s.seed = 60 + variant;
     check(s);
   }
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvcore/kvcore.hpp"
@@ -342,6 +343,22 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
   }
   if (s.rope_on_read) g.opt.rope_on_read = c.rope;
   g.opt.rotate_query = s.rotate_query;
+}
+
+// Cases that store position + a per-sequence offset (read through table.pos_offset):
+// variant 0 rope on read, 1 window, 2 causal prefill with rotate_query, 3 forked sequences.
+inline CaseSpec pos_offset_case(int variant, std::vector<int> seq_cells) {
+  CaseSpec s;
+  s.seq_cells = std::move(seq_cells);
+  s.dead_rate = 0.2;
+  s.pos_offsets = true;
+  s.rope_on_read = variant != 1;
+  s.rotate_query = variant == 2;
+  s.window = variant >= 1 ? 30 : 0;
+  s.shared_blocks = variant == 3 ? 2 : 0;
+  if (variant == 2) s.q_tokens = {5, 9, 1};
+  s.seed = 60 + variant;
+  return s;
 }
 
 // Runs the op (decode or prefill as the case says) and returns the output as f32.

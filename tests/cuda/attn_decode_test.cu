@@ -182,20 +182,11 @@ TEST(AttnCuda, PrefillCausal) {
 TEST(AttnCuda, PositionOffsets) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   for (int variant = 0; variant < 4; ++variant) {
-    CaseSpec s;
+    CaseSpec s = pos_offset_case(variant, {145, 380, 17});
     s.kv = variant == 1 ? DType::E4M3 : DType::F16;
     s.head_dim = 128;
     s.n_q_heads = 8;
     s.n_kv_heads = 2;
-    s.seq_cells = {145, 380, 17};
-    s.dead_rate = 0.2;
-    s.pos_offsets = true;
-    s.rope_on_read = variant != 1;
-    s.rotate_query = variant == 2;
-    s.window = variant >= 1 ? 30 : 0;
-    s.shared_blocks = variant == 3 ? 2 : 0;
-    if (variant == 2) s.q_tokens = {5, 9, 1};
-    s.seed = 60 + variant;
     check_case(s, {0, 3});
   }
 }
