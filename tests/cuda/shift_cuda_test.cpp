@@ -195,13 +195,24 @@ TEST(ShiftCuda, ChainKernelRoundsAndChains) {
   const LayerSpec f32 = plain(DType::F32, DType::F32, 2, 96, RopeSpec::plain(32, 10000.0, RopePairing::Interleaved));
   run_both({odd, d, f32, s}, 777, 770, 5, 91, 122);
   run_both({odd, d, f32, s}, 777, 777, 0, 500, 123);
-  // FP8 keys in the call: the whole call takes the single tile kernel
+  // FP8 keys with f16 layers: two chain launches (the FP8 one a head per thread); FP8 keys with
+  // partial rotary: the whole call takes the single tile kernel
   LayerSpec f;
   f.form = KForm::Fp8;
   f.heads = 2;
   f.head_dim = 128;
   f.rope = RopeSpec::plain(128, 10000.0);
   run_both({s, f}, 300, 300, 4, 37, 124);
+  f.rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  f.rope.slice = RopeSlice::Tail;
+  run_both({s, f}, 300, 300, 4, 37, 125);
+  f.head_dim = 64;  // a 64-dim FP8 head, interleaved pairs: the chain FP8 kernel's other forms
+  f.heads = 5;
+  f.rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  run_both({f, f}, 333, 333, 4, 100, 126);
+  run_both({f}, 333, 330, 4, 7, 127);
+  f.rope = RopeSpec::plain(64, 10000.0);
+  run_both({f, f}, 333, 333, 4, 100, 128);
 }
 
 TEST(ShiftCuda, HeadDimsDtypesAndStrides) {
