@@ -17,8 +17,8 @@
 // bands (plus one memset of the counters). tests/shift_tiling_test.cpp
 // replays this protocol under random interleavings.
 //
-// That first kernel stays selectable (KVCORE_SHIFT_KERNEL=single); the default
-// is its pipelined form below (two tile buffers, the next tile loading while
+// That first kernel stays selectable (KVCORE_SHIFT_KERNEL=single), and so does
+// its pipelined form below (two tile buffers, the next tile loading while
 // the current one rotates, waits and stores), which with a single band
 // (n_discard >= n_moved: no overlap) deals tiles statically: no atomics, no
 // counters, no memset.
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
 }
 
 
-// The pipelined variant (default): two tile buffers per block, so the next
+// The pipelined variant: two tile buffers per block, so the next
 // tile's loads are in flight while the current tile is rotated, waits for its
 // band and is stored; the ticket after next is taken one iteration ahead so no
 // atomic's latency sits between two tiles. Protocol per iteration, holding
