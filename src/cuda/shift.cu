@@ -17,11 +17,23 @@
 // bands (plus one memset of the counters). tests/shift_tiling_test.cpp
 // replays this protocol under random interleavings.
 //
-// That first kernel stays selectable (KVCORE_SHIFT_KERNEL=single); the default
-// is its pipelined form below (two tile buffers, the next tile loading while
+// That first kernel stays selectable (KVCORE_SHIFT_KERNEL=single), and so does
+// its pipelined form below (two tile buffers, the next tile loading while
 // the current one rotates, waits and stores), which with a single band
 // (n_discard >= n_moved: no overlap) deals tiles statically: no atomics, no
 // counters, no memset.
+//
+// Both tile kernels are now fallbacks: the default is the chain kernel
+// (src/cuda/shift_chain.hpp), which needs no ordering between threads at all:
+// a thread owns the units at one row position u of the tokens r, r + D,
+// r + 2D, ... and walks them in order, so whatever it overwrites it has read
+// itself. No shared-memory staging, no atomics, no barriers after the first,
+// no counters to clear: loads go straight into registers (kItems units per
+// thread in flight), rotations happen there with the layer's cos/sin from
+// shared memory; FP8 keys (64- or 128-dim heads, fully rotated) get a thread per
+// head in a second launch. Other layouts (FP8 keys with partial rotary or bigger
+// heads, interleaved pairs in rows aligned to one element) take the single tile
+// kernel. KVCORE_SHIFT_KERNEL=single|pipelined forces a tile kernel.
 //
 // rope_shift_rows: one block per row (grid-stride), one warp per head,
 // rotating in place in global memory.
@@ -38,6 +50,7 @@
 #include <vector>
 
 #include "cuda/check.cuh"
+#include "cuda/shift_chain.hpp"
 #include "cuda/shift_tiling.hpp"
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
@@ -224,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
 }
 
 
-// The pipelined variant (default): two tile buffers per block, so the next
+// The pipelined variant: two tile buffers per block, so the next
 // tile's loads are in flight while the current tile is rotated, waits for its
 // band and is stored; the ticket after next is taken one iteration ahead so no
 // atomic's latency sits between two tiles. Protocol per iteration, holding
@@ -345,16 +358,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPipelined)
 
 int sm_count(int device);
 
-// Which shift_dense kernel runs. By default the pipelined one, except with FP8
-// keys: their dequantize-rotate-requantize is arithmetic-bound and the first
-// kernel (one tile buffer per block) keeps more warps resident (6 blocks per SM
-// against 4). KVCORE_SHIFT_KERNEL=single or =pipelined forces one, so that a
-// benchmark can compare both in one run.
-bool use_pipelined_kernel(bool any_fp8) {
+// Which shift_dense kernel runs: the chain kernel by default (where it does not
+// apply, the single tile kernel, which beat the pipelined one on every format
+// measured); KVCORE_SHIFT_KERNEL=single or =pipelined forces a tile kernel, so
+// that a benchmark can compare them in one run.
+enum class Kernel { Chain, Single, Pipelined };
+
+Kernel requested_kernel() {
   const char* v = std::getenv("KVCORE_SHIFT_KERNEL");
-  if (v && std::strcmp(v, "single") == 0) return false;
-  if (v && std::strcmp(v, "pipelined") == 0) return true;
-  return !any_fp8;
+  if (v && std::strcmp(v, "single") == 0) return Kernel::Single;
+  if (v && std::strcmp(v, "pipelined") == 0) return Kernel::Pipelined;
+  return Kernel::Chain;
 }
 
 template <class Kernel>
@@ -454,7 +468,12 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const int64_t counters_per_launch = 1 + plan.n_bands;
   const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
-  const bool pipelined = use_pipelined_kernel(plan.any_fp8);
+  Kernel kernel = requested_kernel();
+  if (kernel == Kernel::Chain) {
+    if (shift_chain::launch(plan, p.device_index, s)) return;
+    kernel = Kernel::Single;  // a layout the chain kernels do not handle (or too many columns for 32 bits)
+  }
+  const bool pipelined = kernel == Kernel::Pipelined;
   const int max_blocks = blocks_per_sm(p.device_index, plan.any_fp8, pipelined);
   int* ws = workspace(p.device_index, s, ws_bytes);
   // The pipelined kernel deals a single band's tiles statically and never touches the counters.

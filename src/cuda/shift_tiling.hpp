@@ -11,6 +11,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct TileStream {
 struct LaunchParams {
   int64_t n_keep, n_discard, n_moved;
   int32_t n_streams, n_bands;
+  int32_t n_layers, n_pairs;       // layers of this launch; cos/sin entries used (layers sharing a table share entries)
   int32_t tiles_full, tiles_last;  // tiles of a full band / of the last band, all streams
   int64_t total_tiles;
   int* counters;  // [0]: next ticket; [1 + b]: tiles of band b already read
@@ -135,6 +137,7 @@ inline Plan make_plan(const ops::ShiftDenseParams& p) {
   const int64_t last_len = p.n_moved - (plan.n_bands - 1) * D;
   std::vector<int32_t> layer_to_local(p.n_layers, -1);
   int32_t n_layers_here = 0, n_pairs_here = 0;
+  std::map<int32_t, int32_t> table_here;  // the call's pair_offset -> this launch's (layers often share one table)
   LaunchParams* cur = nullptr;
   for (int32_t i = 0; i < p.n_tensors; ++i) {
     const ops::ShiftTensorParams& t = p.tensors[i];
@@ -143,23 +146,33 @@ inline Plan make_plan(const ops::ShiftDenseParams& p) {
     int32_t layer_tensors = 0;  // tensors of one layer are adjacent
     for (int32_t k = i; k < p.n_tensors && p.tensors[k].layer == layer; ++k) ++layer_tensors;
     if (layer_to_local[layer] < 0) {
+      const bool shared_table = cur && table_here.count(p.pair_offset[layer]) > 0;
       if (!cur || cur->n_streams + layer_tensors > kMaxStreams || n_layers_here + 1 > kMaxLayers ||
-          n_pairs_here + pairs > kMaxPairsTotal) {
+          (!shared_table && n_pairs_here + pairs > kMaxPairsTotal)) {
         plan.launches.push_back(std::make_unique<LaunchParams>());
         cur = plan.launches.back().get();
         *cur = LaunchParams{};
         n_layers_here = 0;
         n_pairs_here = 0;
+        table_here.clear();
       }
       layer_to_local[layer] = n_layers_here;
       cur->layout[n_layers_here] = p.layouts[layer];
-      cur->pair_offset[n_layers_here] = n_pairs_here;
-      for (int32_t q = 0; q < pairs; ++q) {
-        cur->cos_t[n_pairs_here + q] = p.cos_t[p.pair_offset[layer] + q];
-        cur->sin_t[n_pairs_here + q] = p.sin_t[p.pair_offset[layer] + q];
+      const auto known = table_here.find(p.pair_offset[layer]);
+      if (known != table_here.end()) {
+        cur->pair_offset[n_layers_here] = known->second;
+      } else {
+        cur->pair_offset[n_layers_here] = n_pairs_here;
+        table_here[p.pair_offset[layer]] = n_pairs_here;
+        for (int32_t q = 0; q < pairs; ++q) {
+          cur->cos_t[n_pairs_here + q] = p.cos_t[p.pair_offset[layer] + q];
+          cur->sin_t[n_pairs_here + q] = p.sin_t[p.pair_offset[layer] + q];
+        }
+        n_pairs_here += pairs;
       }
-      n_pairs_here += pairs;
       ++n_layers_here;
+      cur->n_layers = n_layers_here;
+      cur->n_pairs = n_pairs_here;
     }
     TileStream ts = make_stream(t, full_len);
     ts.t.layer = layer_to_local[layer];

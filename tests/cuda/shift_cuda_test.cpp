@@ -131,40 +131,88 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
   run_both({s}, 20011, 19999, 3, 255, 9);
 }
 
-// The first (single tile buffer) kernel stays selectable for comparisons
-// (KVCORE_SHIFT_KERNEL=single); every other test runs the default, pipelined one.
-TEST(ShiftCuda, SingleBufferKernelStillAgrees) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  ASSERT_EQ(setenv("KVCORE_SHIFT_KERNEL", "single", 1), 0);
-  const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
-  run_both({llama}, 3001, 2999, 4, 1000, 101);
-  run_both({llama, llama}, 2500, 2500, 4, 7, 102);
-  run_both({llama}, 500, 480, 4, 300, 103);
-  LayerSpec f;
-  f.form = KForm::Fp8;
-  f.heads = 3;
-  f.head_dim = 128;
-  f.rope = RopeSpec::plain(128, 10000.0);
-  run_both({f}, 400, 399, 4, 33, 104);
-  ASSERT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0);
-}
+// The default is the chain kernel (src/cuda/shift_chain.hpp) for every format but FP8
+// keys, which take the single tile kernel. Both tile kernels stay selectable
+// (KVCORE_SHIFT_KERNEL=single|pipelined) and must agree on every format.
+struct KernelScope {
+  explicit KernelScope(const char* k) { EXPECT_EQ(setenv("KVCORE_SHIFT_KERNEL", k, 1), 0); }
+  ~KernelScope() { EXPECT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0); }
+};
 
-// FP8 keys default to the single-buffer kernel; the pipelined one must agree too.
-TEST(ShiftCuda, PipelinedKernelWithFp8Keys) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  ASSERT_EQ(setenv("KVCORE_SHIFT_KERNEL", "pipelined", 1), 0);
+void tile_kernel_cases(uint64_t seed) {
+  const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
+  run_both({llama}, 3001, 2999, 4, 1000, seed + 1);
+  run_both({llama, llama}, 2500, 2500, 4, 7, seed + 2);
+  run_both({llama}, 500, 480, 4, 300, seed + 3);
   LayerSpec f;
   f.form = KForm::Fp8;
   f.heads = 3;
   f.head_dim = 128;
   f.rope = RopeSpec::plain(128, 10000.0);
-  run_both({f, f}, 400, 399, 4, 33, 105);   // many bands
-  run_both({f}, 400, 400, 4, 198, 106);     // one band: tiles dealt statically
+  run_both({f, f}, 400, 399, 4, 33, seed + 4);   // many bands
+  run_both({f}, 400, 400, 4, 198, seed + 5);     // one band
   f.head_dim = 512;
   f.heads = 1;
   f.rope = RopeSpec::deepseek_v4_compressed();
-  run_both({f}, 200, 200, 0, 150, 107);
-  ASSERT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0);
+  run_both({f}, 200, 200, 0, 150, seed + 6);
+  LayerSpec d;
+  d.form = KForm::Dsv4;
+  d.v_dtype = std::nullopt;
+  d.heads = 1;
+  d.rope = RopeSpec::deepseek_v4_compressed();
+  run_both({d, d}, 1025, 1023, 4, 128, seed + 7);
+  run_both({d}, 1025, 1025, 4, 600, seed + 8);
+}
+
+TEST(ShiftCuda, SingleTileKernelAgrees) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const KernelScope k("single");
+  tile_kernel_cases(100);
+}
+
+TEST(ShiftCuda, PipelinedTileKernelAgrees) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const KernelScope k("pipelined");
+  tile_kernel_cases(110);
+}
+
+// The chain kernel: more columns than resident threads (several rounds per thread), a few
+// columns with very long chains, 1- and 2-byte units, mixed formats in one launch.
+TEST(ShiftCuda, ChainKernelRoundsAndChains) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const LayerSpec s = plain(DType::BF16, DType::F16, 8, 128, RopeSpec::plain(128, 500000.0));
+  run_both({s, s}, 20011, 20011, 3, 9000, 120);  // no overlap, millions of units
+  run_both({s}, 20011, 20011, 3, 3, 121);        // 3 residues: chains of 6668 steps
+  LayerSpec odd = plain(DType::F16, DType::BF16, 3, 64, RopeSpec::plain(64, 10000.0));  // 2-byte units
+  odd.v_head_dim = 41;
+  odd.k_pad = 1;
+  odd.v_pad = 1;
+  LayerSpec d;
+  d.form = KForm::Dsv4;
+  d.v_dtype = std::nullopt;
+  d.heads = 2;
+  d.rope = RopeSpec::deepseek_v4_window();
+  const LayerSpec f32 = plain(DType::F32, DType::F32, 2, 96, RopeSpec::plain(32, 10000.0, RopePairing::Interleaved));
+  run_both({odd, d, f32, s}, 777, 770, 5, 91, 122);
+  run_both({odd, d, f32, s}, 777, 777, 0, 500, 123);
+  // FP8 keys with f16 layers: two chain launches (the FP8 one a head per thread); FP8 keys with
+  // partial rotary: the whole call takes the single tile kernel
+  LayerSpec f;
+  f.form = KForm::Fp8;
+  f.heads = 2;
+  f.head_dim = 128;
+  f.rope = RopeSpec::plain(128, 10000.0);
+  run_both({s, f}, 300, 300, 4, 37, 124);
+  f.rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  f.rope.slice = RopeSlice::Tail;
+  run_both({s, f}, 300, 300, 4, 37, 125);
+  f.head_dim = 64;  // a 64-dim FP8 head, interleaved pairs: the chain FP8 kernel's other forms
+  f.heads = 5;
+  f.rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  run_both({f, f}, 333, 333, 4, 100, 126);
+  run_both({f}, 333, 330, 4, 7, 127);
+  f.rope = RopeSpec::plain(64, 10000.0);
+  run_both({f, f}, 333, 333, 4, 100, 128);
 }
 
 TEST(ShiftCuda, HeadDimsDtypesAndStrides) {
@@ -206,9 +254,13 @@ TEST(ShiftCuda, RopeVariantsAndManyLayers) {
   for (int i = 0; i < 45; ++i)
     many.push_back(plain(i % 2 ? DType::F16 : DType::BF16, DType::F16, 2, 64, RopeSpec::plain(64, 10000.0 * (1 + i))));
   run_both(many, 97, 96, 3, 10, ++seed);
-  // 9 layers of 256 pairs each: more pairs than one launch holds
-  std::vector<LayerSpec> wide(9, plain(DType::F16, std::nullopt, 1, 512, RopeSpec::plain(512, 10000.0)));
+  // 9 layers of 256 pairs each, each with its own theta: more pairs than one launch holds
+  // (layers with one spec share one table)
+  std::vector<LayerSpec> wide;
+  for (int i = 0; i < 9; ++i) wide.push_back(plain(DType::F16, std::nullopt, 1, 512, RopeSpec::plain(512, 10000.0 + 100.0 * i)));
   run_both(wide, 64, 64, 2, 9, ++seed);
+  std::vector<LayerSpec> same(9, plain(DType::F16, std::nullopt, 1, 512, RopeSpec::plain(512, 10000.0)));
+  run_both(same, 64, 64, 2, 9, ++seed);
 }
 
 TEST(ShiftCuda, DeepSeekV4RowsAndFp8Keys) {

@@ -28,10 +28,14 @@
 // [s, head_dim, 1], s >= n_kv_heads * head_dim, any s: K and V may interleave
 // in one buffer). Tensors of different layers must not overlap.
 //
-// CUDA: one persistent kernel per group of layers (up to 40 Llama-like
-// layers), each retained byte read once and written once, no scratch copy;
-// ordered on `stream`. Environment KVCORE_SHIFT_KERNEL=single|pipelined picks
-// the kernel (for comparisons; default: pipelined, single for FP8 keys).
+// CUDA: one launch per group of layers (up to 40 Llama-like layers; FP8 keys
+// in a second one), each retained byte read once and written once, no scratch
+// copy, whatever the overlap; ordered on `stream`. The default "chain" kernel
+// needs no synchronization between threads (src/cuda/shift_chain.hpp); layouts
+// it does not take (FP8 keys with partial rotary or heads over 128 dims,
+// interleaved pairs in rows aligned to one element) use a band-ordered tile
+// kernel. Environment KVCORE_SHIFT_KERNEL=single|pipelined forces a tile kernel
+// (for comparisons).
 // CPU: OpenMP, same bytes for moves.
 //
 // Precision (measured by tests/shift_*_test.cpp, head_dim 128, N(0,1) keys,

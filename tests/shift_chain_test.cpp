@@ -1,0 +1,273 @@
+// Runs the CUDA chain kernel's threads on the CPU (src/cuda/shift_chain.hpp):
+// the same unit decoding, the same item order (a group of kItems loads, then
+// its stores) and the same register rotation, with the threads' groups
+// interleaved at random. Because a thread only ever overwrites bytes it has
+// read itself, any interleaving must give exactly the CPU op's bytes; every
+// moved byte must be written exactly once and nothing else touched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/shift_chain.hpp"
+#include "kvcore/math/dsv4_row.hpp"
+
+using namespace kvcore;
+using namespace kvcore::cuda;
+
+namespace {
+
+struct Tensor {
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> scales;  // FP8 keys
+  ops::ShiftTensorParams p;
+};
+
+struct Config {
+  int layers = 1;
+  int64_t cap = 0, length = 0, n_keep = 0, n_discard = 0;
+  int n_threads = 64;
+  bool odd_strides = false;  // paddings that leave 1- and 2-byte aligned rows
+  int fp8_head_dim = 0;      // > 0: every K is FP8 (e4m3 + ue8m0 scales), fully rotated
+  bool fp8_interleaved = false;
+};
+
+// The FP8 kernel's body on the CPU: one head per item, its codes and scales in "registers".
+template <int HD, bool IL>
+void fp8_item(uint8_t* src, uint8_t* sc, const shift_chain::Stream& st, const shift_chain::Params& P) {
+  uint32_t w[HD / 4];
+  uint8_t scales[HD / 64];
+  std::memcpy(w, src, HD);
+  std::memcpy(scales, sc, HD / 64);
+  shift_chain::rotate_fp8_head<HD, IL, shift_chain::Fp8SoftCodec>(w, scales, P.cos_t + st.pair_base, P.sin_t + st.pair_base);
+  std::memcpy(src - P.n_discard * st.token_stride, w, HD);
+  std::memcpy(sc - P.n_discard * st.scale_stride, scales, HD / 64);
+}
+
+void run(const Config& cfg, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Tensor> ts;
+  std::vector<math::RopeLayout> layouts(cfg.layers);
+  std::vector<int32_t> pair_offset(cfg.layers);
+  std::vector<float> cos_t, sin_t;
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  for (int l = 0; l < cfg.layers; ++l) {
+    Tensor k;
+    const int form = cfg.fp8_head_dim ? 4 : int(rng() % 4);  // f16, bf16, f32, DeepSeek-V4 row, FP8
+    math::RopeLayout& lay = layouts[l];
+    if (form == 4) {
+      k.p.kind = ops::ShiftKind::Fp8;
+      k.p.head_bytes = cfg.fp8_head_dim;
+      k.p.scale_head_bytes = cfg.fp8_head_dim / 64;
+      k.p.n_heads = 1 + int(rng() % 4);
+      k.p.scale_token_stride = int64_t{k.p.n_heads} * k.p.scale_head_bytes + int(rng() % 3);
+      lay.n_rot = cfg.fp8_head_dim;
+      lay.interleaved = cfg.fp8_interleaved;
+    } else if (form == 3) {
+      k.p.kind = ops::ShiftKind::Dsv4;
+      k.p.head_bytes = math::Dsv4RowLayout::kBytes;
+      k.p.n_heads = 1 + int(rng() % 2);
+      lay.n_rot = 64;
+      lay.first_dim = math::Dsv4RowLayout::kNope;
+      lay.interleaved = int(rng() % 2);
+    } else {
+      k.p.kind = form == 0 ? ops::ShiftKind::F16 : form == 1 ? ops::ShiftKind::BF16 : ops::ShiftKind::F32;
+      const int hd = 16 * (1 + int(rng() % 8));
+      const int eb = form == 2 ? 4 : 2;
+      k.p.head_bytes = hd * eb;
+      k.p.n_heads = 1 + int(rng() % 4);
+      lay.n_rot = std::min(hd, 2 * (1 + int(rng() % (hd / 2))));
+      if (rng() % 2) lay.n_rot = hd;
+      lay.first_dim = rng() % 2 ? 0 : hd - lay.n_rot;
+      lay.interleaved = int(rng() % 2);
+    }
+    k.p.layer = l;
+    // K strides in whole elements (as tensors give them), whole pairs for interleaved pairs: the
+    // chain kernel needs a unit to hold whole pairs (rows aligned to one element only, with
+    // interleaved pairs, go to a tile kernel)
+    const int eb = k.p.kind == ops::ShiftKind::F32 ? 4 : 2;
+    const int kpad = form == 4 ? 16 * int(rng() % 2)
+                               : cfg.odd_strides ? eb * (lay.interleaved ? 2 : 1) * int(rng() % 3) : 16 * int(rng() % 2);
+    k.p.token_stride = int64_t{k.p.n_heads} * k.p.head_bytes + kpad;
+    ts.push_back(std::move(k));
+    if (l > 0 && std::memcmp(&layouts[l], &layouts[l - 1], sizeof(math::RopeLayout)) == 0 && rng() % 2) {
+      pair_offset[l] = pair_offset[l - 1];  // layers sharing one table, as the op passes them
+    } else {
+      pair_offset[l] = static_cast<int32_t>(cos_t.size());
+      for (int i = 0; i < lay.n_pairs(); ++i) cos_t.push_back(unit(rng)), sin_t.push_back(unit(rng));
+    }
+    if (rng() % 4 != 0) {  // a V tensor
+      Tensor v;
+      v.p.kind = ops::ShiftKind::Copy;
+      v.p.n_heads = 1 + int(rng() % 4);
+      v.p.head_bytes = cfg.odd_strides ? 1 + int(rng() % 200) : 16 * (1 + int(rng() % 16));
+      v.p.token_stride = int64_t{v.p.n_heads} * v.p.head_bytes + (cfg.odd_strides ? int(rng() % 3) : 0);
+      v.p.layer = l;
+      ts.push_back(std::move(v));
+    }
+  }
+  for (auto& t : ts) {
+    t.bytes.resize(cfg.cap * t.p.token_stride);
+    for (auto& b : t.bytes) b = static_cast<uint8_t>(rng());
+    t.scales.resize(cfg.cap * t.p.scale_token_stride);
+    for (auto& b : t.scales) b = static_cast<uint8_t>(120 + rng() % 15);  // scales 2^-7 .. 2^7
+  }
+  std::vector<Tensor> ref = ts;
+  auto params = [&](std::vector<Tensor>& v, std::vector<ops::ShiftTensorParams>& tp) {
+    tp.clear();
+    for (auto& t : v) {
+      t.p.base = t.bytes.data();
+      t.p.maybe_scales = t.scales.empty() ? nullptr : t.scales.data();
+      tp.push_back(t.p);
+    }
+    ops::ShiftDenseParams p;
+    p.tensors = tp.data();
+    p.n_tensors = static_cast<int32_t>(tp.size());
+    p.layouts = layouts.data();
+    p.pair_offset = pair_offset.data();
+    p.cos_t = cos_t.data();
+    p.sin_t = sin_t.data();
+    p.n_layers = cfg.layers;
+    p.n_keep = cfg.n_keep;
+    p.n_discard = cfg.n_discard;
+    p.n_moved = cfg.length - cfg.n_keep - cfg.n_discard;
+    return p;
+  };
+  std::vector<ops::ShiftTensorParams> tp_ref, tp;
+  cpu::shift_dense(params(ref, tp_ref));
+  const ops::ShiftDenseParams p = params(ts, tp);
+
+  const shift_plan::Plan plan = shift_plan::make_plan(p);
+  const auto launches = shift_chain::make_launches(plan);
+  ASSERT_FALSE(launches.empty()) << "the chain kernels must handle these layouts";
+
+  // writes per byte of every tensor
+  std::vector<std::vector<uint8_t>> writes(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) writes[i].assign(ts[i].bytes.size(), 0);
+  auto tensor_of = [&](const uint8_t* ptr) {
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ptr >= ts[i].bytes.data() && ptr < ts[i].bytes.data() + ts[i].bytes.size()) return i;
+    ADD_FAILURE() << "a store outside every tensor";
+    return size_t{0};
+  };
+
+  for (const auto& P : launches) {
+    const int n_threads = cfg.n_threads;
+    std::vector<shift_chain::Cursor> cursors;
+    for (int t = 0; t < n_threads; ++t) cursors.push_back(shift_chain::first_cursor(*P, static_cast<uint32_t>(t)));
+    std::vector<int> live(n_threads);
+    for (int t = 0; t < n_threads; ++t) live[t] = t;
+    if (P->fp8_head_dim) {  // the FP8 kernel: a head per item, threads interleaved at random
+      std::vector<shift_chain::Fp8Cursor> fc;
+      for (int t = 0; t < n_threads; ++t) fc.push_back(shift_chain::first_fp8_cursor(*P, static_cast<uint32_t>(t)));
+      while (!live.empty()) {
+        const size_t pick = rng() % live.size();
+        uint8_t* src;
+        uint8_t* sc;
+        int32_t si;
+        if (!shift_chain::next_fp8(*P, static_cast<uint32_t>(n_threads), fc[live[pick]], src, sc, si)) {
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
+          continue;
+        }
+        const shift_chain::Stream& st = P->streams[si];
+        ASSERT_EQ(st.elem, shift_chain::kFp8);
+        ASSERT_EQ(reinterpret_cast<uintptr_t>(src) % 16, 0u);
+        const bool il = P->fp8_interleaved != 0;
+        if (P->fp8_head_dim == 64) il ? fp8_item<64, true>(src, sc, st, *P) : fp8_item<64, false>(src, sc, st, *P);
+        else il ? fp8_item<128, true>(src, sc, st, *P) : fp8_item<128, false>(src, sc, st, *P);
+        uint8_t* d = src - P->n_discard * st.token_stride;
+        const size_t ti = tensor_of(d);
+        for (int q = 0; q < st.head_bytes; ++q) ++writes[ti][d - ts[ti].bytes.data() + q];
+      }
+      continue;
+    }
+    while (!live.empty()) {
+      const size_t pick = rng() % live.size();
+      shift_chain::Cursor& cur = cursors[live[pick]];
+      shift_chain::Item it[shift_chain::kItems];
+      bool ok[shift_chain::kItems];
+      shift_chain::Chunk a[shift_chain::kItems], b[shift_chain::kItems];
+      for (int i = 0; i < shift_chain::kItems; ++i) ok[i] = shift_chain::next_item(*P, static_cast<uint32_t>(n_threads), cur, it[i]);
+      if (!ok[0]) {
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
+        continue;
+      }
+      for (int i = 0; i < shift_chain::kItems; ++i) {
+        a[i] = b[i] = shift_chain::Chunk{};
+        if (!ok[i]) continue;
+        const shift_chain::Stream& st = P->streams[it[i].stream];
+        ASSERT_EQ(reinterpret_cast<uintptr_t>(it[i].src) % st.vec, 0u) << "misaligned load";
+        std::memcpy(a[i].w, it[i].src, st.vec);
+        if (it[i].partner) std::memcpy(b[i].w, it[i].src + it[i].partner, st.vec);
+      }
+      for (int i = 0; i < shift_chain::kItems; ++i) {
+        if (!ok[i]) continue;
+        const shift_chain::Stream& st = P->streams[it[i].stream];
+        if (it[i].pair0 >= 0) {
+          ASSERT_LE(it[i].pair0 + st.pairs_per_unit, P->n_pairs);
+          shift_chain::rotate_item(st, it[i], a[i], b[i], P->cos_t, P->sin_t);
+        }
+        uint8_t* dst = it[i].src - P->n_discard * st.token_stride;
+        for (int half = 0; half < (it[i].partner ? 2 : 1); ++half) {
+          uint8_t* d = dst + half * it[i].partner;
+          std::memcpy(d, half ? b[i].w : a[i].w, st.vec);
+          const size_t ti = tensor_of(d);
+          for (int q = 0; q < st.vec; ++q) ++writes[ti][d - ts[ti].bytes.data() + q];
+        }
+      }
+    }
+  }
+
+  const int64_t n_moved = p.n_moved;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const ops::ShiftTensorParams& t = ts[i].p;
+    const int64_t row = int64_t{t.n_heads} * t.head_bytes;
+    for (int64_t x = 0; x < static_cast<int64_t>(ts[i].bytes.size()); ++x) {
+      const int64_t tok = x / t.token_stride, col = x % t.token_stride;
+      const bool moved = tok >= cfg.n_keep && tok < cfg.n_keep + n_moved && col < row;
+      ASSERT_EQ(writes[i][x], moved ? 1 : 0) << "tensor " << i << " token " << tok << " byte " << col;
+    }
+    ASSERT_EQ(ts[i].bytes, ref[i].bytes) << "tensor " << i << " (kind " << int(t.kind) << ") differs from the CPU op";
+    ASSERT_EQ(ts[i].scales, ref[i].scales) << "tensor " << i << ": FP8 scales differ from the CPU op";
+  }
+}
+
+}  // namespace
+
+TEST(ShiftChain, NoOverlap) {
+  run({.layers = 3, .cap = 64, .length = 60, .n_keep = 4, .n_discard = 30, .n_threads = 97}, 1);
+  run({.layers = 2, .cap = 64, .length = 64, .n_keep = 0, .n_discard = 40, .n_threads = 5}, 2);
+}
+
+TEST(ShiftChain, OverlapAnyInterleaving) {
+  uint32_t seed = 10;
+  for (int64_t d : {1, 2, 3, 7, 16, 25})
+    for (int threads : {1, 13, 256}) run({.layers = 2, .cap = 61, .length = 59, .n_keep = 3, .n_discard = d, .n_threads = threads}, ++seed);
+}
+
+TEST(ShiftChain, OddStridesAndManyLayers) {
+  uint32_t seed = 100;
+  for (int rep = 0; rep < 4; ++rep)
+    run({.layers = 5, .cap = 40, .length = 40, .n_keep = 2, .n_discard = 9, .n_threads = 31, .odd_strides = true}, ++seed);
+  // 45 layers: more tensors than one launch holds
+  run({.layers = 45, .cap = 12, .length = 12, .n_keep = 1, .n_discard = 4, .n_threads = 50}, 200);
+}
+
+TEST(ShiftChain, FewerThreadsThanColumnsAndMore) {
+  run({.layers = 2, .cap = 50, .length = 48, .n_keep = 4, .n_discard = 20, .n_threads = 1}, 300);
+  run({.layers = 2, .cap = 50, .length = 48, .n_keep = 4, .n_discard = 20, .n_threads = 5000}, 301);
+}
+
+TEST(ShiftChain, Fp8KeysAHeadPerThread) {
+  uint32_t seed = 400;
+  for (int hd : {64, 128})
+    for (bool il : {false, true})
+      for (int64_t d : {2, 11, 30}) {
+        Config c{.layers = 3, .cap = 44, .length = 43, .n_keep = 3, .n_discard = d, .n_threads = 17};
+        c.fp8_head_dim = hd;
+        c.fp8_interleaved = il;
+        run(c, ++seed);
+      }
+}
