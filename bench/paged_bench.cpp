@@ -196,6 +196,28 @@ void bench_append(BenchOptions& opt, const Geometry& g, const Rows& rows, KvForm
   std::snprintf(line, sizeof line, "%s: %.3g tokens/s (all %d layers, K and V)", name.c_str(), n / (rec.t.median_us * 1e-6),
                 g.layers);
   opt.note(line);
+  // Where the time goes: the 2 x n_layers store launches alone (one reserved ticket, rewritten),
+  // and the metadata alone (truncate + reserve, no store).
+  c.truncate(s, 0);
+  std::vector<int32_t> pos(n);
+  for (int32_t i = 0; i < n; ++i) pos[i] = i;
+  const AppendTicket t = c.reserve(s, pos);
+  const int64_t layer_stride = static_cast<int64_t>(rows.chunk) * g.heads * g.dim;
+  auto layer_rows = [&](const Buffer& b, int32_t l) {
+    return TensorRef(static_cast<uint16_t*>(b.data()) + l * layer_stride, DType::F16, b.device(), {n, g.heads, g.dim});
+  };
+  BenchRecord st = record(name + "_stores", rec.bytes);
+  st.t = opt.time([&](int) {
+    for (int32_t l = 0; l < g.layers; ++l) c.store(t, l, layer_rows(rows.k, l), layer_rows(rows.v, l));
+  });
+  opt.report(st);
+  BenchRecord meta = record(name + "_meta", 0);
+  AppendTicket t2;  // reused: its device lists are allocated once
+  meta.t = opt.time([&](int) {
+    c.truncate(s, 0);
+    c.reserve(t2, std::span<const SeqId>(&s, 1), std::span<const int32_t>(&n, 1), pos);
+  });
+  opt.report(meta);
 }
 
 void bench_decode(BenchOptions& opt, const Geometry& g, const Rows& rows, KvFormat f, int32_t batch) {

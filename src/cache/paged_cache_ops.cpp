@@ -65,7 +65,8 @@ void check_rows(std::string_view op, std::string_view name, const TensorRef& t, 
   for (int i = 0; i < dims; ++i) checks::size_is(op, name, t, i, want[i]);
   checks::innermost_contiguous(op, name, t);
   checks::non_negative_strides(op, name, t);
-  require_arg(t.device() == dev, op, ": ", name, " is on ", t.device().str(), " but the cache is on ", dev.str());
+  if (t.device() != dev)  // messages that format are built only on failure
+    require_arg(false, op, ": ", name, " is on ", t.device().str(), " but the cache is on ", dev.str());
 }
 
 // The [n, H, D] slice of layer l of a [L, n, H, D] tensor.
@@ -208,7 +209,7 @@ void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const Ten
     const int64_t vw[4] = {m.cfg.n_layers, n, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 4, vw, m.dev);
   } else {
-    require_arg(v.empty() || v.numel() == 0, op, ": this cache has no V pools, but v = ", v.describe());
+    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", v.describe());
   }
   const SeqId ids[1] = {seq};
   const int32_t counts[1] = {static_cast<int32_t>(n)};
@@ -252,7 +253,7 @@ void PagedCache::store(const AppendTicket& t, int32_t layer, const TensorRef& k,
     const int64_t vw[3] = {t.n_tokens, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 3, vw, m.dev);
   } else {
-    require_arg(v.empty() || v.numel() == 0, op, ": this cache has no V pools, but v = ", v.describe());
+    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", v.describe());
   }
   if (t.n_tokens == 0) return;
   m.store_rows(t, layer, k, v);

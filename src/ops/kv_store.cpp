@@ -13,7 +13,8 @@ void check_pool(std::string_view op, const KvPool& pool) {
   checks::not_null(op, "pool.data", d);
   checks::ndim_is(op, "pool.data", d, 4);
   checks::dtype_is(op, "pool.data", d, kv_format_dtype(pool.format));
-  require_arg(d.is_contiguous(), op, ": pool.data must be contiguous, got ", d.describe());
+  // Messages that format a tensor are built only on failure (this runs once per layer per step).
+  if (!d.is_contiguous()) require_arg(false, op, ": pool.data must be contiguous, got ", d.describe());
   require_arg(pool.head_dim > 0 && pool.head_dim <= 2 * math::RopeTable::kMaxPairs, op, ": pool.head_dim must be in [1, ",
               2 * math::RopeTable::kMaxPairs, "], got ", pool.head_dim);
   if (pool.format == KvFormat::Dsv4Row)
@@ -27,7 +28,7 @@ void check_pool(std::string_view op, const KvPool& pool) {
     checks::ndim_is(op, "pool.scales", s, 4);
     require_arg(s.dtype() == DType::UE8M0 || s.dtype() == DType::U8, op, ": pool.scales must be ue8m0 or u8, got ",
                 dtype_name(s.dtype()));
-    require_arg(s.is_contiguous(), op, ": pool.scales must be contiguous, got ", s.describe());
+    if (!s.is_contiguous()) require_arg(false, op, ": pool.scales must be contiguous, got ", s.describe());
     for (int i = 0; i < 3; ++i) checks::size_is(op, "pool.scales", s, i, d.size(i));
     checks::size_is(op, "pool.scales", s, 3, pool.head_dim / 64);
     checks::same_device(op, "pool.data", d, "pool.scales", s);
@@ -51,7 +52,7 @@ void check_i32_vector(std::string_view op, std::string_view name, const TensorRe
   checks::dtype_is(op, name, t, DType::I32);
   checks::ndim_is(op, name, t, 1);
   checks::size_is(op, name, t, 0, n);
-  require_arg(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", t.describe());
+  if (!t.is_contiguous()) require_arg(false, op, ": ", name, " must be contiguous, got ", t.describe());
   checks::same_device(op, name, t, "pool.data", like);
 }
 
@@ -127,7 +128,7 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
   checks::not_null(op, "blocks", blocks);
   checks::dtype_is(op, "blocks", blocks, DType::I32);
   checks::ndim_is(op, "blocks", blocks, 1);
-  require_arg(blocks.is_contiguous(), op, ": blocks must be contiguous, got ", blocks.describe());
+  if (!blocks.is_contiguous()) require_arg(false, op, ": blocks must be contiguous, got ", blocks.describe());
   checks::same_device(op, "blocks", blocks, "pool.data", d);
   require_arg(blocks.size(0) <= d.size(0), op, ": ", blocks.size(0), " blocks listed for a pool of ", d.size(0));
   checks::not_null(op, "cell_delta", cell_delta);
@@ -135,7 +136,8 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
   checks::ndim_is(op, "cell_delta", cell_delta, 2);
   checks::size_is(op, "cell_delta", cell_delta, 0, d.size(0));
   checks::size_is(op, "cell_delta", cell_delta, 1, d.size(1));
-  require_arg(cell_delta.is_contiguous(), op, ": cell_delta must be contiguous, got ", cell_delta.describe());
+  if (!cell_delta.is_contiguous())
+    require_arg(false, op, ": cell_delta must be contiguous, got ", cell_delta.describe());
   checks::same_device(op, "cell_delta", cell_delta, "pool.data", d);
   if (d.device().is_cpu()) {
     const int32_t* b = blocks.data_as<const int32_t>();
