@@ -111,18 +111,29 @@ void emit(const CompressorParams& p, Stream s) {
 }
 
 // One block per window completed by the chunk; candidates from the chunk or the state.
+// Two instantiations, so each gets its own registers: the 8-candidate register pool (CSA,
+// the indexer) and the one-pass pool (HCA); the same choice dsv4_pool_any makes, so the
+// same bits as emission from the state.
+template <bool kEight>
 __device__ inline void prefill_window_body(const CompressorParams& p, float* smem, int64_t w) {
   float* buf = smem;
   float* scratch = smem + p.head_dim;
-  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x)
-    buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
+  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) {
+    auto at = [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); };
+    if constexpr (kEight) {
+      buf[k] = math::dsv4_pool_fixed<8>(at);
+    } else {
+      buf[k] = math::dsv4_pool_any(p.state_rows, at);
+    }
+  }
   __syncthreads();
   finish_row(p, w, buf, scratch);
 }
 
-__global__ void __launch_bounds__(kThreads) prefill_kernel(const CompressorParams p, int64_t w0) {
+template <bool kEight>
+__global__ void __launch_bounds__(kThreads, 4) prefill_kernel(const CompressorParams p, int64_t w0) {
   extern __shared__ float smem[];
-  prefill_window_body(p, smem, w0 + blockIdx.x);
+  prefill_window_body<kEight>(p, smem, w0 + blockIdx.x);
 }
 
 // The state as token-by-token storing leaves it. A thread per (column, row r < m):
@@ -155,10 +166,16 @@ __global__ void prefill_state_kernel(const CompressorParams p) {
 void prefill(const CompressorParams& p, Stream s) {
   const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
   const size_t sm = row_smem(p);
-  set_smem(reinterpret_cast<const void*>(prefill_kernel), sm);
+  const bool eight = p.state_rows == 8;
+  const void* kernel = eight ? reinterpret_cast<const void*>(prefill_kernel<true>) : reinterpret_cast<const void*>(prefill_kernel<false>);
+  set_smem(kernel, sm);
   for (int64_t w = w0; w < w1; w += 65535 * 1024LL) {  // grid.x limit is 2^31 - 1; stay far below
     const int64_t n = w1 - w < 65535 * 1024LL ? w1 - w : 65535 * 1024LL;
-    prefill_kernel<<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
+    if (eight) {
+      prefill_kernel<true><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
+    } else {
+      prefill_kernel<false><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
+    }
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_kernel");
   }
   const dim3 state_grid(static_cast<unsigned>((p.width + kThreads - 1) / kThreads),

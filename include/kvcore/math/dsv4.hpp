@@ -125,7 +125,7 @@ KVCORE_HD float dsv4_pool_fixed(const At& at) {
 // of one), then folded in order: the arithmetic does not depend on the batching.
 template <class At>
 KVCORE_HD float dsv4_pool_online(int n, const At& at) {
-  constexpr int kBatch = 16;
+  constexpr int kBatch = 8;
   float mx = -INFINITY, den = 0.0f, acc = 0.0f;
   for (int j0 = 0; j0 < n; j0 += kBatch) {
     float zs[kBatch], cs[kBatch];
