@@ -401,9 +401,14 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
     const int n_bins = 1 << bits, per = n_bins / kTopkThreads;
     for (int b = tid; b < n_bins; b += blockDim.x) hist[b] = 0;
     __syncthreads();
-    for (int s = tid; s < vis; s += blockDim.x) {
-      const uint32_t key = key_at(s);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(n_bins - 1)], 1);
+    // Scores crowd into a few bins: one atomic per distinct bin a warp (lanes matched), not per key.
+    for (int base = 0; base < vis; base += blockDim.x) {  // the same trip count for every lane
+      const int s = base + tid;
+      const uint32_t key = s < vis ? key_at(s) : 0u;
+      const bool counts = s < vis && (key & mask) == prefix;
+      const uint32_t bin = counts ? (key >> shift) & static_cast<uint32_t>(n_bins - 1) : 0xffffffffu;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (counts && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
     }
     __syncthreads();
     // The digit: the bin b with above(b) < need <= above(b) + hist[b], above(b) = keys in higher bins.
@@ -427,10 +432,16 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
   const int n_ties = need, n_gt = take - need;  // picks above the threshold key, ties to take
 
   // Keys above the threshold: any slot order (sorted below).
-  for (int s = tid; s < vis; s += blockDim.x) {
-    const uint32_t key = key_at(s);
-    if (key > kth) {
-      const int slot = atomicAdd(&s_n_gt, 1);
+  for (int base = 0; base < vis; base += blockDim.x) {  // warp-aggregated slots
+    const int s = base + tid;
+    const uint32_t key = s < vis ? key_at(s) : 0u;
+    const bool above = s < vis && key > kth;
+    const unsigned ballot = __ballot_sync(0xffffffffu, above);
+    int first = 0;
+    if (lane == 0 && ballot) first = atomicAdd(&s_n_gt, __popc(ballot));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    if (above) {
+      const int slot = first + __popc(ballot & ((1u << lane) - 1u));
       sel_key[slot] = key;
       sel_idx[slot] = s;
     }
