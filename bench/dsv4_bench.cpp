@@ -228,6 +228,26 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
     g.baseline = "plain launches";
     g.baseline_t = r.t;
     opt.report(g);
+    if (with_indexer) {  // the indexer alone (scores + top-k of one CSA layer), for the breakdown
+      int csa = 0;
+      while (cfg.layers[csa] != Dsv4LayerKind::CSA) ++csa;
+      const int64_t qpos = pos - 1;
+      synchronize(dev);
+      const Timing ti = kvcore::cli::dsv4_time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+        for (int i = 0; i < tokens_per_rep; ++i)
+          cache.indexer_topk(0, csa, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
+                             TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), qpos,
+                             TensorRef(scores.data(), DType::F32, dev, {1, cap}),
+                             TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}), s);
+      });
+      BenchRecord x;
+      x.bench = "dsv4";
+      x.case_name = fmt("indexer scores+top-k one CSA layer ctx=%lld (CUDA graph replay)", context);
+      x.bytes = static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
+      x.t = per(ti, tokens_per_rep);
+      x.traffic = Traffic::Read;
+      opt.report(x);
+    }
   }
 #endif
 }

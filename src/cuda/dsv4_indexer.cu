@@ -126,17 +126,16 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const IndexerParams p) 
 
 // ---- scores, the tiled kernel -------------------------------------------------------------
 
-constexpr int kTileRows = 64;                         // rows of one tile
 constexpr int kRowSlots = 8;                          // lane & 7: rows slot + 8 i of the tile
-constexpr int kTileRowsPerThread = kTileRows / kRowSlots;
+constexpr int kMaxTileRows = 64;                      // tiles of 64 rows (8 a thread) or 32 (4 a thread)
 constexpr int kHeadSlots = 4 * (kThreads / 32);       // lane >> 3 and the warp: 32 head slots
 constexpr int kHeadChunk = 2 * kHeadSlots;            // heads slot and slot + 32 of each chunk of 64
 
 // Shared memory of the tiled kernel: the query [heads, dim], one tile of rows [kTileRows, dim + 4]
 // (padded: the 8 rows a quarter warp reads hit 8 different bank groups), the per-warp row sums.
-__host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim) {
-  return static_cast<size_t>(n_heads) * dim + static_cast<size_t>(kTileRows) * (dim + 4) +
-         static_cast<size_t>(kThreads / 32) * kTileRows;
+__host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim, int tile_rows) {
+  return static_cast<size_t>(n_heads) * dim + static_cast<size_t>(tile_rows) * (dim + 4) +
+         static_cast<size_t>(kThreads / 32) * tile_rows;
 }
 
 // The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
@@ -144,12 +143,26 @@ __host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim) {
 __device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {
   const float* q = p.q + i * p.q_stride0;
   if (p.quant && p.dim == math::kHadamardDim) {  // the model's case: a warp per head, in registers
+    // Heads in groups of 4 a warp, all loads first: independent shuffle chains to overlap.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    for (int h = warp; h < p.n_heads; h += n_warps) {
-      const float* src = q + h * p.q_stride1 + 4 * lane;
-      float v[4] = {src[0], src[1], src[2], src[3]};
-      math::fp4_hadamard_round_trip128_warp(v, lane);
-      *reinterpret_cast<float4*>(qs + h * math::kHadamardDim + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+    constexpr int kGroup = 4;
+    for (int h0 = warp; h0 < p.n_heads; h0 += kGroup * n_warps) {
+      float v[kGroup][4];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const int h = h0 + g * n_warps;
+        const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[g][j] = src[j];
+      }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // warp-uniform: all lanes
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const int h = h0 + g * n_warps;
+        if (h < p.n_heads)
+          *reinterpret_cast<float4*>(qs + h * math::kHadamardDim + 4 * lane) = make_float4(v[g][0], v[g][1], v[g][2], v[g][3]);
+      }
     }
     __syncthreads();
     return;
@@ -168,6 +181,7 @@ __device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) 
 }
 
 // Rows s0 .. s0 + n - 1 into ks [kTileRows, ld] as f32 (the CPU's unpacked values); rows >= n zero.
+template <int kTileRows>
 __device__ inline void load_tile(const IndexerParams& p, float* ks, int ld, int64_t s0, int n) {
   if (p.rows_packed) {  // 8 nibbles (one u32 of codes) a thread step; dim % 32 == 0
     const int words = p.dim / 8;
@@ -199,7 +213,9 @@ __device__ inline void load_tile(const IndexerParams& p, float* ks, int ld, int6
 
 // grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
 // its query's visible rows and writes -inf to the invisible rest of [0, cap).
+template <int kTileRowsPerThread>
 __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
+  constexpr int kTileRows = kRowSlots * kTileRowsPerThread;
   extern __shared__ __align__(16) float smem[];
   const int32_t i = blockIdx.y;
   const int64_t t = p.first_query_pos + i;
@@ -221,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerPara
 
   for (int64_t s0 = static_cast<int64_t>(blockIdx.x) * kTileRows; s0 < vis; s0 += static_cast<int64_t>(gridDim.x) * kTileRows) {
     const int n = static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - s0));
-    load_tile(p, ks, ld, s0, n);
+    load_tile<kTileRows>(p, ks, ld, s0, n);
     __syncthreads();
     float row_acc[kTileRowsPerThread];
 #pragma unroll
@@ -385,9 +401,14 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
     const int n_bins = 1 << bits, per = n_bins / kTopkThreads;
     for (int b = tid; b < n_bins; b += blockDim.x) hist[b] = 0;
     __syncthreads();
-    for (int s = tid; s < vis; s += blockDim.x) {
-      const uint32_t key = key_at(s);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(n_bins - 1)], 1);
+    // Scores crowd into a few bins: one atomic per distinct bin a warp (lanes matched), not per key.
+    for (int base = 0; base < vis; base += blockDim.x) {  // the same trip count for every lane
+      const int s = base + tid;
+      const uint32_t key = s < vis ? key_at(s) : 0u;
+      const bool counts = s < vis && (key & mask) == prefix;
+      const uint32_t bin = counts ? (key >> shift) & static_cast<uint32_t>(n_bins - 1) : 0xffffffffu;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (counts && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
     }
     __syncthreads();
     // The digit: the bin b with above(b) < need <= above(b) + hist[b], above(b) = keys in higher bins.
@@ -411,10 +432,16 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
   const int n_ties = need, n_gt = take - need;  // picks above the threshold key, ties to take
 
   // Keys above the threshold: any slot order (sorted below).
-  for (int s = tid; s < vis; s += blockDim.x) {
-    const uint32_t key = key_at(s);
-    if (key > kth) {
-      const int slot = atomicAdd(&s_n_gt, 1);
+  for (int base = 0; base < vis; base += blockDim.x) {  // warp-aggregated slots
+    const int s = base + tid;
+    const uint32_t key = s < vis ? key_at(s) : 0u;
+    const bool above = s < vis && key > kth;
+    const unsigned ballot = __ballot_sync(0xffffffffu, above);
+    int first = 0;
+    if (lane == 0 && ballot) first = atomicAdd(&s_n_gt, __popc(ballot));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    if (above) {
+      const int slot = first + __popc(ballot & ((1u << lane) - 1u));
       sel_key[slot] = key;
       sel_idx[slot] = s;
     }
@@ -507,14 +534,25 @@ void indexer_topk(const IndexerParams& p, Stream s) {
   require(p.n_q <= 65535, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: at most 65535 queries a call, got ", p.n_q);
   require(p.cap <= (int64_t{1} << 31) - 1, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: too many rows: ", p.cap);
   const int dev = current_device();
-  const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim) * sizeof(float);
+  const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);
   if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel), tiled_bytes, dev);
-    const int64_t tiles = (std::min(p.n_rows, p.cap) + kTileRows - 1) / kTileRows;
-    const int64_t want = std::max<int64_t>(1, 2 * int64_t{sm_count_of(dev)} / p.n_q);  // ~2 CTAs an SM in all
+    const int64_t sms = sm_count_of(dev), rows = std::min(p.n_rows, p.cap);
+    const int64_t want = std::max<int64_t>(1, 2 * sms / p.n_q);  // ~2 CTAs an SM in all
+    // Few rows (fewer 64-row tiles than SMs): 32-row tiles, twice the CTAs.
+    const bool small = (rows + kMaxTileRows - 1) / kMaxTileRows * p.n_q < sms;
+    const int tile_rows = small ? kMaxTileRows / 2 : kMaxTileRows;
+    const size_t bytes = tiled_smem_floats(p.n_heads, p.dim, tile_rows) * sizeof(float);
+    const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
     const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
-    score_tiled_kernel<<<grid, kThreads, tiled_bytes, native(s)>>>(p);
+    if (small) {
+      static SmemOptIn opt_in;
+      opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<4>), bytes, dev);
+      score_tiled_kernel<4><<<grid, kThreads, bytes, native(s)>>>(p);
+    } else {
+      static SmemOptIn opt_in;
+      opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<8>), bytes, dev);
+      score_tiled_kernel<8><<<grid, kThreads, bytes, native(s)>>>(p);
+    }
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_tiled_kernel");
   } else {
     const size_t q_smem = static_cast<size_t>(p.n_heads) * p.dim * sizeof(float);
@@ -528,9 +566,12 @@ void indexer_topk(const IndexerParams& p, Stream s) {
   }
   const int64_t max_vis = std::min(p.n_rows, p.cap);
   if (max_vis <= kSmemKeysMax) {
+    // The kernel's static shared memory (32 KB) counts against the same limit: raise the dynamic
+    // limit to the most this kernel ever takes, once per device (a smaller opt-in than static +
+    // dynamic made a launch with 4099 keys fail with cudaErrorInvalidValue in GPU run 3).
     static SmemOptIn opt_in;
     const size_t keys_bytes = static_cast<size_t>(max_vis) * sizeof(uint32_t);
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true>), keys_bytes, dev);
+    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true>), static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
     topk_kernel<true><<<p.n_q, kTopkThreads, keys_bytes, native(s)>>>(p);
   } else {
     topk_kernel<false><<<p.n_q, kTopkThreads, 0, native(s)>>>(p);

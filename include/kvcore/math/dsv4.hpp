@@ -125,19 +125,26 @@ KVCORE_HD float dsv4_pool_fixed(const At& at) {
 // of one), then folded in order: the arithmetic does not depend on the batching.
 template <class At>
 KVCORE_HD float dsv4_pool_online(int n, const At& at) {
-  constexpr int kBatch = 16;
+  constexpr int kBatch = 8;
   float mx = -INFINITY, den = 0.0f, acc = 0.0f;
   for (int j0 = 0; j0 < n; j0 += kBatch) {
     float zs[kBatch], cs[kBatch];
+    if (j0 + kBatch <= n) {  // a full batch: straight-line fetches, all loads issued before any use
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int b = 0; b < kBatch; ++b) {
-      if (j0 + b < n) {
-        at(j0 + b, zs[b], cs[b]);
-      } else {  // no candidate: skipped below like a -inf logit
-        zs[b] = -INFINITY;
-        cs[b] = 0.0f;
+      for (int b = 0; b < kBatch; ++b) at(j0 + b, zs[b], cs[b]);
+    } else {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int b = 0; b < kBatch; ++b) {
+        if (j0 + b < n) {
+          at(j0 + b, zs[b], cs[b]);
+        } else {  // no candidate: skipped below like a -inf logit
+          zs[b] = -INFINITY;
+          cs[b] = 0.0f;
+        }
       }
     }
 #if defined(__CUDA_ARCH__)
