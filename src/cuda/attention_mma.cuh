@@ -218,9 +218,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   float vref[SB];  // FP8: V's running reference scale per block (0: nothing seen)
 #pragma unroll
   for (int c = 0; c < SB; ++c) vref[c] = 0.0f;
-  // FP8 fragments hold code / 256 (exact): scores and outputs take the 256 back.
-  constexpr float kFp8Unit = kFp8 ? 256.0f : 1.0f;
-  const float sl2 = p.softmax_scale * math::kLog2e * kFp8Unit;
+  const float sl2 = p.softmax_scale * math::kLog2e;
   const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, and its row
 
   for (int i = 0; i < n_steps; ++i) {
@@ -306,8 +304,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
           ldsm_x4(r, k_s + swz<S::kChunks>((mi & 1) * 8 + mr, ks + mi / 2));
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {e4m3x2_to_f16x2_div256<kPairLo>(r[2 * h]), e4m3x2_to_f16x2_div256<kPairLo>(r[2 * h + 1]),
-                                   e4m3x2_to_f16x2_div256<kPairHi>(r[2 * h]), e4m3x2_to_f16x2_div256<kPairHi>(r[2 * h + 1])};
+            const uint32_t a[4] = {e4m3x2_to_f16x2(r[2 * h]), e4m3x2_to_f16x2(r[2 * h + 1]),
+                                   e4m3x2_to_f16x2(r[2 * h] >> 16), e4m3x2_to_f16x2(r[2 * h + 1] >> 16)};
             const int c = (ks + h) / 4;
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
@@ -441,10 +439,9 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         ldsm_x4_t(r, v_s + swz<S::kChunks>((mi & 1) * 8 + mr, cc + mi / 2));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          // r[2h]: keys 2t, 2t+1 (bytes 0-1 / 2-3) at dims 2g, 2g+1; r[2h+1]: keys 2t+8, 2t+9.
-          const uint32_t a[4] = {e4m3x2_to_f16x2_div256<kPairEven>(r[2 * h]), e4m3x2_to_f16x2_div256<kPairOdd>(r[2 * h]),
-                                 e4m3x2_to_f16x2_div256<kPairEven>(r[2 * h + 1]),
-                                 e4m3x2_to_f16x2_div256<kPairOdd>(r[2 * h + 1])};
+          const uint32_t lo_tok = __byte_perm(r[2 * h], 0, 0x3120), hi_tok = __byte_perm(r[2 * h + 1], 0, 0x3120);
+          const uint32_t a[4] = {e4m3x2_to_f16x2(lo_tok), e4m3x2_to_f16x2(lo_tok >> 16), e4m3x2_to_f16x2(hi_tok),
+                                 e4m3x2_to_f16x2(hi_tok >> 16)};
           const int mt = cc + h, c = mt / 4;
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
@@ -487,7 +484,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        const float v = kFp8 ? o[mt][j][x] * (vref[mt / 4 % SB] * kFp8Unit) : o[mt][j][x];
+        const float v = kFp8 ? o[mt][j][x] * vref[mt / 4 % SB] : o[mt][j][x];
         red[(warp * kN + 8 * j + 2 * t + (x & 1)) * HD + out_dim<kFp8>(mt, x, g)] = v;
       }
   if (g == 0)

@@ -78,18 +78,13 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
   }
 }
 
-// Two E4M3 codes -> f16x2 holding code / 256, exact, by integer ops (the hardware
-// e4m3x2 -> f16x2 conversion has a low issue rate and bounded the FP8 kernel). The codes
-// are picked out of `four` by a byte-permute selector that puts them in bytes 1 and 3;
-// s eeee mmm -> s 0eeee mmm0000000 is the f16 of code * 2^-8, subnormals included. The
-// NaN codes (0x7f, 0xff) become +-1.875 (480 / 256): kvcore's quantizer never writes them.
-template <uint32_t SEL>
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_div256(uint32_t four) {
-  const uint32_t y = __byte_perm(four, 0, SEL);
-  return ((y >> 1) & 0x3f803f80u) | (y & 0x80008000u);
+// Two E4M3 codes (low byte first) -> f16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  uint32_t r;
+  memcpy(&r, &h, 4);
+  return r;
 }
-// Selectors: codes (byte 0, byte 1), (2, 3), (0, 2), (1, 3) of a word.
-constexpr uint32_t kPairLo = 0x1404, kPairHi = 0x3424, kPairEven = 0x2404, kPairOdd = 0x3414;
 
 // sin and cos of an f32 angle: Cody-Waite reduction by pi/2 in three f32 parts (FMA keeps
 // each step exact to ~1 ulp of the remainder for |a| < ~2^17 * pi), then the SFU on
