@@ -281,8 +281,9 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
   // (the names of earlier runs: the single kernel everywhere, the pipelined one, which lost on
   // every 16-bit case in run 2, only with FP8 keys, to keep the bench's device time).
   std::vector<std::pair<const char*, cli::Timing>> others;
-  std::vector<const char*> other_names{"single"};
-  if (c.fmt == Case::Fp8) other_names.push_back("pipelined");
+  // Default: the chain kernel with FP8 keys, the single tile kernel otherwise (run 4).
+  std::vector<const char*> other_names{"chain"};
+  if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
   if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
     for (const char* other : other_names)
       if (const auto ot = run_variant(other)) others.emplace_back(other, *ot);

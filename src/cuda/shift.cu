@@ -23,8 +23,10 @@
 // (n_discard >= n_moved: no overlap) deals tiles statically: no atomics, no
 // counters, no memset.
 //
-// Both tile kernels are now fallbacks: the default is the chain kernel
-// (src/cuda/shift_chain.hpp), which needs no ordering between threads at all:
+// Measured on the H200 (run 4) the chain kernel wins only with FP8 keys (51% vs 22% of
+// copy), so it is the default there; 16-bit keys and DeepSeek-V4 rows keep the single tile
+// kernel (80% / 62-70% vs the chain's 64% / 29%). The chain kernel
+// (src/cuda/shift_chain.hpp) needs no ordering between threads at all:
 // a thread owns the units at one row position u of the tokens r, r + D,
 // r + 2D, ... and walks them in order, so whatever it overwrites it has read
 // itself. No shared-memory staging, no atomics, no barriers after the first,
@@ -368,7 +370,7 @@ Kernel requested_kernel() {
   const char* v = std::getenv("KVCORE_SHIFT_KERNEL");
   if (v && std::strcmp(v, "single") == 0) return Kernel::Single;
   if (v && std::strcmp(v, "pipelined") == 0) return Kernel::Pipelined;
-  return Kernel::Chain;
+  return Kernel::Chain;  // KVCORE_SHIFT_KERNEL=chain forces it for 16-bit keys too
 }
 
 template <class Kernel>
@@ -469,6 +471,10 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
   Kernel kernel = requested_kernel();
+  // GPU run 4 (H200): the chain kernel tripled FP8-key shifts (22% -> 51% of copy) but lost to
+  // the single tile kernel on 16-bit keys (64% vs 80%) and DeepSeek-V4 rows (29% vs 62-70%):
+  // it is the default only where FP8 keys are requantized.
+  if (kernel == Kernel::Chain && !plan.any_fp8 && !std::getenv("KVCORE_SHIFT_KERNEL")) kernel = Kernel::Single;
   if (kernel == Kernel::Chain) {
     if (shift_chain::launch(plan, p.device_index, s)) return;
     kernel = Kernel::Single;  // a layout the chain kernels do not handle (or too many columns for 32 bits)

@@ -179,6 +179,11 @@ TEST(ShiftCuda, PipelinedTileKernelAgrees) {
 // The chain kernel: more columns than resident threads (several rounds per thread), a few
 // columns with very long chains, 1- and 2-byte units, mixed formats in one launch.
 TEST(ShiftCuda, ChainKernelRoundsAndChains) {
+  // 16-bit keys take the single tile kernel by default: force the chain kernel here.
+  setenv("KVCORE_SHIFT_KERNEL", "chain", 1);
+  struct Unset {
+    ~Unset() { unsetenv("KVCORE_SHIFT_KERNEL"); }
+  } unset;
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const LayerSpec s = plain(DType::BF16, DType::F16, 8, 128, RopeSpec::plain(128, 500000.0));
   run_both({s, s}, 20011, 20011, 3, 9000, 120);  // no overlap, millions of units
