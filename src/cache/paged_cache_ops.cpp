@@ -393,7 +393,7 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
   if (out != hi) s.blocks.erase(s.blocks.begin() + static_cast<std::ptrdiff_t>(out), s.blocks.begin() + static_cast<std::ptrdiff_t>(hi));
   // After the copies: a dropped block must never become a copy's target (a failed transaction
   // gives it back to the sequence with its bytes intact).
-  for (int32_t b : dropped) txn.release_block(b);
+  txn.release_blocks(dropped);
   if (raise) {
     txn.bulk_edit(std::move(bulk), -n_discard, 0);
     s.pos_offset += n_discard;
