@@ -93,6 +93,22 @@ TEST_P(KvStoreFormats, RotateQuantizePlaceMatchesF64) {
     }
     RecordProperty(std::string(kv_format_name(f)) + "_" + std::string(dtype_name(dt)) + "_worst_rel", std::to_string(worst));
     EXPECT_LE(worst, eps_of(f) + 2.4e-7 * 5000);  // f32 angles at positions up to 5000 dominate for f32
+    // From a kv_rope_angles table instead: the same bytes.
+    const std::vector<uint8_t> first_data = pool.data;
+    const std::vector<uint8_t> first_scales = pool.scales;
+    std::vector<float> ang(static_cast<size_t>(n) * t.layout.n_pairs() * 2);
+    const TensorRef angt(ang.data(), DType::F32, Device::cpu(), {n, t.layout.n_pairs(), 2});
+    kv_rope_angles(TensorRef(positions.data(), DType::I32, Device::cpu(), {n}), t, angt);
+    std::fill(pool.data.begin(), pool.data.end(), 0);
+    kv_store(src.tensor, TensorRef(slots.data(), DType::I32, Device::cpu(), {n}), pool.view,
+             TensorRef(positions.data(), DType::I32, Device::cpu(), {n}), &t, {}, angt);
+    EXPECT_EQ(pool.data, first_data) << kv_format_name(f) << ": store from the angle table differs";
+    EXPECT_EQ(pool.scales, first_scales);
+    // A table of the wrong shape is refused.
+    const TensorRef short_t(ang.data(), DType::F32, Device::cpu(), {n - 1, t.layout.n_pairs(), 2});
+    EXPECT_THROW(kv_store(src.tensor, TensorRef(slots.data(), DType::I32, Device::cpu(), {n}), pool.view,
+                          TensorRef(positions.data(), DType::I32, Device::cpu(), {n}), &t, {}, short_t),
+                 Error);
   }
 }
 

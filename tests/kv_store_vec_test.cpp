@@ -107,6 +107,29 @@ TEST_P(KvStoreVec, HostRunOfTheCudaBodiesMatchesTheCpuKernelsByteForByte) {
       ASSERT_EQ(0, std::memcmp(a.data(), b.data(), pool_bytes)) << "store";
 
       if (!sp.rotate) continue;
+      // The same from a kv_rope_angles table (the path PagedCache::append takes): the same bytes,
+      // through the CPU kernel and the host run of the CUDA body alike.
+      {
+        const int32_t np = table.layout.n_pairs();
+        std::vector<float> ang(static_cast<size_t>(n) * np * 2);
+        const TensorRef angt(ang.data(), DType::F32, Device::cpu(), {n, np, 2});
+        kv_rope_angles(TensorRef(pos.data(), DType::I32, Device::cpu(), {n}), table, angt);
+        Buffer c2(pool_bytes, Device::cpu()), d2(pool_bytes, Device::cpu());
+        std::memset(c2.data(), 0x11, pool_bytes);
+        std::memset(d2.data(), 0x11, pool_bytes);
+        KvPool pool2 = pool;
+        pool2.data = TensorRef(c2.data(), kv_format_dtype(f), Device::cpu(), {blocks, bs, H, D});
+        kv_store(srct, TensorRef(slots.data(), DType::I32, Device::cpu(), {n}), pool2,
+                 TensorRef(pos.data(), DType::I32, Device::cpu(), {n}), &table, {}, angt);
+        ASSERT_EQ(0, std::memcmp(a.data(), c2.data(), pool_bytes)) << "CPU store with angles";
+        KvStoreParams q = p;
+        q.pool = d2.data();
+        q.maybe_angles = ang.data();
+        if (f == KvFormat::F32) run_store<KvFormat::F32>(q);
+        else if (f == KvFormat::F16) run_store<KvFormat::F16>(q);
+        else run_store<KvFormat::BF16>(q);
+        ASSERT_EQ(0, std::memcmp(a.data(), d2.data(), pool_bytes)) << "vectorized store with angles";
+      }
       // Rotate 4 of the blocks by per-cell deltas (some zero) on both.
       std::vector<int32_t> delta(blocks * bs), list = {7, 0, 4, 5};
       for (auto& x : delta) x = rng() % 3 == 0 ? 0 : -static_cast<int32_t>(rng() % 50000);

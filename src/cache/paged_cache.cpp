@@ -177,6 +177,10 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
   m.meta.init(m.cfg.block_size, m.cfg.num_blocks);
   require_arg(!m.cfg.debug_mirror || device.is_cpu(), "PagedCacheConfig.debug_mirror is for CPU caches, got ", device.str());
   for (int32_t l = 0; l < m.cfg.n_layers; ++l) m.rope.push_back(make_rope_table(m.cfg.rope_for(l), m.cfg.head_dim));
+  m.shared_angles = m.cfg.rope_mode == RopeMode::RopeStored && m.rope[0].layout.n_pairs() > 0;
+  for (const math::RopeTable& t : m.rope)
+    m.shared_angles = m.shared_angles && t.layout.n_pairs() == m.rope[0].layout.n_pairs() &&
+                      std::equal(t.freq, t.freq + t.layout.n_pairs(), m.rope[0].freq);
 
   const int64_t cells_heads = m.num_cells() * m.cfg.n_kv_heads;
   auto alloc = [&](std::vector<Buffer>& v, int64_t bytes_per_row) {

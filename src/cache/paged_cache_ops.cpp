@@ -181,9 +181,18 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
       copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
       copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
       if (plain) mirror_set_cells(t.slots.as<int32_t>(), t.positions.as<int32_t>(), t.n_tokens);
-      if (k_all)
+      if (k_all) {
+        TensorRef angle_view;  // the call's angles, computed once for every layer's K
+        if (shared_angles && cfg.n_layers > 1 && t.n_tokens > 0) {
+          const int64_t np = rope[0].layout.n_pairs();
+          const size_t bytes = static_cast<size_t>(t.n_tokens) * np * 2 * sizeof(float);
+          if (angles.size() < bytes || angles.device() != dev) angles = Buffer(bytes, dev);
+          angle_view = TensorRef(angles.data(), DType::F32, dev, {t.n_tokens, np, 2});
+          kv_rope_angles(t.position_view(), rope[0], angle_view, cfg.stream);
+        }
         for (int32_t l = 0; l < cfg.n_layers; ++l)
-          store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef());
+          store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef(), angle_view);
+      }
       if (dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
     }, /*sync_dirty=*/!plain);
   } catch (...) {
@@ -192,10 +201,11 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
   }
 }
 
-void PagedCache::Impl::store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v) {
+void PagedCache::Impl::store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v,
+                                  const TensorRef& maybe_angles) {
   const bool stored = cfg.rope_mode == RopeMode::RopeStored;
   kv_store(k, t.slot_mapping(), pool(true, layer), stored ? t.position_view() : TensorRef(),
-           stored ? &rope[layer] : nullptr, cfg.stream);
+           stored ? &rope[layer] : nullptr, cfg.stream, stored ? maybe_angles : TensorRef());
   if (has_v()) kv_store(v, t.slot_mapping(), pool(false, layer), TensorRef(), nullptr, cfg.stream);
 }
 
@@ -383,7 +393,7 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
   if (out != hi) s.blocks.erase(s.blocks.begin() + static_cast<std::ptrdiff_t>(out), s.blocks.begin() + static_cast<std::ptrdiff_t>(hi));
   // After the copies: a dropped block must never become a copy's target (a failed transaction
   // gives it back to the sequence with its bytes intact).
-  for (int32_t b : dropped) txn.release_block(b);
+  txn.release_blocks(dropped);
   if (raise) {
     txn.bulk_edit(std::move(bulk), -n_discard, 0);
     s.pos_offset += n_discard;

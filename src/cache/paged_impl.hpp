@@ -21,6 +21,10 @@ struct PagedCache::Impl {
   std::vector<PagedPoolArray> arrays;
   Buffer arrays_dev;
   Buffer csr;      // block tables handed out by block_tables()
+  // append(): every layer's RoPE table has the same frequencies, so one kv_rope_angles() table
+  // of the call's positions serves all layers' K stores (f32 [n_tokens, n_pairs, 2]).
+  bool shared_angles = false;
+  Buffer angles;
   Buffer scratch;  // transient i32 lists for device kernels (every user synchronizes before returning)
   AppendTicket append_ticket;  // reused by append(): no allocation per call once it is large enough
   int64_t bytes_per_block = 0;
@@ -89,7 +93,8 @@ struct PagedCache::Impl {
   int32_t* upload_list(const std::vector<int32_t>& v);
   void reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,
                     std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
-  void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v);
+  void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v,
+                  const TensorRef& maybe_angles = {});
   void truncate_impl(SeqId id, int32_t n);
   void fold_offsets();
   void rotate_pending();  // prepare()'s second step (RopeStored)  // prepare()'s first step: every sequence's pos_offset into its cells

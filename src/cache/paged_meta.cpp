@@ -114,7 +114,26 @@ void PagedTxn::add_refs(const std::vector<int32_t>& blocks, int32_t delta) {
     m_.refcount[b] = rc + delta;
   }
   m_.shared_blocks += shared;
+  refcounts_.push_back({-static_cast<int32_t>(ref_bulk_.size()) - 1, 0});  // marker: ref_bulk_ entry, in order
   ref_bulk_.push_back({blocks, delta});
+}
+
+void PagedTxn::release_blocks(const std::vector<int32_t>& blocks) {
+  std::vector<int32_t> shared, sole;
+  for (int32_t b : blocks) {
+    require(m_.refcount[b] > 0, ErrorCode::Corrupt, "PagedCache: releasing free block ", b);
+    (m_.refcount[b] > 1 ? shared : sole).push_back(b);
+  }
+  add_refs(shared, -1);
+  if (sole.empty()) return;
+  for (int32_t b : sole) {
+    m_.refcount[b] = 0;  // 1 -> 0: shared_blocks does not change
+    if (m_.pending_flag[b]) set_pending_flag(b, 0);
+  }
+  m_.free_list.insert(m_.free_list.end(), sole.begin(), sole.end());
+  free_ops_.push_back({true, -static_cast<int32_t>(freed_bulk_.size()) - 1});
+  refcounts_.push_back({-static_cast<int32_t>(freed_bulk_.size()) - 1, 1});  // marker: back to refcount 1, in order
+  freed_bulk_.push_back(std::move(sole));
 }
 
 void PagedTxn::set_refcount(int32_t b, int32_t value) {
@@ -229,18 +248,27 @@ void PagedTxn::rollback() noexcept {
     else m_.seqs.erase(it->first);
   }
   for (auto it = free_ops_.rbegin(); it != free_ops_.rend(); ++it) {
-    if (it->first) m_.free_list.pop_back();
-    else m_.free_list.push_back(it->second);
-  }
-  for (auto it = ref_bulk_.rbegin(); it != ref_bulk_.rend(); ++it)
-    for (int32_t b : it->first) {
-      const int32_t rc = m_.refcount[b];
-      m_.shared_blocks += static_cast<int32_t>(rc - it->second > 1) - static_cast<int32_t>(rc > 1);
-      m_.refcount[b] = rc - it->second;
+    if (it->first && it->second < 0) {  // a bulk release: its blocks leave the free list
+      m_.free_list.resize(m_.free_list.size() - freed_bulk_[static_cast<size_t>(-it->second - 1)].size());
+    } else if (it->first) {
+      m_.free_list.pop_back();
+    } else {
+      m_.free_list.push_back(it->second);
     }
+  }
   for (auto it = refcounts_.rbegin(); it != refcounts_.rend(); ++it) {
-    m_.shared_blocks += static_cast<int32_t>(it->second > 1) - static_cast<int32_t>(m_.refcount[it->first] > 1);
-    m_.refcount[it->first] = it->second;
+    auto set = [this](int32_t b, int32_t value) {
+      m_.shared_blocks += static_cast<int32_t>(value > 1) - static_cast<int32_t>(m_.refcount[b] > 1);
+      m_.refcount[b] = value;
+    };
+    if (it->first >= 0) {
+      set(it->first, it->second);
+    } else if (it->second == 0) {  // add_refs
+      const auto& rec = ref_bulk_[static_cast<size_t>(-it->first - 1)];
+      for (int32_t b : rec.first) set(b, m_.refcount[b] - rec.second);
+    } else {  // release_blocks: back from 0 to 1
+      for (int32_t b : freed_bulk_[static_cast<size_t>(-it->first - 1)]) set(b, 1);
+    }
   }
   for (auto it = flags_.rbegin(); it != flags_.rend(); ++it) m_.pending_flag[it->first] = it->second;
   for (const SavedBlock& s : blocks_) {

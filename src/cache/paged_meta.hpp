@@ -87,6 +87,9 @@ class PagedTxn {
   // refcount += delta on every listed block (distinct; none may reach 0): one journal record,
   // so fork() and the release of shared blocks cost O(blocks) with a small constant.
   void add_refs(const std::vector<int32_t>& blocks, int32_t delta);
+  // release_block() of many blocks at once: those still held elsewhere lose a reference in bulk,
+  // the others go back to the free list in one journal record (shift() drops whole runs).
+  void release_blocks(const std::vector<int32_t>& blocks);
   void set_pending_flag(int32_t block, uint8_t value);
   int32_t pop_free();
   void push_free(int32_t block);
@@ -142,6 +145,8 @@ class PagedTxn {
   std::vector<std::pair<SeqId, std::optional<PagedSeq>>> seqs_;
   std::vector<Bulk> bulk_;
   std::vector<std::pair<std::vector<int32_t>, int32_t>> ref_bulk_;  // (blocks, delta)
+  std::vector<std::vector<int32_t>> freed_bulk_;  // blocks released from refcount 1, in bulk
+  // free_ops_ entries with a negative block: -(k + 1) marks freed_bulk_[k] pushed as a whole
   SeqId saved_next_id_ = 0;
   uint64_t saved_next_version_ = 0;
   bool saved_counters_ = false;

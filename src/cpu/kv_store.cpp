@@ -22,6 +22,14 @@ void pair_angles(const math::RopeTable& t, float position, float magnitude, floa
   }
 }
 
+// The same from kv_rope_angles' table (cos, sin per pair): the same floats, the same products.
+void table_angles(const float* a, int32_t n_pairs, float magnitude, float* c, float* s) {
+  for (int32_t i = 0; i < n_pairs; ++i) {
+    c[i] = a[2 * i] * magnitude;
+    s[i] = a[2 * i + 1] * magnitude;
+  }
+}
+
 void rotate_with(float* row, const math::RopeLayout& l, const float* c, const float* s) {
   for (int32_t i = 0; i < l.n_pairs(); ++i) math::rotate_pair(row[l.dim0(i)], row[l.dim1(i)], c[i], s[i]);
 }
@@ -36,7 +44,11 @@ void kv_store(const KvStoreParams& p) {
     const int32_t cell = p.slots[t];
     if (cell < 0 || cell >= p.num_cells) continue;
     float c[math::RopeTable::kMaxPairs], s[math::RopeTable::kMaxPairs];
-    if (p.maybe_positions) pair_angles(p.rope, static_cast<float>(p.maybe_positions[t]), p.rope.attention_factor, c, s);
+    if (p.maybe_angles)
+      table_angles(p.maybe_angles + static_cast<int64_t>(t) * p.rope.layout.n_pairs() * 2, p.rope.layout.n_pairs(),
+                   p.rope.attention_factor, c, s);
+    else if (p.maybe_positions)
+      pair_angles(p.rope, static_cast<float>(p.maybe_positions[t]), p.rope.attention_factor, c, s);
     for (int32_t h = 0; h < p.n_heads; ++h) {
       float row[2 * math::RopeTable::kMaxPairs];
       const int64_t base = t * p.src_token_stride + h * p.src_head_stride;
@@ -48,6 +60,17 @@ void kv_store(const KvStoreParams& p) {
       kvrow::encode_row(p.format, row, dst, scales, p.head_dim);
     }
   }
+}
+
+void kv_rope_angles(const KvAnglesParams& p) {
+  const int32_t np = p.rope.layout.n_pairs();
+  for (int32_t t = 0; t < p.n; ++t)
+    for (int32_t i = 0; i < np; ++i) {
+      float sv, cv;
+      math::sincos_f32(math::rope_angle(static_cast<float>(p.positions[t]), p.rope.freq[i]), &sv, &cv);
+      p.out[(static_cast<int64_t>(t) * np + i) * 2] = cv;
+      p.out[(static_cast<int64_t>(t) * np + i) * 2 + 1] = sv;
+    }
 }
 
 void kv_rotate_blocks(const KvRotateParams& p) {

@@ -69,7 +69,13 @@ __device__ void kv_store_row(const KvStoreParams& p, float* row, int64_t r, int 
   const int64_t base = t * p.src_token_stride + h * p.src_head_stride;
   for (int32_t d = lane; d < p.head_dim; d += 32) row[d] = kvrow::load_src(p.src, p.src_dtype, base + d);
   __syncwarp();
-  if (p.maybe_positions) {
+  if (p.maybe_angles) {
+    const float* a = p.maybe_angles + static_cast<int64_t>(t) * p.rope.layout.n_pairs() * 2;
+    const float mag = p.rope.attention_factor;
+    for (int32_t i = lane; i < p.rope.layout.n_pairs(); i += 32)
+      math::rotate_pair(row[p.rope.layout.dim0(i)], row[p.rope.layout.dim1(i)], a[2 * i] * mag, a[2 * i + 1] * mag);
+    __syncwarp();
+  } else if (p.maybe_positions) {
     warp_rotate(row, p.rope, static_cast<float>(p.maybe_positions[t]), p.rope.attention_factor, lane);
     __syncwarp();
   }
@@ -186,10 +192,8 @@ __global__ void __launch_bounds__(256) kv_store_fp8_kernel(const __grid_constant
     kvvec::load_src8(p, src + d0, x);
     kvvec::load_src8(p, src + d1, x + 8);
     if (p.maybe_positions && p.rope.layout.n_rot > 0) {
-      const float pos = static_cast<float>(p.maybe_positions[t]);
       float sn[8], cs[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * u + k]), &sn[k], &cs[k]);
+      kvvec::angles8(p, t, u, cs, sn);
       kvvec::rotate8(x, M == Fp8Mode::Contiguous, cs, sn, p.rope.attention_factor);
     }
   } else {
@@ -228,7 +232,24 @@ __global__ void __launch_bounds__(256) kv_store_fp8_kernel(const __grid_constant
   }
 }
 
+__global__ void __launch_bounds__(256) kv_rope_angles_kernel(const __grid_constant__ KvAnglesParams p) {
+  const int32_t np = p.rope.layout.n_pairs();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(p.n) * np) return;
+  const int32_t t = static_cast<int32_t>(i / np), k = static_cast<int32_t>(i % np);
+  float sv, cv;
+  math::sincos_f32(math::rope_angle(static_cast<float>(p.positions[t]), p.rope.freq[k]), &sv, &cv);
+  reinterpret_cast<float2*>(p.out)[i] = make_float2(cv, sv);
+}
+
 }  // namespace
+
+void kv_rope_angles(const KvAnglesParams& p, Stream stream) {
+  const int64_t n = static_cast<int64_t>(p.n) * p.rope.layout.n_pairs();
+  if (n == 0) return;
+  kv_rope_angles_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, native(stream)>>>(p);
+  KVCORE_CUDA_CHECK_LAUNCH("kv_rope_angles_kernel");
+}
 
 void kv_store(const KvStoreParams& p, Stream stream) {
   const int64_t rows = static_cast<int64_t>(p.n_tokens) * p.n_heads;

@@ -59,7 +59,7 @@ void check_i32_vector(std::string_view op, std::string_view name, const TensorRe
 }  // namespace
 
 void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, const TensorRef& maybe_positions,
-              const math::RopeTable* maybe_rope, Stream stream) {
+              const math::RopeTable* maybe_rope, Stream stream, const TensorRef& maybe_angles) {
   constexpr std::string_view op = "kv_store";
   check_pool(op, pool);
   const TensorRef& d = pool.data;
@@ -85,6 +85,18 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
     require_arg(maybe_positions.empty() || maybe_positions.numel() == 0 || maybe_rope != nullptr, op,
                 ": positions given without a rope table");
   }
+  const bool angles = !maybe_angles.empty() && maybe_angles.numel() > 0;
+  if (angles) {
+    require_arg(rotate, op, ": maybe_angles given without positions and a rope table that rotates");
+    checks::dtype_is(op, "maybe_angles", maybe_angles, DType::F32);
+    checks::ndim_is(op, "maybe_angles", maybe_angles, 3);
+    checks::size_is(op, "maybe_angles", maybe_angles, 0, n);
+    checks::size_is(op, "maybe_angles", maybe_angles, 1, maybe_rope->layout.n_pairs());
+    checks::size_is(op, "maybe_angles", maybe_angles, 2, 2);
+    if (!maybe_angles.is_contiguous())
+      require_arg(false, op, ": maybe_angles must be contiguous, got ", maybe_angles.describe());
+    checks::same_device(op, "maybe_angles", maybe_angles, "pool.data", d);
+  }
   if (d.device().is_cpu()) {
     const int32_t* s = slots.data_as<const int32_t>();
     for (int64_t i = 0; i < n; ++i)
@@ -108,12 +120,50 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
   p.row_width = kv_row_width(pool.format, pool.head_dim);
   p.num_cells = num_cells;
   if (rotate) p.rope = *maybe_rope;
+  if (angles) p.maybe_angles = maybe_angles.data_as<const float>();
   if (d.device().is_cpu()) {
     cpu::kv_store(p);
     return;
   }
 #if KVCORE_WITH_CUDA
   cuda::kv_store(p, stream);
+#else
+  (void)stream;
+#endif
+}
+
+void kv_rope_angles(const TensorRef& positions, const math::RopeTable& rope, const TensorRef& out, Stream stream) {
+  constexpr std::string_view op = "kv_rope_angles";
+  checks::not_null(op, "positions", positions);
+  checks::dtype_is(op, "positions", positions, DType::I32);
+  checks::ndim_is(op, "positions", positions, 1);
+  if (!positions.is_contiguous()) require_arg(false, op, ": positions must be contiguous, got ", positions.describe());
+  const int64_t n = positions.size(0);
+  require_arg(n <= INT32_MAX, op, ": at most 2^31-1 positions, got ", n);
+  const math::RopeLayout& l = rope.layout;
+  require_arg(l.n_rot >= 0 && l.n_rot % 2 == 0 && l.n_pairs() <= math::RopeTable::kMaxPairs, op,
+              ": rope.layout.n_rot must be even and <= ", 2 * math::RopeTable::kMaxPairs, ", got ", l.n_rot);
+  checks::not_null(op, "out", out);
+  checks::dtype_is(op, "out", out, DType::F32);
+  checks::ndim_is(op, "out", out, 3);
+  checks::size_is(op, "out", out, 0, n);
+  checks::size_is(op, "out", out, 1, l.n_pairs());
+  checks::size_is(op, "out", out, 2, 2);
+  if (!out.is_contiguous()) require_arg(false, op, ": out must be contiguous, got ", out.describe());
+  checks::same_device(op, "positions", positions, "out", out);
+  checks::backend_available(op, out.device());
+  if (n == 0 || l.n_pairs() == 0) return;
+  KvAnglesParams p;
+  p.positions = positions.data_as<const int32_t>();
+  p.out = out.data_as<float>();
+  p.n = static_cast<int32_t>(n);
+  p.rope = rope;
+  if (out.device().is_cpu()) {
+    cpu::kv_rope_angles(p);
+    return;
+  }
+#if KVCORE_WITH_CUDA
+  cuda::kv_rope_angles(p, stream);
 #else
   (void)stream;
 #endif

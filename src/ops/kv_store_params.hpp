@@ -22,6 +22,14 @@ struct KvStoreParams {
   int32_t n_tokens = 0, n_heads = 0, head_dim = 0, row_width = 0;
   int64_t num_cells = 0;
   math::RopeTable rope{};            // used when maybe_positions is set
+  const float* maybe_angles = nullptr;  // [n_tokens, rope.n_pairs, 2] cos, sin (unscaled); null: computed
+};
+
+struct KvAnglesParams {
+  const int32_t* positions = nullptr;  // [n]
+  float* out = nullptr;                // [n, rope.n_pairs, 2]
+  int32_t n = 0;
+  math::RopeTable rope{};
 };
 
 struct KvRotateParams {
@@ -37,11 +45,13 @@ struct KvRotateParams {
 
 namespace cpu {
 void kv_store(const KvStoreParams& p);
+void kv_rope_angles(const KvAnglesParams& p);
 void kv_rotate_blocks(const KvRotateParams& p);
 }  // namespace cpu
 
 namespace cuda {
 void kv_store(const KvStoreParams& p, Stream stream);
+void kv_rope_angles(const KvAnglesParams& p, Stream stream);
 void kv_rotate_blocks(const KvRotateParams& p, Stream stream);
 }  // namespace cuda
 

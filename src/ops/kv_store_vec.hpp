@@ -127,6 +127,22 @@ KVCORE_VEC_UNROLL
   *reinterpret_cast<Vec8<T>*>(static_cast<T*>(pool) + i) = v;
 }
 
+// cos and sin of pairs 8u .. 8u + 7 of token t: from kv_rope_angles' table when given, else computed.
+KVCORE_HD void angles8(const KvStoreParams& p, int32_t t, int32_t u, float* cs, float* sn) {
+  if (p.maybe_angles) {
+    const float* a = p.maybe_angles + (static_cast<int64_t>(t) * p.rope.layout.n_pairs() + 8 * u) * 2;
+KVCORE_VEC_UNROLL
+    for (int k = 0; k < 8; ++k) {
+      cs[k] = a[2 * k];
+      sn[k] = a[2 * k + 1];
+    }
+    return;
+  }
+  const float pos = static_cast<float>(p.maybe_positions[t]);
+KVCORE_VEC_UNROLL
+  for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * u + k]), &sn[k], &cs[k]);
+}
+
 // Units per (token, head) row of the store: groups of 8 rotated pairs + groups of 8 plain dims.
 KVCORE_HD int32_t kv_store_vec_units(const KvStoreParams& p) {
   const int32_t n_rot = p.maybe_positions ? p.rope.layout.n_rot : 0;
@@ -175,10 +191,8 @@ KVCORE_HD void kv_store_vec_unit(const KvStoreParams& p, int64_t tid) {
     load_src8(p, src + i * p.src_head_stride + d0, x[i]);
     load_src8(p, src + i * p.src_head_stride + d1, x[i] + 8);
   }
-  const float pos = static_cast<float>(p.maybe_positions[t]);
   float sn[8], cs[8];
-KVCORE_VEC_UNROLL
-  for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * u + k]), &sn[k], &cs[k]);
+  angles8(p, t, u, cs, sn);
   for (int32_t i = 0; i < nh; ++i) {
     rotate8(x[i], l.interleaved != 0, cs, sn, p.rope.attention_factor);
     store8<F>(p.pool, dst + i * p.row_width + d0, x[i]);

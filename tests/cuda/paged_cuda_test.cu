@@ -191,6 +191,25 @@ TEST(PagedCudaStore, VectorizedPathsMatchTheCpu) {
         if (diff) std::printf("[paged cuda] vectorized kv_store %s: %lld bytes differ, worst |diff|/rowmax %.3g\n", what.c_str(),
                               static_cast<long long>(diff), worst);
         EXPECT_LE(worst, 2.0 * format_eps(f) + 2e-5) << what;
+        // From a device kv_rope_angles table (PagedCache::append's path): the same bytes as the
+        // device computing its own angles; the table itself matches the CPU's.
+        const int32_t np = rope.layout.n_pairs();
+        Buffer dang(static_cast<size_t>(n) * np * 2 * sizeof(float), Device::cuda(0));
+        const TensorRef dangt(dang.data(), DType::F32, Device::cuda(0), {n, np, 2});
+        kv_rope_angles(dp, rope, dangt);
+        std::vector<float> hang(static_cast<size_t>(n) * np * 2);
+        kv_rope_angles(hp, rope, TensorRef(hang.data(), DType::F32, Device::cpu(), {n, np, 2}));
+        const std::vector<float> gang = dang.to_host<float>();
+        double worst_angle = 0;
+        for (size_t i = 0; i < hang.size(); ++i) worst_angle = std::max(worst_angle, std::abs(double(hang[i]) - gang[i]));
+        EXPECT_LE(worst_angle, 1.2e-7) << what << ": kv_rope_angles CUDA vs CPU";
+        TwinPool pool2(f, blocks, bs, H, D);
+        kv_store(ds, dsl, pool2.gpu, dp, &rope, {}, dangt);
+        synchronize(Device::cuda(0));
+        EXPECT_EQ(download(pool2.gpu.data), download(pool.gpu.data)) << what << ": store from the angle table";
+        if (kv_format_has_scales(f)) {
+          EXPECT_EQ(download(pool2.gpu.scales), download(pool.gpu.scales)) << what;
+        }
       }
     }
   }

@@ -81,8 +81,16 @@ struct KvPool {
 // Fp8 and the Dsv4Row nope dims: per 64 dims, scale = 2^ceil(log2(max(amax, 1e-4) / 448)), codes
 // e4m3(v / scale) (math/fp8.hpp); Dsv4Row's last 64 dims are stored as bf16 and the RoPE slice must
 // lie inside them. On CUDA, slot ids outside the pool are skipped (they cannot be checked on the host).
+//   maybe_angles:    f32 [n_tokens, rope.n_pairs, 2] (optional, with maybe_positions): the cos and sin
+//                    kv_rope_angles() computed for these positions and a table with the same
+//                    frequencies; the kernels then read them instead of computing them (the same
+//                    bytes result: layers that share a RoPE table compute their angles once).
 void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, const TensorRef& maybe_positions,
-              const math::RopeTable* maybe_rope, Stream stream = {});
+              const math::RopeTable* maybe_rope, Stream stream = {}, const TensorRef& maybe_angles = {});
+
+// cos and sin (math::sincos_f32 of rope_angle(position, freq[i]), unscaled) of every pair at every
+// position: positions i32 [n], out f32 [n, rope.n_pairs, 2] (cos, sin), on one device.
+void kv_rope_angles(const TensorRef& positions, const math::RopeTable& rope, const TensorRef& out, Stream stream = {});
 
 // Rotate, in place, every row of the listed blocks whose cell delta is non-zero by the angle
 // delta * freq[i] per pair (magnitude 1: a shift never re-applies the attention factor).
