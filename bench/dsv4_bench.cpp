@@ -5,7 +5,9 @@
 //    128th), one fused kernel per layer; baseline: the same work as separate ops
 //    (one launch per seed kernel), timed in the same run.
 //  - decode43+indexer: the same plus the indexer's scores and top-512 for the 21
-//    CSA layers at a given context (what HF's CSA compressor call also does).
+//    CSA layers at a given context (what HF's CSA compressor call also does; HF also
+//    rotates the indexer query, kvcore also Hadamard + FP4 rounds it), plain launches
+//    and CUDA-graph replay, and the indexer alone for one layer (graph replay).
 //  - prefill: compression of 64k tokens (one CSA compressor, its indexer, one HCA
 //    compressor), GB/s of input read + rows written against the copy ceiling.
 // HF transformers' modules doing the same work: bench/dsv4_hf_baseline.py.
