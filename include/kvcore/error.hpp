@@ -1,6 +1,7 @@
 // kvcore::Error: every failure of a public entry point. The message names the
 // argument and its value; the state the call was given is left unchanged.
 #pragma once
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,34 @@ std::string concat(Args&&... args) {
   return os.str();
 }
 }  // namespace detail
+
+// Lazy message parts: described(x) and shape_of(t) stream x.describe() / t.shape_str() only
+// when a check fails, so validation on a hot path (one attention call per layer and token)
+// builds no strings. Use them for message parts; they hold a reference, not a copy.
+template <class T>
+struct Described {
+  const T& x;
+};
+template <class T>
+Described<T> described(const T& x) {
+  return {x};
+}
+template <class T>
+std::ostream& operator<<(std::ostream& os, const Described<T>& d) {
+  return os << d.x.describe();
+}
+template <class T>
+struct ShapeOf {
+  const T& x;
+};
+template <class T>
+ShapeOf<T> shape_of(const T& x) {
+  return {x};
+}
+template <class T>
+std::ostream& operator<<(std::ostream& os, const ShapeOf<T>& d) {
+  return os << d.x.shape_str();
+}
 
 // require(cond, code, "what", value, ...): throw Error(code, concatenated message) unless cond.
 template <class... Args>

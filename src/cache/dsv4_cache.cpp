@@ -98,7 +98,7 @@ void Dsv4CacheConfig::validate() const {
   } else {
     compressed_rope.validate(head_dim);
     KVCORE_DSV4_CHECK(compressed_rope.n_rot == n_rot && compressed_rope.slice == RopeSlice::Tail, w,
-                ".compressed_rope must rotate the tail n_rot = ", n_rot, " dims, got ", compressed_rope.describe());
+                ".compressed_rope must rotate the tail n_rot = ", n_rot, " dims, got ", described(compressed_rope));
   }
 }
 
@@ -180,10 +180,10 @@ void check_weight(const char* name, const TensorRef& t, std::initializer_list<in
   KVCORE_DSV4_CHECK(t.dtype() == DType::F32 || (allow_f16 && t.dtype() == DType::F16), "Dsv4Cache::set_weights: ", name,
               " must be f32", allow_f16 ? " or f16" : "", ", got ", dtype_name(t.dtype()));
   KVCORE_DSV4_CHECK(t.ndim() == static_cast<int>(shape.size()), "Dsv4Cache::set_weights: ", name, " must have ", shape.size(),
-              " dims, got ", t.describe());
+              " dims, got ", described(t));
   int d = 0;
   for (int64_t s : shape) {
-    KVCORE_DSV4_CHECK(t.size(d) == s, "Dsv4Cache::set_weights: ", name, ".shape[", d, "] must be ", s, ", got ", t.describe());
+    KVCORE_DSV4_CHECK(t.size(d) == s, "Dsv4Cache::set_weights: ", name, ".shape[", d, "] must be ", s, ", got ", described(t));
     ++d;
   }
   KVCORE_DSV4_CHECK(t.is_contiguous(), "Dsv4Cache::set_weights: ", name, " must be contiguous");
@@ -296,7 +296,7 @@ namespace {
 void check_input(const char* name, const TensorRef& t, int64_t n, int64_t width, Device d) {
   KVCORE_DSV4_CHECK(t.data() != nullptr, "Dsv4Cache::append: ", name, " is missing");
   KVCORE_DSV4_CHECK(t.ndim() == 2 && t.dtype() == DType::F32 && t.size(0) == n && t.size(1) == width, "Dsv4Cache::append: ",
-              name, " must be f32[", n, ", ", width, "], got ", t.describe());
+              name, " must be f32[", n, ", ", width, "], got ", described(t));
   KVCORE_DSV4_CHECK(t.stride(1) == 1 && t.stride(0) >= 0, "Dsv4Cache::append: ", name, " needs unit stride in its last dim");
   KVCORE_DSV4_CHECK(t.device() == d, "Dsv4Cache::append: ", name, " is on ", t.device().str(), ", the cache on ", d.str());
 }
@@ -315,9 +315,9 @@ void Dsv4Cache::append(int32_t seq, int32_t layer, int64_t pos, const Dsv4TokenI
   KVCORE_DSV4_CHECK(pos == len, "Dsv4Cache::append: seq ", seq, " layer ", layer, " holds ", len,
               " tokens, so the next position is ", len, "; got pos ", pos, pos < len ? " (repeats)" : " (skips)");
   KVCORE_DSV4_CHECK(in.kv.data() != nullptr && in.kv.ndim() == 2, "Dsv4Cache::append: kv must be f32[n, ", cfg_.head_dim, "], got ",
-              in.kv.describe());
+              described(in.kv));
   const int64_t n = in.kv.size(0);
-  KVCORE_DSV4_CHECK(n >= 1, "Dsv4Cache::append: at least one token, got kv ", in.kv.describe());
+  KVCORE_DSV4_CHECK(n >= 1, "Dsv4Cache::append: at least one token, got kv ", described(in.kv));
   KVCORE_DSV4_CHECK(pos + n <= cfg_.max_context, "Dsv4Cache::append: positions up to ", pos + n - 1, " exceed max_context ",
               cfg_.max_context);
   check_input("kv", in.kv, n, cfg_.head_dim, device_);
@@ -445,7 +445,7 @@ void Dsv4Cache::indexer_topk(int32_t seq, int32_t layer, const TensorRef& q, con
   check_seq_layer("indexer_topk", seq, layer);
   KVCORE_DSV4_CHECK(layers_[layer].kind == Dsv4LayerKind::CSA, "Dsv4Cache::indexer_topk: layer ", layer, " is not a CSA layer");
   KVCORE_DSV4_CHECK(q.ndim() == 3 && q.size(1) == cfg_.index_heads && q.size(2) == cfg_.index_dim, "Dsv4Cache::indexer_topk: q must be [n, ",
-              cfg_.index_heads, ", ", cfg_.index_dim, "], got ", q.describe());
+              cfg_.index_heads, ", ", cfg_.index_dim, "], got ", described(q));
   KVCORE_DSV4_CHECK(first_query_pos >= 0 && first_query_pos + q.size(0) <= length(seq, layer), "Dsv4Cache::indexer_topk: queries at ",
               first_query_pos, "..", first_query_pos + q.size(0) - 1, " must be tokens already appended (",
               length(seq, layer), ")");

@@ -219,7 +219,7 @@ void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const Ten
     const int64_t vw[4] = {m.cfg.n_layers, n, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 4, vw, m.dev);
   } else {
-    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", v.describe());
+    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
   }
   const SeqId ids[1] = {seq};
   const int32_t counts[1] = {static_cast<int32_t>(n)};
@@ -263,7 +263,7 @@ void PagedCache::store(const AppendTicket& t, int32_t layer, const TensorRef& k,
     const int64_t vw[3] = {t.n_tokens, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 3, vw, m.dev);
   } else {
-    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", v.describe());
+    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
   }
   if (t.n_tokens == 0) return;
   m.store_rows(t, layer, k, v);

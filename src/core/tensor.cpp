@@ -31,7 +31,7 @@ TensorRef::TensorRef(void* data, DType dtype, Device device, std::initializer_li
 
 TensorRef TensorRef::of(const Buffer& buffer, DType dtype, std::initializer_list<int64_t> shape) {
   TensorRef t(buffer.data(), dtype, buffer.device(), shape);
-  require_arg(static_cast<size_t>(t.span_bytes()) <= buffer.size(), "TensorRef::of: shape ", t.shape_str(), " of ",
+  require_arg(static_cast<size_t>(t.span_bytes()) <= buffer.size(), "TensorRef::of: shape ", shape_of(t), " of ",
               dtype_name(dtype), " needs ", t.span_bytes(), " bytes, buffer has ", buffer.size());
   return t;
 }

@@ -82,9 +82,9 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   checks::same_device(op, "q", q, "out", out);
   require_arg(n_rows >= 1, op, ": the batch is empty (q has ", q.size(0), " rows)");
   for (int d = 0; d < 3; ++d)
-    require_arg(out.size(d) == q.size(d), op, ": out must have q's shape ", q.shape_str(), ", got ", out.describe());
+    require_arg(out.size(d) == q.size(d), op, ": out must have q's shape ", shape_of(q), ", got ", described(out));
   const int64_t n_q_heads = q.size(1), head_dim = q.size(2);
-  require_arg(n_q_heads >= 1, op, ": q must have at least one head, got ", q.describe());
+  require_arg(n_q_heads >= 1, op, ": q must have at least one head, got ", described(q));
 
   // ---- pools
   ops::attn::check_pools(op, kv, dev, head_dim, n_q_heads, v.p);
@@ -97,7 +97,7 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   checks::ndim_is(op, "table.indptr", table.indptr, 1);
   checks::dtype_is(op, "table.indptr", table.indptr, DType::I32);
   checks::same_device(op, "q", q, "table.indptr", table.indptr);
-  require_arg(batch >= 1, op, ": table.indptr must have batch + 1 >= 2 entries, got ", table.indptr.describe());
+  require_arg(batch >= 1, op, ": table.indptr must have batch + 1 >= 2 entries, got ", described(table.indptr));
   require_arg(table.indptr.is_contiguous(), op, ": table.indptr must be contiguous");
   checks::not_null(op, "table.last_page_len", table.last_page_len);
   checks::ndim_is(op, "table.last_page_len", table.last_page_len, 1);

@@ -47,11 +47,11 @@ void attention_dsv4_decode(const Dsv4AttentionArgs& a, const TensorRef& out) {
   ops::attn::check_float_tensor(kOp, "out", out, 3);
   checks::same_device(kOp, "q", a.q, "out", out);
   const int64_t n_rows = a.q.size(0), n_heads = a.q.size(1);
-  require_arg(n_rows >= 1, kOp, ": the batch is empty (q is ", a.q.describe(), ")");
-  require_arg(n_heads >= 1, kOp, ": q must have at least one head, got ", a.q.describe());
-  require_arg(a.q.size(2) == kDim, kOp, ": q must have head_dim 512, got ", a.q.describe());
+  require_arg(n_rows >= 1, kOp, ": the batch is empty (q is ", described(a.q), ")");
+  require_arg(n_heads >= 1, kOp, ": q must have at least one head, got ", described(a.q));
+  require_arg(a.q.size(2) == kDim, kOp, ": q must have head_dim 512, got ", described(a.q));
   for (int d = 0; d < 3; ++d)
-    require_arg(out.size(d) == a.q.size(d), kOp, ": out must have q's shape ", a.q.shape_str(), ", got ", out.describe());
+    require_arg(out.size(d) == a.q.size(d), kOp, ": out must have q's shape ", shape_of(a.q), ", got ", described(out));
 
   checks::not_null(kOp, "window_kv", a.window_kv);
   checks::ndim_is(kOp, "window_kv", a.window_kv, 3);

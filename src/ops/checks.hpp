@@ -14,11 +14,11 @@ inline void dtype_is(std::string_view op, std::string_view name, const TensorRef
 
 // Messages are built only on failure: these run on every op call of a decode loop.
 inline void ndim_is(std::string_view op, std::string_view name, const TensorRef& t, int want) {
-  if (t.ndim() != want) require_arg(false, op, ": ", name, " must have ", want, " dims, got ", t.describe());
+  if (t.ndim() != want) require_arg(false, op, ": ", name, " must have ", want, " dims, got ", described(t));
 }
 
 inline void size_is(std::string_view op, std::string_view name, const TensorRef& t, int dim, int64_t want) {
-  if (t.size(dim) != want) require_arg(false, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", t.describe());
+  if (t.size(dim) != want) require_arg(false, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", described(t));
 }
 
 inline void same_device(std::string_view op, std::string_view a_name, const TensorRef& a, std::string_view b_name,

@@ -35,13 +35,13 @@ void dsv4_kv_finalize(const TensorRef& kv, const TensorRef& raw_ring, int64_t fi
   constexpr string_view op = "dsv4_kv_finalize";
   ndim_is(op, "kv", kv, 2);
   const int64_t head_dim = kv.size(1);
-  KVCORE_DSV4_CHECK(head_dim > 0 && head_dim <= 65536, op, ": kv head_dim must be in [1, 65536], got ", kv.describe());
+  KVCORE_DSV4_CHECK(head_dim > 0 && head_dim <= 65536, op, ": kv head_dim must be in [1, 65536], got ", described(kv));
   check_matrix(op, "kv", kv, DType::F32, -1, head_dim);
   ndim_is(op, "raw_ring", raw_ring, 2);
   KVCORE_DSV4_CHECK(raw_ring.dtype() == DType::F32 || raw_ring.dtype() == DType::F16, op, ": raw_ring must be f32 or f16, got ",
               dtype_name(raw_ring.dtype()));
   check_matrix(op, "raw_ring", raw_ring, raw_ring.dtype(), -1, head_dim);
-  KVCORE_DSV4_CHECK(raw_ring.size(0) > 0, op, ": raw_ring must have at least one row, got ", raw_ring.describe());
+  KVCORE_DSV4_CHECK(raw_ring.size(0) > 0, op, ": raw_ring must have at least one row, got ", described(raw_ring));
   same_device(op, "kv", kv, "raw_ring", raw_ring);
   KVCORE_DSV4_CHECK(n_rot >= 0 && n_rot <= head_dim, op, ": n_rot must be in [0, ", head_dim, "], got ", n_rot);
   KVCORE_DSV4_CHECK(first_raw_row >= 0, op, ": first_raw_row must be >= 0, got ", first_raw_row);
@@ -193,11 +193,11 @@ void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const Tenso
   innermost_contiguous(op, "q", q);
   non_negative_strides(op, "q", q);
   const int64_t n_q = q.size(0), n_heads = q.size(1), dim = q.size(2);
-  KVCORE_DSV4_CHECK(n_heads > 0 && dim > 0, op, ": q must have heads and dims, got ", q.describe());
+  KVCORE_DSV4_CHECK(n_heads > 0 && dim > 0, op, ": q must have heads and dims, got ", described(q));
   if (quant == Dsv4Quant::On)
     KVCORE_DSV4_CHECK(dim <= 1024 && (dim & (dim - 1)) == 0 && dim % math::kFp4Block == 0, op,
                 ": with quant On the indexer dim must be a power of two in [32, 1024], got ", dim);
-  KVCORE_DSV4_CHECK(dim <= 1024 && n_heads <= 256, op, ": indexer limits: dim <= 1024 and heads <= 256, got ", q.describe());
+  KVCORE_DSV4_CHECK(dim <= 1024 && n_heads <= 256, op, ": indexer limits: dim <= 1024 and heads <= 256, got ", described(q));
   check_matrix(op, "weights", weights, DType::F32, n_q, n_heads);
   ndim_is(op, "index_rows", index_rows, 2);
   if (index_rows.dtype() == DType::U8) {

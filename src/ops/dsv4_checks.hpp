@@ -26,10 +26,10 @@ inline void dtype_is(string_view op, string_view name, const TensorRef& t, DType
   KVCORE_DSV4_CHECK(t.dtype() == want, op, ": ", name, " must be ", dtype_name(want), ", got ", dtype_name(t.dtype()));
 }
 inline void ndim_is(string_view op, string_view name, const TensorRef& t, int want) {
-  KVCORE_DSV4_CHECK(t.ndim() == want, op, ": ", name, " must have ", want, " dims, got ", t.describe());
+  KVCORE_DSV4_CHECK(t.ndim() == want, op, ": ", name, " must have ", want, " dims, got ", described(t));
 }
 inline void size_is(string_view op, string_view name, const TensorRef& t, int dim, int64_t want) {
-  KVCORE_DSV4_CHECK(t.size(dim) == want, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", t.describe());
+  KVCORE_DSV4_CHECK(t.size(dim) == want, op, ": ", name, ".shape[", dim, "] must be ", want, ", got ", described(t));
 }
 inline void same_device(string_view op, string_view a_name, const TensorRef& a, string_view b_name, const TensorRef& b) {
   KVCORE_DSV4_CHECK(a.device() == b.device(), op, ": ", a_name, " is on ", a.device().str(), " but ", b_name, " is on ",

@@ -44,7 +44,7 @@ void dsv4_decode_layer(const TensorRef& kv, const TensorRef& raw_ring, int32_t n
   ndim_is(op, "kv", kv, 2);
   size_is(op, "kv", kv, 0, 1);
   const int64_t hd = kv.size(1);
-  KVCORE_DSV4_CHECK(hd > 0 && hd <= 4096, op, ": kv head_dim must be in [1, 4096], got ", kv.describe());
+  KVCORE_DSV4_CHECK(hd > 0 && hd <= 4096, op, ": kv head_dim must be in [1, 4096], got ", described(kv));
   check_matrix(op, "kv", kv, DType::F32, 1, hd);
   ndim_is(op, "raw_ring", raw_ring, 2);
   KVCORE_DSV4_CHECK(raw_ring.dtype() == DType::F32 || raw_ring.dtype() == DType::F16, op, ": raw_ring must be f32 or f16, got ",

@@ -21,7 +21,7 @@ bool is_float_row_dtype(DType t) { return t == DType::F32 || t == DType::F16 || 
 void check_rows_tensor(std::string_view op, std::string_view name, const TensorRef& t) {
   checks::not_null(op, name, t);
   require_arg(t.ndim() >= 1 && t.ndim() <= 4, op, ": ", name, " must have 1 to 4 dims (rows..., cols), got ",
-              t.describe());
+              described(t));
   checks::non_negative_strides(op, name, t);
   require_arg(reinterpret_cast<uintptr_t>(t.data()) % t.element_size() == 0, op, ": ", name, " data pointer ",
               t.data(), " is not aligned to its ", t.element_size(), "-byte elements");
@@ -40,13 +40,13 @@ void check_same_rows(std::string_view op, std::string_view name, const TensorRef
                      const TensorRef& ref) {
   bool same = t.ndim() == ref.ndim();
   for (int d = 0; same && d + 1 < t.ndim(); ++d) same = t.size(d) == ref.size(d);
-  require_arg(same, op, ": ", name, " ", t.describe(), " must have the row dims of ", ref_name, " ", ref.describe());
+  require_arg(same, op, ": ", name, " ", described(t), " must have the row dims of ", ref_name, " ", described(ref));
 }
 
 void check_last_dim(std::string_view op, std::string_view name, const TensorRef& t, int64_t want,
                     std::string_view why) {
   require_arg(t.size(t.ndim() - 1) == want, op, ": ", name, " must have ", want, " columns (", why, "), got ",
-              t.describe());
+              described(t));
 }
 
 bool spans_overlap(const TensorRef& a, const TensorRef& b) {
@@ -65,8 +65,8 @@ bool same_view(const TensorRef& a, const TensorRef& b) {
 
 void check_no_overlap(std::string_view op, std::string_view in_name, const TensorRef& in, std::string_view out_name,
                       const TensorRef& out) {
-  require_arg(!spans_overlap(in, out), op, ": ", out_name, " (", out.describe(), " at ", out.data(),
-              ") overlaps ", in_name, " (", in.describe(), " at ", in.data(), ")");
+  require_arg(!spans_overlap(in, out), op, ": ", out_name, " (", described(out), " at ", out.data(),
+              ") overlaps ", in_name, " (", described(in), " at ", in.data(), ")");
 }
 
 void check_device(std::string_view op, std::string_view a_name, const TensorRef& a, std::string_view b_name,
@@ -165,8 +165,8 @@ void fp8_round_trip_rows(const TensorRef& src, const TensorRef& dst, int n_rot, 
   checks::dtype_is(op, "src", src, DType::F32);
   checks::dtype_is(op, "dst", dst, DType::F32);
   check_device(op, "src", src, "dst", dst);
-  require_arg(src.ndim() == dst.ndim() && src.shape_str() == dst.shape_str(), op, ": dst ", dst.describe(),
-              " must have the shape of src ", src.describe());
+  require_arg(src.ndim() == dst.ndim() && src.shape_str() == dst.shape_str(), op, ": dst ", described(dst),
+              " must have the shape of src ", described(src));
   check_writable(op, "dst", dst);
   const int32_t cols = checked_cols(op, "src", src);
   check_n_rot(op, n_rot, cols);

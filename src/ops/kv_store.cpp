@@ -14,7 +14,7 @@ void check_pool(std::string_view op, const KvPool& pool) {
   checks::ndim_is(op, "pool.data", d, 4);
   checks::dtype_is(op, "pool.data", d, kv_format_dtype(pool.format));
   // Messages that format a tensor are built only on failure (this runs once per layer per step).
-  if (!d.is_contiguous()) require_arg(false, op, ": pool.data must be contiguous, got ", d.describe());
+  if (!d.is_contiguous()) require_arg(false, op, ": pool.data must be contiguous, got ", described(d));
   require_arg(pool.head_dim > 0 && pool.head_dim <= 2 * math::RopeTable::kMaxPairs, op, ": pool.head_dim must be in [1, ",
               2 * math::RopeTable::kMaxPairs, "], got ", pool.head_dim);
   if (pool.format == KvFormat::Dsv4Row)
@@ -28,7 +28,7 @@ void check_pool(std::string_view op, const KvPool& pool) {
     checks::ndim_is(op, "pool.scales", s, 4);
     require_arg(s.dtype() == DType::UE8M0 || s.dtype() == DType::U8, op, ": pool.scales must be ue8m0 or u8, got ",
                 dtype_name(s.dtype()));
-    if (!s.is_contiguous()) require_arg(false, op, ": pool.scales must be contiguous, got ", s.describe());
+    if (!s.is_contiguous()) require_arg(false, op, ": pool.scales must be contiguous, got ", described(s));
     for (int i = 0; i < 3; ++i) checks::size_is(op, "pool.scales", s, i, d.size(i));
     checks::size_is(op, "pool.scales", s, 3, pool.head_dim / 64);
     checks::same_device(op, "pool.data", d, "pool.scales", s);
@@ -52,7 +52,7 @@ void check_i32_vector(std::string_view op, std::string_view name, const TensorRe
   checks::dtype_is(op, name, t, DType::I32);
   checks::ndim_is(op, name, t, 1);
   checks::size_is(op, name, t, 0, n);
-  if (!t.is_contiguous()) require_arg(false, op, ": ", name, " must be contiguous, got ", t.describe());
+  if (!t.is_contiguous()) require_arg(false, op, ": ", name, " must be contiguous, got ", described(t));
   checks::same_device(op, name, t, "pool.data", like);
 }
 
@@ -94,7 +94,7 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
     checks::size_is(op, "maybe_angles", maybe_angles, 1, maybe_rope->layout.n_pairs());
     checks::size_is(op, "maybe_angles", maybe_angles, 2, 2);
     if (!maybe_angles.is_contiguous())
-      require_arg(false, op, ": maybe_angles must be contiguous, got ", maybe_angles.describe());
+      require_arg(false, op, ": maybe_angles must be contiguous, got ", described(maybe_angles));
     checks::same_device(op, "maybe_angles", maybe_angles, "pool.data", d);
   }
   if (d.device().is_cpu()) {
@@ -137,7 +137,7 @@ void kv_rope_angles(const TensorRef& positions, const math::RopeTable& rope, con
   checks::not_null(op, "positions", positions);
   checks::dtype_is(op, "positions", positions, DType::I32);
   checks::ndim_is(op, "positions", positions, 1);
-  if (!positions.is_contiguous()) require_arg(false, op, ": positions must be contiguous, got ", positions.describe());
+  if (!positions.is_contiguous()) require_arg(false, op, ": positions must be contiguous, got ", described(positions));
   const int64_t n = positions.size(0);
   require_arg(n <= INT32_MAX, op, ": at most 2^31-1 positions, got ", n);
   const math::RopeLayout& l = rope.layout;
@@ -149,7 +149,7 @@ void kv_rope_angles(const TensorRef& positions, const math::RopeTable& rope, con
   checks::size_is(op, "out", out, 0, n);
   checks::size_is(op, "out", out, 1, l.n_pairs());
   checks::size_is(op, "out", out, 2, 2);
-  if (!out.is_contiguous()) require_arg(false, op, ": out must be contiguous, got ", out.describe());
+  if (!out.is_contiguous()) require_arg(false, op, ": out must be contiguous, got ", described(out));
   checks::same_device(op, "positions", positions, "out", out);
   checks::backend_available(op, out.device());
   if (n == 0 || l.n_pairs() == 0) return;
@@ -178,7 +178,7 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
   checks::not_null(op, "blocks", blocks);
   checks::dtype_is(op, "blocks", blocks, DType::I32);
   checks::ndim_is(op, "blocks", blocks, 1);
-  if (!blocks.is_contiguous()) require_arg(false, op, ": blocks must be contiguous, got ", blocks.describe());
+  if (!blocks.is_contiguous()) require_arg(false, op, ": blocks must be contiguous, got ", described(blocks));
   checks::same_device(op, "blocks", blocks, "pool.data", d);
   require_arg(blocks.size(0) <= d.size(0), op, ": ", blocks.size(0), " blocks listed for a pool of ", d.size(0));
   checks::not_null(op, "cell_delta", cell_delta);
@@ -187,7 +187,7 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
   checks::size_is(op, "cell_delta", cell_delta, 0, d.size(0));
   checks::size_is(op, "cell_delta", cell_delta, 1, d.size(1));
   if (!cell_delta.is_contiguous())
-    require_arg(false, op, ": cell_delta must be contiguous, got ", cell_delta.describe());
+    require_arg(false, op, ": cell_delta must be contiguous, got ", described(cell_delta));
   checks::same_device(op, "cell_delta", cell_delta, "pool.data", d);
   if (d.device().is_cpu()) {
     const int32_t* b = blocks.data_as<const int32_t>();

@@ -78,18 +78,18 @@ void run(const TensorRef& x, const TensorRef& positions, const math::RopeTable& 
       const auto* xb = static_cast<const char*>(x.data());
       const auto* ob = static_cast<const char*>(out.data());
       const bool overlap = xb < ob + out.span_bytes() && ob < xb + x.span_bytes();
-      require_arg(!overlap, kOp, ": out ", out.describe(), " overlaps x ", x.describe(),
+      require_arg(!overlap, kOp, ": out ", described(out), " overlaps x ", described(x),
                   " without being the same view (pass x itself to rotate in place)");
     }
   }
   const TensorRef& written = in_place ? x : out;
-  require_arg(rows_disjoint(written), kOp, ": the rows of ", in_place ? "x" : "out", " ", written.describe(),
+  require_arg(rows_disjoint(written), kOp, ": the rows of ", in_place ? "x" : "out", " ", described(written),
               " with strides [", written.stride(0), ", ", written.stride(1), ", 1] overlap, so writes would race");
   if (written.numel() > 0 && positions.numel() > 0) {
     const auto* wb = static_cast<const char*>(written.data());
     const auto* pb = static_cast<const char*>(positions.data());
     require_arg(!(pb < wb + written.span_bytes() && wb < pb + positions.span_bytes()), kOp, ": positions ",
-                positions.describe(), " overlap the rows being written");
+                described(positions), " overlap the rows being written");
   }
   checks::backend_available(kOp, x.device());
   if (tokens == 0 || heads == 0) return;
@@ -125,7 +125,7 @@ void run(const TensorRef& x, const TensorRef& positions, const math::RopeTable& 
 }
 
 math::RopeTable table_for(const RopeSpec& spec, const TensorRef& x) {
-  require_arg(x.ndim() == 3, kOp, ": x must have 3 dims [tokens, heads, head_dim], got ", x.describe());
+  require_arg(x.ndim() == 3, kOp, ": x must have 3 dims [tokens, heads, head_dim], got ", described(x));
   require_arg(x.size(2) <= (int64_t{1} << 30), kOp, ": head_dim = ", x.size(2), " is too large");
   return make_rope_table(spec, static_cast<int>(x.size(2)));  // validates the spec against head_dim
 }

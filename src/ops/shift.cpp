@@ -29,10 +29,10 @@ void check_row_strides(const std::string& name, const TensorRef& t, int64_t n_he
   // for 32-64 tensors would cost more host time than a small shift takes on the GPU.
   if (t.ndim() == 3 && !(t.size(1) <= 1 || t.stride(1) == row_elems / n_heads))
     require_arg(false, "shift: ", name, ".stride[1] must be ", row_elems / n_heads, " (heads packed in a token), got ",
-                t.stride(1), " for ", t.describe());
+                t.stride(1), " for ", described(t));
   if (!(t.size(0) <= 1 || t.stride(0) >= row_elems))
     require_arg(false, "shift: ", name, ".stride[0] = ", t.stride(0), " is smaller than one token's ", row_elems,
-                " elements: rows would overlap in ", t.describe());
+                " elements: rows would overlap in ", described(t));
 }
 
 struct KInfo {
@@ -77,10 +77,10 @@ KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& s
     p.kind = dt == DType::F32 ? ShiftKind::F32 : dt == DType::F16 ? ShiftKind::F16 : dt == DType::BF16 ? ShiftKind::BF16 : ShiftKind::Fp8;
   } else if (dt == DType::U8) {
     if (!(k.ndim() == 2 || k.ndim() == 3))
-      require_arg(false, "shift: ", name, ".k (DeepSeek-V4 rows) must be u8 [capacity, 584] or [capacity, n_kv_heads, 584], got ", k.describe());
+      require_arg(false, "shift: ", name, ".k (DeepSeek-V4 rows) must be u8 [capacity, 584] or [capacity, n_kv_heads, 584], got ", described(k));
     if (k.size(k.ndim() - 1) != math::Dsv4RowLayout::kBytes)
       require_arg(false, "shift: ", name, ".k (DeepSeek-V4 rows) must have ", math::Dsv4RowLayout::kBytes,
-                  " bytes per row, got ", k.describe());
+                  " bytes per row, got ", described(k));
     info.head_dim = math::Dsv4RowLayout::kHeadDim;
     p.kind = ShiftKind::Dsv4;
   } else {
@@ -90,7 +90,7 @@ KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& s
   info.n_heads = k.ndim() == 3 ? k.size(1) : 1;
   const int64_t head_elems = p.kind == ShiftKind::Dsv4 ? math::Dsv4RowLayout::kBytes : info.head_dim;
   check_row_strides(name + ".k", k, info.n_heads, info.n_heads * head_elems);
-  if (!(info.n_heads > 0 && info.head_dim > 0)) require_arg(false, "shift: ", name, ".k has no heads or no dims: ", k.describe());
+  if (!(info.n_heads > 0 && info.head_dim > 0)) require_arg(false, "shift: ", name, ".k has no heads or no dims: ", described(k));
   try {
     if (maybe_cache && maybe_cache->valid && maybe_cache->head_dim == info.head_dim && same_rotation(maybe_cache->spec, rope)) {
       info.table = maybe_cache->table;
@@ -105,7 +105,7 @@ KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& s
   const math::RopeLayout& l = info.table.layout;
   if (p.kind == ShiftKind::Dsv4 && l.first_dim < math::Dsv4RowLayout::kNope)
     require_arg(false, "shift: ", name, ".rope rotates dims [", l.first_dim, ", ", l.first_dim + l.n_rot,
-                ") but a DeepSeek-V4 row keeps only dims [448, 512) in bf16 (", rope.describe(), ")");
+                ") but a DeepSeek-V4 row keeps only dims [448, 512) in bf16 (", described(rope), ")");
   p.base = static_cast<uint8_t*>(k.data());
   p.token_stride = k.stride(0) * static_cast<int64_t>(k.element_size());
   if (p.kind == ShiftKind::Dsv4)  // the bf16 tail is read as 16-bit values
@@ -122,7 +122,7 @@ KInfo describe_k(const std::string& name, const TensorRef& k, const TensorRef& s
     const int64_t nb = info.head_dim / math::kFp8Block;
     if (!(scales.size(0) == info.capacity && scales.size(1) == info.n_heads && scales.size(2) == nb))
       require_arg(false, "shift: ", name, ".maybe_k_scales must be [", info.capacity, ", ", info.n_heads, ", ", nb, "] for ",
-                  k.describe(), ", got ", scales.describe());
+                  described(k), ", got ", described(scales));
     check_row_strides(name + ".maybe_k_scales", scales, info.n_heads, info.n_heads * nb);
     if (scales.device() != k.device()) checks::same_device("shift", name + ".k", k, name + ".maybe_k_scales", scales);
     p.maybe_scales = static_cast<uint8_t*>(scales.data());
