@@ -31,6 +31,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   __shared__ float w[kMaxSplits];
   __shared__ float row[512];
   __shared__ float inv_s;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the decode kernel: wait here until its
+  // partials are complete and visible (a no-op when launched plainly).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int rh = blockIdx.x;
   const int r = rh / a.n_heads, h = rh % a.n_heads;
   const float* lse = a.lse_part + int64_t{rh} * a.splits;
@@ -78,8 +83,18 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
                                                            " beyond the kernel's limits (1024 / 512)"));
   const int64_t blocks = int64_t{a.n_rows} * a.n_heads;
   if (blocks == 0) return;
-  merge_kernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(a);
-  KVCORE_CUDA_CHECK_LAUNCH("attention merge_kernel");
+  // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
+  // kernel drains, instead of after it (the launch latency leaves the critical path).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kMergeThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, a));
 }
 
 }  // namespace attn
@@ -162,6 +177,7 @@ void attention_paged(const PagedAttentionParams& p) {
   cudaStream_t stream = kvcore::cuda::native(p.stream);
   if (mma_attn::serves(p)) {
     mma_attn::launch(p, stream);
+    if (mma_attn::writes_output_directly(p)) return;
   } else {
     const int G = heads_per_cta(hd, p.kv_elem, p.group);
     const int chunks = (p.group + G - 1) / G;

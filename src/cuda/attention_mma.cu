@@ -1,5 +1,8 @@
 // Launchers of the tensor-core decode kernel (attention_mma.cuh): which calls it
 // serves, its occupancy for the split-K choice, and the launch.
+#include <cstdlib>
+#include <string>
+
 #include "cuda/attention_mma.cuh"
 #include "cuda/attention_mma.hpp"
 
@@ -8,7 +11,7 @@ namespace kvcore::ops::cuda::mma_attn {
 namespace {
 
 template <int HD, math::KvElem KV, bool ROPE, int NT>
-void launch_nt(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream,
+void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
                int* blocks_per_sm) {
   constexpr int kSmem = Shape<HD, KV, ROPE, NT>::kSmemBytes;
   static const bool attr_set = [] {
@@ -22,14 +25,15 @@ void launch_nt(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_h
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mma_decode_kernel<HD, KV, ROPE, NT>, kThreads, kSmem));
     return;
   }
-  mma_decode_kernel<HD, KV, ROPE, NT><<<grid, kThreads, kSmem, stream>>>(p, chunks, chunk_heads);
+  const unsigned n_ctas = static_cast<unsigned>(int64_t{grid.gx} * grid.gy);
+  mma_decode_kernel<HD, KV, ROPE, NT><<<n_ctas, kThreads, kSmem, stream>>>(p, chunks, chunk_heads, grid);
   KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");
 }
 
 // 8 query columns per CTA for decode with up to 8 heads per kv head; else 16 (prefill packs
 // 16 / heads rows).
 template <int HD, math::KvElem KV, bool ROPE>
-void launch_one(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream,
+void launch_one(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
                 int* blocks_per_sm) {
   if (chunk_heads <= 8 && !p.maybe_qo_indptr)
     return launch_nt<HD, KV, ROPE, 1>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
@@ -37,13 +41,13 @@ void launch_one(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_
 }
 
 template <int HD, math::KvElem KV>
-void launch_rope(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+void launch_rope(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
   if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps);
   launch_one<HD, KV, false>(p, grid, chunks, chunk_heads, stream, bps);
 }
 
 template <int HD>
-void launch_hd(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+void launch_hd(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
   switch (p.kv_elem) {
     case math::KvElem::F16: return launch_rope<HD, math::KvElem::F16>(p, grid, chunks, chunk_heads, stream, bps);
     case math::KvElem::BF16: return launch_rope<HD, math::KvElem::BF16>(p, grid, chunks, chunk_heads, stream, bps);
@@ -55,7 +59,7 @@ void launch_hd(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_h
   throw Error(ErrorCode::NotSupported, "mma attention: f32 pages, and FP8 pages with rope on read, are not served");
 }
 
-void dispatch(const PagedAttentionParams& p, dim3 grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+void dispatch(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
   if (p.layout.head_dim == 64) return launch_hd<64>(p, grid, chunks, chunk_heads, stream, bps);
   return launch_hd<128>(p, grid, chunks, chunk_heads, stream, bps);
 }
@@ -74,6 +78,9 @@ bool serves(const PagedAttentionParams& p) {
   // Byte metadata (valid flags, UE8M0 scales) is copied as the aligned 4-byte word holding
   // it: the arrays must start word-aligned and span whole words (no read past their end).
   const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
+  // The kernel indexes pools in 32-bit 16-byte chunks (~0 marks "no row").
+  const int64_t row_bytes = int64_t{p.layout.head_dim} * (p.kv_elem == math::KvElem::E4M3 ? 1 : 2);
+  if (cells * p.layout.n_kv_heads * (row_bytes / 16) >= (int64_t{1} << 32) - 1) return false;
   if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
   if (p.kv_elem == math::KvElem::E4M3 && p.scale_mode == math::KvScaleMode::Ue8m0Per64 &&
       !(aligned4(p.maybe_k_scale_u8) && aligned4(p.maybe_v_scale_u8) &&
@@ -90,7 +97,7 @@ int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
   q.kv_elem = kv;
   q.rope_on_read = rope_on_read && kv != math::KvElem::E4M3;
   int n = 0;
-  dispatch(q, dim3(), 1, heads_per_cta(group), nullptr, &n);
+  dispatch(q, CtaOrder{}, 1, heads_per_cta(group), nullptr, &n);
   return n;
 }
 
@@ -99,9 +106,15 @@ void launch(const PagedAttentionParams& p, cudaStream_t stream) {
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
-  require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention: grid too large (rows x splits ", gx,
-              ", kv heads x chunks ", gy, ")");
-  dispatch(p, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), chunks, chunk_heads, stream, nullptr);
+  require_arg(gx * gy < (int64_t{1} << 31), "attention: grid too large (rows x splits ", gx, ", kv heads x chunks ",
+              gy, ")");
+  // KVCORE_ATTN_CTA_ORDER=split forces the older split-major numbering (for A/B benchmarks).
+  static const bool head_major = [] {
+    const char* v = std::getenv("KVCORE_ATTN_CTA_ORDER");
+    return !(v && std::string(v) == "split");
+  }();
+  const CtaOrder order{static_cast<int>(gx), static_cast<int>(gy), head_major};
+  dispatch(p, order, chunks, chunk_heads, stream, nullptr);
 }
 
 }  // namespace kvcore::ops::cuda::mma_attn

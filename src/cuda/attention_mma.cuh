@@ -22,6 +22,7 @@
 // is folded into P relative to a running per-block reference R (the largest scale seen),
 // so |P| stays <= 1 and O is rescaled only when R grows (with the softmax rescale).
 #pragma once
+#include "cuda/attention_mma.hpp"
 #include "cuda/check.cuh"
 #include "cuda/mma_primitives.cuh"
 #include "kvcore/math/fp8.hpp"
@@ -44,9 +45,12 @@ struct Shape {
   static constexpr int kTileBytes = kTile * kRowBytes;
   static constexpr int kKSteps = HD / 16;         // k-steps of S^T; also the 16-dim m-tiles of O^T
   static constexpr int kScaleBlocks = kFp8 ? HD / 64 : 1;
-  // Ring depth per warp: FP8 tiles are half the size; rope on read needs room for the lo
-  // tiles, and 2 CTAs per SM matter more than a third stage.
-  static constexpr int kStages = kFp8 ? 4 : ROPE ? 2 : 3;
+  // Ring depth per warp: rope on read needs room for the lo tiles, and 2 CTAs per SM matter
+  // more than a third stage. FP8 decode is bound by instruction latency, not bytes in
+  // flight: 3 stages let 4 CTAs (16 warps) share an SM (see kMinBlocks).
+  static constexpr int kStages = ROPE ? 2 : 3;
+  // CTAs per SM the registers are budgeted for (__launch_bounds__).
+  static constexpr int kMinBlocks = NT == 1 ? (kFp8 ? 4 : 3) : 2;
   static constexpr int kStageBytes = 2 * kTileBytes + kTile * kMetaWords * 4;
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kMergeBytes = kWarps * kN * (HD + 2) * 4;
@@ -56,7 +60,7 @@ struct Shape {
   // Rope on read: after the base area, each warp's K lo tile and the pair frequencies.
   static constexpr int kRopeBytes = ROPE ? kWarps * kTileBytes + HD / 2 * 4 : 0;
   static constexpr int kSmemBytes = kBaseBytes + kRopeBytes;
-  static_assert(kChunks == 4 || kChunks >= 8, "swizzle needs 4 or >= 8 chunks per row");
+  static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "swizzle and copy lanes need 4, 8 or 16 chunks per row");
   static_assert(!(ROPE && kFp8), "FP8 pages rotate on read in the SIMT kernel (pairs cross scale blocks)");
 };
 
@@ -162,18 +166,24 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const int span = range.end - range.begin - warp * kTile;
   const int n_steps = span > 0 ? (span + kWarps * kTile - 1) / (kWarps * kTile) : 0;
 
+  // The block id of this lane's token in step i (-1 past the range). The main loop loads
+  // it one step ahead, so the load's latency hides behind a step of math instead of
+  // stalling the copies that need it.
+  auto token_of = [&](int i) { return range.begin + (i * kWarps + warp) * kTile + (lane & 15); };
+  auto block_of = [&](int i) {
+    const int j = token_of(i);
+    return i < n_steps && j < range.end ? __ldg(blocks + (pow2_bs ? j >> bs_shift : j / bs)) : -1;
+  };
   // Copy step i's tile (K rows, V rows, metadata words) into stage i % kStages.
-  auto issue = [&](int i) {
+  auto issue = [&](int i, int blk) {
     if (i < n_steps) {
       unsigned char* st = wbase + (i % S::kStages) * S::kStageBytes;
       int* meta = reinterpret_cast<int*>(st + 2 * S::kTileBytes);
-      const int j = range.begin + (i * kWarps + warp) * kTile + (lane & 15);
+      const int j = token_of(i);
       int cell = -1;
-      if (j < range.end) {
-        const int blk = blocks[pow2_bs ? j >> bs_shift : j / bs];
-        cell = blk * bs + (pow2_bs ? (j & (bs - 1)) : j % bs);
-      }
-      const int64_t row_id = int64_t{cell} * n_kv + kvh;
+      if (j < range.end) cell = blk * bs + (pow2_bs ? (j & (bs - 1)) : j % bs);
+      // 32-bit indices: serves() keeps each pool under 2^32 16-byte chunks.
+      const uint32_t row_id = static_cast<uint32_t>(cell) * n_kv + kvh;
       if (lane < 16) {
         meta[lane] = cell;
         if (cell >= 0 && need_pos) cp_async4(smem_addr(meta + kTile + lane), p.maybe_positions + cell);
@@ -181,7 +191,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       } else if constexpr (kFp8) {
         if (cell >= 0) {
           if (per64) {
-            const int64_t si = (row_id * (HD / 64)) & ~int64_t{3};
+            const uint32_t si = (row_id * (HD / 64)) & ~3u;
             cp_async4(smem_addr(meta + 3 * kTile + (lane - 16)), p.maybe_k_scale_u8 + si);
             cp_async4(smem_addr(meta + 4 * kTile + (lane - 16)), p.maybe_v_scale_u8 + si);
           } else {
@@ -190,22 +200,29 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
           }
         }
       }
+      // Lane copies chunk c = lane % kChunks of rows lane / kChunks + it * kRowsPerIt. Each
+      // row's first chunk index comes from the lane holding its token (~0: past the range,
+      // zero fill, nothing read): one shuffle and one 32-bit add per copy, no 64-bit math.
+      constexpr int kRowsPerIt = 32 / S::kChunks;
+      const uint32_t my_chunk = cell >= 0 ? row_id * S::kChunks : ~0u;
+      const int c = lane % S::kChunks;
       const unsigned ks_ = smem_addr(st), vs_ = smem_addr(st + S::kTileBytes);
 #pragma unroll
-      for (int q = lane; q < kTile * S::kChunks; q += 32) {
-        const int r = q / S::kChunks, c = q % S::kChunks;
-        const int rc = __shfl_sync(0xffffffffu, cell, r);
-        const int64_t off = (int64_t{rc} * n_kv + kvh) * S::kRowBytes + c * 16;
-        const bool in = rc >= 0;
-        cp_async16(ks_ + swz<S::kChunks>(r, c), in ? kbase + off : kbase, in);
-        cp_async16(vs_ + swz<S::kChunks>(r, c), in ? vbase + off : vbase, in);
+      for (int it = 0; it < kTile / kRowsPerIt; ++it) {
+        const int r = lane / S::kChunks + it * kRowsPerIt;
+        const uint32_t rc = __shfl_sync(0xffffffffu, my_chunk, r);
+        const bool in = rc != ~0u;
+        const size_t off = size_t{in ? rc + c : 0u} * 16;
+        cp_async16(ks_ + swz<S::kChunks>(r, c), kbase + off, in);
+        cp_async16(vs_ + swz<S::kChunks>(r, c), vbase + off, in);
       }
     }
     cp_async_commit();  // one group per step, empty or not, so the wait counts stay exact
   };
 
 #pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) issue(i);
+  for (int i = 0; i < S::kStages - 1; ++i) issue(i, block_of(i));
+  int next_blk = block_of(S::kStages - 1);
 
   float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
 #pragma unroll
@@ -216,14 +233,16 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
   for (int j = 0; j < NT; ++j) mcol[j][0] = mcol[j][1] = math::neg_inf_f32(), lcol[j][0] = lcol[j][1] = 0.0f;
   float vref[SB];  // FP8: V's running reference scale per block (0: nothing seen)
+  float vinv[SB];  // 1 / vref (0 while vref is 0)
 #pragma unroll
-  for (int c = 0; c < SB; ++c) vref[c] = 0.0f;
+  for (int c = 0; c < SB; ++c) vref[c] = 0.0f, vinv[c] = 0.0f;
   const float sl2 = p.softmax_scale * math::kLog2e;
   const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, and its row
 
   for (int i = 0; i < n_steps; ++i) {
     __syncwarp();  // every lane is done reading the stage the next issue overwrites
-    issue(i + S::kStages - 1);
+    issue(i + S::kStages - 1, next_blk);
+    next_blk = block_of(i + S::kStages);
     cp_async_wait<S::kStages - 1>();
     __syncwarp();  // step i's copies of every lane are visible
     unsigned char* st = wbase + (i % S::kStages) * S::kStageBytes;
@@ -247,7 +266,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       if constexpr (kFp8) {
         const uint32_t kw = static_cast<uint32_t>(meta[3 * kTile + r]), vw = static_cast<uint32_t>(meta[4 * kTile + r]);
         if (per64) {
-          const int sh = static_cast<int>(((int64_t{cell} * n_kv + kvh) * (HD / 64)) & 3);
+          const int sh = static_cast<int>(((static_cast<uint32_t>(cell) * n_kv + kvh) * (HD / 64)) & 3u);
 #pragma unroll
           for (int c = 0; c < SB; ++c) {
             ksc[c][e] = math::ue8m0_decode(static_cast<uint8_t>(kw >> (8 * (sh + c))));
@@ -371,29 +390,41 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         lcol[j][e] = lcol[j][e] * rs[j][e] + pw[j][e] + pw[j][2 + e];
       }
     // FP8: V's reference scale per block grows to the tile's largest live scale.
-    float vfac[SB], vinv[SB];
+    // rn is the same in every lane (a warp max), so the divisions run only on the warp-uniform
+    // path where the reference grows: a few early tiles, not every step.
+    float vfac[SB];
 #pragma unroll
     for (int c = 0; c < SB; ++c) {
       vfac[c] = 1.0f;
-      vinv[c] = 1.0f;
       if constexpr (kFp8) {
         float mx = math::max_f32(fabsf(vsc[c][0]), fabsf(vsc[c][1]));  // |P'| <= 1 for any sign
         mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
         mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
         mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
         const float rn = math::max_f32(vref[c], mx);
-        vfac[c] = vref[c] > 0.0f ? vref[c] / rn : 1.0f;
-        vinv[c] = rn > 0.0f ? 1.0f / rn : 0.0f;
-        vref[c] = rn;
+        if (rn != vref[c]) {
+          vfac[c] = vref[c] > 0.0f ? vref[c] / rn : 1.0f;
+          vinv[c] = rn > 0.0f ? 1.0f / rn : 0.0f;
+          vref[c] = rn;
+        }
       }
     }
+    // Rescale O only when some column's max or some V reference moved (early tiles, mostly):
+    // factors of exactly 1 would leave it unchanged anyway.
+    bool moved = false;
 #pragma unroll
-    for (int mt = 0; mt < S::kKSteps; ++mt) {
-      const float f = vfac[kFp8 ? mt / 4 : 0];
+    for (int j = 0; j < NT; ++j) moved = moved || rs[j][0] != 1.0f || rs[j][1] != 1.0f;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const float f0 = rs[j][0] * f, f1 = rs[j][1] * f;
-        o[mt][j][0] *= f0, o[mt][j][1] *= f1, o[mt][j][2] *= f0, o[mt][j][3] *= f1;
+    for (int c = 0; c < SB; ++c) moved = moved || vfac[c] != 1.0f;
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < S::kKSteps; ++mt) {
+        const float f = vfac[kFp8 ? mt / 4 : 0];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const float f0 = rs[j][0] * f, f1 = rs[j][1] * f;
+          o[mt][j][0] *= f0, o[mt][j][1] *= f1, o[mt][j][2] *= f0, o[mt][j][3] *= f1;
+        }
       }
     }
 
@@ -496,6 +527,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         ml[(warp * kN + 8 * j + 2 * t + e) * 2 + 1] = lcol[j][e];
       }
   __syncthreads();
+  const bool direct = writes_output_directly(p);
   for (int i = tid; i < kN * HD; i += kThreads) {
     const int n = i / HD, d = i % HD;
     if (!n_real(n)) continue;
@@ -509,19 +541,43 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       l += ml[(w * kN + n) * 2 + 1] * f;
       acc += red[(w * kN + n) * HD + d] * f;
     }
+    const float val = l > 0.0f ? acc / l : 0.0f;
+    if (direct) {  // one split, no sinks: the merge would copy val unchanged (weight exactly 1)
+      store_q_elem(p.out,
+                   int64_t{row + n / chunk_heads} * p.out_row_stride + int64_t{h0 + n % chunk_heads} * p.out_head_stride + d,
+                   p.out_elem, val);
+      continue;
+    }
     const int64_t part = (int64_t{row + n / chunk_heads} * p.n_q_heads + h0 + n % chunk_heads) * p.num_splits + split;
-    p.o_part[part * HD + d] = l > 0.0f ? acc / l : 0.0f;
+    p.o_part[part * HD + d] = val;
     if (d == 0) p.lse_part[part] = l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
   }
 }
 
+// CTA numbering. Head-major: the kv heads (and chunks) of one (row, split) get consecutive
+// CTA ids, so they run at the same time and read the same pages (a page holds every head
+// of its tokens) and the same scale sectors, instead of one head's rows 2 KB apart.
+struct CtaOrder {
+  int gx = 1;  // rows x splits
+  int gy = 1;  // kv heads x chunks
+  bool head_major = true;
+};
+
 template <int HD, math::KvElem KV, bool ROPE, int NT>
-__global__ void __launch_bounds__(kThreads, NT == 1 ? 3 : 2)
-    mma_decode_kernel(const PagedAttentionParams p, int chunks, int chunk_heads) {
+__global__ void __launch_bounds__(kThreads, (Shape<HD, KV, ROPE, NT>::kMinBlocks))
+    mma_decode_kernel(const PagedAttentionParams p, int chunks, int chunk_heads, CtaOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int row = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
-  const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  // One flat grid of (row x split) x (kv head x chunk) CTAs; see CtaOrder for the order.
+  const int64_t idx = blockIdx.x;
+  const int x = static_cast<int>(order.head_major ? idx / order.gy : idx % order.gx);
+  const int y = static_cast<int>(order.head_major ? idx % order.gy : idx / order.gx);
+  const int row = x / p.num_splits, split = x % p.num_splits;
+  const int kvh = y / chunks, chunk = y % chunks;
   decode_body<HD, KV, ROPE, NT>(p, smem, row, split, kvh, chunk, chunk_heads);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // This CTA's partials are written: the merge kernel (a programmatic dependent) may launch.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 }  // namespace kvcore::ops::cuda::mma_attn

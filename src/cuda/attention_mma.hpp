@@ -13,5 +13,10 @@ bool serves(const PagedAttentionParams& p);
 int heads_per_cta(int group);
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group);
 void launch(const PagedAttentionParams& p, cudaStream_t stream);
+// With one split and no sink logits the kernel writes the output itself (the merge would
+// copy it unchanged: its weight is exactly 1) and no merge kernel runs.
+KVCORE_HD bool writes_output_directly(const PagedAttentionParams& p) {
+  return p.num_splits == 1 && p.maybe_sinks == nullptr;
+}
 
 }  // namespace kvcore::ops::cuda::mma_attn

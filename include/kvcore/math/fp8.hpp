@@ -75,10 +75,10 @@ KVCORE_HD float pow2f(int k) {  // 2^k for k in [-126, 127]
 }
 
 KVCORE_HD uint8_t ue8m0_encode(int k) { return static_cast<uint8_t>(k + 127); }
+// 0xff is NaN, 0 is 2^-127. Selects, not branches: attention decodes 8 scales per step.
 KVCORE_HD float ue8m0_decode(uint8_t b) {
-  if (b == 0xffu) return bits_float(0x7fc00000u);
-  if (b == 0) return bits_float(0x00400000u);  // 2^-127
-  return bits_float(static_cast<uint32_t>(b) << 23);
+  const uint32_t normal = static_cast<uint32_t>(b) << 23;
+  return bits_float(b == 0xffu ? 0x7fc00000u : (b == 0 ? 0x00400000u : normal));
 }
 
 // The scaled value that gets encoded: v / scale, clamped to +-448 as the seed does.
