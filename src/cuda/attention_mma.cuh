@@ -55,11 +55,13 @@ struct Shape {
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kMergeBytes = kWarps * kN * (HD + 2) * 4;
   static constexpr int kQBytes = kN * HD * 4;
-  static constexpr int kBaseBytes =
-      kPipeBytes > kMergeBytes ? (kPipeBytes > kQBytes ? kPipeBytes : kQBytes) : (kMergeBytes > kQBytes ? kMergeBytes : kQBytes);
+  static constexpr int kBaseBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
   // Rope on read: after the base area, each warp's K lo tile and the pair frequencies.
   static constexpr int kRopeBytes = ROPE ? kWarps * kTileBytes + HD / 2 * 4 : 0;
-  static constexpr int kSmemBytes = kBaseBytes + kRopeBytes;
+  // The queries get their own area (last), so the first tiles' copies can start before q
+  // is read: the CTA's start-up latencies overlap (short CTAs of small batches feel them).
+  static constexpr int kQOffset = kBaseBytes + kRopeBytes;
+  static constexpr int kSmemBytes = kQOffset + kQBytes;
   static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "swizzle and copy lanes need 4, 8 or 16 chunks per row");
   static_assert(!(ROPE && kFp8), "FP8 pages rotate on read in the SIMT kernel (pairs cross scale blocks)");
 };
@@ -105,53 +107,6 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   int qpos[NT][2];  // this thread's columns 8j + 2t + e
 #pragma unroll
   for (int j = 0; j < NT; ++j) qpos[j][0] = n_qpos(8 * j + 2 * t), qpos[j][1] = n_qpos(8 * j + 2 * t + 1);
-
-  // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments
-  uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
-  {
-    float* qs = reinterpret_cast<float*>(smem);
-    for (int i = tid; i < kN * HD; i += kThreads) {
-      const int n = i / HD, d = i % HD;
-      qs[i] = n_real(n) ? q_elem_to_f32(p.q,
-                                        int64_t{row + n / chunk_heads} * p.q_row_stride +
-                                            int64_t{h0 + n % chunk_heads} * p.q_head_stride + d,
-                                        p.q_elem)
-                        : 0.0f;
-    }
-    if constexpr (ROPE) {
-      float* freq = reinterpret_cast<float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
-      for (int i = tid; i < p.rope.layout.n_pairs(); i += kThreads) freq[i] = p.rope.freq[i];
-      // K lo tiles start at zero: the dims RoPE leaves alone keep a zero lo part.
-      for (int i = tid; i < kWarps * S::kTileBytes / 16; i += kThreads)
-        reinterpret_cast<uint4*>(smem + S::kBaseBytes)[i] = make_uint4(0, 0, 0, 0);
-      __syncthreads();
-      if (p.rotate_query) {  // q at its own position, exactly as the CPU does it
-        const int n_pairs = p.rope.layout.n_pairs();
-        for (int i = tid; i < kN * n_pairs; i += kThreads) {
-          const int n = i / n_pairs, pi = i % n_pairs;
-          if (!n_real(n)) continue;
-          float sn, cs;
-          math::sincos_f32(math::rope_angle(static_cast<float>(n_qpos(n)), freq[pi]), &sn, &cs);
-          math::rotate_pair(qs[n * HD + p.rope.layout.dim0(pi)], qs[n * HD + p.rope.layout.dim1(pi)],
-                            cs * p.rope.attention_factor, sn * p.rope.attention_factor);
-        }
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int ks = 0; ks < S::kKSteps; ++ks) {
-        // B rows k = (2t, 2t+1) and (2t+8, 2t+9) of this k-step; FP8 K fragments hold dims
-        // 4t..4t+3 of the 16-dim chunk in their place (a permutation of k, shared by q).
-        const float* qn = qs + (8 * j + g) * HD;
-        const int d0 = kFp8 ? ks * 16 + 4 * t : ks * 16 + 2 * t;
-        const int d1 = kFp8 ? d0 + 2 : d0 + 8;
-        split2<kBf16>(qn[d0], qn[d0 + 1], qh[j][ks][0], ql[j][ks][0]);
-        split2<kBf16>(qn[d1], qn[d1 + 1], qh[j][ks][1], ql[j][ks][1]);
-      }
-    __syncthreads();  // the q area becomes pipeline stages
-  }
 
   const int32_t* blocks = p.indices + p.indptr[b];
   const int n_kv = p.layout.n_kv_heads;
@@ -223,6 +178,53 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
   for (int i = 0; i < S::kStages - 1; ++i) issue(i, block_of(i));
   int next_blk = block_of(S::kStages - 1);
+
+  // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments
+  uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
+  {
+    float* qs = reinterpret_cast<float*>(smem + S::kQOffset);
+    for (int i = tid; i < kN * HD; i += kThreads) {
+      const int n = i / HD, d = i % HD;
+      qs[i] = n_real(n) ? q_elem_to_f32(p.q,
+                                        int64_t{row + n / chunk_heads} * p.q_row_stride +
+                                            int64_t{h0 + n % chunk_heads} * p.q_head_stride + d,
+                                        p.q_elem)
+                        : 0.0f;
+    }
+    if constexpr (ROPE) {
+      float* freq = reinterpret_cast<float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
+      for (int i = tid; i < p.rope.layout.n_pairs(); i += kThreads) freq[i] = p.rope.freq[i];
+      // K lo tiles start at zero: the dims RoPE leaves alone keep a zero lo part.
+      for (int i = tid; i < kWarps * S::kTileBytes / 16; i += kThreads)
+        reinterpret_cast<uint4*>(smem + S::kBaseBytes)[i] = make_uint4(0, 0, 0, 0);
+      __syncthreads();
+      if (p.rotate_query) {  // q at its own position, exactly as the CPU does it
+        const int n_pairs = p.rope.layout.n_pairs();
+        for (int i = tid; i < kN * n_pairs; i += kThreads) {
+          const int n = i / n_pairs, pi = i % n_pairs;
+          if (!n_real(n)) continue;
+          float sn, cs;
+          math::sincos_f32(math::rope_angle(static_cast<float>(n_qpos(n)), freq[pi]), &sn, &cs);
+          math::rotate_pair(qs[n * HD + p.rope.layout.dim0(pi)], qs[n * HD + p.rope.layout.dim1(pi)],
+                            cs * p.rope.attention_factor, sn * p.rope.attention_factor);
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int ks = 0; ks < S::kKSteps; ++ks) {
+        // B rows k = (2t, 2t+1) and (2t+8, 2t+9) of this k-step; FP8 K fragments hold dims
+        // 4t..4t+3 of the 16-dim chunk in their place (a permutation of k, shared by q).
+        const float* qn = qs + (8 * j + g) * HD;
+        const int d0 = kFp8 ? ks * 16 + 4 * t : ks * 16 + 2 * t;
+        const int d1 = kFp8 ? d0 + 2 : d0 + 8;
+        split2<kBf16>(qn[d0], qn[d0 + 1], qh[j][ks][0], ql[j][ks][0]);
+        split2<kBf16>(qn[d1], qn[d1 + 1], qh[j][ks][1], ql[j][ks][1]);
+      }
+  }
+
 
   float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
 #pragma unroll
