@@ -63,6 +63,7 @@ struct Shape {
   static constexpr int kQOffset = kBaseBytes + kRopeBytes;
   static constexpr int kSmemBytes = kQOffset + kQBytes;
   static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "swizzle and copy lanes need 4, 8 or 16 chunks per row");
+  static_assert(!kFp8 || kQBytes >= kWarps * kTile * 2 * kScaleBlocks * 4, "FP8 scale scratch lives in the q area");
   static_assert(!(ROPE && kFp8), "FP8 pages rotate on read in the SIMT kernel (pairs cross scale blocks)");
 };
 
@@ -223,6 +224,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         split2<kBf16>(qn[d0], qn[d0 + 1], qh[j][ks][0], ql[j][ks][0]);
         split2<kBf16>(qn[d1], qn[d1 + 1], qh[j][ks][1], ql[j][ks][1]);
       }
+    if constexpr (kFp8) __syncthreads();  // the q area becomes the warps' scale scratch
   }
 
 
@@ -251,10 +253,41 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
 
-    // ---- this thread's 2 tokens (fragment rows g, g + 8): live, position, scales
+    // ---- FP8 scales, decoded once per (token, K or V) by lanes (token lane & 15, K for lanes
+    // 0-15, V for 16-31) into the warp's scratch [token][K blocks, V blocks]: the 4 lanes of a
+    // fragment row would otherwise each decode the same 2 x 2 x SB scales. V of a dead cell
+    // is 0 (weight 0; its bytes were zeroed or never read).
+    float ksc[SB][2], vsc[SB][2];
+#pragma unroll
+    for (int c = 0; c < SB; ++c) ksc[c][0] = ksc[c][1] = vsc[c][0] = vsc[c][1] = 1.0f;
+    if constexpr (kFp8) {
+      float* scr = reinterpret_cast<float*>(smem + S::kQOffset) + warp * (kTile * 2 * SB);
+      {
+        const int r = lane & 15, kind = lane >> 4;
+        const int cell = meta[r];
+        bool live = cell >= 0;
+        if (live && p.maybe_valid) live = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
+        const uint32_t w = static_cast<uint32_t>(meta[(3 + kind) * kTile + r]);
+        const int sh = per64 ? static_cast<int>(((static_cast<uint32_t>(cell) * n_kv + kvh) * (HD / 64)) & 3u) : 0;
+#pragma unroll
+        for (int c = 0; c < SB; ++c) {
+          // per-64: one UE8M0 byte per block; per-row f32: the same scale for every block
+          const float x = per64 ? math::ue8m0_decode(static_cast<uint8_t>(w >> (8 * (sh + c)))) : __uint_as_float(w);
+          scr[r * 2 * SB + kind * SB + c] = kind == 1 && !live ? 0.0f : x;
+        }
+      }
+      __syncwarp();
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int c = 0; c < SB; ++c) {
+          ksc[c][e] = scr[(g + 8 * e) * 2 * SB + c];
+          vsc[c][e] = scr[(g + 8 * e) * 2 * SB + SB + c];
+        }
+    }
+    // ---- this thread's 2 tokens (fragment rows g, g + 8): live, position
     bool vis[2];
     int kpos[2];
-    float ksc[SB][2], vsc[SB][2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int r = g + 8 * e;
@@ -263,25 +296,6 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       if (v && p.maybe_valid) v = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
       vis[e] = v;
       kpos[e] = need_pos ? meta[kTile + r] - pos_off : 0;
-#pragma unroll
-      for (int c = 0; c < SB; ++c) ksc[c][e] = vsc[c][e] = 1.0f;
-      if constexpr (kFp8) {
-        const uint32_t kw = static_cast<uint32_t>(meta[3 * kTile + r]), vw = static_cast<uint32_t>(meta[4 * kTile + r]);
-        if (per64) {
-          const int sh = static_cast<int>(((static_cast<uint32_t>(cell) * n_kv + kvh) * (HD / 64)) & 3u);
-#pragma unroll
-          for (int c = 0; c < SB; ++c) {
-            ksc[c][e] = math::ue8m0_decode(static_cast<uint8_t>(kw >> (8 * (sh + c))));
-            vsc[c][e] = v ? math::ue8m0_decode(static_cast<uint8_t>(vw >> (8 * (sh + c)))) : 0.0f;
-          }
-        } else {
-#pragma unroll
-          for (int c = 0; c < SB; ++c) {  // one scale for the row: every block gets it
-            ksc[c][e] = __uint_as_float(kw);
-            vsc[c][e] = v ? __uint_as_float(vw) : 0.0f;
-          }
-        }
-      }
     }
 
     if constexpr (ROPE) {  // rotate the tile's K rows: lane -> row lane / 2, every other pair
