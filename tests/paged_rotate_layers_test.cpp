@@ -22,7 +22,8 @@ namespace {
 template <KvFormat F>
 void run_all(const PagedRotateParams& p) {
   const int64_t threads = paged_rotate_threads(p);
-  for (int64_t t = 0; t < threads + 5; ++t) paged_rotate_unit<F>(p, t);  // + 5: out-of-range threads do nothing
+  PagedRotateLocalAngles ang;
+  for (int64_t t = 0; t < threads + 5; ++t) paged_rotate_unit<F>(p, t, ang);  // + 5: out-of-range threads do nothing
 }
 
 std::vector<RopeSpec> specs() {

@@ -11,10 +11,20 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// <= 80 registers: the batch's 8 vectors (32), 16 cos/sin, addresses; 3 blocks per SM.
+// A thread's 8 cos/sin in a column of shared memory (conflict-free: consecutive threads,
+// consecutive words).
+struct SharedAngles {
+  float* base;  // s_cs[0][threadIdx.x]
+  __device__ float& cos(int k) { return base[k * kThreads]; }
+  __device__ float& sin(int k) { return base[(8 + k) * kThreads]; }
+};
+
+// <= 64 registers: the batch's 8 vectors (32), addresses, one angle's double temporaries.
 template <KvFormat F>
-__global__ void __launch_bounds__(kThreads, 3) paged_rotate_kernel(const __grid_constant__ PagedRotateParams p) {
-  paged_rotate_unit<F>(p, static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x);
+__global__ void __launch_bounds__(kThreads, 4) paged_rotate_kernel(const __grid_constant__ PagedRotateParams p) {
+  __shared__ float s_angles[16 * kThreads];
+  SharedAngles ang{s_angles + threadIdx.x};
+  paged_rotate_unit<F>(p, static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x, ang);
 }
 
 }  // namespace

@@ -100,7 +100,9 @@ KVCORE_HD void rotate_range(const Stream& st, const Item& it, shift_chain::Chunk
                             const float* sin_t) {
   const int64_t rb = st.row_bytes;
   int64_t off = it.q % rb;  // offset of the item's first byte in its row
-  for (int w = 0; w < it.bytes / 4; ++w) {
+  KVCORE_SHIFT_UNROLL
+  for (int w = 0; w < 4; ++w) {  // constant word indices: the chunk stays in registers
+    if (4 * w >= it.bytes) break;
     const int64_t o = off + 4 * w < rb ? off + 4 * w : off + 4 * w - rb;  // an item may straddle two rows
     if (o >= st.rot_lo && o < st.rot_hi) {
       const int32_t pair = st.u.pair_base + static_cast<int32_t>((o - st.rot_lo) / 4);

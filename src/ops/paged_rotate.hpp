@@ -26,7 +26,7 @@ namespace kvcore {
 
 inline constexpr int32_t kRotateMaxLayers = 64;       // layers per launch
 inline constexpr int32_t kRotateLayersPerThread = 8;  // angles computed once per 8 layers
-inline constexpr int32_t kRotateHeadBatch = 4;        // heads loaded before any is stored
+inline constexpr int32_t kRotateHeadBatch = 2;        // heads loaded before any is stored
 
 struct PagedRotateParams {
   void* pools[kRotateMaxLayers] = {};  // per layer: [num_cells, n_heads, row_width] of the format's dtype
@@ -45,8 +45,17 @@ KVCORE_HD int64_t paged_rotate_threads(const PagedRotateParams& p) {
   return runs * p.n_blocks * p.block_size * (p.rope.layout.n_pairs() / 8);
 }
 
-template <KvFormat F>
-KVCORE_HD void paged_rotate_unit(const PagedRotateParams& p, int64_t tid) {
+// Where a thread keeps its 8 cos/sin: local arrays on the host; on the device a
+// column of shared memory (computed one pair at a time, so the double-precision
+// sincos never holds 8 angles' temporaries in registers beside the loaded rows).
+struct PagedRotateLocalAngles {
+  float c[8], s[8];
+  KVCORE_HD float& cos(int k) { return c[k]; }
+  KVCORE_HD float& sin(int k) { return s[k]; }
+};
+
+template <KvFormat F, class Angles>
+KVCORE_HD void paged_rotate_unit(const PagedRotateParams& p, int64_t tid, Angles& ang) {
   using T = typename std::conditional<F == KvFormat::F32, float, uint16_t>::type;
   using V = kvvec::Vec8<T>;
   const math::RopeLayout& l = p.rope.layout;
@@ -61,9 +70,10 @@ KVCORE_HD void paged_rotate_unit(const PagedRotateParams& p, int64_t tid) {
   const int32_t delta = p.cell_delta[cell];
   if (delta == 0) return;
   const float pos = static_cast<float>(delta);
-  float sn[8], cs[8];
-KVCORE_VEC_UNROLL
-  for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * g + k]), &sn[k], &cs[k]);
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int k = 0; k < 8; ++k) math::sincos_f32(math::rope_angle(pos, p.rope.freq[8 * g + k]), &ang.sin(k), &ang.cos(k));
   // NeoX: dims first + 8g .. +8 and first + n_pairs + 8g .. +8; interleaved: 16 dims from first + 16g.
   const int32_t d0 = l.first_dim + (l.interleaved ? 16 * g : 8 * g);
   const int32_t d1 = l.interleaved ? d0 + 8 : l.first_dim + l.n_pairs() + 8 * g;
@@ -92,7 +102,13 @@ KVCORE_VEC_UNROLL
             x[k] = kvvec::to_float<F>(a[i].v[k]);
             x[8 + k] = kvvec::to_float<F>(c[i].v[k]);
           }
-          kvvec::rotate8(x, interleaved, cs, sn, 1.0f);
+          if (interleaved) {
+KVCORE_VEC_UNROLL
+            for (int k = 0; k < 8; ++k) math::rotate_pair(x[2 * k], x[2 * k + 1], ang.cos(k), ang.sin(k));
+          } else {
+KVCORE_VEC_UNROLL
+            for (int k = 0; k < 8; ++k) math::rotate_pair(x[k], x[8 + k], ang.cos(k), ang.sin(k));
+          }
 KVCORE_VEC_UNROLL
           for (int k = 0; k < 8; ++k) {
             a[i].v[k] = kvvec::from_float<F>(x[k]);
