@@ -281,8 +281,10 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
   // (the names of earlier runs: the single kernel everywhere, the pipelined one, which lost on
   // every 16-bit case in run 2, only with FP8 keys, to keep the bench's device time).
   std::vector<std::pair<const char*, cli::Timing>> others;
-  // Default: the chain kernel with FP8 keys, the single tile kernel otherwise (run 4).
+  // Default: src/cuda/shift_kernel_choice.hpp (the chain kernel with FP8 keys, the single tile
+  // kernel otherwise, run 4); the flat kernel is measured beside it where it applies.
   std::vector<const char*> other_names{"chain"};
+  if (c.n_discard >= n_moved) other_names.push_back("flat");  // the flat kernel takes shifts without overlap only
   if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
   if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
     for (const char* other : other_names)

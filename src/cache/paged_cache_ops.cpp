@@ -10,6 +10,7 @@
 #include "kvcore/math/hd.hpp"
 #include "kvcore/runtime.hpp"
 #include "ops/checks.hpp"
+#include "ops/paged_rotate.hpp"
 
 namespace kvcore {
 
@@ -468,7 +469,12 @@ void PagedCache::Impl::rotate_pending() {
   int32_t* dev_blocks = upload_list(blocks);
   const TensorRef list(dev_blocks, DType::I32, dev, {static_cast<int64_t>(blocks.size())});
   try {
-    for (int32_t l = 0; l < cfg.n_layers; ++l) kv_rotate_blocks(pool(true, l), list, pending_view(), rope[l], cfg.stream);
+    // every layer in one launch where the layers allow it (ops/paged_rotate.hpp)
+    std::vector<KvPool> k_pools;
+    k_pools.reserve(static_cast<size_t>(cfg.n_layers));
+    for (int32_t l = 0; l < cfg.n_layers; ++l) k_pools.push_back(pool(true, l));
+    kv_rotate_blocks_layers(k_pools, list, pending_view(), std::span<const math::RopeTable>(rope.data(), rope.size()),
+                            cfg.stream);
     synchronize(dev, cfg.stream);
     if (mirrored()) mirror_edit(dev_blocks, static_cast<int32_t>(blocks.size()), 0, 0, true);
   } catch (...) {

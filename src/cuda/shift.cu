@@ -19,13 +19,12 @@
 //
 // That first kernel stays selectable (KVCORE_SHIFT_KERNEL=single), and so does
 // its pipelined form below (two tile buffers, the next tile loading while
-// the current one rotates, waits and stores), which with a single band
-// (n_discard >= n_moved: no overlap) deals tiles statically: no atomics, no
-// counters, no memset.
+// the current one rotates, waits and stores). With a single band (n_discard >=
+// n_moved: no overlap) both deal tiles statically: no atomics, no counters, no
+// memset.
 //
-// Measured on the H200 (run 4) the chain kernel wins only with FP8 keys (51% vs 22% of
-// copy), so it is the default there; 16-bit keys and DeepSeek-V4 rows keep the single tile
-// kernel (80% / 62-70% vs the chain's 64% / 29%). The chain kernel
+// Which kernel runs is one rule, src/cuda/shift_kernel_choice.hpp (KVCORE_SHIFT_KERNEL
+// forces one). The chain kernel
 // (src/cuda/shift_chain.hpp) needs no ordering between threads at all:
 // a thread owns the units at one row position u of the tokens r, r + D,
 // r + 2D, ... and walks them in order, so whatever it overwrites it has read
@@ -35,7 +34,9 @@
 // shared memory; FP8 keys (64- or 128-dim heads, fully rotated) get a thread per
 // head in a second launch. Other layouts (FP8 keys with partial rotary or bigger
 // heads, interleaved pairs in rows aligned to one element) take the single tile
-// kernel. KVCORE_SHIFT_KERNEL=single|pipelined forces a tile kernel.
+// kernel. Without overlap, the flat kernel (src/cuda/shift_flat.hpp) moves the
+// rows like a plain copy: a 2-D grid over the tensors, items in registers, 16-byte
+// chunks even for rows whose stride allows only 8 (the DeepSeek-V4 row).
 //
 // rope_shift_rows: one block per row (grid-stride), one warp per head,
 // rotating in place in global memory.
@@ -53,6 +54,8 @@
 
 #include "cuda/check.cuh"
 #include "cuda/shift_chain.hpp"
+#include "cuda/shift_flat.hpp"
+#include "cuda/shift_kernel_choice.hpp"
 #include "cuda/shift_tiling.hpp"
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
@@ -169,7 +172,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
   if (tid == 0) s_layer = -1;
   const int64_t D = p.n_discard;
 
-  if (tid == 0) s_ticket = atomicAdd(p.counters, 1);
+  // One band (no overlap): nothing is ordered, so tiles are dealt statically (block i takes
+  // i, i + grid, ...): no atomics, and the host skips the counters' memset.
+  const bool dealt = p.n_bands == 1;
+  if (tid == 0) s_ticket = dealt ? static_cast<int>(blockIdx.x) : atomicAdd(p.counters, 1);
   for (;;) {
     __syncthreads();  // ticket visible; the previous tile's stores have read their shared memory
     const int ticket = s_ticket;
@@ -206,11 +212,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
     int next_ticket = 0;
     if (tid == 0) {
       if (new_layer) s_layer = st.t.layer;
-      atomicAdd(p.counters + 1 + b, 1);  // this tile's sources may now be overwritten
-      // Take the next ticket now: its latency hides behind the rotation and the stores. Still
-      // deadlock-free: a block's next ticket is above its current one, so the lowest unfinished
-      // tile is always either running or held by a block whose current tile is done.
-      next_ticket = atomicAdd(p.counters, 1);
+      if (dealt) {
+        next_ticket = ticket + static_cast<int>(gridDim.x);
+      } else {
+        atomicAdd(p.counters + 1 + b, 1);  // this tile's sources may now be overwritten
+        // Take the next ticket now: its latency hides behind the rotation and the stores. Still
+        // deadlock-free: a block's next ticket is above its current one, so the lowest unfinished
+        // tile is always either running or held by a block whose current tile is done.
+        next_ticket = atomicAdd(p.counters, 1);
+      }
     }
 
     if (rotates) {
@@ -360,19 +370,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPipelined)
 
 int sm_count(int device);
 
-// Which shift_dense kernel runs: the chain kernel by default (where it does not
-// apply, the single tile kernel, which beat the pipelined one on every format
-// measured); KVCORE_SHIFT_KERNEL=single or =pipelined forces a tile kernel, so
-// that a benchmark can compare them in one run.
-enum class Kernel { Chain, Single, Pipelined };
-
-Kernel requested_kernel() {
-  const char* v = std::getenv("KVCORE_SHIFT_KERNEL");
-  if (v && std::strcmp(v, "single") == 0) return Kernel::Single;
-  if (v && std::strcmp(v, "pipelined") == 0) return Kernel::Pipelined;
-  return Kernel::Chain;  // KVCORE_SHIFT_KERNEL=chain forces it for 16-bit keys too
-}
-
 template <class Kernel>
 int resident_blocks(Kernel* k, int device, int dynamic_smem) {
   // Ask for the largest shared-memory carveout: the occupancy below is what the launch gets.
@@ -470,20 +467,21 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const int64_t counters_per_launch = 1 + plan.n_bands;
   const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
-  Kernel kernel = requested_kernel();
-  // GPU run 4 (H200): the chain kernel tripled FP8-key shifts (22% -> 51% of copy) but lost to
-  // the single tile kernel on 16-bit keys (64% vs 80%) and DeepSeek-V4 rows (29% vs 62-70%):
-  // it is the default only where FP8 keys are requantized.
-  if (kernel == Kernel::Chain && !plan.any_fp8 && !std::getenv("KVCORE_SHIFT_KERNEL")) kernel = Kernel::Single;
-  if (kernel == Kernel::Chain) {
-    if (shift_chain::launch(plan, p.device_index, s)) return;
-    kernel = Kernel::Single;  // a layout the chain kernels do not handle (or too many columns for 32 bits)
+  ShiftKernel kernel = choose_shift_kernel(parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL")),
+                                          ShiftCall{plan.any_fp8, p.n_discard < p.n_moved});
+  if (kernel == ShiftKernel::Flat) {
+    if (shift_flat::launch(plan, p.device_index, s)) return;
+    kernel = ShiftKernel::Single;  // overlap, FP8 keys, or a layout the flat kernel does not handle
   }
-  const bool pipelined = kernel == Kernel::Pipelined;
+  if (kernel == ShiftKernel::Chain) {
+    if (shift_chain::launch(plan, p.device_index, s)) return;
+    kernel = ShiftKernel::Single;  // a layout the chain kernels do not handle (or too many columns for 32 bits)
+  }
+  const bool pipelined = kernel == ShiftKernel::Pipelined;
   const int max_blocks = blocks_per_sm(p.device_index, plan.any_fp8, pipelined);
   int* ws = workspace(p.device_index, s, ws_bytes);
-  // The pipelined kernel deals a single band's tiles statically and never touches the counters.
-  if (!(pipelined && plan.n_bands == 1)) KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
+  // Both tile kernels deal a single band's tiles statically and never touch the counters.
+  if (plan.n_bands > 1) KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
   for (size_t g = 0; g < plan.launches.size(); ++g) {
     LaunchParams& L = *plan.launches[g];
     L.counters = ws + g * counters_per_launch;

@@ -131,9 +131,9 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
   run_both({s}, 20011, 19999, 3, 255, 9);
 }
 
-// The default is the chain kernel (src/cuda/shift_chain.hpp) for every format but FP8
-// keys, which take the single tile kernel. Both tile kernels stay selectable
-// (KVCORE_SHIFT_KERNEL=single|pipelined) and must agree on every format.
+// The default (src/cuda/shift_kernel_choice.hpp) is the chain kernel for FP8 keys and the
+// single tile kernel otherwise. Every kernel stays selectable
+// (KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined) and must agree on every format.
 struct KernelScope {
   explicit KernelScope(const char* k) { EXPECT_EQ(setenv("KVCORE_SHIFT_KERNEL", k, 1), 0); }
   ~KernelScope() { EXPECT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0); }
@@ -174,6 +174,34 @@ TEST(ShiftCuda, PipelinedTileKernelAgrees) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const KernelScope k("pipelined");
   tile_kernel_cases(110);
+}
+
+// The flat kernel (src/cuda/shift_flat.hpp), shifts without overlap: units of every
+// width, NeoX and interleaved, partial rotary, f32 / f16 / bf16 K, DeepSeek-V4 rows in
+// 16-byte range chunks (even n_discard: same phase) and in 8-byte units (odd n_discard);
+// with overlap it falls back to the single tile kernel.
+TEST(ShiftCuda, FlatKernelAgrees) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const KernelScope k("flat");
+  const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
+  run_both({llama, llama, llama}, 4097, 4096, 4, 2046, 301);  // the benchmark's shape, 3 layers
+  run_both({llama}, 500, 480, 4, 300, 302);
+  run_both({llama}, 500, 480, 30, 450, 303);  // nothing retained
+  RopeSpec tail = RopeSpec::plain(32, 20000.0, RopePairing::Interleaved);
+  tail.slice = RopeSlice::Tail;
+  const LayerSpec mix[] = {plain(DType::BF16, DType::F16, 3, 64, RopeSpec::plain(64, 1e4)),
+                           plain(DType::F32, DType::BF16, 2, 96, tail),
+                           plain(DType::F16, std::nullopt, 5, 80, RopeSpec::plain(32, 1e4, RopePairing::Interleaved))};
+  run_both({mix[0], mix[1], mix[2]}, 777, 777, 3, 390, 304);
+  LayerSpec d;
+  d.form = KForm::Dsv4;
+  d.v_dtype = std::nullopt;
+  d.heads = 1;
+  d.rope = RopeSpec::deepseek_v4_compressed();
+  run_both({d, d}, 1025, 1025, 4, 600, 305);  // even D: 16-byte range chunks
+  run_both({d, d}, 1025, 1025, 4, 601, 306);  // odd D: 8-byte units
+  run_both({d}, 1025, 1024, 3, 511, 307);     // 510 moved: just short of overlapping
+  run_both({llama}, 3001, 2999, 4, 1000, 308);  // overlap: the single tile kernel
 }
 
 // The chain kernel: more columns than resident threads (several rounds per thread), a few
