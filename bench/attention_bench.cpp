@@ -14,9 +14,6 @@
 #include <vector>
 
 #include "bench/harness.hpp"
-#if KVCORE_WITH_CUDA
-#include "bench/dsv4_graph.hpp"  // CUDA-graph replay timing
-#endif
 #include "kvcore/kvcore.hpp"
 #include "kvcore/math/dsv4_row.hpp"
 #include "kvcore/math/half.hpp"
@@ -230,7 +227,7 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
     // rotate) show the device time without the host's launch and validation overhead.
     if (variant == 0 && batch == 1 && d.is_cuda()) {
       const int n = static_cast<int>(s.copies);
-      cli::Timing tg = cli::dsv4_time_graph(d.index, opt.reps, opt.warmup, [&](Stream st) {
+      cli::Timing tg = cli::time_graph(d.index, opt.reps, opt.warmup, [&](Stream st) {
         AttentionOptions go = ao;
         go.stream = st;
         for (int c = 0; c < n; ++c) attention_decode(q, kv, tables[c], out, go);

@@ -20,9 +20,6 @@
 #include <vector>
 
 #include "bench/harness.hpp"
-#if KVCORE_WITH_CUDA
-#include "bench/dsv4_graph.hpp"
-#endif
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
 #include "kvcore/error.hpp"
@@ -220,7 +217,7 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
     // step costs without host overhead. Replays redo the captured positions (an
     // engine would keep positions in device memory to reuse one graph).
     synchronize(dev);
-    const Timing tg = kvcore::cli::dsv4_time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+    const Timing tg = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
       for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos, s);
     });
     BenchRecord g = r;
@@ -235,7 +232,7 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
       while (cfg.layers[csa] != Dsv4LayerKind::CSA) ++csa;
       const int64_t qpos = pos - 1;
       synchronize(dev);
-      const Timing ti = kvcore::cli::dsv4_time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+      const Timing ti = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
         for (int i = 0; i < tokens_per_rep; ++i)
           cache.indexer_topk(0, csa, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
                              TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), qpos,

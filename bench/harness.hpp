@@ -57,6 +57,9 @@ struct BenchOptions {
 
 // Backend hooks (bench/harness_cuda.cu when CUDA is built).
 Timing time_cuda(int device, int reps, int warmup, const std::function<void(int)>& fn);
+// Records record(stream) once into a CUDA graph (on a fresh stream), then times `reps` replays
+// (after `warmup`) with CUDA events: device time without host launch overhead.
+Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record);
 Ceilings measure_cuda_ceilings(int device);
 Ceilings measure_cpu_ceilings();
 std::string git_commit();
