@@ -17,7 +17,6 @@ constexpr int kD = math::Dsv4RowLayout::kHeadDim;
 constexpr int kHeadsPerCta = 8;
 constexpr int kThreads = kHeadsPerCta * 32;
 constexpr int kTile = 16;
-static_assert(kTile * kD % kThreads == 0, "the decode loop has a fixed trip count");
 
 // Lane l's dims: 4l + 128j + c for j, c < 4 (float4 reads of a row are conflict-free).
 __device__ __forceinline__ int lane_dim(int lane, int j, int c) { return 4 * lane + 128 * j + c; }
@@ -25,8 +24,6 @@ __device__ __forceinline__ int lane_dim(int lane, int j, int c) { return 4 * lan
 __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParams p) {
   __shared__ __align__(16) float keys[kTile][kD];
   __shared__ bool live[kTile];
-  __shared__ const uint8_t* row_src[kTile];  // a compressed row, or null for a window row
-  __shared__ int64_t win_off[kTile];         // a window row's first element
   const int row = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = blockIdx.y * kHeadsPerCta + warp;
@@ -51,45 +48,28 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
   for (int t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int n = min(kTile, range.end - t0);
     __syncthreads();  // the previous tile is consumed
-    // ---- where the tile's rows come from, once per row; then decode (masked rows become
-    // zeros). The decode loop has a fixed trip count and no dependent index load, so a
-    // thread's 32 loads are in flight together instead of one global latency each.
-    if (threadIdx.x < kTile) {
-      const int t = threadIdx.x, jk = t0 + t;
+    // ---- decode the tile (masked rows become zeros)
+    for (int i = threadIdx.x; i < kTile * kD; i += kThreads) {
+      const int t = i / kD, d = i % kD;
+      const int jk = t0 + t;
+      float x = 0.0f;
       bool ok = false;
-      const uint8_t* src = nullptr;
-      int64_t woff = 0;
       if (t < n) {
         if (jk < p.n_window) {
           ok = jk < wlen;
-          woff = dsv4_window_base(p, row) + int64_t{jk} * p.win_tok_stride;
+          if (ok) {
+            const int64_t off = dsv4_window_base(p, row) + int64_t{jk} * p.win_tok_stride + d;
+            x = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off])
+                             : static_cast<const float*>(p.window_kv)[off];
+          }
         } else {
           const int idx = p.maybe_comp_idx[int64_t{row} * p.comp_idx_stride + (jk - p.n_window)];
           ok = idx >= 0;
-          if (ok) src = p.maybe_comp_rows + int64_t{idx} * p.comp_stride;
-        }
-      }
-      live[t] = ok;
-      row_src[t] = src;
-      win_off[t] = woff;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kTile * kD / kThreads; ++k) {
-      const int i = threadIdx.x + k * kThreads;
-      const int t = i / kD, d = i % kD;
-      float x = 0.0f;
-      if (live[t]) {
-        const uint8_t* src = row_src[t];
-        if (src) {
-          x = math::dsv4_row_value(src, d);
-        } else {
-          const int64_t off = win_off[t] + d;
-          x = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off])
-                           : static_cast<const float*>(p.window_kv)[off];
+          if (ok) x = math::dsv4_row_value(p.maybe_comp_rows + int64_t{idx} * p.comp_stride, d);
         }
       }
       keys[t][d] = x;
+      if (d == 0) live[t] = ok;
     }
     __syncthreads();
     // ---- scores of this warp's head
