@@ -1,5 +1,6 @@
 // Host side of CUDA attention: kernel choice and grid, the split-K merge kernel.
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -122,6 +123,8 @@ void dispatch_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cu
 
 }  // namespace
 
+constexpr int kMaxSplitsChosen = 1024;
+
 int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
                                 int kernel_variant, int64_t max_seq_cells) {
   KVCORE_CUDA_CHECK(cudaSetDevice(device));
@@ -151,6 +154,12 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
     std::lock_guard<std::mutex> lock(mu);
     known[key] = per_sm;
   }
+  // KVCORE_ATTN_SPLITS=N forces N splits (A/B benchmarks of the choice below).
+  static const int forced = [] {
+    const char* v = std::getenv("KVCORE_ATTN_SPLITS");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced > 0) return std::min(forced, kMaxSplitsChosen);
   const int64_t slots = int64_t{std::max(per_sm, 1)} * sm_count(device);
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
   // At least 128 cells per split; at most 1024 splits.
