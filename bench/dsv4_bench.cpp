@@ -25,6 +25,9 @@
 #include "kvcore/error.hpp"
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/runtime.hpp"
+#if KVCORE_WITH_CUDA
+#include "ops/dsv4_backends.hpp"  // the indexer's two halves, timed apart for the breakdown
+#endif
 #include "tools/registry.hpp"
 
 namespace {
@@ -246,6 +249,50 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
       x.t = per(ti, tokens_per_rep);
       x.traffic = Traffic::Read;
       opt.report(x);
+      // The two halves apart (the op's backend calls, same arguments as the op fills).
+      const TensorRef store = cache.indexer_store(0, csa);
+      dsv4::IndexerParams ip{};
+      ip.q = q.as<float>();
+      ip.q_stride0 = static_cast<int64_t>(cfg.index_heads) * cfg.index_dim;
+      ip.q_stride1 = cfg.index_dim;
+      ip.weights = w.as<float>();
+      ip.w_stride = cfg.index_heads;
+      ip.rows = store.data();
+      ip.rows_stride = store.stride(0);
+      ip.rows_packed = store.dtype() == DType::U8 ? 1 : 0;
+      ip.cap = store.size(0);
+      ip.n_rows = cache.indexer_rows(0, csa);
+      ip.n_q = 1;
+      ip.n_heads = cfg.index_heads;
+      ip.dim = cfg.index_dim;
+      ip.ratio = cfg.csa_ratio;
+      ip.quant = cfg.quant == Dsv4Quant::On ? 1 : 0;
+      ip.k = cfg.index_topk;
+      ip.first_query_pos = qpos;
+      ip.scores = scores.as<float>();
+      ip.scores_stride = ip.cap;
+      ip.out = picks.as<int32_t>();
+      ip.out_stride = cfg.index_topk;
+      for (int half = 0; half < 2; ++half) {
+        synchronize(dev);
+        const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+          for (int i = 0; i < tokens_per_rep; ++i) {
+            if (half == 0) {
+              dsv4::cuda::indexer_scores(ip, s);
+            } else {
+              dsv4::cuda::indexer_select(ip, s);
+            }
+          }
+        });
+        BenchRecord y = x;
+        y.case_name = fmt(half == 0 ? "indexer scores only one CSA layer ctx=%lld (CUDA graph replay)"
+                                    : "indexer top-k only one CSA layer ctx=%lld (CUDA graph replay)",
+                          context);
+        y.bytes = half == 0 ? static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4
+                            : static_cast<double>(cache.indexer_rows(0, csa)) * 4;
+        y.t = per(th, tokens_per_rep);
+        opt.report(y);
+      }
     }
   }
 #endif

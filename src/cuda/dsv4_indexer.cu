@@ -53,7 +53,7 @@ int sm_count_of(int dev) {
 struct SmemOptIn {
   std::atomic<int> set[64] = {};
   void ensure(const void* fn, size_t bytes, int dev) {
-    if (bytes <= 48 * 1024) return;
+    if (bytes == 0) return;  // (static + dynamic > 48 KB needs the opt-in too, so any size is set)
     const int b = static_cast<int>(bytes);
     if (dev >= 0 && dev < 64 && set[dev].load(std::memory_order_relaxed) >= b) return;
     KVCORE_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, b));
@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerPara
 constexpr int kTopkThreads = 1024;
 constexpr int kMaxK = 2048;
 constexpr int kSmemKeysMax = 32768;  // visible rows whose keys are cached in shared memory (128 KB)
+constexpr int kCandMax = 4096;       // keys of the threshold's 12-bit bin held as candidates (32 KB)
 
 // Larger float -> larger key; -0 counts as +0 (the CPU compares them equal).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -359,15 +360,60 @@ __device__ __forceinline__ void bitonic_keep(uint32_t& k, int32_t& i, uint32_t o
   }
 }
 
+// The digit of a radix pass: the bin b with above(b) < need <= above(b) + hist[b], above(b) =
+// keys in higher bins (hist[0, n_bins), n_bins a multiple of blockDim.x). Sets s_prefix (prefix
+// with the digit), s_need (need minus above(b)) and s_cnt (hist[b]); ends after a barrier.
+__device__ inline void find_digit(const int* hist, int n_bins, int shift, uint32_t prefix, int need, int* scratch,
+                                  uint32_t* s_prefix, int* s_need, int* s_cnt) {
+  const int per = n_bins / static_cast<int>(blockDim.x), tid = threadIdx.x;
+  int local = 0;
+  for (int j = 0; j < per; ++j) local += hist[tid * per + j];
+  int above = block_scan(local, true, scratch) - local;
+  for (int j = per - 1; j >= 0; --j) {
+    const int b = tid * per + j, c = hist[b];
+    if (above < need && above + c >= need) {
+      *s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+      *s_need = need - above;
+      *s_cnt = c;
+    }
+    above += c;
+  }
+  __syncthreads();
+}
+
+// Histogram of digit (key >> shift) & (n_bins - 1) over the n keys key_of(0 .. n-1) whose masked
+// bits equal prefix, into hist; ends after a barrier.
+template <class KeyOf>
+__device__ inline void radix_histogram(const KeyOf& key_of, int n, int bits, int shift, uint32_t mask, uint32_t prefix,
+                                       int* hist) {
+  const int n_bins = 1 << bits;
+  for (int b = threadIdx.x; b < n_bins; b += blockDim.x) hist[b] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const uint32_t key = key_of(s);
+    if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(n_bins - 1)], 1);
+  }
+  __syncthreads();
+}
+
+// Exact top-k of one query's visible scores, in (score descending, row ascending) order.
+// Radix select of the take-th largest key, MSB first (12, 10, 10 bits). After the first pass the
+// keys of the threshold's 12-bit bin are usually few: when at most kCandMax, one ordered sweep
+// places the keys of higher bins (picks) and those of the bin (candidates, in row order), and the
+// last two passes and the ties run over the candidates only (two sweeps over all keys instead of
+// five). Otherwise every pass sweeps all keys.
 template <bool kKeysInSmem>
 __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams p) {
-  extern __shared__ uint32_t keys[];  // [vis] when kKeysInSmem
+  extern __shared__ uint32_t dyn[];  // candidates [kCandMax] keys, [kCandMax] rows; then [vis] keys when kKeysInSmem
+  uint32_t* cand_key = dyn;
+  int32_t* cand_idx = reinterpret_cast<int32_t*>(dyn + kCandMax);
+  uint32_t* keys = dyn + 2 * kCandMax;
   __shared__ int hist[4096];
   __shared__ uint32_t sel_key[kMaxK];
   __shared__ int32_t sel_idx[kMaxK];
   __shared__ int scratch[33];
   __shared__ uint32_t s_prefix;
-  __shared__ int s_need, s_n_gt;
+  __shared__ int s_need, s_cnt, s_n_gt, s_total;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
   const int32_t i = blockIdx.x;
@@ -393,78 +439,134 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
     }
   };
 
-  // Radix select of the take-th largest key, MSB first: 12, 10, 10 bits.
-  uint32_t prefix = 0, mask = 0;
-  int need = take;
-  for (int pass = 0; pass < 3; ++pass) {
-    const int bits = pass == 0 ? 12 : 10, shift = pass == 0 ? 20 : (pass == 1 ? 10 : 0);
-    const int n_bins = 1 << bits, per = n_bins / kTopkThreads;
-    for (int b = tid; b < n_bins; b += blockDim.x) hist[b] = 0;
+  // Pass 0 over all keys: the threshold's top 12 bits.
+  radix_histogram(key_at, vis, 12, 20, 0u, 0u, hist);
+  find_digit(hist, 4096, 20, 0u, take, scratch, &s_prefix, &s_need, &s_cnt);
+  uint32_t prefix = s_prefix, mask = 0xfff00000u;
+  int need = s_need;
+  const int n_cand = s_cnt, n_gt0 = take - need;  // keys in the threshold's bin, keys above it
+  // Rows [w seg, (w + 1) seg) belong to warp w (ordered sweeps).
+  const int seg = ((vis + n_warps - 1) / n_warps + 31) / 32 * 32;
+  const int s_begin = min(vis, warp * seg), s_end = min(vis, s_begin + seg);
+  const unsigned lower = (1u << lane) - 1u;
+  uint32_t kth = 0;
+  int n_ties = 0;
+
+  if (n_cand <= kCandMax) {  // block-uniform
+    const uint32_t b0 = prefix >> 20;
+    int my_gt = 0, my_in = 0;
+    for (int s = s_begin + lane; s < s_end; s += 32) {
+      const uint32_t d = key_at(s) >> 20;
+      my_gt += d > b0;
+      my_in += d == b0;
+    }
+    my_gt = __reduce_add_sync(0xffffffffu, my_gt);
+    my_in = __reduce_add_sync(0xffffffffu, my_in);
+    const int packed = lane == 0 ? (my_gt << 16) | my_in : 0;  // both totals < 2^16 (<= kMaxK, <= kCandMax)
+    int before = block_scan(packed, false, scratch) - packed;
+    before = __shfl_sync(0xffffffffu, before, 0);
+    int gt_rank = before >> 16, in_rank = before & 0xffff;
+    for (int base = s_begin; base < s_end; base += 32) {
+      const int s = base + lane;
+      const uint32_t key = s < s_end ? key_at(s) : 0u, d = key >> 20;
+      const bool g = s < s_end && d > b0, c = s < s_end && d == b0;
+      const unsigned bg = __ballot_sync(0xffffffffu, g), bc = __ballot_sync(0xffffffffu, c);
+      if (g) {
+        const int slot = gt_rank + __popc(bg & lower);
+        sel_key[slot] = key;
+        sel_idx[slot] = s;
+      }
+      if (c) {
+        const int slot = in_rank + __popc(bc & lower);
+        cand_key[slot] = key;
+        cand_idx[slot] = s;
+      }
+      gt_rank += __popc(bg);
+      in_rank += __popc(bc);
+    }
+    if (tid == 0) s_n_gt = n_gt0;
     __syncthreads();
-    // Scores crowd into a few bins: one atomic per distinct bin a warp (lanes matched), not per key.
-    for (int base = 0; base < vis; base += blockDim.x) {  // the same trip count for every lane
+    auto cand_at = [&](int j) -> uint32_t { return cand_key[j]; };
+    for (int pass = 1; pass < 3; ++pass) {
+      const int shift = pass == 1 ? 10 : 0;
+      radix_histogram(cand_at, n_cand, 10, shift, mask, prefix, hist);
+      find_digit(hist, 1024, shift, prefix, need, scratch, &s_prefix, &s_need, &s_cnt);
+      prefix = s_prefix;
+      need = s_need;
+      mask |= 1023u << shift;
+    }
+    kth = prefix;
+    n_ties = need;
+    // Candidates above the threshold: any slot order (sorted below).
+    for (int j = tid; j < n_cand; j += blockDim.x) {
+      const uint32_t key = cand_key[j];
+      if (key > kth) {
+        const int slot = atomicAdd(&s_n_gt, 1);
+        sel_key[slot] = key;
+        sel_idx[slot] = cand_idx[j];
+      }
+    }
+    // Ties in candidate order (row order): the first n_ties of them.
+    int running = 0;
+    for (int base = 0; base < n_cand; base += blockDim.x) {  // the same trip count for every thread
+      const int j = base + tid;
+      const int f = j < n_cand && cand_key[j] == kth ? 1 : 0;
+      const int incl = block_scan(f, false, scratch);
+      if (tid == blockDim.x - 1) s_total = incl;
+      __syncthreads();
+      const int r = running + incl - f;
+      if (f && r < n_ties) {
+        sel_key[take - n_ties + r] = kth;
+        sel_idx[take - n_ties + r] = cand_idx[j];
+      }
+      running += s_total;
+      __syncthreads();  // s_total is rewritten next round
+    }
+  } else {
+    for (int pass = 1; pass < 3; ++pass) {
+      const int shift = pass == 1 ? 10 : 0;
+      radix_histogram(key_at, vis, 10, shift, mask, prefix, hist);
+      find_digit(hist, 1024, shift, prefix, need, scratch, &s_prefix, &s_need, &s_cnt);
+      prefix = s_prefix;
+      need = s_need;
+      mask |= 1023u << shift;
+    }
+    kth = prefix;
+    n_ties = need;
+    const int n_gt = take - need;  // picks above the threshold key, ties to take
+    // Keys above the threshold: any slot order (sorted below).
+    for (int base = 0; base < vis; base += blockDim.x) {  // warp-aggregated slots
       const int s = base + tid;
       const uint32_t key = s < vis ? key_at(s) : 0u;
-      const bool counts = s < vis && (key & mask) == prefix;
-      const uint32_t bin = counts ? (key >> shift) & static_cast<uint32_t>(n_bins - 1) : 0xffffffffu;
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (counts && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-    }
-    __syncthreads();
-    // The digit: the bin b with above(b) < need <= above(b) + hist[b], above(b) = keys in higher bins.
-    int local = 0;
-    for (int j = 0; j < per; ++j) local += hist[tid * per + j];
-    int above = block_scan(local, true, scratch) - local;
-    for (int j = per - 1; j >= 0; --j) {
-      const int b = tid * per + j, c = hist[b];
-      if (above < need && above + c >= need) {
-        s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-        s_need = need - above;
+      const bool above = s < vis && key > kth;
+      const unsigned ballot = __ballot_sync(0xffffffffu, above);
+      int first = 0;
+      if (lane == 0 && ballot) first = atomicAdd(&s_n_gt, __popc(ballot));
+      first = __shfl_sync(0xffffffffu, first, 0);
+      if (above) {
+        const int slot = first + __popc(ballot & lower);
+        sel_key[slot] = key;
+        sel_idx[slot] = s;
       }
-      above += c;
     }
-    __syncthreads();
-    prefix = s_prefix;
-    need = s_need;
-    mask |= static_cast<uint32_t>(n_bins - 1) << shift;
-  }
-  const uint32_t kth = prefix;
-  const int n_ties = need, n_gt = take - need;  // picks above the threshold key, ties to take
-
-  // Keys above the threshold: any slot order (sorted below).
-  for (int base = 0; base < vis; base += blockDim.x) {  // warp-aggregated slots
-    const int s = base + tid;
-    const uint32_t key = s < vis ? key_at(s) : 0u;
-    const bool above = s < vis && key > kth;
-    const unsigned ballot = __ballot_sync(0xffffffffu, above);
-    int first = 0;
-    if (lane == 0 && ballot) first = atomicAdd(&s_n_gt, __popc(ballot));
-    first = __shfl_sync(0xffffffffu, first, 0);
-    if (above) {
-      const int slot = first + __popc(ballot & ((1u << lane) - 1u));
-      sel_key[slot] = key;
-      sel_idx[slot] = s;
+    // Ties in row order: warp w owns the rows [w seg, (w + 1) seg); count, scan over warps, place.
+    int mine = 0;
+    for (int s = s_begin + lane; s < s_end; s += 32) mine += key_at(s) == kth;
+    mine = __reduce_add_sync(0xffffffffu, mine);
+    const int lane_total = lane == 0 ? mine : 0;
+    int rank = block_scan(lane_total, false, scratch) - lane_total;  // ties in the warps before this one
+    rank = __shfl_sync(0xffffffffu, rank, 0);
+    for (int base = s_begin; base < s_end && rank < n_ties; base += 32) {
+      const int s = base + lane;
+      const bool tie = s < s_end && key_at(s) == kth;
+      const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+      const int r = rank + __popc(ballot & lower);
+      if (tie && r < n_ties) {
+        sel_key[n_gt + r] = kth;
+        sel_idx[n_gt + r] = s;
+      }
+      rank += __popc(ballot);
     }
-  }
-  // Ties in row order: warp w owns the rows [w seg, (w + 1) seg); count, scan over warps, place.
-  const int seg = ((vis + n_warps - 1) / n_warps + 31) / 32 * 32;
-  const int s_begin = warp * seg, s_end = min(vis, s_begin + seg);
-  int mine = 0;
-  for (int s = s_begin + lane; s < s_end; s += 32) mine += key_at(s) == kth;
-  mine = __reduce_add_sync(0xffffffffu, mine);
-  const int lane_total = lane == 0 ? mine : 0;
-  int rank = block_scan(lane_total, false, scratch) - lane_total;  // ties in the warps before this one
-  rank = __shfl_sync(0xffffffffu, rank, 0);
-  for (int base = s_begin; base < s_end && rank < n_ties; base += 32) {
-    const int s = base + lane;
-    const bool tie = s < s_end && key_at(s) == kth;
-    const unsigned ballot = __ballot_sync(0xffffffffu, tie);
-    const int r = rank + __popc(ballot & ((1u << lane) - 1u));
-    if (tie && r < n_ties) {
-      sel_key[n_gt + r] = kth;
-      sel_idx[n_gt + r] = s;
-    }
-    rank += __popc(ballot);
   }
   __syncthreads();
 
@@ -529,10 +631,14 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
   }
 }
 
-void indexer_topk(const IndexerParams& p, Stream s) {
+static void indexer_check(const IndexerParams& p) {
   require(p.k <= kMaxK, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: top-k ", p.k, " exceeds ", kMaxK);
   require(p.n_q <= 65535, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: at most 65535 queries a call, got ", p.n_q);
   require(p.cap <= (int64_t{1} << 31) - 1, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: too many rows: ", p.cap);
+}
+
+void indexer_scores(const IndexerParams& p, Stream s) {
+  indexer_check(p);
   const int dev = current_device();
   const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);
   if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
@@ -564,19 +670,33 @@ void indexer_topk(const IndexerParams& p, Stream s) {
     score_kernel<<<grid, kThreads, q_smem, native(s)>>>(p);
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_kernel");
   }
+}
+
+void indexer_select(const IndexerParams& p, Stream s) {
+  indexer_check(p);
+  const int dev = current_device();
   const int64_t max_vis = std::min(p.n_rows, p.cap);
+  const size_t cand_bytes = static_cast<size_t>(2 * kCandMax) * sizeof(uint32_t);
   if (max_vis <= kSmemKeysMax) {
     // The kernel's static shared memory (32 KB) counts against the same limit: raise the dynamic
     // limit to the most this kernel ever takes, once per device (a smaller opt-in than static +
     // dynamic made a launch with 4099 keys fail with cudaErrorInvalidValue in GPU run 3).
     static SmemOptIn opt_in;
-    const size_t keys_bytes = static_cast<size_t>(max_vis) * sizeof(uint32_t);
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true>), static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
-    topk_kernel<true><<<p.n_q, kTopkThreads, keys_bytes, native(s)>>>(p);
+    const size_t bytes = cand_bytes + static_cast<size_t>(max_vis) * sizeof(uint32_t);
+    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true>), cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
+    topk_kernel<true><<<p.n_q, kTopkThreads, bytes, native(s)>>>(p);
   } else {
-    topk_kernel<false><<<p.n_q, kTopkThreads, 0, native(s)>>>(p);
+    static SmemOptIn opt_in;  // static 32 KB + dynamic 32 KB: over the 48 KB default
+    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<false>), cand_bytes, dev);
+    topk_kernel<false><<<p.n_q, kTopkThreads, cand_bytes, native(s)>>>(p);
   }
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
+}
+
+void indexer_topk(const IndexerParams& p, Stream s) {
+  indexer_check(p);  // before any launch: nothing written on a refusal
+  indexer_scores(p, s);
+  indexer_select(p, s);
 }
 
 }  // namespace kvcore::dsv4::cuda

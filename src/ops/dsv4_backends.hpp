@@ -26,6 +26,9 @@ void reset(const CompressorParams& p, Stream s);
 void emit(const CompressorParams& p, Stream s);
 void prefill(const CompressorParams& p, Stream s);
 void indexer_topk(const IndexerParams& p, Stream s);
+// The two halves of indexer_topk (for benchmarks' breakdown): scores, then the top-k of them.
+void indexer_scores(const IndexerParams& p, Stream s);
+void indexer_select(const IndexerParams& p, Stream s);
 void decode_layer(const DecodeParams& p, Stream s);
 }  // namespace cuda
 #endif

@@ -277,6 +277,39 @@ void check_case(const Case& cs, uint64_t seed) {
   EXPECT_LE(share, attn ? 0.005 : 0.01);
 }
 
+// Long prefill chunks: more windows than the streaming prefill kernel has blocks (2 an SM), so
+// blocks walk several windows and load the next one's candidates while finishing the current
+// row. Prefill must stay bit-identical to token-by-token emission (rows and state).
+void check_long_prefill(const Case& cs, int n_windows, uint64_t seed) {
+  const Dsv4Compressor& cc = cs.cc;
+  SCOPED_TRACE(::testing::Message() << "long prefill hd " << cc.head_dim << " ratio " << cc.ratio << " overlap " << cc.overlap
+                                    << " windows " << n_windows);
+  const int n = cc.ratio * n_windows + 3, W = cc.width(), hd = cc.head_dim;
+  const std::vector<float> c = randn(static_cast<size_t>(n) * W, seed, 1.5f), z = randn(c.size(), seed + 1, 2.0f),
+                           ape = randn(static_cast<size_t>(cc.ratio) * W, seed + 2), norm0 = randn(hd, seed + 3, 0.25f);
+  std::vector<float> norm = norm0;
+  for (float& v : norm) v += 1.0f;
+  std::vector<int> ones(n, 1);
+  const int first = 2 * cc.ratio + 1, second = (n - first) * 3 / 4;
+  const std::vector<int> chunks{first, second, n - first - second};
+  const RunOut gpu = run_compressor(cs, kGpu, c, z, ape, norm, n, ones);
+  const RunOut gpu_pf = run_compressor(cs, kGpu, c, z, ape, norm, n, chunks);
+  ASSERT_EQ(gpu.rows, gpu_pf.rows) << "CUDA prefill == CUDA token by token";
+  ASSERT_EQ(std::memcmp(gpu.kv.data(), gpu_pf.kv.data(), gpu.kv.size() * 4), 0);
+  ASSERT_EQ(std::memcmp(gpu.score.data(), gpu_pf.score.data(), gpu.score.size() * 4), 0);
+}
+
+TEST(Dsv4Cuda, LongPrefillMatchesTokenByToken) {
+  REQUIRE_GPU();
+  uint64_t seed = 900;
+  check_long_prefill({Dsv4Compressor::csa(512, 64, 4), Dsv4Quant::On, true}, 1000, seed++);       // 8 candidates, 2 channels a thread
+  check_long_prefill({Dsv4Compressor::indexer(128, 64, 4), Dsv4Quant::On, true}, 1000, seed++);   // 8 candidates, 1 channel a thread
+  check_long_prefill({Dsv4Compressor::hca(512, 64, 128), Dsv4Quant::On, true}, 300, seed++);      // one-pass pool, 2 channels
+  check_long_prefill({Dsv4Compressor::csa(96, 16, 3), Dsv4Quant::Off, false}, 1000, seed++);      // one-pass pool with overlap
+  check_long_prefill({Dsv4Compressor::hca(200, 8, 5), Dsv4Quant::Off, false}, 700, seed++);       // a partial batch of 5
+  check_long_prefill({Dsv4Compressor::hca(300, 8, 16), Dsv4Quant::Off, false}, 400, seed++);      // 300 channels: 2 a thread
+}
+
 TEST(Dsv4Cuda, CompressionMatchesCpu) {
   REQUIRE_GPU();
   uint64_t seed = 500;
@@ -295,7 +328,7 @@ TEST(Dsv4Cuda, CompressionMatchesCpu) {
 
 // ---- indexer -----------------------------------------------------------------------------
 
-enum class RowsMode { Random, ZeroEveryThird, AllSame };
+enum class RowsMode { Random, ZeroEveryThird, AllSame, ZeroAllButTenth };
 
 struct IndexerCase {
   Dsv4Quant quant = Dsv4Quant::Off;
@@ -314,6 +347,9 @@ void check_indexer(const IndexerCase& c) {
   std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
   if (c.rows == RowsMode::ZeroEveryThird)  // many rows scoring exactly 0: ties the top-k must break by row
     for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
+  if (c.rows == RowsMode::ZeroAllButTenth)  // most rows score exactly 0: a threshold bin of thousands of ties
+    for (int s = 0; s < cap; ++s)
+      if (s % 10 != 0) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
   if (c.rows == RowsMode::AllSame)  // every row scores the same: the picks are rows 0, 1, 2, ...
     for (int s = 1; s < cap; ++s) std::copy(rows_f.begin(), rows_f.begin() + D, rows_f.begin() + static_cast<size_t>(s) * D);
   const int rb = math::dsv4_fp4_row_bytes(D);
@@ -323,7 +359,7 @@ void check_indexer(const IndexerCase& c) {
     for (int s = 0; s < cap; ++s) math::dsv4_pack_fp4_row(rows_f.data() + static_cast<size_t>(s) * D, D, rows_p.data() + static_cast<size_t>(s) * rb);
   }
   Twin<float> q(randn(static_cast<size_t>(nq) * H * D, 72)), w(randn(static_cast<size_t>(nq) * H, 73)), rf(rows_f);
-  if (c.rows == RowsMode::ZeroEveryThird)
+  if (c.rows == RowsMode::ZeroEveryThird || c.rows == RowsMode::ZeroAllButTenth)
     for (float& v : w.h) v = std::fabs(v);
   w.d.copy_from_host(w.h.data(), w.h.size() * 4);
   Twin<uint8_t> rp(packed ? rows_p : std::vector<uint8_t>(1));
@@ -468,6 +504,50 @@ TEST(Dsv4Cuda, IndexerShapes) {
   {
     IndexerCase c = icase(Dsv4Quant::On, true, 40000, 39990, 600, 4 * 40000, RowsMode::AllSame);
     c.H = 4, c.D = 32, c.nq = 1;
+    check_indexer(c);
+  }
+}
+
+// The top-k's two strategies: after the first 12-bit radix pass, the keys of the threshold's bin
+// become candidates when at most 4096 (the last passes and the ties over them only), else every
+// pass sweeps all keys. Cases for both, with keys in shared and in global memory: the model's
+// 64k-context shape (16383 rows, odd), k close to the row count, a threshold among thousands of
+// zero-score ties (> 4096: all-keys path; < 4096: candidates path, ties in row order), all equal.
+TEST(Dsv4Cuda, IndexerTopkPaths) {
+  REQUIRE_GPU();
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 17921, 16383, 512, 4 * 16383 + 2);  // the model's shape at 64k
+    c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2101, 2099, 2048, 4 * 2099 + 3);  // k close to the row count
+    c.H = 16, c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 9001, 9001, 1000, 4 * 9001, RowsMode::ZeroAllButTenth);  // 8100 ties: all keys
+    c.H = 8, c.D = 64, c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 3333, 3333, 700, 4 * 3333, RowsMode::ZeroAllButTenth);  // 3000 ties: candidates
+    c.H = 8, c.D = 64, c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 9000, 8999, 2047, 4 * 8999, RowsMode::AllSame);  // all ties, > 4096
+    c.H = 4, c.D = 32, c.nq = 1;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 50001, 50001, 1500, 4 * 50001, RowsMode::ZeroAllButTenth);  // global keys, ties
+    c.H = 4, c.D = 32, c.nq = 1;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 45001, 45001, 999, 4 * 45001);  // global keys, candidates path
+    c.H = 4, c.D = 32, c.nq = 2;
     check_indexer(c);
   }
 }

@@ -123,10 +123,31 @@ KVCORE_HD float dsv4_pool_fixed(const At& at) {
 // three-pass form to a few ulps (a different rounding order). Candidates are
 // fetched kBatch at a time into registers (on a GPU, kBatch loads in flight instead
 // of one), then folded in order: the arithmetic does not depend on the batching.
+// One candidate at a time folded into the running (max, denominator, weighted sum):
+// the arithmetic of dsv4_pool_online, shared with kernels that fetch candidates
+// their own way (same operations in the same order: identical bits).
+struct Dsv4OnlineFold {
+  float mx = -INFINITY, den = 0.0f, acc = 0.0f;
+  KVCORE_HD void add(float z, float c) {
+    if (z == -INFINITY) return;
+    if (z > mx) {
+      const float r = expf(mx - z);  // 0 on the first candidate
+      den = den * r + 1.0f;
+      acc = acc * r + c;
+      mx = z;
+    } else {
+      const float e = expf(z - mx);
+      den += e;
+      acc += c * e;
+    }
+  }
+  KVCORE_HD float result() const { return mx == -INFINITY ? 0.0f : acc / den; }
+};
+
 template <class At>
 KVCORE_HD float dsv4_pool_online(int n, const At& at) {
   constexpr int kBatch = 8;
-  float mx = -INFINITY, den = 0.0f, acc = 0.0f;
+  Dsv4OnlineFold fold;
   for (int j0 = 0; j0 < n; j0 += kBatch) {
     float zs[kBatch], cs[kBatch];
     if (j0 + kBatch <= n) {  // a full batch: straight-line fetches, all loads issued before any use
@@ -150,22 +171,9 @@ KVCORE_HD float dsv4_pool_online(int n, const At& at) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int b = 0; b < kBatch; ++b) {
-      const float z = zs[b], c = cs[b];
-      if (z == -INFINITY) continue;
-      if (z > mx) {
-        const float r = expf(mx - z);  // 0 on the first candidate
-        den = den * r + 1.0f;
-        acc = acc * r + c;
-        mx = z;
-      } else {
-        const float e = expf(z - mx);
-        den += e;
-        acc += c * e;
-      }
-    }
+    for (int b = 0; b < kBatch; ++b) fold.add(zs[b], cs[b]);
   }
-  return mx == -INFINITY ? 0.0f : acc / den;
+  return fold.result();
 }
 
 // Pool over n candidates: CSA and the indexer (8) through registers in HF's
