@@ -46,6 +46,33 @@ void fp8_item(uint8_t* src, uint8_t* sc, const shift_chain::Stream& st, const sh
   std::memcpy(sc - P.n_discard * st.scale_stride, scales, HD / 64);
 }
 
+// Byte equality, except that two stored values that are both NaN (in the tensor's element
+// format) match whatever their payloads.
+bool same_up_to_nan_payloads(ops::ShiftKind kind, const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size()) return false;
+  const bool f32 = kind == ops::ShiftKind::F32;
+  const bool is16 = kind == ops::ShiftKind::F16 || kind == ops::ShiftKind::BF16 || kind == ops::ShiftKind::Dsv4;
+  if (!f32 && !is16) return a == b;
+  const size_t w = f32 ? 4 : 2;
+  auto nan = [&](const uint8_t* p) {
+    if (f32) {
+      uint32_t x;
+      std::memcpy(&x, p, 4);
+      return (x & 0x7f800000u) == 0x7f800000u && (x & 0x007fffffu) != 0;
+    }
+    uint16_t x;
+    std::memcpy(&x, p, 2);
+    if (kind == ops::ShiftKind::F16) return (x & 0x7c00u) == 0x7c00u && (x & 0x03ffu) != 0;
+    return (x & 0x7f80u) == 0x7f80u && (x & 0x007fu) != 0;  // bf16 (and the DeepSeek-V4 tail)
+  };
+  for (size_t i = 0; i < a.size(); i += w) {
+    const size_t n = std::min(w, a.size() - i);
+    if (std::memcmp(&a[i], &b[i], n) == 0) continue;
+    if (n < w || !nan(&a[i]) || !nan(&b[i])) return false;
+  }
+  return true;
+}
+
 void run(const Config& cfg, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<Tensor> ts;
@@ -229,14 +256,13 @@ void run(const Config& cfg, uint32_t seed) {
       const bool moved = tok >= cfg.n_keep && tok < cfg.n_keep + n_moved && col < row;
       ASSERT_EQ(writes[i][x], moved ? 1 : 0) << "tensor " << i << " token " << tok << " byte " << col;
     }
-#if !defined(__SANITIZE_ADDRESS__)
-    // Known gap: in the ASan/UBSan build (RelWithDebInfo) one rotated 32-bit row of this replay
-    // differs from the CPU op in its low bits; the optimized build (and the CUDA run, within
-    // tolerance) agree. The write-once property above is what this test is for; equality of
-    // values is checked here only in the optimized build until the cause is found.
-    ASSERT_EQ(ts[i].bytes, ref[i].bytes) << "tensor " << i << " (kind " << int(t.kind) << ") differs from the CPU op";
+    // Values equal the CPU op's bit for bit, except NaN payloads: the rows hold random bytes,
+    // so some rotated values are NaNs, and which operand's payload a NaN result carries
+    // depends on the order the compiler gives the operands of a commutative operation (the
+    // ASan/UBSan build orders them differently from the optimized one). Any NaN matches any NaN.
+    EXPECT_TRUE(same_up_to_nan_payloads(t.kind, ts[i].bytes, ref[i].bytes))
+        << "tensor " << i << " (kind " << int(t.kind) << ") differs from the CPU op";
     ASSERT_EQ(ts[i].scales, ref[i].scales) << "tensor " << i << ": FP8 scales differ from the CPU op";
-#endif
   }
 }
 

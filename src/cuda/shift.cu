@@ -19,9 +19,11 @@
 //
 // That first kernel stays selectable (KVCORE_SHIFT_KERNEL=single), and so does
 // its pipelined form below (two tile buffers, the next tile loading while
-// the current one rotates, waits and stores). With a single band (n_discard >=
-// n_moved: no overlap) both deal tiles statically: no atomics, no counters, no
-// memset.
+// the current one rotates, waits and stores), which with a single band
+// (n_discard >= n_moved: no overlap) deals tiles statically: no atomics, no
+// counters, no memset. (The single kernel keeps its ticket counter even then:
+// dealing its tiles statically cost 5-10% on the H200, GPU run 4 -- the
+// counter balances blocks that run at different speeds.)
 //
 // Which kernel runs is one rule, src/cuda/shift_kernel_choice.hpp (KVCORE_SHIFT_KERNEL
 // forces one). The chain kernel
@@ -172,10 +174,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
   if (tid == 0) s_layer = -1;
   const int64_t D = p.n_discard;
 
-  // One band (no overlap): nothing is ordered, so tiles are dealt statically (block i takes
-  // i, i + grid, ...): no atomics, and the host skips the counters' memset.
-  const bool dealt = p.n_bands == 1;
-  if (tid == 0) s_ticket = dealt ? static_cast<int>(blockIdx.x) : atomicAdd(p.counters, 1);
+  if (tid == 0) s_ticket = atomicAdd(p.counters, 1);
   for (;;) {
     __syncthreads();  // ticket visible; the previous tile's stores have read their shared memory
     const int ticket = s_ticket;
@@ -212,15 +211,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
     int next_ticket = 0;
     if (tid == 0) {
       if (new_layer) s_layer = st.t.layer;
-      if (dealt) {
-        next_ticket = ticket + static_cast<int>(gridDim.x);
-      } else {
-        atomicAdd(p.counters + 1 + b, 1);  // this tile's sources may now be overwritten
-        // Take the next ticket now: its latency hides behind the rotation and the stores. Still
-        // deadlock-free: a block's next ticket is above its current one, so the lowest unfinished
-        // tile is always either running or held by a block whose current tile is done.
-        next_ticket = atomicAdd(p.counters, 1);
-      }
+      atomicAdd(p.counters + 1 + b, 1);  // this tile's sources may now be overwritten
+      // Take the next ticket now: its latency hides behind the rotation and the stores. Still
+      // deadlock-free: a block's next ticket is above its current one, so the lowest unfinished
+      // tile is always either running or held by a block whose current tile is done.
+      next_ticket = atomicAdd(p.counters, 1);
     }
 
     if (rotates) {
@@ -480,8 +475,8 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const bool pipelined = kernel == ShiftKernel::Pipelined;
   const int max_blocks = blocks_per_sm(p.device_index, plan.any_fp8, pipelined);
   int* ws = workspace(p.device_index, s, ws_bytes);
-  // Both tile kernels deal a single band's tiles statically and never touch the counters.
-  if (plan.n_bands > 1) KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
+  // The pipelined kernel deals a single band's tiles statically and never touches the counters.
+  if (!(pipelined && plan.n_bands == 1)) KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
   for (size_t g = 0; g < plan.launches.size(); ++g) {
     LaunchParams& L = *plan.launches[g];
     L.counters = ws + g * counters_per_launch;

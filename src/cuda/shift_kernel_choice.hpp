@@ -5,7 +5,8 @@
 // compare them in one run); any other value, or none, leaves the choice to the
 // measured rule (H200, GPU runs 4 and 5):
 //   FP8 keys              -> chain  (51% of copy vs 22% for the tile kernels)
-//   16-bit / DSV4 keys    -> single (80-82% / 66-71% vs the chain's 64-69% / 30%)
+//   16-bit / DSV4 keys    -> single (80-82% / 66-71% vs the chain's 64-69% / 30%;
+//                                    the flat kernel, run 4: 60-76% / 43-46%)
 // A kernel that does not take the call's layout falls back along
 //   flat -> single (overlap, FP8 keys, or a layout the unit decomposition rejects)
 //   chain -> single (a layout the chain kernels do not handle)
