@@ -7,7 +7,8 @@
 //  - decode43+indexer: the same plus the indexer's scores and top-512 for the 21
 //    CSA layers at a given context (what HF's CSA compressor call also does; HF also
 //    rotates the indexer query, kvcore also Hadamard + FP4 rounds it), plain launches
-//    and CUDA-graph replay, and the indexer alone for one layer (graph replay).
+//    and CUDA-graph replay, and the indexer alone for one layer (graph replay), also split
+//    into its two kernels ("indexer scores only", "indexer top-k only") for the breakdown.
 //  - prefill: compression of 64k tokens (one CSA compressor, its indexer, one HCA
 //    compressor), GB/s of input read + rows written against the copy ceiling.
 // HF transformers' modules doing the same work: bench/dsv4_hf_baseline.py.
