@@ -3,10 +3,6 @@
 // and a host launcher that sizes the grid and checks the launch.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-
 #include "cuda/check.cuh"
 #include "cuda/dsv4_common.cuh"
 #include "ops/dsv4_backends.hpp"
@@ -174,161 +170,6 @@ __global__ void __launch_bounds__(kThreads, 4) prefill_kernel(const CompressorPa
   prefill_window_body<kEight>(p, smem, w0 + blockIdx.x);
 }
 
-// ---- prefill, streaming kernel ------------------------------------------------------------
-// Windows whose candidates all lie in the chunk, a persistent grid: each block walks windows
-// blockIdx.x, + gridDim.x, ...; a thread owns V consecutive channels (one 8-byte load per
-// candidate and array when V = 2). The candidates of the block's NEXT window (8-candidate pool)
-// or the next batch of 8 (one-pass pool) are loaded into registers before the current ones are
-// pooled and the row finished, so loads stay in flight through the RMSNorm / RoPE / quantize
-// phase (the one-window-a-block kernel left memory idle there: about half the copy rate).
-// Pooling arithmetic and finish_row are the emission path's (dsv4_pool_fixed / Dsv4OnlineFold,
-// 256 threads): the same bits as token-by-token emission.
-
-constexpr int kStreamBlocksPerSm = 2;
-
-template <int V>
-__device__ __forceinline__ void load_cols(const float* src, float (&out)[V]) {
-  if constexpr (V == 2) {
-    const float2 v = __ldcs(reinterpret_cast<const float2*>(src));  // read once: evict first
-    out[0] = v.x;
-    out[1] = v.y;
-  } else {
-    out[0] = __ldcs(src);
-  }
-}
-
-// Raw c and z (without ape) of candidate j of window w, channels k .. k + V - 1.
-template <int V>
-__device__ __forceinline__ void fetch_raw(const CompressorParams& p, int64_t w, int j, int k, float (&z)[V], float (&c)[V]) {
-  const int32_t m = p.ratio;
-  const bool b = p.overlap && j >= m;
-  const int32_t jm = b ? j - m : j;
-  const int32_t col = b ? p.head_dim + k : k;
-  const int64_t i = (b ? w * m - p.pos : (p.overlap ? w - 1 : w) * m - p.pos) + jm;
-  load_cols<V>(p.c + i * p.c_stride + col, c);
-  load_cols<V>(p.z + i * p.z_stride + col, z);
-}
-
-// z + ape of candidate j, channel k + v (the same f32 add as prefill_candidate / store_one).
-__device__ __forceinline__ float with_ape(const CompressorParams& p, int j, int kv, float z) {
-  const int32_t m = p.ratio;
-  const bool b = p.overlap && j >= m;
-  return z + ape_value(p, b ? j - m : j, b ? p.head_dim + kv : kv);
-}
-
-template <int V>
-__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm) prefill_stream8_kernel(const CompressorParams p, int64_t wa, int64_t wb) {
-  extern __shared__ float smem[];
-  float* buf = smem;
-  float* scratch = smem + p.head_dim;
-  const int k = V * static_cast<int>(threadIdx.x);
-  const bool active = k < p.head_dim;
-  float zn[8][V], cn[8][V];
-  int64_t w = wa + blockIdx.x;
-  if (active && w < wb)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) fetch_raw<V>(p, w, j, k, zn[j], cn[j]);
-  for (; w < wb; w += gridDim.x) {
-    float zs[8][V], cs[8][V];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        zs[j][v] = zn[j][v];
-        cs[j][v] = cn[j][v];
-      }
-    const int64_t wn = w + gridDim.x;
-    if (active && wn < wb)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) fetch_raw<V>(p, wn, j, k, zn[j], cn[j]);
-    if (active) {
-#pragma unroll
-      for (int v = 0; v < V; ++v)
-        buf[k + v] = math::dsv4_pool_fixed<8>([&](int j, float& z, float& c) {
-          z = with_ape(p, j, k + v, zs[j][v]);
-          c = cs[j][v];
-        });
-    }
-    __syncthreads();
-    finish_row(p, w, buf, scratch);
-    __syncthreads();  // buf is rewritten by the next window
-  }
-}
-
-template <int V>
-__global__ void __launch_bounds__(kThreads, kStreamBlocksPerSm) prefill_stream_online_kernel(const CompressorParams p, int64_t wa, int64_t wb) {
-  extern __shared__ float smem[];
-  float* buf = smem;
-  float* scratch = smem + p.head_dim;
-  const int k = V * static_cast<int>(threadIdx.x);
-  const bool active = k < p.head_dim;
-  const int n = p.state_rows;
-  constexpr int kBatch = 8;
-  for (int64_t w = wa + blockIdx.x; w < wb; w += gridDim.x) {
-    if (active) {
-      math::Dsv4OnlineFold fold[V];
-      float zn[kBatch][V] = {}, cn[kBatch][V] = {};
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-        if (b < n) fetch_raw<V>(p, w, b, k, zn[b], cn[b]);
-      for (int j0 = 0; j0 < n; j0 += kBatch) {
-        float zs[kBatch][V], cs[kBatch][V];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-            zs[b][v] = zn[b][v];
-            cs[b][v] = cn[b][v];
-          }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b)
-          if (j0 + kBatch + b < n) fetch_raw<V>(p, w, j0 + kBatch + b, k, zn[b], cn[b]);
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b)
-          if (j0 + b < n)
-#pragma unroll
-            for (int v = 0; v < V; ++v) fold[v].add(with_ape(p, j0 + b, k + v, zs[b][v]), cs[b][v]);
-      }
-#pragma unroll
-      for (int v = 0; v < V; ++v) buf[k + v] = fold[v].result();
-    }
-    __syncthreads();
-    finish_row(p, w, buf, scratch);
-    __syncthreads();
-  }
-}
-
-// Channels a thread owns in the streaming kernels: 2 when 8-byte loads are aligned and the
-// row fits 2 a thread, 1 when it fits 1 a thread; 0: use the one-window-a-block kernel.
-int stream_cols(const CompressorParams& p) {
-  const auto aligned8 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 8 == 0; };
-  if (p.head_dim <= kThreads) return 1;
-  if (p.head_dim <= 2 * kThreads && p.head_dim % 2 == 0 && p.c_stride % 2 == 0 && p.z_stride % 2 == 0 && aligned8(p.c) &&
-      aligned8(p.z))
-    return 2;
-  return 0;
-}
-
-int sm_count() {
-  static std::atomic<int> cache[64] = {};
-  int dev = 0;
-  KVCORE_CUDA_CHECK(cudaGetDevice(&dev));
-  int n = dev >= 0 && dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (n == 0) {
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (dev >= 0 && dev < 64) cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-template <class Kernel>
-void launch_stream(Kernel kernel, const CompressorParams& p, int64_t wa, int64_t wb, size_t sm, Stream s) {
-  set_smem(reinterpret_cast<const void*>(kernel), sm);
-  const int64_t blocks = std::min<int64_t>(wb - wa, static_cast<int64_t>(kStreamBlocksPerSm) * sm_count());
-  kernel<<<static_cast<unsigned>(blocks), kThreads, sm, native(s)>>>(p, wa, wb);
-  KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_stream_kernel");
-}
-
 // The state as token-by-token storing leaves it. A thread per (column, row r < m):
 // row r, then (overlapping states) row m + r, whose old value row r may copy: the
 // only order between rows. (A thread walking all 128 rows of an HCA state was a
@@ -360,29 +201,16 @@ void prefill(const CompressorParams& p, Stream s) {
   const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
   const size_t sm = row_smem(p);
   const bool eight = p.state_rows == 8;
-  // Windows from wa on have all their candidates in the chunk: the streaming kernel.
-  const int cols = stream_cols(p);
-  const int64_t first_in_chunk = (p.pos + p.ratio - 1) / p.ratio + (p.overlap ? 1 : 0);
-  const int64_t wa = cols == 0 ? w1 : std::min(w1, std::max(w0, first_in_chunk));
   const void* kernel = eight ? reinterpret_cast<const void*>(prefill_kernel<true>) : reinterpret_cast<const void*>(prefill_kernel<false>);
   set_smem(kernel, sm);
-  for (int64_t w = w0; w < wa; w += 65535 * 1024LL) {  // grid.x limit is 2^31 - 1; stay far below
-    const int64_t n = wa - w < 65535 * 1024LL ? wa - w : 65535 * 1024LL;
+  for (int64_t w = w0; w < w1; w += 65535 * 1024LL) {  // grid.x limit is 2^31 - 1; stay far below
+    const int64_t n = w1 - w < 65535 * 1024LL ? w1 - w : 65535 * 1024LL;
     if (eight) {
       prefill_kernel<true><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
     } else {
       prefill_kernel<false><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
     }
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_kernel");
-  }
-  if (wa < w1) {
-    if (eight) {
-      if (cols == 2) launch_stream(prefill_stream8_kernel<2>, p, wa, w1, sm, s);
-      else launch_stream(prefill_stream8_kernel<1>, p, wa, w1, sm, s);
-    } else {
-      if (cols == 2) launch_stream(prefill_stream_online_kernel<2>, p, wa, w1, sm, s);
-      else launch_stream(prefill_stream_online_kernel<1>, p, wa, w1, sm, s);
-    }
   }
   const dim3 state_grid(static_cast<unsigned>((p.width + kThreads - 1) / kThreads),
                         static_cast<unsigned>(p.overlap ? p.ratio : p.state_rows));
