@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "cuda/check.cuh"
+#include "cuda/shift_chunk_io.cuh"
 #include "cuda/shift_flat.hpp"
 
 namespace kvcore::cuda {
@@ -16,36 +17,6 @@ namespace {
 
 constexpr int kFlatThreads = 256;
 constexpr int kFlatMinBlocks = 4;  // 1024 threads per SM, <= 64 registers
-
-using shift_chain::Chunk;
-
-__device__ __forceinline__ Chunk load_bytes(const uint8_t* g, int n) {
-  Chunk c{};
-  switch (n) {  // every byte is read once: streaming loads
-    case 16: {
-      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(g));
-      c.w[0] = v.x, c.w[1] = v.y, c.w[2] = v.z, c.w[3] = v.w;
-    } break;
-    case 8: {
-      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(g));
-      c.w[0] = v.x, c.w[1] = v.y;
-    } break;
-    case 4: c.w[0] = __ldcs(reinterpret_cast<const unsigned int*>(g)); break;
-    case 2: c.w[0] = *reinterpret_cast<const uint16_t*>(g); break;
-    default: c.w[0] = *g; break;
-  }
-  return c;
-}
-
-__device__ __forceinline__ void store_bytes(uint8_t* g, const Chunk& c, int n) {
-  switch (n) {
-    case 16: *reinterpret_cast<uint4*>(g) = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]); break;
-    case 8: *reinterpret_cast<uint2*>(g) = make_uint2(c.w[0], c.w[1]); break;
-    case 4: *reinterpret_cast<uint32_t*>(g) = c.w[0]; break;
-    case 2: *reinterpret_cast<uint16_t*>(g) = static_cast<uint16_t>(c.w[0]); break;
-    default: *g = static_cast<uint8_t>(c.w[0]); break;
-  }
-}
 
 __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks)
     shift_flat_kernel(const __grid_constant__ shift_flat::Params p) {
@@ -66,8 +37,8 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks)
       const int64_t i = i0 + k * stride;
       if (i < st.n_items) {
         it[k] = shift_flat::decode(st, i);
-        a[k] = load_bytes(it[k].src, it[k].bytes);
-        b[k] = it[k].partner ? load_bytes(it[k].src + it[k].partner, it[k].bytes) : Chunk{};
+        a[k] = load_chunk(it[k].src, it[k].bytes);
+        b[k] = it[k].partner ? load_chunk(it[k].src + it[k].partner, it[k].bytes) : Chunk{};
       }
     }
 #pragma unroll
@@ -75,8 +46,8 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks)
       if (i0 + k * stride < st.n_items) {
         shift_flat::rotate(st, it[k], a[k], b[k], s_cos, s_sin);
         uint8_t* dst = it[k].src - st.shift;
-        store_bytes(dst, a[k], it[k].bytes);
-        if (it[k].partner) store_bytes(dst + it[k].partner, b[k], it[k].bytes);
+        store_chunk(dst, a[k], it[k].bytes);
+        if (it[k].partner) store_chunk(dst + it[k].partner, b[k], it[k].bytes);
       }
     }
   }
