@@ -82,6 +82,31 @@ struct Item {
   int32_t pair0;    // rotated unit: cos/sin entry of its first pair; -1: plain copy
 };
 
+// Where unit u (< units_per_row) of a row lies: its byte offset in the row, the distance to
+// its rotation partner (0: not rotated) and its first pair (-1: none). Shared by the chain
+// and flat kernels.
+struct UnitPlace {
+  int64_t off = 0;
+  int32_t partner = 0;
+  int32_t pair0 = -1;
+};
+KVCORE_HD UnitPlace unit_place(const Stream& st, uint32_t u) {
+  const uint32_t uph = static_cast<uint32_t>(st.units_per_head);
+  const uint32_t h = u / uph;
+  int32_t w = static_cast<int32_t>(u - h * uph);
+  UnitPlace pl;
+  pl.off = int64_t{h} * st.head_bytes;
+  if (w < st.rot_units) {
+    pl.off += st.rot_byte + int64_t{w} * st.vec;
+    pl.partner = st.half_bytes;
+    pl.pair0 = st.pair_base + w * st.pairs_per_unit;
+  } else {
+    w -= st.rot_units;
+    pl.off += int64_t{w < st.pre_chunks ? w : w + st.rot_chunks} * st.vec;
+  }
+  return pl;
+}
+
 // A thread's walk: columns G = first, first + T, ... ; every step of a column in order.
 struct Cursor {
   uint32_t G = 0;     // total_cols < 2^31 and fewer threads than columns: G + n_threads < 2^32
@@ -101,22 +126,11 @@ KVCORE_HD void start_column(const Params& p, Cursor& c) {
   const uint32_t r = g / U, u = g - r * U;
   const int64_t D = p.n_discard;
   c.left = D >= p.n_moved ? 1 : static_cast<int32_t>((static_cast<uint32_t>(p.n_moved) - 1 - r) / static_cast<uint32_t>(D) + 1);
-  const uint32_t uph = static_cast<uint32_t>(st.units_per_head);
-  const uint32_t h = u / uph;
-  int32_t w = static_cast<int32_t>(u - h * uph);
-  int64_t off = int64_t{h} * st.head_bytes;
-  if (w < st.rot_units) {
-    off += st.rot_byte + int64_t{w} * st.vec;
-    c.partner = st.half_bytes;
-    c.pair0 = st.pair_base + w * st.pairs_per_unit;
-  } else {
-    w -= st.rot_units;
-    off += int64_t{w < st.pre_chunks ? w : w + st.rot_chunks} * st.vec;
-    c.partner = 0;
-    c.pair0 = -1;
-  }
+  const UnitPlace pl = unit_place(st, u);
+  c.partner = pl.partner;
+  c.pair0 = pl.pair0;
   c.step = D * st.token_stride;
-  c.src = st.base + (p.n_keep + D + int64_t{r}) * st.token_stride + off;
+  c.src = st.base + (p.n_keep + D + int64_t{r}) * st.token_stride + pl.off;
 }
 
 KVCORE_HD Cursor first_cursor(const Params& p, uint32_t thread) {

@@ -77,19 +77,10 @@ KVCORE_HD Item decode(const Stream& st, int64_t i) {
   const shift_chain::Stream& s = st.u;
   const int64_t U = s.units_per_row;
   const int64_t r = i / U;
-  const int32_t u = static_cast<int32_t>(i - r * U);
-  const int32_t h = u / s.units_per_head;
-  int32_t w = u - h * s.units_per_head;
-  int64_t off = int64_t{h} * s.head_bytes;
-  if (w < s.rot_units) {
-    off += s.rot_byte + int64_t{w} * s.vec;
-    it.partner = s.half_bytes;
-    it.pair0 = s.pair_base + w * s.pairs_per_unit;
-  } else {
-    w -= s.rot_units;
-    off += int64_t{w < s.pre_chunks ? w : w + s.rot_chunks} * s.vec;
-  }
-  it.src = st.src0 + r * s.token_stride + off;
+  const shift_chain::UnitPlace pl = shift_chain::unit_place(s, static_cast<uint32_t>(i - r * U));
+  it.partner = pl.partner;
+  it.pair0 = pl.pair0;
+  it.src = st.src0 + r * s.token_stride + pl.off;
   it.bytes = s.vec;
   return it;
 }
