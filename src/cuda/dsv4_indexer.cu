@@ -451,6 +451,20 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
   const unsigned lower = (1u << lane) - 1u;
   uint32_t kth = 0;
   int n_ties = 0;
+  // Passes 1 and 2 (bits 19..10, 9..0) over n keys read by key_fn: the exact threshold key
+  // kth and how many keys equal to it are taken (n_ties).
+  auto low_passes = [&](auto key_fn, int n) {
+    for (int pass = 1; pass < 3; ++pass) {
+      const int shift = pass == 1 ? 10 : 0;
+      radix_histogram(key_fn, n, 10, shift, mask, prefix, hist);
+      find_digit(hist, 1024, shift, prefix, need, scratch, &s_prefix, &s_need, &s_cnt);
+      prefix = s_prefix;
+      need = s_need;
+      mask |= 1023u << shift;
+    }
+    kth = prefix;
+    n_ties = need;
+  };
 
   if (n_cand <= kCandMax) {  // block-uniform
     const uint32_t b0 = prefix >> 20;
@@ -487,16 +501,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
     if (tid == 0) s_n_gt = n_gt0;
     __syncthreads();
     auto cand_at = [&](int j) -> uint32_t { return cand_key[j]; };
-    for (int pass = 1; pass < 3; ++pass) {
-      const int shift = pass == 1 ? 10 : 0;
-      radix_histogram(cand_at, n_cand, 10, shift, mask, prefix, hist);
-      find_digit(hist, 1024, shift, prefix, need, scratch, &s_prefix, &s_need, &s_cnt);
-      prefix = s_prefix;
-      need = s_need;
-      mask |= 1023u << shift;
-    }
-    kth = prefix;
-    n_ties = need;
+    low_passes(cand_at, n_cand);
     // Candidates above the threshold: any slot order (sorted below).
     for (int j = tid; j < n_cand; j += blockDim.x) {
       const uint32_t key = cand_key[j];
@@ -523,16 +528,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
       __syncthreads();  // s_total is rewritten next round
     }
   } else {
-    for (int pass = 1; pass < 3; ++pass) {
-      const int shift = pass == 1 ? 10 : 0;
-      radix_histogram(key_at, vis, 10, shift, mask, prefix, hist);
-      find_digit(hist, 1024, shift, prefix, need, scratch, &s_prefix, &s_need, &s_cnt);
-      prefix = s_prefix;
-      need = s_need;
-      mask |= 1023u << shift;
-    }
-    kth = prefix;
-    n_ties = need;
+    low_passes(key_at, vis);
     const int n_gt = take - need;  // picks above the threshold key, ties to take
     // Keys above the threshold: any slot order (sorted below).
     for (int base = 0; base < vis; base += blockDim.x) {  // warp-aggregated slots
