@@ -2,6 +2,7 @@
 #include "kvcore/ops/kv_store.hpp"
 
 #include "ops/checks.hpp"
+#include "ops/kv_rotate_checks.hpp"
 #include "ops/kv_store_params.hpp"
 
 namespace kvcore {
@@ -57,6 +58,28 @@ void check_i32_vector(std::string_view op, std::string_view name, const TensorRe
 }
 
 }  // namespace
+
+namespace ops {
+
+void check_rotate_tables(std::string_view op, const TensorRef& blocks, const TensorRef& cell_delta,
+                         const TensorRef& d) {
+  checks::not_null(op, "blocks", blocks);
+  checks::dtype_is(op, "blocks", blocks, DType::I32);
+  checks::ndim_is(op, "blocks", blocks, 1);
+  if (!blocks.is_contiguous()) require_arg(false, op, ": blocks must be contiguous, got ", described(blocks));
+  checks::same_device(op, "blocks", blocks, "pool.data", d);
+  require_arg(blocks.size(0) <= d.size(0), op, ": ", blocks.size(0), " blocks listed for a pool of ", d.size(0));
+  checks::not_null(op, "cell_delta", cell_delta);
+  checks::dtype_is(op, "cell_delta", cell_delta, DType::I32);
+  checks::ndim_is(op, "cell_delta", cell_delta, 2);
+  checks::size_is(op, "cell_delta", cell_delta, 0, d.size(0));
+  checks::size_is(op, "cell_delta", cell_delta, 1, d.size(1));
+  if (!cell_delta.is_contiguous())
+    require_arg(false, op, ": cell_delta must be contiguous, got ", described(cell_delta));
+  checks::same_device(op, "cell_delta", cell_delta, "pool.data", d);
+}
+
+}  // namespace ops
 
 void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, const TensorRef& maybe_positions,
               const math::RopeTable* maybe_rope, Stream stream, const TensorRef& maybe_angles) {
@@ -175,20 +198,7 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
   check_pool(op, pool);
   check_rope_fits(op, rope, pool);
   const TensorRef& d = pool.data;
-  checks::not_null(op, "blocks", blocks);
-  checks::dtype_is(op, "blocks", blocks, DType::I32);
-  checks::ndim_is(op, "blocks", blocks, 1);
-  if (!blocks.is_contiguous()) require_arg(false, op, ": blocks must be contiguous, got ", described(blocks));
-  checks::same_device(op, "blocks", blocks, "pool.data", d);
-  require_arg(blocks.size(0) <= d.size(0), op, ": ", blocks.size(0), " blocks listed for a pool of ", d.size(0));
-  checks::not_null(op, "cell_delta", cell_delta);
-  checks::dtype_is(op, "cell_delta", cell_delta, DType::I32);
-  checks::ndim_is(op, "cell_delta", cell_delta, 2);
-  checks::size_is(op, "cell_delta", cell_delta, 0, d.size(0));
-  checks::size_is(op, "cell_delta", cell_delta, 1, d.size(1));
-  if (!cell_delta.is_contiguous())
-    require_arg(false, op, ": cell_delta must be contiguous, got ", described(cell_delta));
-  checks::same_device(op, "cell_delta", cell_delta, "pool.data", d);
+  ops::check_rotate_tables(op, blocks, cell_delta, d);
   if (d.device().is_cpu()) {
     const int32_t* b = blocks.data_as<const int32_t>();
     for (int64_t i = 0; i < blocks.size(0); ++i)

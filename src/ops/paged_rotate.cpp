@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ops/checks.hpp"
+#include "ops/kv_rotate_checks.hpp"
 #include "ops/kv_store_params.hpp"
 
 namespace kvcore {
@@ -59,19 +60,7 @@ void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blo
   }
   // The fused path: the checks kv_rotate_blocks makes (pools and tables were compared above).
   const TensorRef& d = pools[0].data;
-  checks::not_null(op, "blocks", blocks);
-  checks::dtype_is(op, "blocks", blocks, DType::I32);
-  checks::ndim_is(op, "blocks", blocks, 1);
-  if (!blocks.is_contiguous()) require_arg(false, op, ": blocks must be contiguous, got ", blocks.describe());
-  checks::same_device(op, "blocks", blocks, "pool.data", d);
-  require_arg(blocks.size(0) <= d.size(0), op, ": ", blocks.size(0), " blocks listed for a pool of ", d.size(0));
-  checks::not_null(op, "cell_delta", cell_delta);
-  checks::dtype_is(op, "cell_delta", cell_delta, DType::I32);
-  checks::ndim_is(op, "cell_delta", cell_delta, 2);
-  checks::size_is(op, "cell_delta", cell_delta, 0, d.size(0));
-  checks::size_is(op, "cell_delta", cell_delta, 1, d.size(1));
-  if (!cell_delta.is_contiguous()) require_arg(false, op, ": cell_delta must be contiguous, got ", cell_delta.describe());
-  checks::same_device(op, "cell_delta", cell_delta, "pool.data", d);
+  ops::check_rotate_tables(op, blocks, cell_delta, d);
   checks::backend_available(op, d.device());
   for (const KvPool& p : pools) require_arg(p.data.data() != nullptr, op, ": a pool has no data pointer");
   if (blocks.size(0) == 0 || ropes[0].layout.n_rot == 0) return;
