@@ -10,34 +10,53 @@ namespace kvcore::ops::cuda::mma_attn {
 
 namespace {
 
-template <int HD, math::KvElem KV, bool ROPE, int NT>
+template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH = Path::General>
 void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
                int* blocks_per_sm) {
   constexpr int kSmem = Shape<HD, KV, ROPE, NT>::kSmemBytes;
   static const bool attr_set = [] {
     KVCORE_CUDA_CHECK(
-        cudaFuncSetAttribute(mma_decode_kernel<HD, KV, ROPE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        cudaFuncSetAttribute(mma_decode_kernel<HD, KV, ROPE, NT, PATH>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)attr_set;
   if (blocks_per_sm) {
     KVCORE_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mma_decode_kernel<HD, KV, ROPE, NT>, kThreads, kSmem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mma_decode_kernel<HD, KV, ROPE, NT, PATH>, kThreads, kSmem));
     return;
   }
   const unsigned n_ctas = static_cast<unsigned>(int64_t{grid.gx} * grid.gy);
-  mma_decode_kernel<HD, KV, ROPE, NT><<<n_ctas, kThreads, kSmem, stream>>>(p, chunks, chunk_heads, grid);
+  mma_decode_kernel<HD, KV, ROPE, NT, PATH><<<n_ctas, kThreads, kSmem, stream>>>(p, chunks, chunk_heads, grid);
   KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");
 }
 
 // 8 query columns per CTA for decode with up to 8 heads per kv head; else 16 (prefill packs
 // 16 / heads rows).
-template <int HD, math::KvElem KV, bool ROPE>
+template <int HD, math::KvElem KV, bool ROPE, Path PATH = Path::General>
 void launch_one(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
                 int* blocks_per_sm) {
   if (chunk_heads <= 8 && !p.maybe_qo_indptr)
-    return launch_nt<HD, KV, ROPE, 1>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
-  launch_nt<HD, KV, ROPE, 2>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+    return launch_nt<HD, KV, ROPE, 1, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+  launch_nt<HD, KV, ROPE, 2, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+}
+
+// FP8 pages: the lean kernel when the call uses none of the general features.
+Path fp8_path(const PagedAttentionParams& p) {
+  const bool lean = p.scale_mode == math::KvScaleMode::Ue8m0Per64 && !p.causal && p.window <= 0 &&
+                    p.maybe_valid == nullptr && !p.rope_on_read;
+  if (!lean) return Path::General;
+  return p.fp8_p_f16 ? Path::LeanF16P : Path::Lean;
+}
+
+template <int HD>
+void launch_fp8(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+  constexpr auto E = math::KvElem::E4M3;
+  switch (fp8_path(p)) {
+    case Path::Lean: return launch_one<HD, E, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps);
+    case Path::LeanF16P: return launch_one<HD, E, false, Path::LeanF16P>(p, grid, chunks, chunk_heads, stream, bps);
+    case Path::General: break;
+  }
+  launch_one<HD, E, false>(p, grid, chunks, chunk_heads, stream, bps);
 }
 
 template <int HD, math::KvElem KV>
@@ -53,7 +72,7 @@ void launch_hd(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
     case math::KvElem::BF16: return launch_rope<HD, math::KvElem::BF16>(p, grid, chunks, chunk_heads, stream, bps);
     case math::KvElem::E4M3:
       if (p.rope_on_read) break;
-      return launch_one<HD, math::KvElem::E4M3, false>(p, grid, chunks, chunk_heads, stream, bps);
+      return launch_fp8<HD>(p, grid, chunks, chunk_heads, stream, bps);
     case math::KvElem::F32: break;
   }
   throw Error(ErrorCode::NotSupported, "mma attention: f32 pages, and FP8 pages with rope on read, are not served");

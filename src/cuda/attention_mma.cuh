@@ -36,6 +36,14 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kTile = 16;      // tokens per warp step: the M of S^T, the K of O^T
 constexpr int kMetaWords = 5;  // per token of a stage: cell, position, valid word, K scale word, V scale word
 
+// What the kernel decides at compile time. General: every runtime feature (positions,
+// causal / window masks, valid flags, either FP8 scale layout). Lean, for FP8 pages read
+// the common way (per-64 UE8M0 scales, no positions, masks or valid flags): those per-token
+// branches are compiled out; the FP8 kernel is bound by instruction issue, not bytes.
+// LeanF16P: Lean, and P is rounded once to f16 for O^T += V^T P^T (one mma per m-tile
+// instead of hi + lo; see the precision note at the top).
+enum class Path { General, Lean, LeanF16P };
+
 template <int HD, math::KvElem KV, bool ROPE, int NT>
 struct Shape {
   static constexpr bool kFp8 = KV == math::KvElem::E4M3;
@@ -75,7 +83,7 @@ __device__ __forceinline__ int out_dim(int mt, int x, int g) {
   else return mt * 16 + 8 * (x >> 1) + g;
 }
 
-template <int HD, math::KvElem KV, bool ROPE, int NT>
+template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
                                             int chunk, int chunk_heads) {
   using S = Shape<HD, KV, ROPE, NT>;
@@ -83,6 +91,9 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   constexpr bool kBf16 = KV == math::KvElem::BF16;
   constexpr int kN = S::kN;
   constexpr int SB = S::kScaleBlocks;
+  constexpr bool kLean = PATH != Path::General;
+  constexpr bool kPLo = PATH != Path::LeanF16P;  // P as hi + lo halves
+  static_assert(!kLean || (kFp8 && !ROPE), "the lean paths are for FP8 pages without rope on read");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
   const int b = attention_row_seq(p, row);
@@ -115,8 +126,9 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const char* vbase = static_cast<const char*>(p.v);
   const bool pow2_bs = (bs & (bs - 1)) == 0;
   const int bs_shift = __ffs(bs) - 1;
-  const bool need_pos = ROPE || p.causal || p.window > 0;
-  const bool per64 = kFp8 && p.scale_mode == math::KvScaleMode::Ue8m0Per64;
+  const bool need_pos = !kLean && (ROPE || p.causal || p.window > 0);
+  const bool per64 = kLean || (kFp8 && p.scale_mode == math::KvScaleMode::Ue8m0Per64);
+  const uint8_t* valid = kLean ? nullptr : p.maybe_valid;  // (folds the lean path's checks away)
 
   unsigned char* wbase = smem + warp * S::kStages * S::kStageBytes;
   const int span = range.end - range.begin - warp * kTile;
@@ -130,10 +142,11 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     const int j = token_of(i);
     return i < n_steps && j < range.end ? __ldg(blocks + (pow2_bs ? j >> bs_shift : j / bs)) : -1;
   };
-  // Copy step i's tile (K rows, V rows, metadata words) into stage i % kStages.
-  auto issue = [&](int i, int blk) {
+  // Copy step i's tile (K rows, V rows, metadata words) into stage `slot` (= i % kStages,
+  // tracked by the caller: a modulo by 3 costs several instructions a step).
+  auto issue = [&](int i, int slot, int blk) {
     if (i < n_steps) {
-      unsigned char* st = wbase + (i % S::kStages) * S::kStageBytes;
+      unsigned char* st = wbase + slot * S::kStageBytes;
       int* meta = reinterpret_cast<int*>(st + 2 * S::kTileBytes);
       const int j = token_of(i);
       int cell = -1;
@@ -143,7 +156,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       if (lane < 16) {
         meta[lane] = cell;
         if (cell >= 0 && need_pos) cp_async4(smem_addr(meta + kTile + lane), p.maybe_positions + cell);
-        if (cell >= 0 && p.maybe_valid) cp_async4(smem_addr(meta + 2 * kTile + lane), p.maybe_valid + (cell & ~3));
+        if (cell >= 0 && valid) cp_async4(smem_addr(meta + 2 * kTile + lane), valid + (cell & ~3));
       } else if constexpr (kFp8) {
         if (cell >= 0) {
           if (per64) {
@@ -177,7 +190,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   };
 
 #pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) issue(i, block_of(i));
+  for (int i = 0; i < S::kStages - 1; ++i) issue(i, i, block_of(i));
   int next_blk = block_of(S::kStages - 1);
 
   // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments
@@ -243,13 +256,14 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const float sl2 = p.softmax_scale * math::kLog2e;
   const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, and its row
 
-  for (int i = 0; i < n_steps; ++i) {
+  // rd: the stage step i reads; wr: the stage its copies go to (the one step i - 1 read)
+  for (int i = 0, rd = 0, wr = S::kStages - 1; i < n_steps; ++i, wr = rd, rd = rd + 1 == S::kStages ? 0 : rd + 1) {
     __syncwarp();  // every lane is done reading the stage the next issue overwrites
-    issue(i + S::kStages - 1, next_blk);
+    issue(i + S::kStages - 1, wr, next_blk);
     next_blk = block_of(i + S::kStages);
     cp_async_wait<S::kStages - 1>();
     __syncwarp();  // step i's copies of every lane are visible
-    unsigned char* st = wbase + (i % S::kStages) * S::kStageBytes;
+    unsigned char* st = wbase + rd * S::kStageBytes;
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
 
@@ -266,7 +280,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         const int r = lane & 15, kind = lane >> 4;
         const int cell = meta[r];
         bool live = cell >= 0;
-        if (live && p.maybe_valid) live = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
+        if (live && valid) live = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
         const uint32_t w = static_cast<uint32_t>(meta[(3 + kind) * kTile + r]);
         const int sh = per64 ? static_cast<int>(((static_cast<uint32_t>(cell) * n_kv + kvh) * (HD / 64)) & 3u) : 0;
 #pragma unroll
@@ -293,7 +307,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       const int r = g + 8 * e;
       const int cell = meta[r];
       bool v = cell >= 0;
-      if (v && p.maybe_valid) v = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
+      if (v && valid) v = ((static_cast<uint32_t>(meta[2 * kTile + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
       vis[e] = v;
       kpos[e] = need_pos ? meta[kTile + r] - pos_off : 0;
     }
@@ -467,13 +481,20 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         float w[4];
 #pragma unroll
         for (int x = 0; x < 4; ++x) w[x] = kFp8 ? pw[j][x] * (vsc[c][x >> 1] * vinv[c]) : pw[j][x];
-        uint32_t h01, l01, h23, l23;
-        split2<kBf16>(w[0], w[1], h01, l01);  // token g, columns 2t, 2t+1
-        split2<kBf16>(w[2], w[3], h23, l23);  // token g + 8
+        uint32_t h01, l01 = 0, h23, l23 = 0;
+        if constexpr (kPLo) {
+          split2<kBf16>(w[0], w[1], h01, l01);  // token g, columns 2t, 2t+1
+          split2<kBf16>(w[2], w[3], h23, l23);  // token g + 8
+        } else {
+          h01 = pack2_f16(w[0], w[1]);
+          h23 = pack2_f16(w[2], w[3]);
+        }
         ph[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, h01, src_a), __shfl_sync(0xffffffffu, h01, src_b), sel);
         ph[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, h23, src_a), __shfl_sync(0xffffffffu, h23, src_b), sel);
-        pl[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, l01, src_a), __shfl_sync(0xffffffffu, l01, src_b), sel);
-        pl[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, l23, src_a), __shfl_sync(0xffffffffu, l23, src_b), sel);
+        if constexpr (kPLo) {
+          pl[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, l01, src_a), __shfl_sync(0xffffffffu, l01, src_b), sel);
+          pl[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, l23, src_a), __shfl_sync(0xffffffffu, l23, src_b), sel);
+        }
       }
 
     // ---- O^T += V^T P^T
@@ -493,7 +514,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             mma16816<false>(o[mt][j], a, ph[c][j][0], ph[c][j][1]);
-            mma16816<false>(o[mt][j], a, pl[c][j][0], pl[c][j][1]);
+            if constexpr (kPLo) mma16816<false>(o[mt][j], a, pl[c][j][0], pl[c][j][1]);
           }
         }
       }
@@ -579,7 +600,7 @@ struct CtaOrder {
   bool head_major = true;
 };
 
-template <int HD, math::KvElem KV, bool ROPE, int NT>
+template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH>
 __global__ void __launch_bounds__(kThreads, (Shape<HD, KV, ROPE, NT>::kMinBlocks))
     mma_decode_kernel(const PagedAttentionParams p, int chunks, int chunk_heads, CtaOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -589,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, (Shape<HD, KV, ROPE, NT>::kMinBlocks
   const int y = static_cast<int>(order.head_major ? idx % order.gy : idx / order.gx);
   const int row = x / p.num_splits, split = x % p.num_splits;
   const int kvh = y / chunks, chunk = y % chunks;
-  decode_body<HD, KV, ROPE, NT>(p, smem, row, split, kvh, chunk, chunk_heads);
+  decode_body<HD, KV, ROPE, NT, PATH>(p, smem, row, split, kvh, chunk, chunk_heads);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // This CTA's partials are written: the merge kernel (a programmatic dependent) may launch.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
