@@ -78,6 +78,13 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
   }
 }
 
+// 2^x on the SFU (ex2.approx: ~2 ulp), denormal results flushed to 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two floats -> f16x2 (x in the low 16 bits), round to nearest.
 __device__ __forceinline__ uint32_t pack2_f16(float x, float y) {
   const __half2 h = __floats2half2_rn(x, y);
