@@ -354,7 +354,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint32_t a[4] = {e4m3x2_to_f16x2(r[2 * h]), e4m3x2_to_f16x2(r[2 * h + 1]),
-                                   e4m3x2_to_f16x2(r[2 * h] >> 16), e4m3x2_to_f16x2(r[2 * h + 1] >> 16)};
+                                   e4m3x2_hi_to_f16x2(r[2 * h]), e4m3x2_hi_to_f16x2(r[2 * h + 1])};
             const int c = (ks + h) / 4;
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
@@ -511,8 +511,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const uint32_t lo_tok = __byte_perm(r[2 * h], 0, 0x3120), hi_tok = __byte_perm(r[2 * h + 1], 0, 0x3120);
-          const uint32_t a[4] = {e4m3x2_to_f16x2(lo_tok), e4m3x2_to_f16x2(lo_tok >> 16), e4m3x2_to_f16x2(hi_tok),
-                                 e4m3x2_to_f16x2(hi_tok >> 16)};
+          const uint32_t a[4] = {e4m3x2_to_f16x2(lo_tok), e4m3x2_hi_to_f16x2(lo_tok), e4m3x2_to_f16x2(hi_tok),
+                                 e4m3x2_hi_to_f16x2(hi_tok)};
           const int mt = cc + h, c = mt / 4;
 #pragma unroll
           for (int j = 0; j < NT; ++j) {

@@ -99,6 +99,18 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   return r;
 }
 
+// The two E4M3 codes in the HIGH half of `four` -> f16x2. On sm_89+ the conversion reads
+// the upper half in place (F2FP ... R.H1), saving the shift `four >> 16` would cost.
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t four) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t r;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(r) : "r"(four));
+  return r;
+#else
+  return e4m3x2_to_f16x2(four >> 16);
+#endif
+}
+
 // sin and cos of an f32 angle: Cody-Waite reduction by pi/2 in three f32 parts (FMA keeps
 // each step exact to ~1 ulp of the remainder for |a| < ~2^17 * pi), then the SFU on
 // |r| <= pi/4 (abs. error < 4e-7). The CPU reference rounds a double result (0.5 ulp).
