@@ -116,12 +116,7 @@ bool check_paged(PagedSetup& s, Device d, const PagedKV& kv, const BlockTable& t
                    TensorRef(ho.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), ho_opt);
   double err = 0, mx = 1e-6;
   for (size_t i = 0; i < ho.size(); ++i) err = std::max(err, double(std::abs(ho[i] - go[i]))), mx = std::max(mx, double(std::abs(ho[i])));
-  // P rounded to f16 (FP8 pages): <= 2^-11 relative per weight of values up to ~|v|max
-  const double tol = opt.fp8_p == Fp8PPrecision::F16 && s.fp8 ? 2e-3 : 1e-4;
-  const bool ok = err <= tol * std::max(1.0, mx) && std::isfinite(err);
-  if (s.fp8 && d.is_cuda())
-    std::fprintf(stderr, "[bench] attention check: max error %.3g (max |out| %.3g)%s\n", err, mx,
-                 opt.fp8_p == Fp8PPrecision::F16 ? " P f16" : "");
+  const bool ok = err <= 1e-4 * std::max(1.0, mx) && std::isfinite(err);
   if (!ok) std::fprintf(stderr, "[bench] attention CHECK FAILED: max error %.3g (max |out| %.3g)\n", err, mx);
   return ok;
 }
@@ -210,16 +205,11 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
   s.ws = Buffer(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
   ao.workspace = TensorRef(s.ws.data(), DType::U8, d, {static_cast<int64_t>(s.ws.size())});
   // The automatic kernel (tensor cores at this shape on CUDA; FP8 with rope-on-read: the
-  // SIMT kernel), for FP8 pages also with P rounded to f16 ("_pf16"), and, for comparison,
-  // the SIMT cp.async kernel ("_simt").
-  for (int run = 0; run < 3; ++run) {
-    const int variant = run == 2 ? 2 : 0;
-    const bool pf16 = run == 1;
-    if (pf16 && (!fp8 || !d.is_cuda() || rope)) continue;
+  // SIMT kernel) and, for comparison, the SIMT cp.async kernel ("_simt").
+  for (int variant : {0, 2}) {
     if (variant == 2 && (!d.is_cuda() || (rope && fp8))) break;
     ao.kernel_variant = variant;
-    ao.fp8_p = pf16 ? Fp8PPrecision::F16 : Fp8PPrecision::Exact;
-    const std::string cname = name + (variant ? "_simt" : pf16 ? "_pf16" : "");
+    const std::string cname = name + (variant ? "_simt" : "");
     if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
       opt.note(cname + ": result check FAILED, not timed");
       continue;
@@ -235,7 +225,7 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
 #if KVCORE_WITH_CUDA
     // Batch 1: the same calls replayed from a CUDA graph (one call per copy, so inputs still
     // rotate) show the device time without the host's launch and validation overhead.
-    if (variant == 0 && !pf16 && batch == 1 && d.is_cuda()) {
+    if (variant == 0 && batch == 1 && d.is_cuda()) {
       const int n = static_cast<int>(s.copies);
       cli::Timing tg = cli::time_graph(d.index, opt.reps, opt.warmup, [&](Stream st) {
         AttentionOptions go = ao;

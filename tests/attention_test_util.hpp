@@ -33,7 +33,6 @@ struct CaseSpec {
   std::vector<int> q_tokens;       // prefill: new tokens per sequence (the last cells of each sequence)
   bool pos_offsets = false;        // store positions + a per-sequence offset, pass table.pos_offset
   bool bare = false;               // pass no positions or valid flags (needs dead_rate 0; decode without window)
-  Fp8PPrecision fp8_p = Fp8PPrecision::Exact;
   uint64_t seed = 1;
 };
 
@@ -339,7 +338,6 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
   g.opt = AttentionOptions{};
   g.opt.softmax_scale = c.softmax_scale;
   g.opt.window = s.window;
-  g.opt.fp8_p = s.fp8_p;
   g.opt.q_positions = TensorRef(g.qpos.data(), DType::I32, d, {c.rows});
   if (s.sinks) {
     g.sinks = upload(c.sinks, d);

@@ -41,21 +41,12 @@ void launch_one(const PagedAttentionParams& p, CtaOrder grid, int chunks, int ch
 }
 
 // FP8 pages: the lean kernel when the call uses none of the general features.
-Path fp8_path(const PagedAttentionParams& p) {
-  const bool lean = p.scale_mode == math::KvScaleMode::Ue8m0Per64 && !p.causal && p.window <= 0 &&
-                    p.maybe_valid == nullptr && !p.rope_on_read;
-  if (!lean) return Path::General;
-  return p.fp8_p_f16 ? Path::LeanF16P : Path::Lean;
-}
-
 template <int HD>
 void launch_fp8(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
   constexpr auto E = math::KvElem::E4M3;
-  switch (fp8_path(p)) {
-    case Path::Lean: return launch_one<HD, E, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps);
-    case Path::LeanF16P: return launch_one<HD, E, false, Path::LeanF16P>(p, grid, chunks, chunk_heads, stream, bps);
-    case Path::General: break;
-  }
+  const bool lean = p.scale_mode == math::KvScaleMode::Ue8m0Per64 && !p.causal && p.window <= 0 &&
+                    p.maybe_valid == nullptr && !p.rope_on_read;
+  if (lean) return launch_one<HD, E, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps);
   launch_one<HD, E, false>(p, grid, chunks, chunk_heads, stream, bps);
 }
 

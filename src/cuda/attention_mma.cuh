@@ -39,10 +39,11 @@ constexpr int kMetaWords = 5;  // per token of a stage: cell, position, valid wo
 // What the kernel decides at compile time. General: every runtime feature (positions,
 // causal / window masks, valid flags, either FP8 scale layout). Lean, for FP8 pages read
 // the common way (per-64 UE8M0 scales, no positions, masks or valid flags): those per-token
-// branches are compiled out; the FP8 kernel is bound by instruction issue, not bytes.
-// LeanF16P: Lean, and P is rounded once to f16 for O^T += V^T P^T (one mma per m-tile
-// instead of hi + lo; see the precision note at the top).
-enum class Path { General, Lean, LeanF16P };
+// branches are compiled out. FP8 decode was bound by instruction issue (~1000 instructions
+// a warp step for 4 KB); the lean loop and the other cuts took it from ~75% to ~87% of the
+// read bandwidth (GPU run A, 2026-12-03). Rounding P to f16 (one PV mma instead of hi + lo)
+// was measured too and gained nothing once the loop was lean, so P stays exact.
+enum class Path { General, Lean };
 
 template <int HD, math::KvElem KV, bool ROPE, int NT>
 struct Shape {
@@ -92,7 +93,6 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   constexpr int kN = S::kN;
   constexpr int SB = S::kScaleBlocks;
   constexpr bool kLean = PATH != Path::General;
-  constexpr bool kPLo = PATH != Path::LeanF16P;  // P as hi + lo halves
   static_assert(!kLean || (kFp8 && !ROPE), "the lean paths are for FP8 pages without rope on read");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
@@ -484,20 +484,13 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         float w[4];
 #pragma unroll
         for (int x = 0; x < 4; ++x) w[x] = kFp8 ? pw[j][x] * (vsc[c][x >> 1] * vinv[c]) : pw[j][x];
-        uint32_t h01, l01 = 0, h23, l23 = 0;
-        if constexpr (kPLo) {
-          split2<kBf16>(w[0], w[1], h01, l01);  // token g, columns 2t, 2t+1
-          split2<kBf16>(w[2], w[3], h23, l23);  // token g + 8
-        } else {
-          h01 = pack2_f16(w[0], w[1]);
-          h23 = pack2_f16(w[2], w[3]);
-        }
+        uint32_t h01, l01, h23, l23;
+        split2<kBf16>(w[0], w[1], h01, l01);  // token g, columns 2t, 2t+1
+        split2<kBf16>(w[2], w[3], h23, l23);  // token g + 8
         ph[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, h01, src_a), __shfl_sync(0xffffffffu, h01, src_b), sel);
         ph[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, h23, src_a), __shfl_sync(0xffffffffu, h23, src_b), sel);
-        if constexpr (kPLo) {
-          pl[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, l01, src_a), __shfl_sync(0xffffffffu, l01, src_b), sel);
-          pl[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, l23, src_a), __shfl_sync(0xffffffffu, l23, src_b), sel);
-        }
+        pl[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, l01, src_a), __shfl_sync(0xffffffffu, l01, src_b), sel);
+        pl[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, l23, src_a), __shfl_sync(0xffffffffu, l23, src_b), sel);
       }
 
     // ---- O^T += V^T P^T
@@ -517,7 +510,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             mma16816<false>(o[mt][j], a, ph[c][j][0], ph[c][j][1]);
-            if constexpr (kPLo) mma16816<false>(o[mt][j], a, pl[c][j][0], pl[c][j][1]);
+            mma16816<false>(o[mt][j], a, pl[c][j][0], pl[c][j][1]);
           }
         }
       }

@@ -85,12 +85,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// Two floats -> f16x2 (x in the low 16 bits), round to nearest.
-__device__ __forceinline__ uint32_t pack2_f16(float x, float y) {
-  const __half2 h = __floats2half2_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 // Two E4M3 codes (low byte first) -> f16x2, exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);

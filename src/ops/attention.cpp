@@ -223,7 +223,6 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   require_arg(opt.kernel_variant >= 0 && opt.kernel_variant <= 3, op, ": kernel_variant must be 0, 1, 2 or 3, got ",
               opt.kernel_variant);
   p.kernel_variant = opt.kernel_variant;
-  p.fp8_p_f16 = opt.fp8_p == Fp8PPrecision::F16 ? 1 : 0;
   (void)num_blocks;
 }
 

@@ -61,7 +61,6 @@ struct PagedAttentionParams {
   int64_t out_row_stride, out_head_stride;
   int32_t num_splits;                 // >= 1
   int32_t kernel_variant;             // CUDA: 0 auto, 1 register loads only, 2 cp.async pipeline where built
-  int32_t fp8_p_f16;                  // CUDA tensor-core kernel, FP8 pages: P rounded to f16 (Fp8PPrecision::F16)
   float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial
   int32_t device;                     // CUDA device index of every tensor

@@ -49,13 +49,6 @@ struct BlockTable {
   TensorRef pos_offset;
 };
 
-// FP8 pages on the CUDA tensor-core kernel: how the softmax weights P enter the P.V product.
-//   Exact: P as hi + lo f16 halves; outputs match the CPU op at the f32 tolerances.
-//   F16:   P rounded once to f16 (<= 2^-11 relative per weight, ~30x below the FP8 codes'
-//          own rounding), one mma instead of two per tile, as FP8 decode kernels usually do.
-// Other pages, other kernels and the CPU ignore it (they are exact).
-enum class Fp8PPrecision { Exact, F16 };
-
 struct AttentionOptions {
   float softmax_scale = 0.0f;  // required, > 0 (usually head_dim^-0.5)
   TensorRef sinks;             // optional f32 [n_q_heads]: per-head sink logits
@@ -79,7 +72,6 @@ struct AttentionOptions {
   // with 16-bit and FP8 pages; elsewhere 2 means 1), 3 the tensor-core kernel (head_dim 64 and
   // 128, 16-bit and FP8 pages; rope-on-read with 16-bit pages only; elsewhere 3 means 0).
   int32_t kernel_variant = 0;
-  Fp8PPrecision fp8_p = Fp8PPrecision::Exact;
   Stream stream;
 };
 
