@@ -40,19 +40,17 @@ void launch_one(const PagedAttentionParams& p, CtaOrder grid, int chunks, int ch
   launch_nt<HD, KV, ROPE, 2, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
 }
 
-// FP8 pages: the lean kernel when the call uses none of the general features.
-template <int HD>
-void launch_fp8(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
-  constexpr auto E = math::KvElem::E4M3;
-  const bool lean = p.scale_mode == math::KvScaleMode::Ue8m0Per64 && !p.causal && p.window <= 0 &&
-                    p.maybe_valid == nullptr && !p.rope_on_read;
-  if (lean) return launch_one<HD, E, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps);
-  launch_one<HD, E, false>(p, grid, chunks, chunk_heads, stream, bps);
+// The lean kernel serves calls that use none of the general features (see Path).
+bool lean_call(const PagedAttentionParams& p) {
+  return !p.causal && p.window <= 0 && p.maybe_valid == nullptr && !p.rope_on_read &&
+         (p.kv_elem != math::KvElem::E4M3 || p.scale_mode == math::KvScaleMode::Ue8m0Per64);
 }
 
 template <int HD, math::KvElem KV>
 void launch_rope(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
-  if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps);
+  if constexpr (KV != math::KvElem::E4M3)  // (launch_hd turns FP8 pages with rope on read away)
+    if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps);
+  if (lean_call(p)) return launch_one<HD, KV, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps);
   launch_one<HD, KV, false>(p, grid, chunks, chunk_heads, stream, bps);
 }
 
@@ -63,7 +61,7 @@ void launch_hd(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
     case math::KvElem::BF16: return launch_rope<HD, math::KvElem::BF16>(p, grid, chunks, chunk_heads, stream, bps);
     case math::KvElem::E4M3:
       if (p.rope_on_read) break;
-      return launch_fp8<HD>(p, grid, chunks, chunk_heads, stream, bps);
+      return launch_rope<HD, math::KvElem::E4M3>(p, grid, chunks, chunk_heads, stream, bps);
     case math::KvElem::F32: break;
   }
   throw Error(ErrorCode::NotSupported, "mma attention: f32 pages, and FP8 pages with rope on read, are not served");

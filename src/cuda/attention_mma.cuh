@@ -37,11 +37,12 @@ constexpr int kTile = 16;      // tokens per warp step: the M of S^T, the K of O
 constexpr int kMetaWords = 5;  // per token of a stage: cell, position, valid word, K scale word, V scale word
 
 // What the kernel decides at compile time. General: every runtime feature (positions,
-// causal / window masks, valid flags, either FP8 scale layout). Lean, for FP8 pages read
-// the common way (per-64 UE8M0 scales, no positions, masks or valid flags): those per-token
-// branches are compiled out. FP8 decode was bound by instruction issue (~1000 instructions
-// a warp step for 4 KB); the lean loop and the other cuts took it from ~75% to ~87% of the
-// read bandwidth (GPU run A, 2026-12-03). Rounding P to f16 (one PV mma instead of hi + lo)
+// causal / window masks, valid flags, either FP8 scale layout). Lean, for pages read the
+// common decode way (no positions, masks or valid flags; FP8: per-64 UE8M0 scales): those
+// per-token branches are compiled out. FP8 decode was bound by instruction issue (~1000
+// instructions a warp step for 4 KB); the lean loop and the other cuts took it from ~75% to
+// ~87% of the read bandwidth (GPU run A, 2026-12-03); short 16-bit calls are bound by the
+// loop's latency and take the lean loop too. Rounding P to f16 (one PV mma instead of hi + lo)
 // was measured too and gained nothing once the loop was lean, so P stays exact.
 enum class Path { General, Lean };
 
@@ -93,7 +94,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   constexpr int kN = S::kN;
   constexpr int SB = S::kScaleBlocks;
   constexpr bool kLean = PATH != Path::General;
-  static_assert(!kLean || (kFp8 && !ROPE), "the lean paths are for FP8 pages without rope on read");
+  static_assert(!kLean || !ROPE, "the lean path reads no positions");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
   const int b = attention_row_seq(p, row);
@@ -127,7 +128,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const bool pow2_bs = (bs & (bs - 1)) == 0;
   const int bs_shift = __ffs(bs) - 1;
   const bool need_pos = !kLean && (ROPE || p.causal || p.window > 0);
-  const bool per64 = kLean || (kFp8 && p.scale_mode == math::KvScaleMode::Ue8m0Per64);
+  const bool per64 = kFp8 && (kLean || p.scale_mode == math::KvScaleMode::Ue8m0Per64);
   const uint8_t* valid = kLean ? nullptr : p.maybe_valid;  // (folds the lean path's checks away)
 
   unsigned char* wbase = smem + warp * S::kStages * S::kStageBytes;

@@ -67,26 +67,29 @@ TEST(AttnCuda, DecodeEveryFormatHeadDimAndGroup) {
   std::printf("[attn cuda] decode formats: worst relative error vs float64 %.3g\n", worst_seen);
 }
 
-// FP8 pages read without positions, valid flags or masks take the lean kernel (its checks
+// Pages read without positions, valid flags or masks take the lean kernel (its checks
 // compiled out); group 16 uses 16 columns.
-TEST(AttnCuda, Fp8LeanPath) {
+TEST(AttnCuda, LeanPathEveryFormat) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   int n = 0;
-  for (int D : {64, 128})
-    for (int group : {1, 4, 8, 16}) {
-      CaseSpec s;
-      s.kv = DType::E4M3;
-      s.head_dim = D;
-      s.n_kv_heads = 2;
-      s.n_q_heads = 2 * group;
-      s.seq_cells = {1, 37, 300, 2100};
-      s.bare = true;
-      s.sinks = group == 4;
-      s.seed = 5000 + n++;
-      worst_seen = 0;
-      check_case(s);
-      std::printf("[attn cuda] FP8 lean D %d group %d: worst relative error vs float64 %.3g\n", D, group, worst_seen);
-    }
+  for (DType kv : {DType::F16, DType::BF16, DType::E4M3})
+    for (int D : {64, 128})
+      for (int group : {1, 4, 8, 16}) {
+        CaseSpec s;
+        s.kv = kv;
+        s.head_dim = D;
+        s.n_kv_heads = 2;
+        s.n_q_heads = 2 * group;
+        s.seq_cells = {1, 37, 300, 2100};
+        s.bare = true;
+        s.sinks = group == 4;
+        s.seed = 5000 + n++;
+        worst_seen = 0;
+        check_case(s);
+        const std::string name(dtype_name(kv));
+        std::printf("[attn cuda] lean %s D %d group %d: worst relative error vs float64 %.3g\n", name.c_str(), D, group,
+                    worst_seen);
+      }
 }
 
 TEST(AttnCuda, OddGroupsChunkedHeads) {
