@@ -25,12 +25,15 @@ namespace attn {
 
 namespace {
 
-constexpr int kMergeThreads = 128;
+constexpr int kMergeThreads = 256;
+constexpr int kMergeWarps = kMergeThreads / 32;
 constexpr int kMaxSplits = 1024;
+constexpr int kMaxMergeDim = 512;
 
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a) {
   __shared__ float w[kMaxSplits];
-  __shared__ float row[512];
+  __shared__ float part[kMergeWarps][kMaxMergeDim];
+  __shared__ float row[kMaxMergeDim];
   __shared__ float inv_s;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the decode kernel: wait here until its
@@ -39,14 +42,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
 #endif
   const int rh = blockIdx.x;
   const int r = rh / a.n_heads, h = rh % a.n_heads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int hd = a.head_dim;
   const float* lse = a.lse_part + int64_t{rh} * a.splits;
-  const float* o = a.o_part + int64_t{rh} * a.splits * a.head_dim;
-  // Every split's lse is fetched at once (a thread each) into shared memory: thread 0 reading
-  // them from global memory one after another waited ~splits L2 round trips (the merge took
-  // 12 us at 33 splits, batch 1 / 32k, GPU run B).
-  for (int i = threadIdx.x; i < a.splits; i += kMergeThreads) w[i] = lse[i];
+  const float* o = a.o_part + int64_t{rh} * a.splits * hd;
+  // Every split's lse is fetched at once (a thread each): one thread reading them one after
+  // another waited a round trip per split (12.4 us at 33 splits, batch 1 / 32k, GPU run B).
+  for (int i = tid; i < a.splits; i += kMergeThreads) w[i] = lse[i];
   __syncthreads();
-  if (threadIdx.x == 0) {  // same order of operations as the CPU merge
+  if (tid == 0) {  // same order of operations as the CPU merge
     const float sink = a.maybe_sinks ? a.maybe_sinks[h] * math::kLog2e : math::neg_inf_f32();
     float m = sink;
     for (int i = 0; i < a.splits; ++i) m = math::max_f32(m, w[i]);
@@ -59,17 +63,28 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   }
   __syncthreads();
   const float inv = inv_s;
-  for (int d = threadIdx.x; d < a.head_dim; d += kMergeThreads) {
-    float acc = 0.0f;
-    // The partial is loaded whatever its weight (every split writes its partials), so the
-    // unrolled loads are in flight together instead of each behind the weight's branch.
-#pragma unroll 8
-    for (int i = 0; i < a.splits; ++i) {
-      const float wi = w[i] * inv;
-      const float oi = o[int64_t{i} * a.head_dim + d];
-      if (wi != 0.0f) acc += wi * oi;
-    }
-    row[d] = acc;
+  // Warp k sums splits k, k + 8, ... over every dim (lane: dims lane, lane + 32, ...), so the
+  // partials of 8 splits load at once; then the 8 sums are added in warp order.
+  float acc[kMaxMergeDim / 32];
+#pragma unroll
+  for (int k = 0; k < kMaxMergeDim / 32; ++k) acc[k] = 0.0f;
+  for (int i = warp; i < a.splits; i += kMergeWarps) {
+    const float wi = w[i] * inv;
+    if (wi == 0.0f) continue;  // an empty split (its partial may be 0 * inf)
+    const float* oi = o + int64_t{i} * hd;
+#pragma unroll
+    for (int k = 0; k < kMaxMergeDim / 32; ++k)
+      if (32 * k < hd) acc[k] += wi * oi[lane + 32 * k];
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxMergeDim / 32; ++k)
+    if (32 * k < hd) part[warp][lane + 32 * k] = acc[k];
+  __syncthreads();
+  for (int d = tid; d < hd; d += kMergeThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMergeWarps; ++k) s += part[k][d];
+    row[d] = s;
   }
   __syncthreads();
   if (a.maybe_inverse_rope_pos) {
@@ -88,9 +103,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
 }  // namespace
 
 void launch_merge(const MergeArgs& a, cudaStream_t stream) {
-  if (a.splits > kMaxSplits || a.head_dim > 512)
+  if (a.splits > kMaxSplits || a.head_dim > kMaxMergeDim || a.head_dim % 32 != 0)
     throw Error(ErrorCode::InvalidArgument, detail::concat("attention merge: splits ", a.splits, " / head_dim ", a.head_dim,
-                                                           " beyond the kernel's limits (1024 / 512)"));
+                                                           " beyond the kernel's limits (1024 / a multiple of 32 <= 512)"));
   const int64_t blocks = int64_t{a.n_rows} * a.n_heads;
   if (blocks == 0) return;
   // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
