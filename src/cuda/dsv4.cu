@@ -5,6 +5,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/dsv4_common.cuh"
+#include "cuda/dsv4_prefill.cuh"
 #include "ops/dsv4_backends.hpp"
 
 namespace kvcore::dsv4::cuda {
@@ -82,7 +83,7 @@ void reset(const CompressorParams& p, Stream s) {
 
 // ---- emission and prefill --------------------------------------------------------------------
 
-// Shared memory of the row kernels: head_dim floats for the row, 33 for reductions.
+// Shared memory of the row kernels: head_dim floats for the row, 33 for reductions (row_sumsq_smem: 32).
 inline size_t row_smem(const CompressorParams& p) { return (static_cast<size_t>(p.head_dim) + 33) * sizeof(float); }
 
 __device__ inline void emit_body(const CompressorParams& p, float* smem) {
@@ -199,12 +200,13 @@ __global__ void prefill_state_kernel(const CompressorParams p) {
 
 void prefill(const CompressorParams& p, Stream s) {
   const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
+  const int64_t wa = prefill_fast_first_window(p);  // [wa, w1): the fast path (dsv4_prefill.cu)
   const size_t sm = row_smem(p);
   const bool eight = p.state_rows == 8;
   const void* kernel = eight ? reinterpret_cast<const void*>(prefill_kernel<true>) : reinterpret_cast<const void*>(prefill_kernel<false>);
   set_smem(kernel, sm);
-  for (int64_t w = w0; w < w1; w += 65535 * 1024LL) {  // grid.x limit is 2^31 - 1; stay far below
-    const int64_t n = w1 - w < 65535 * 1024LL ? w1 - w : 65535 * 1024LL;
+  for (int64_t w = w0; w < wa; w += 65535 * 1024LL) {  // grid.x limit is 2^31 - 1; stay far below
+    const int64_t n = wa - w < 65535 * 1024LL ? wa - w : 65535 * 1024LL;
     if (eight) {
       prefill_kernel<true><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
     } else {
@@ -212,6 +214,7 @@ void prefill(const CompressorParams& p, Stream s) {
     }
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_kernel");
   }
+  if (wa < w1) prefill_fast(p, wa, w1, s);
   const dim3 state_grid(static_cast<unsigned>((p.width + kThreads - 1) / kThreads),
                         static_cast<unsigned>(p.overlap ? p.ratio : p.state_rows));
   prefill_state_kernel<<<state_grid, kThreads, 0, native(s)>>>(p);

@@ -1,0 +1,251 @@
+// Prefill fast path: the windows whose candidates all lie in the chunk, for the model's row
+// shapes (attention 512 = 448 + 64, indexer 128). The one-window-a-block kernel (dsv4.cu)
+// reached 50-58% of copy on 64k tokens (GPU run 7): it issued about twice the instructions of
+// the pool itself (scalar loads, 64-bit index math per candidate, shared-memory row passes
+// with 8 barriers) at half occupancy, so memory sat idle while blocks computed; persistent
+// blocks that prefetched the next window (4108a32) had fewer warps to hide that and were
+// slower still. Here a thread owns 4 consecutive channels (16-byte loads and stores) and
+// finishes the row in registers:
+//   - CSA (8 overlapping candidates): a block of 128 threads per window, all 16 loads of a
+//     thread issued at once (32 KB a block in flight), one barrier (the RMSNorm sum);
+//   - indexer (8 candidates, 128 dims): a warp per window, no barrier at all;
+//   - HCA (128 candidates, one-pass pool): a block per window, candidates streamed through a
+//     per-thread ring in shared memory by cp.async (7 candidates, 112 KB an SM, in flight
+//     without holding registers), 4 blocks an SM so 512 windows are one wave.
+// Same arithmetic as emission from the state (dsv4_pool_fixed<8> / Dsv4OnlineFold, and
+// dsv4_quad.cuh's finishing): prefill stays bit-identical to token-by-token emission.
+// KVCORE_DSV4_PREFILL=generic turns the fast path off (A/B runs; see variant() below).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/check.cuh"
+#include "cuda/dsv4_prefill.cuh"
+#include "cuda/dsv4_quad.cuh"
+
+namespace kvcore::dsv4::cuda {
+
+using kvcore::cuda::native;
+
+// ---- CSA and indexer: 8 overlapping candidates ---------------------------------------------
+
+struct Cand8 {
+  float4 c[8], z[8], a[8];
+};
+
+// Candidates of quad d of window w in prefill_candidate's order: j < 4 the previous window's
+// tokens at column d (lane A), j >= 4 this window's at column head_dim + d (lane B); a = ape.
+__device__ __forceinline__ void load_cand8(const CompressorParams& p, int64_t w, int d, Cand8& k) {
+  const int64_t ta = (w - 1) * 4 - p.pos, tb = w * 4 - p.pos;
+  const int db = p.head_dim + d;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    k.c[j] = load_stream4(p.c + (ta + j) * p.c_stride + d);
+    k.z[j] = load_stream4(p.z + (ta + j) * p.z_stride + d);
+    k.c[4 + j] = load_stream4(p.c + (tb + j) * p.c_stride + db);
+    k.z[4 + j] = load_stream4(p.z + (tb + j) * p.z_stride + db);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    k.a[j] = ape_quad(p, j, d);
+    k.a[4 + j] = ape_quad(p, j, db);
+  }
+}
+
+__device__ __forceinline__ void pool_cand8(const Cand8& k, float (&y)[4]) {
+#pragma unroll
+  for (int v = 0; v < 4; ++v)
+    y[v] = math::dsv4_pool_fixed<8>([&](int j, float& z, float& c) {
+      z = quad_at(k.z[j], v) + quad_at(k.a[j], v);  // the f32 add of store_one / prefill_candidate
+      c = quad_at(k.c[j], v);
+    });
+}
+
+// kMinBlocks: 4 (default) fits 120 registers without spills; 5 (KVCORE_DSV4_PREFILL=fast5, an
+// A/B variant) caps them at 102, spilling a few, for a fifth block an SM.
+template <int kMinBlocks>
+__global__ void __launch_bounds__(128, kMinBlocks) prefill_csa_quad_kernel(const CompressorParams p, int64_t wa) {
+  __shared__ float scratch[4];
+  const int64_t w = wa + blockIdx.x;
+  const int d = 4 * static_cast<int>(threadIdx.x);
+  Cand8 k;
+  load_cand8(p, w, d, k);
+  QuadRope r{};
+  if (threadIdx.x >= 96) r = quad_rope_angles(p, w);  // warp 3 holds the tail; while the loads are in flight
+  float y[4];
+  pool_cand8(k, y);
+  finish_attention_quad(p, w, y, r, scratch);
+}
+
+__global__ void __launch_bounds__(128) prefill_indexer_quad_kernel(const CompressorParams p, int64_t wa, int64_t wb) {
+  const int64_t w = wa + 4 * static_cast<int64_t>(blockIdx.x) + (threadIdx.x >> 5);
+  if (w >= wb) return;  // warp-uniform; no block barrier below
+  const int d = 4 * static_cast<int>(threadIdx.x & 31);
+  Cand8 k;
+  load_cand8(p, w, d, k);
+  const QuadRope r = quad_rope_angles(p, w);
+  float y[4];
+  pool_cand8(k, y);
+  finish_indexer_quad(p, w, y, r);
+}
+
+// ---- HCA: ratio candidates (128), one-pass pool --------------------------------------------
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* g) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* g) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+constexpr int kHcaThreads = 128;
+constexpr int kHcaSlots = 8;  // ring slots per thread: 7 candidates in flight while one is folded
+
+// Ring: [slot][c, z, ape][thread] float4, then 4 floats of reduction scratch.
+constexpr size_t hca_smem() { return static_cast<size_t>(kHcaSlots) * 3 * kHcaThreads * sizeof(float4) + 4 * sizeof(float); }
+
+// Each thread copies and later reads only its own ring entries: cp.async.wait_group makes
+// them visible to it, so the ring needs no barrier. Slot j % S is refilled (candidate
+// j + S - 1, issued in iteration j) only after candidate j - 1, its previous content, was
+// read and folded in iteration j - 1.
+__global__ void __launch_bounds__(kHcaThreads, 4) prefill_hca_quad_kernel(const CompressorParams p, int64_t wa) {
+  extern __shared__ float4 ring[];
+  float* scratch = reinterpret_cast<float*>(ring + kHcaSlots * 3 * kHcaThreads);
+  const int t = static_cast<int>(threadIdx.x), d = 4 * t;
+  const int64_t w = wa + blockIdx.x;
+  const int32_t m = p.ratio;
+  const int64_t t0 = w * m - p.pos;
+  // Next candidate to issue: its sources (advanced by a stride each) and its ring slot.
+  const float* cn = p.c + t0 * p.c_stride + d;
+  const float* zn = p.z + t0 * p.z_stride + d;
+  const char* an = static_cast<const char*>(p.ape) + (p.ape_f16 ? 2 : 4) * static_cast<int64_t>(d);
+  const int64_t a_step = (p.ape_f16 ? 2 : 4) * p.ape_stride;
+  int32_t next = 0;
+  const auto issue = [&]() {
+    float4* slot = ring + (next % kHcaSlots) * 3 * kHcaThreads + t;
+    cp_async16(slot, cn);
+    cp_async16(slot + kHcaThreads, zn);
+    if (p.ape_f16) {
+      cp_async8(slot + 2 * kHcaThreads, an);
+    } else {
+      cp_async16(slot + 2 * kHcaThreads, an);
+    }
+    cn += p.c_stride;
+    zn += p.z_stride;
+    an += a_step;
+    ++next;
+  };
+#pragma unroll
+  for (int j = 0; j < kHcaSlots - 1; ++j) {
+    if (j < m) issue();
+    cp_async_commit();  // empty groups too: the wait count below stays exact
+  }
+  QuadRope r{};
+  if (t >= 96) r = quad_rope_angles(p, w);  // warp 3 holds the tail
+  math::Dsv4OnlineFold fold[4];
+  for (int32_t j = 0; j < m; ++j) {
+    if (next < m) issue();  // candidate j + kHcaSlots - 1
+    cp_async_commit();
+    cp_async_wait<kHcaSlots - 1>();  // candidate j has landed
+    const float4* slot = ring + (j % kHcaSlots) * 3 * kHcaThreads + t;
+    const float4 c = slot[0], z = slot[kHcaThreads];
+    float4 a = slot[2 * kHcaThreads];
+    if (p.ape_f16) {
+      const uint32_t lo = __float_as_uint(a.x), hi = __float_as_uint(a.y);
+      a = make_float4(math::f16_bits_to_f32(static_cast<uint16_t>(lo & 0xffffu)), math::f16_bits_to_f32(static_cast<uint16_t>(lo >> 16)),
+                      math::f16_bits_to_f32(static_cast<uint16_t>(hi & 0xffffu)), math::f16_bits_to_f32(static_cast<uint16_t>(hi >> 16)));
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) fold[v].add(quad_at(z, v) + quad_at(a, v), quad_at(c, v));
+  }
+  float y[4];
+#pragma unroll
+  for (int v = 0; v < 4; ++v) y[v] = fold[v].result();
+  finish_attention_quad(p, w, y, r, scratch);
+}
+
+// ---- dispatch -------------------------------------------------------------------------------
+
+namespace {
+
+bool aligned(const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; }
+
+enum class FastShape { None, Csa, Indexer, Hca };
+
+// The model's shapes, with every pointer and stride aligned for the 16-byte accesses.
+FastShape fast_shape(const CompressorParams& p) {
+  const math::RopeLayout& l = p.rope.layout;
+  const bool io = aligned(p.c, 16) && aligned(p.z, 16) && p.c_stride % 4 == 0 && p.z_stride % 4 == 0 &&
+                  aligned(p.norm_weight, 16) && p.ape_stride % 4 == 0 && aligned(p.ape, p.ape_f16 ? 8 : 16);
+  const bool rope = l.interleaved == 1 && p.n_rot == 64 && l.n_rot == 64 && l.first_dim == p.head_dim - 64;  // the tail: 16 lanes, 32 pairs
+  if (!io || !rope) return FastShape::None;
+  const bool eight = p.overlap && p.ratio == 4;
+  if (p.kind == 0 && p.head_dim == 512) {
+    const bool rows = p.rows_packed ? aligned(p.rows, 8) && p.rows_stride % 8 == 0 : aligned(p.rows, 16) && p.rows_stride % 4 == 0;
+    if (!rows) return FastShape::None;
+    if (eight) return FastShape::Csa;
+    if (!p.overlap && p.state_rows != 8) return FastShape::Hca;  // 8 rows: the three-pass pool (dsv4_pool_any)
+    return FastShape::None;
+  }
+  if (p.kind == 1 && p.head_dim == math::kHadamardDim && eight) {
+    const bool rows = p.rows_packed ? aligned(p.rows, 4) && p.rows_stride % 2 == 0 : aligned(p.rows, 16) && p.rows_stride % 4 == 0;
+    return rows ? FastShape::Indexer : FastShape::None;
+  }
+  return FastShape::None;
+}
+
+// KVCORE_DSV4_PREFILL: unset or "fast" (default), "generic" (fast path off), "fast5" (the
+// CSA kernel at 5 blocks an SM).
+const char* variant() {
+  const char* v = std::getenv("KVCORE_DSV4_PREFILL");
+  return v ? v : "fast";
+}
+bool fast_path_enabled() { return std::strcmp(variant(), "generic") != 0; }
+
+constexpr int64_t kMaxGrid = 65535LL * 1024;  // far below grid.x's 2^31 - 1
+
+}  // namespace
+
+int64_t prefill_fast_first_window(const CompressorParams& p) {
+  const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
+  if (!fast_path_enabled() || fast_shape(p) == FastShape::None) return w1;
+  // The first window whose candidates (and, with overlap, the previous window's) are all in the chunk.
+  const int64_t first = (p.pos + p.ratio - 1) / p.ratio + (p.overlap ? 1 : 0);
+  return first < w0 ? w0 : (first > w1 ? w1 : first);
+}
+
+void prefill_fast(const CompressorParams& p, int64_t wa, int64_t wb, Stream s) {
+  const FastShape shape = fast_shape(p);
+  for (int64_t w = wa; w < wb;) {
+    const int64_t n = wb - w < kMaxGrid ? wb - w : kMaxGrid;
+    if (shape == FastShape::Csa) {
+      if (std::strcmp(variant(), "fast5") == 0) {
+        prefill_csa_quad_kernel<5><<<static_cast<unsigned>(n), 128, 0, native(s)>>>(p, w);
+      } else {
+        prefill_csa_quad_kernel<4><<<static_cast<unsigned>(n), 128, 0, native(s)>>>(p, w);
+      }
+      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_csa_quad_kernel");
+    } else if (shape == FastShape::Indexer) {
+      prefill_indexer_quad_kernel<<<static_cast<unsigned>((n + 3) / 4), 128, 0, native(s)>>>(p, w, w + n);
+      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_quad_kernel");
+    } else if (shape == FastShape::Hca) {
+      const void* k = reinterpret_cast<const void*>(prefill_hca_quad_kernel);  // per device: set on every launch
+      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(hca_smem())));
+      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+      prefill_hca_quad_kernel<<<static_cast<unsigned>(n), kHcaThreads, hca_smem(), native(s)>>>(p, w);
+      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_hca_quad_kernel");
+    }
+    w += n;
+  }
+}
+
+}  // namespace kvcore::dsv4::cuda
