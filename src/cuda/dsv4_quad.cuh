@@ -2,12 +2,14 @@
 // consecutive channels d .. d + 3 (d = 4 q), of one compressed row, loaded and stored
 // 16 bytes at a time. The steps and their arithmetic are finish_row's (dsv4_common.cuh):
 // the RMSNorm sum in the shared quad order, the same RoPE pair math, the same FP8 / FP4
-// codes and block scales (exact maxima), so the same bits as emission from the state.
+// codes and block scales (exact maxima; the branch-free FP8 codec of fp8_block.hpp, equal to
+// e4m3_encode / e4m3_round_trip for every f32), so the same bits as emission from the state.
 // Only the model's row shapes take this path (see prefill_fast_shape in dsv4_prefill.cu).
 #pragma once
 #include <cuda_runtime.h>
 
 #include "cuda/dsv4_common.cuh"
+#include "kvcore/math/fp8_block.hpp"
 
 namespace kvcore::dsv4::cuda {
 
@@ -87,7 +89,7 @@ __device__ inline void finish_attention_quad(const CompressorParams& p, int64_t 
       const float inv = math::pow2f(-k);
       uint32_t codes = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) codes |= static_cast<uint32_t>(math::e4m3_encode(math::e4m3_scaled(y[i], inv))) << (8 * i);
+      for (int i = 0; i < 4; ++i) codes |= static_cast<uint32_t>(math::e4m3_encode_clamped(y[i] * inv)) << (8 * i);
       *reinterpret_cast<uint32_t*>(out + L::kNopeOffset + d) = codes;
       if ((t & 15) == 0) out[L::kScaleOffset + t / 16] = math::ue8m0_encode(k);
     } else {
@@ -100,8 +102,9 @@ __device__ inline void finish_attention_quad(const CompressorParams& p, int64_t 
     return;
   }
   if (p.quant && nope) {
+    const float inv = math::pow2f(-k), scale = math::pow2f(k);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) y[i] = math::e4m3_round_trip(y[i], k);
+    for (int i = 0; i < 4; ++i) y[i] = math::e4m3_round_value(y[i] * inv) * scale;
   }
   *reinterpret_cast<float4*>(static_cast<float*>(p.rows) + w * p.rows_stride + d) = make_float4(y[0], y[1], y[2], y[3]);
 }
