@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "cuda/check.cuh"
+#include "cuda/dsv4_pair.cuh"
 #include "cuda/dsv4_prefill.cuh"
 #include "cuda/dsv4_quad.cuh"
 
@@ -77,6 +78,48 @@ __global__ void __launch_bounds__(128, kMinBlocks) prefill_csa_quad_kernel(const
   float y[4];
   pool_cand8(k, y);
   finish_attention_quad(p, w, y, r, scratch);
+}
+
+// A/B variant (KVCORE_DSV4_PREFILL=pair3 / pair4): 2 channels a thread, 256 threads a window
+// (8-byte loads), half the registers a thread of the quad kernel, so 24-32 warps an SM
+// instead of 16; the same candidates, pool and finishing arithmetic (dsv4_pair.cuh).
+__device__ __forceinline__ float2 ape_pair(const CompressorParams& p, int32_t r, int32_t col) {
+  if (p.ape_f16) {
+    const uint32_t h = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.ape) + r * p.ape_stride + col));
+    return make_float2(math::f16_bits_to_f32(static_cast<uint16_t>(h & 0xffffu)), math::f16_bits_to_f32(static_cast<uint16_t>(h >> 16)));
+  }
+  return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(p.ape) + r * p.ape_stride + col));
+}
+
+template <int kMinBlocks>
+__global__ void __launch_bounds__(256, kMinBlocks) prefill_csa_pair_kernel(const CompressorParams p, int64_t wa) {
+  __shared__ float smem[128];
+  const int64_t w = wa + blockIdx.x;
+  const int t = static_cast<int>(threadIdx.x), d = 2 * t, db = p.head_dim + d;
+  const int64_t ta = (w - 1) * 4 - p.pos, tb = w * 4 - p.pos;
+  float2 c[8], z[8], a[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    c[j] = __ldcs(reinterpret_cast<const float2*>(p.c + (ta + j) * p.c_stride + d));
+    z[j] = __ldcs(reinterpret_cast<const float2*>(p.z + (ta + j) * p.z_stride + d));
+    c[4 + j] = __ldcs(reinterpret_cast<const float2*>(p.c + (tb + j) * p.c_stride + db));
+    z[4 + j] = __ldcs(reinterpret_cast<const float2*>(p.z + (tb + j) * p.z_stride + db));
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    a[j] = ape_pair(p, j, d);
+    a[4 + j] = ape_pair(p, j, db);
+  }
+  float sn = 0.0f, cs = 0.0f;
+  if (t >= 224) math::sincos_f32(math::rope_angle(static_cast<float>(w * p.ratio), p.rope.freq[t - 224]), &sn, &cs);
+  float y[2];
+#pragma unroll
+  for (int v = 0; v < 2; ++v)
+    y[v] = math::dsv4_pool_fixed<8>([&](int j, float& zz, float& cc) {
+      zz = (v ? z[j].y : z[j].x) + (v ? a[j].y : a[j].x);
+      cc = v ? c[j].y : c[j].x;
+    });
+  finish_attention_pair(p, w, y, sn, cs, smem);
 }
 
 __global__ void __launch_bounds__(128) prefill_indexer_quad_kernel(const CompressorParams p, int64_t wa, int64_t wb) {
@@ -203,8 +246,9 @@ FastShape fast_shape(const CompressorParams& p) {
   return FastShape::None;
 }
 
-// KVCORE_DSV4_PREFILL: unset or "fast" (default), "generic" (fast path off), "fast5" (the
-// CSA kernel at 5 blocks an SM).
+// KVCORE_DSV4_PREFILL: unset or "fast" (default), "generic" (fast path off), and CSA variants:
+// "fast5" (the quad kernel at 5 blocks an SM), "pair3" / "pair4" (2 channels a thread, 3 or 4
+// blocks of 256 an SM).
 const char* variant() {
   const char* v = std::getenv("KVCORE_DSV4_PREFILL");
   return v ? v : "fast";
@@ -230,6 +274,10 @@ void prefill_fast(const CompressorParams& p, int64_t wa, int64_t wb, Stream s) {
     if (shape == FastShape::Csa) {
       if (std::strcmp(variant(), "fast5") == 0) {
         prefill_csa_quad_kernel<5><<<static_cast<unsigned>(n), 128, 0, native(s)>>>(p, w);
+      } else if (std::strcmp(variant(), "pair3") == 0) {
+        prefill_csa_pair_kernel<3><<<static_cast<unsigned>(n), 256, 0, native(s)>>>(p, w);
+      } else if (std::strcmp(variant(), "pair4") == 0) {
+        prefill_csa_pair_kernel<4><<<static_cast<unsigned>(n), 256, 0, native(s)>>>(p, w);
       } else {
         prefill_csa_quad_kernel<4><<<static_cast<unsigned>(n), 128, 0, native(s)>>>(p, w);
       }
