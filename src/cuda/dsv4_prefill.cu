@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/check.cuh"
 #include "cuda/dsv4_pair.cuh"
@@ -140,30 +141,51 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* g) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
 }
-__device__ __forceinline__ void cp_async8(void* smem, const void* g) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(g) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-constexpr int kHcaThreads = 128;
 constexpr int kHcaSlots = 8;  // ring slots per thread: 7 candidates in flight while one is folded
 
-// Ring: [slot][c, z, ape][thread] float4, then 4 floats of reduction scratch.
-constexpr size_t hca_smem() { return static_cast<size_t>(kHcaSlots) * 3 * kHcaThreads * sizeof(float4) + 4 * sizeof(float); }
+// V channels a thread (4: 128 threads a window, the default; 2: 256 threads, KVCORE_DSV4_PREFILL
+// =hca2, twice the warps for the same bytes in flight). A ring entry is V floats (c, z) and V ape
+// values; each copy is 4 V bytes (2 V for f16 ape).
+template <int V>
+struct HcaRing {
+  static constexpr int kThreads = 512 / V;
+  using Vec = typename std::conditional<V == 4, float4, float2>::type;
+  // [slot][c, z, ape][thread] Vec, then the finishing's shared floats (128 quad sums + 4).
+  static constexpr size_t bytes() { return static_cast<size_t>(kHcaSlots) * 3 * kThreads * sizeof(Vec) + 132 * sizeof(float); }
+};
+
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* smem, const void* g) {
+  if constexpr (kBytes == 16) {
+    cp_async16(smem, g);
+  } else {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(g), "n"(kBytes) : "memory");
+  }
+}
+
+__device__ __forceinline__ float vec_at(const float4& v, int i) { return quad_at(v, i); }
+__device__ __forceinline__ float vec_at(const float2& v, int i) { return i == 0 ? v.x : v.y; }
 
 // Each thread copies and later reads only its own ring entries: cp.async.wait_group makes
 // them visible to it, so the ring needs no barrier. Slot j % S is refilled (candidate
 // j + S - 1, issued in iteration j) only after candidate j - 1, its previous content, was
 // read and folded in iteration j - 1.
-__global__ void __launch_bounds__(kHcaThreads, 4) prefill_hca_quad_kernel(const CompressorParams p, int64_t wa) {
-  extern __shared__ float4 ring[];
-  float* scratch = reinterpret_cast<float*>(ring + kHcaSlots * 3 * kHcaThreads);
-  const int t = static_cast<int>(threadIdx.x), d = 4 * t;
+template <int V>
+__global__ void __launch_bounds__(HcaRing<V>::kThreads, 4) prefill_hca_kernel(const CompressorParams p, int64_t wa) {
+  using R = HcaRing<V>;
+  using Vec = typename R::Vec;
+  constexpr int T = R::kThreads;
+  extern __shared__ __align__(16) unsigned char hca_smem[];
+  Vec* ring = reinterpret_cast<Vec*>(hca_smem);
+  float* scratch = reinterpret_cast<float*>(ring + kHcaSlots * 3 * T);
+  const int t = static_cast<int>(threadIdx.x), d = V * t;
   const int64_t w = wa + blockIdx.x;
   const int32_t m = p.ratio;
   const int64_t t0 = w * m - p.pos;
@@ -174,13 +196,13 @@ __global__ void __launch_bounds__(kHcaThreads, 4) prefill_hca_quad_kernel(const 
   const int64_t a_step = (p.ape_f16 ? 2 : 4) * p.ape_stride;
   int32_t next = 0;
   const auto issue = [&]() {
-    float4* slot = ring + (next % kHcaSlots) * 3 * kHcaThreads + t;
-    cp_async16(slot, cn);
-    cp_async16(slot + kHcaThreads, zn);
+    Vec* slot = ring + (next % kHcaSlots) * 3 * T + t;
+    cp_async<4 * V>(slot, cn);
+    cp_async<4 * V>(slot + T, zn);
     if (p.ape_f16) {
-      cp_async8(slot + 2 * kHcaThreads, an);
+      cp_async<2 * V>(slot + 2 * T, an);
     } else {
-      cp_async16(slot + 2 * kHcaThreads, an);
+      cp_async<4 * V>(slot + 2 * T, an);
     }
     cn += p.c_stride;
     zn += p.z_stride;
@@ -192,28 +214,55 @@ __global__ void __launch_bounds__(kHcaThreads, 4) prefill_hca_quad_kernel(const 
     if (j < m) issue();
     cp_async_commit();  // empty groups too: the wait count below stays exact
   }
+  // Rope angles of the tail's pairs, by the warp that holds the tail (the last one).
   QuadRope r{};
-  if (t >= 96) r = quad_rope_angles(p, w);  // warp 3 holds the tail
-  math::Dsv4OnlineFold fold[4];
+  float sn = 0.0f, cs = 0.0f;
+  if (t >= T - 32) {
+    if constexpr (V == 4) {
+      r = quad_rope_angles(p, w);
+    } else {
+      math::sincos_f32(math::rope_angle(static_cast<float>(w * m), p.rope.freq[t - (T - 32)]), &sn, &cs);
+    }
+  }
+  math::Dsv4OnlineFold fold[V];
   for (int32_t j = 0; j < m; ++j) {
     if (next < m) issue();  // candidate j + kHcaSlots - 1
     cp_async_commit();
     cp_async_wait<kHcaSlots - 1>();  // candidate j has landed
-    const float4* slot = ring + (j % kHcaSlots) * 3 * kHcaThreads + t;
-    const float4 c = slot[0], z = slot[kHcaThreads];
-    float4 a = slot[2 * kHcaThreads];
+    const Vec* slot = ring + (j % kHcaSlots) * 3 * T + t;
+    const Vec c = slot[0], z = slot[T], a_raw = slot[2 * T];
+    float a[V];
     if (p.ape_f16) {
-      const uint32_t lo = __float_as_uint(a.x), hi = __float_as_uint(a.y);
-      a = make_float4(math::f16_bits_to_f32(static_cast<uint16_t>(lo & 0xffffu)), math::f16_bits_to_f32(static_cast<uint16_t>(lo >> 16)),
-                      math::f16_bits_to_f32(static_cast<uint16_t>(hi & 0xffffu)), math::f16_bits_to_f32(static_cast<uint16_t>(hi >> 16)));
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const uint32_t bits = __float_as_uint(vec_at(a_raw, v / 2));
+        a[v] = math::f16_bits_to_f32(static_cast<uint16_t>(v % 2 ? bits >> 16 : bits & 0xffffu));
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) a[v] = vec_at(a_raw, v);
     }
 #pragma unroll
-    for (int v = 0; v < 4; ++v) fold[v].add(quad_at(z, v) + quad_at(a, v), quad_at(c, v));
+    for (int v = 0; v < V; ++v) fold[v].add(vec_at(z, v) + a[v], vec_at(c, v));
   }
-  float y[4];
+  float y[V];
 #pragma unroll
-  for (int v = 0; v < 4; ++v) y[v] = fold[v].result();
-  finish_attention_quad(p, w, y, r, scratch);
+  for (int v = 0; v < V; ++v) y[v] = fold[v].result();
+  if constexpr (V == 4) {
+    finish_attention_quad(p, w, y, r, scratch);
+  } else {
+    finish_attention_pair(p, w, y, sn, cs, scratch);
+  }
+}
+
+template <int V>
+void launch_hca(const CompressorParams& p, int64_t w, int64_t n, Stream s) {
+  const void* k = reinterpret_cast<const void*>(prefill_hca_kernel<V>);  // per device: set on every launch
+  const size_t bytes = HcaRing<V>::bytes();
+  KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  prefill_hca_kernel<V><<<static_cast<unsigned>(n), HcaRing<V>::kThreads, bytes, native(s)>>>(p, w);
+  KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_hca_kernel");
 }
 
 // ---- dispatch -------------------------------------------------------------------------------
@@ -248,7 +297,7 @@ FastShape fast_shape(const CompressorParams& p) {
 
 // KVCORE_DSV4_PREFILL: unset or "fast" (default), "generic" (fast path off), and CSA variants:
 // "fast5" (the quad kernel at 5 blocks an SM), "pair3" / "pair4" (2 channels a thread, 3 or 4
-// blocks of 256 an SM).
+// blocks of 256 an SM); HCA: "hca2" (2 channels a thread).
 const char* variant() {
   const char* v = std::getenv("KVCORE_DSV4_PREFILL");
   return v ? v : "fast";
@@ -286,11 +335,11 @@ void prefill_fast(const CompressorParams& p, int64_t wa, int64_t wb, Stream s) {
       prefill_indexer_quad_kernel<<<static_cast<unsigned>((n + 3) / 4), 128, 0, native(s)>>>(p, w, w + n);
       KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_quad_kernel");
     } else if (shape == FastShape::Hca) {
-      const void* k = reinterpret_cast<const void*>(prefill_hca_quad_kernel);  // per device: set on every launch
-      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(hca_smem())));
-      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-      prefill_hca_quad_kernel<<<static_cast<unsigned>(n), kHcaThreads, hca_smem(), native(s)>>>(p, w);
-      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_hca_quad_kernel");
+      if (std::strcmp(variant(), "hca2") == 0) {
+        launch_hca<2>(p, w, n, s);
+      } else {
+        launch_hca<4>(p, w, n, s);
+      }
     }
     w += n;
   }

@@ -309,6 +309,7 @@ void check_long_prefill(const Case& cs, int n_windows, uint64_t seed) {
   // and the CSA variants.
   std::vector<const char*> variants{"generic"};
   if (cc.overlap && cc.kind == Dsv4RowKind::Attention) variants.insert(variants.end(), {"fast5", "pair3", "pair4"});
+  if (!cc.overlap && cc.kind == Dsv4RowKind::Attention) variants.push_back("hca2");
   for (const char* v : variants) {
     SCOPED_TRACE(v);
     setenv("KVCORE_DSV4_PREFILL", v, 1);
