@@ -12,6 +12,9 @@
 //   - HCA (128 candidates, one-pass pool): a block per window, candidates streamed through a
 //     per-thread ring in shared memory by cp.async (7 candidates, 112 KB an SM, in flight
 //     without holding registers), 4 blocks an SM so 512 windows are one wave.
+// One launch a chunk: the one or two windows at its start (candidates from the state) run the
+// general body in extra blocks, and at position 0 the state update too (a launch of their own
+// cost several microseconds each, against ~40 for all 16k indexer windows).
 // Same arithmetic as emission from the state (dsv4_pool_fixed<8> / Dsv4OnlineFold, and
 // dsv4_quad.cuh's finishing): prefill stays bit-identical to token-by-token emission.
 // KVCORE_DSV4_PREFILL=generic turns the fast path off (A/B runs; see variant() below).
@@ -25,11 +28,49 @@
 #include "cuda/check.cuh"
 #include "cuda/dsv4_pair.cuh"
 #include "cuda/dsv4_prefill.cuh"
+#include "cuda/dsv4_prefill_general.cuh"
 #include "cuda/dsv4_quad.cuh"
 
 namespace kvcore::dsv4::cuda {
 
 using kvcore::cuda::native;
+
+// ---- one launch for the whole chunk ---------------------------------------------------------
+// Blocks [0, n_edge): the windows w0 .. wa - 1 by the general body (candidates from the state or
+// before position 0); [n_edge, n_edge + n_state): the state update (only when no window reads the
+// state: a chunk at position 0); the rest: the fast windows wa .. wb - 1.
+struct FastGrid {
+  int64_t w0, wa, wb;
+  int32_t n_edge, n_state;
+};
+
+// True if this block is a side block (and has done its work). Block-uniform. smem: >= head_dim + 33
+// floats for an edge window.
+template <bool kEight>
+__device__ inline bool side_block(const CompressorParams& p, const FastGrid& g, float* smem) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  if (b < g.n_edge) {
+    prefill_window_body<kEight, false>(p, smem, g.w0 + b);  // never in the chunk: w < wa
+    return true;
+  }
+  if (b < g.n_edge + g.n_state) {
+    const int32_t rows = p.overlap ? p.ratio : p.state_rows;  // a thread per (row r < rows, column)
+    const int64_t total = static_cast<int64_t>(rows) * p.width;
+    for (int64_t e = static_cast<int64_t>(b - g.n_edge) * blockDim.x + threadIdx.x; e < total;
+         e += static_cast<int64_t>(g.n_state) * blockDim.x) {
+      const int32_t r = static_cast<int32_t>(e / p.width), k = static_cast<int32_t>(e % p.width);
+      prefill_state_row(p, r, k);
+      if (p.overlap) prefill_state_row(p, r + p.ratio, k);  // after row r: r may copy its old value
+    }
+    return true;
+  }
+  return false;
+}
+
+// The fast block's index among the fast blocks.
+__device__ __forceinline__ int64_t fast_block(const FastGrid& g) {
+  return static_cast<int64_t>(blockIdx.x) - g.n_edge - g.n_state;
+}
 
 // ---- CSA and indexer: 8 overlapping candidates ---------------------------------------------
 
@@ -68,9 +109,11 @@ __device__ __forceinline__ void pool_cand8(const Cand8& k, float (&y)[4]) {
 // kMinBlocks: 4 (default) fits 120 registers without spills; 5 (KVCORE_DSV4_PREFILL=fast5, an
 // A/B variant) caps them at 102, spilling a few, for a fifth block an SM.
 template <int kMinBlocks>
-__global__ void __launch_bounds__(128, kMinBlocks) prefill_csa_quad_kernel(const CompressorParams p, int64_t wa) {
-  __shared__ float scratch[4];
-  const int64_t w = wa + blockIdx.x;
+__global__ void __launch_bounds__(128, kMinBlocks) prefill_csa_quad_kernel(const CompressorParams p, const FastGrid g) {
+  __shared__ float smem[512 + 33];
+  if (side_block<true>(p, g, smem)) return;
+  float* scratch = smem;
+  const int64_t w = g.wa + fast_block(g);
   const int d = 4 * static_cast<int>(threadIdx.x);
   Cand8 k;
   load_cand8(p, w, d, k);
@@ -93,9 +136,10 @@ __device__ __forceinline__ float2 ape_pair(const CompressorParams& p, int32_t r,
 }
 
 template <int kMinBlocks>
-__global__ void __launch_bounds__(256, kMinBlocks) prefill_csa_pair_kernel(const CompressorParams p, int64_t wa) {
-  __shared__ float smem[128];
-  const int64_t w = wa + blockIdx.x;
+__global__ void __launch_bounds__(256, kMinBlocks) prefill_csa_pair_kernel(const CompressorParams p, const FastGrid g) {
+  __shared__ float smem[512 + 33];
+  if (side_block<true>(p, g, smem)) return;
+  const int64_t w = g.wa + fast_block(g);
   const int t = static_cast<int>(threadIdx.x), d = 2 * t, db = p.head_dim + d;
   const int64_t ta = (w - 1) * 4 - p.pos, tb = w * 4 - p.pos;
   float2 c[8], z[8], a[8];
@@ -123,9 +167,11 @@ __global__ void __launch_bounds__(256, kMinBlocks) prefill_csa_pair_kernel(const
   finish_attention_pair(p, w, y, sn, cs, smem);
 }
 
-__global__ void __launch_bounds__(128) prefill_indexer_quad_kernel(const CompressorParams p, int64_t wa, int64_t wb) {
-  const int64_t w = wa + 4 * static_cast<int64_t>(blockIdx.x) + (threadIdx.x >> 5);
-  if (w >= wb) return;  // warp-uniform; no block barrier below
+__global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const CompressorParams p, const FastGrid g) {
+  __shared__ float smem[128 + 33];
+  if (side_block<true>(p, g, smem)) return;
+  const int64_t w = g.wa + 4 * fast_block(g) + (threadIdx.x >> 5);
+  if (w >= g.wb) return;  // warp-uniform; no block barrier below
   const int d = 4 * static_cast<int>(threadIdx.x & 31);
   Cand8 k;
   load_cand8(p, w, d, k);
@@ -178,15 +224,16 @@ __device__ __forceinline__ float vec_at(const float2& v, int i) { return i == 0 
 // j + S - 1, issued in iteration j) only after candidate j - 1, its previous content, was
 // read and folded in iteration j - 1.
 template <int V>
-__global__ void __launch_bounds__(HcaRing<V>::kThreads, 4) prefill_hca_kernel(const CompressorParams p, int64_t wa) {
+__global__ void __launch_bounds__(HcaRing<V>::kThreads, 4) prefill_hca_kernel(const CompressorParams p, const FastGrid g) {
   using R = HcaRing<V>;
   using Vec = typename R::Vec;
   constexpr int T = R::kThreads;
   extern __shared__ __align__(16) unsigned char hca_smem[];
+  if (side_block<false>(p, g, reinterpret_cast<float*>(hca_smem))) return;  // the ring's space
   Vec* ring = reinterpret_cast<Vec*>(hca_smem);
   float* scratch = reinterpret_cast<float*>(ring + kHcaSlots * 3 * T);
   const int t = static_cast<int>(threadIdx.x), d = V * t;
-  const int64_t w = wa + blockIdx.x;
+  const int64_t w = g.wa + fast_block(g);
   const int32_t m = p.ratio;
   const int64_t t0 = w * m - p.pos;
   // Next candidate to issue: its sources (advanced by a stride each) and its ring slot.
@@ -256,12 +303,12 @@ __global__ void __launch_bounds__(HcaRing<V>::kThreads, 4) prefill_hca_kernel(co
 }
 
 template <int V>
-void launch_hca(const CompressorParams& p, int64_t w, int64_t n, Stream s) {
+void launch_hca(const CompressorParams& p, const FastGrid& g, int64_t blocks, Stream s) {
   const void* k = reinterpret_cast<const void*>(prefill_hca_kernel<V>);  // per device: set on every launch
   const size_t bytes = HcaRing<V>::bytes();
   KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  prefill_hca_kernel<V><<<static_cast<unsigned>(n), HcaRing<V>::kThreads, bytes, native(s)>>>(p, w);
+  prefill_hca_kernel<V><<<static_cast<unsigned>(blocks), HcaRing<V>::kThreads, bytes, native(s)>>>(p, g);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_hca_kernel");
 }
 
@@ -308,41 +355,56 @@ constexpr int64_t kMaxGrid = 65535LL * 1024;  // far below grid.x's 2^31 - 1
 
 }  // namespace
 
-int64_t prefill_fast_first_window(const CompressorParams& p) {
+bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
+  *state_done = false;
+  const FastShape shape = fast_shape(p);
+  if (!fast_path_enabled() || shape == FastShape::None) return false;
   const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
-  if (!fast_path_enabled() || fast_shape(p) == FastShape::None) return w1;
   // The first window whose candidates (and, with overlap, the previous window's) are all in the chunk.
   const int64_t first = (p.pos + p.ratio - 1) / p.ratio + (p.overlap ? 1 : 0);
-  return first < w0 ? w0 : (first > w1 ? w1 : first);
-}
-
-void prefill_fast(const CompressorParams& p, int64_t wa, int64_t wb, Stream s) {
-  const FastShape shape = fast_shape(p);
-  for (int64_t w = wa; w < wb;) {
-    const int64_t n = wb - w < kMaxGrid ? wb - w : kMaxGrid;
+  const int64_t wa = first < w0 ? w0 : (first > w1 ? w1 : first);
+  if (wa >= w1) return false;  // no fast window: the general kernel alone
+  const char* v = variant();
+  const bool hca2 = shape == FastShape::Hca && std::strcmp(v, "hca2") == 0;
+  const bool pair = shape == FastShape::Csa && std::strncmp(v, "pair", 4) == 0;
+  const int threads = hca2 || pair ? 256 : 128;
+  const int64_t state_elems = static_cast<int64_t>(p.overlap ? p.ratio : p.state_rows) * p.width;
+  FastGrid g{w0, wa, w1, static_cast<int32_t>(wa - w0), 0};
+  // At position 0 no window reads the state (candidates before the chunk are before position 0),
+  // so the state update can share the launch; up to 8 elements a thread.
+  if (p.pos == 0) g.n_state = static_cast<int32_t>((state_elems + 8LL * threads - 1) / (8LL * threads));
+  const int per_block = shape == FastShape::Indexer ? 4 : 1;  // windows a fast block
+  for (int64_t w = wa; w < w1;) {
+    const int64_t n = w1 - w < kMaxGrid ? w1 - w : kMaxGrid;
+    g.wa = w;
+    g.wb = w + n;
+    const int64_t blocks = g.n_edge + g.n_state + (n + per_block - 1) / per_block;
+    const unsigned grid = static_cast<unsigned>(blocks);
     if (shape == FastShape::Csa) {
-      if (std::strcmp(variant(), "fast5") == 0) {
-        prefill_csa_quad_kernel<5><<<static_cast<unsigned>(n), 128, 0, native(s)>>>(p, w);
-      } else if (std::strcmp(variant(), "pair3") == 0) {
-        prefill_csa_pair_kernel<3><<<static_cast<unsigned>(n), 256, 0, native(s)>>>(p, w);
-      } else if (std::strcmp(variant(), "pair4") == 0) {
-        prefill_csa_pair_kernel<4><<<static_cast<unsigned>(n), 256, 0, native(s)>>>(p, w);
+      if (std::strcmp(v, "fast5") == 0) {
+        prefill_csa_quad_kernel<5><<<grid, 128, 0, native(s)>>>(p, g);
+      } else if (std::strcmp(v, "pair3") == 0) {
+        prefill_csa_pair_kernel<3><<<grid, 256, 0, native(s)>>>(p, g);
+      } else if (pair) {
+        prefill_csa_pair_kernel<4><<<grid, 256, 0, native(s)>>>(p, g);
       } else {
-        prefill_csa_quad_kernel<4><<<static_cast<unsigned>(n), 128, 0, native(s)>>>(p, w);
+        prefill_csa_quad_kernel<4><<<grid, 128, 0, native(s)>>>(p, g);
       }
-      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_csa_quad_kernel");
+      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_csa kernel");
     } else if (shape == FastShape::Indexer) {
-      prefill_indexer_quad_kernel<<<static_cast<unsigned>((n + 3) / 4), 128, 0, native(s)>>>(p, w, w + n);
+      prefill_indexer_quad_kernel<<<grid, 128, 0, native(s)>>>(p, g);
       KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_quad_kernel");
-    } else if (shape == FastShape::Hca) {
-      if (std::strcmp(variant(), "hca2") == 0) {
-        launch_hca<2>(p, w, n, s);
-      } else {
-        launch_hca<4>(p, w, n, s);
-      }
+    } else if (hca2) {
+      launch_hca<2>(p, g, blocks, s);
+    } else {
+      launch_hca<4>(p, g, blocks, s);
     }
+    if (g.n_state > 0) *state_done = true;
+    g.n_edge = 0;  // side blocks in the first launch only
+    g.n_state = 0;
     w += n;
   }
+  return true;
 }
 
 }  // namespace kvcore::dsv4::cuda

@@ -1,6 +1,7 @@
-// The prefill fast path (dsv4_prefill.cu): windows whose candidates all lie in the chunk,
-// for the model's row shapes. prefill (dsv4.cu) runs windows [w0, wa) through its general
-// kernel and [wa, w1) through this one.
+// The prefill fast path (dsv4_prefill.cu): the model's row shapes with 16-byte aligned inputs,
+// in one fused launch: the one or two windows at the chunk's start that take candidates from
+// the state (the general body), the windows whose candidates all lie in the chunk (the fast
+// kernels), and, for a chunk at position 0 (no window reads the state), the state update.
 #pragma once
 #include <cstdint>
 
@@ -9,9 +10,9 @@
 
 namespace kvcore::dsv4::cuda {
 
-// wa: the first window the fast path takes (w1 = (pos + n_tokens) / ratio when it takes none:
-// another shape, unaligned inputs, or KVCORE_DSV4_PREFILL=generic).
-int64_t prefill_fast_first_window(const CompressorParams& p);
-void prefill_fast(const CompressorParams& p, int64_t wa, int64_t wb, Stream s);
+// false: the fast path does not apply (another shape, unaligned inputs, no window that it
+// would take, or KVCORE_DSV4_PREFILL=generic): nothing was launched. true: every window was
+// launched, and *state_done says whether the state update was too (else it is the caller's).
+bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done);
 
 }  // namespace kvcore::dsv4::cuda

@@ -4,7 +4,7 @@
 // the RMSNorm sum in the shared quad order, the same RoPE pair math, the same FP8 / FP4
 // codes and block scales (exact maxima; the branch-free FP8 codec of fp8_block.hpp, equal to
 // e4m3_encode / e4m3_round_trip for every f32), so the same bits as emission from the state.
-// Only the model's row shapes take this path (see prefill_fast_shape in dsv4_prefill.cu).
+// Only the model's row shapes take this path (see fast_shape in dsv4_prefill.cu).
 #pragma once
 #include <cuda_runtime.h>
 
