@@ -117,9 +117,13 @@ KVCORE_HD float dsv4_pool_fixed(const At& at) {
   for (int j = 0; j < N; ++j) at(j, zs[j], cs[j]);
   float mx = -INFINITY;
 #if defined(__CUDA_ARCH__)
+  // One max instruction a candidate. fmaxf skips NaN like the compare below and may differ
+  // only in the sign of a zero maximum, which no later step sees (z - (+-0) and exp(+-0)).
 #pragma unroll
-#endif
+  for (int j = 0; j < N; ++j) mx = fmaxf(mx, zs[j]);
+#else
   for (int j = 0; j < N; ++j) mx = zs[j] > mx ? zs[j] : mx;
+#endif
   if (mx == -INFINITY) return 0.0f;
   float den = 0.0f;
 #if defined(__CUDA_ARCH__)
