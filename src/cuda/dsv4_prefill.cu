@@ -37,39 +37,37 @@ using kvcore::cuda::native;
 
 // ---- one launch for the whole chunk ---------------------------------------------------------
 // Blocks [0, n_edge): the windows w0 .. wa - 1 by the general body (candidates from the state or
-// before position 0); [n_edge, n_edge + n_state): the state update (only when no window reads the
-// state: a chunk at position 0); the rest: the fast windows wa .. wb - 1.
+// before position 0); the rest: the fast windows wa .. wb - 1. With `state` set (a chunk at
+// position 0: no window reads the state) the fast blocks also write the state update, a slice
+// each (HCA: one element a thread; no extra blocks that would make a second wave).
 struct FastGrid {
   int64_t w0, wa, wb;
-  int32_t n_edge, n_state;
+  int32_t n_edge, state;
 };
 
-// True if this block is a side block (and has done its work). Block-uniform. smem: >= head_dim + 33
-// floats for an edge window.
+// True if this block is an edge block (and has done its work). Block-uniform. smem: >= head_dim
+// + 33 floats.
 template <bool kEight>
-__device__ inline bool side_block(const CompressorParams& p, const FastGrid& g, float* smem) {
-  const int32_t b = static_cast<int32_t>(blockIdx.x);
-  if (b < g.n_edge) {
-    prefill_window_body<kEight, false>(p, smem, g.w0 + b);  // never in the chunk: w < wa
-    return true;
-  }
-  if (b < g.n_edge + g.n_state) {
-    const int32_t rows = p.overlap ? p.ratio : p.state_rows;  // a thread per (row r < rows, column)
-    const int64_t total = static_cast<int64_t>(rows) * p.width;
-    for (int64_t e = static_cast<int64_t>(b - g.n_edge) * blockDim.x + threadIdx.x; e < total;
-         e += static_cast<int64_t>(g.n_state) * blockDim.x) {
-      const int32_t r = static_cast<int32_t>(e / p.width), k = static_cast<int32_t>(e % p.width);
-      prefill_state_row(p, r, k);
-      if (p.overlap) prefill_state_row(p, r + p.ratio, k);  // after row r: r may copy its old value
-    }
-    return true;
-  }
-  return false;
+__device__ inline bool edge_block(const CompressorParams& p, const FastGrid& g, float* smem) {
+  if (static_cast<int32_t>(blockIdx.x) >= g.n_edge) return false;
+  prefill_window_body<kEight, false>(p, smem, g.w0 + blockIdx.x);  // never in the chunk: w < wa
+  return true;
 }
 
 // The fast block's index among the fast blocks.
-__device__ __forceinline__ int64_t fast_block(const FastGrid& g) {
-  return static_cast<int64_t>(blockIdx.x) - g.n_edge - g.n_state;
+__device__ __forceinline__ int64_t fast_block(const FastGrid& g) { return static_cast<int64_t>(blockIdx.x) - g.n_edge; }
+
+// This fast block's slice of the state update, when fused (see FastGrid).
+__device__ inline void state_slice(const CompressorParams& p, const FastGrid& g) {
+  if (!g.state) return;
+  const int32_t rows = p.overlap ? p.ratio : p.state_rows;  // a thread per (row r < rows, column)
+  const int64_t total = static_cast<int64_t>(rows) * p.width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x - g.n_edge) * blockDim.x;
+  for (int64_t e = fast_block(g) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const int32_t r = static_cast<int32_t>(e / p.width), k = static_cast<int32_t>(e % p.width);
+    prefill_state_row(p, r, k);
+    if (p.overlap) prefill_state_row(p, r + p.ratio, k);  // after row r: r may copy its old value
+  }
 }
 
 // ---- CSA and indexer: 8 overlapping candidates ---------------------------------------------
@@ -111,7 +109,8 @@ __device__ __forceinline__ void pool_cand8(const Cand8& k, float (&y)[4]) {
 template <int kMinBlocks>
 __global__ void __launch_bounds__(128, kMinBlocks) prefill_csa_quad_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[512 + 33];
-  if (side_block<true>(p, g, smem)) return;
+  if (edge_block<true>(p, g, smem)) return;
+  state_slice(p, g);
   float* scratch = smem;
   const int64_t w = g.wa + fast_block(g);
   const int d = 4 * static_cast<int>(threadIdx.x);
@@ -138,7 +137,8 @@ __device__ __forceinline__ float2 ape_pair(const CompressorParams& p, int32_t r,
 template <int kMinBlocks>
 __global__ void __launch_bounds__(256, kMinBlocks) prefill_csa_pair_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[512 + 33];
-  if (side_block<true>(p, g, smem)) return;
+  if (edge_block<true>(p, g, smem)) return;
+  state_slice(p, g);
   const int64_t w = g.wa + fast_block(g);
   const int t = static_cast<int>(threadIdx.x), d = 2 * t, db = p.head_dim + d;
   const int64_t ta = (w - 1) * 4 - p.pos, tb = w * 4 - p.pos;
@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(256, kMinBlocks) prefill_csa_pair_kernel(const
 
 __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[128 + 33];
-  if (side_block<true>(p, g, smem)) return;
+  if (edge_block<true>(p, g, smem)) return;
+  state_slice(p, g);
   const int64_t w = g.wa + 4 * fast_block(g) + (threadIdx.x >> 5);
   if (w >= g.wb) return;  // warp-uniform; no block barrier below
   const int d = 4 * static_cast<int>(threadIdx.x & 31);
@@ -229,7 +230,8 @@ __global__ void __launch_bounds__(HcaRing<V>::kThreads, 4) prefill_hca_kernel(co
   using Vec = typename R::Vec;
   constexpr int T = R::kThreads;
   extern __shared__ __align__(16) unsigned char hca_smem[];
-  if (side_block<false>(p, g, reinterpret_cast<float*>(hca_smem))) return;  // the ring's space
+  if (edge_block<false>(p, g, reinterpret_cast<float*>(hca_smem))) return;  // the ring's space
+  state_slice(p, g);
   Vec* ring = reinterpret_cast<Vec*>(hca_smem);
   float* scratch = reinterpret_cast<float*>(ring + kHcaSlots * 3 * T);
   const int t = static_cast<int>(threadIdx.x), d = V * t;
@@ -367,18 +369,15 @@ bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
   const char* v = variant();
   const bool hca2 = shape == FastShape::Hca && std::strcmp(v, "hca2") == 0;
   const bool pair = shape == FastShape::Csa && std::strncmp(v, "pair", 4) == 0;
-  const int threads = hca2 || pair ? 256 : 128;
-  const int64_t state_elems = static_cast<int64_t>(p.overlap ? p.ratio : p.state_rows) * p.width;
-  FastGrid g{w0, wa, w1, static_cast<int32_t>(wa - w0), 0};
   // At position 0 no window reads the state (candidates before the chunk are before position 0),
-  // so the state update can share the launch; up to 8 elements a thread.
-  if (p.pos == 0) g.n_state = static_cast<int32_t>((state_elems + 8LL * threads - 1) / (8LL * threads));
+  // so the state update can share the launch.
+  FastGrid g{w0, wa, w1, static_cast<int32_t>(wa - w0), p.pos == 0 ? 1 : 0};
   const int per_block = shape == FastShape::Indexer ? 4 : 1;  // windows a fast block
   for (int64_t w = wa; w < w1;) {
     const int64_t n = w1 - w < kMaxGrid ? w1 - w : kMaxGrid;
     g.wa = w;
     g.wb = w + n;
-    const int64_t blocks = g.n_edge + g.n_state + (n + per_block - 1) / per_block;
+    const int64_t blocks = g.n_edge + (n + per_block - 1) / per_block;
     const unsigned grid = static_cast<unsigned>(blocks);
     if (shape == FastShape::Csa) {
       if (std::strcmp(v, "fast5") == 0) {
@@ -399,9 +398,9 @@ bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
     } else {
       launch_hca<4>(p, g, blocks, s);
     }
-    if (g.n_state > 0) *state_done = true;
-    g.n_edge = 0;  // side blocks in the first launch only
-    g.n_state = 0;
+    if (g.state) *state_done = true;
+    g.n_edge = 0;  // edge windows and the state in the first launch only
+    g.state = 0;
     w += n;
   }
   return true;
