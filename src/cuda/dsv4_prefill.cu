@@ -17,7 +17,7 @@
 // cost several microseconds each, against ~40 for all 16k indexer windows).
 // Same arithmetic as emission from the state (dsv4_pool_fixed<8> / Dsv4OnlineFold, and
 // dsv4_quad.cuh's finishing): prefill stays bit-identical to token-by-token emission.
-// KVCORE_DSV4_PREFILL=generic turns the fast path off (A/B runs; see variant() below).
+// KVCORE_DSV4_PREFILL=generic turns the fast path off (A/B runs).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -26,7 +26,6 @@
 #include <type_traits>
 
 #include "cuda/check.cuh"
-#include "cuda/dsv4_pair.cuh"
 #include "cuda/dsv4_prefill.cuh"
 #include "cuda/dsv4_prefill_general.cuh"
 #include "cuda/dsv4_quad.cuh"
@@ -104,10 +103,10 @@ __device__ __forceinline__ void pool_cand8(const Cand8& k, float (&y)[4]) {
     });
 }
 
-// kMinBlocks: 4 (default) fits 120 registers without spills; 5 (KVCORE_DSV4_PREFILL=fast5, an
-// A/B variant) caps them at 102, spilling a few, for a fifth block an SM.
-template <int kMinBlocks>
-__global__ void __launch_bounds__(128, kMinBlocks) prefill_csa_quad_kernel(const CompressorParams p, const FastGrid g) {
+// 4 blocks an SM: 121 registers, no spills. GPU run B: 89.8% of copy; the A/B variants measured
+// there were slower: 5 blocks an SM (102 registers, spills) 69.4%, 2 channels a thread (256
+// threads a window, 24 or 32 warps an SM) 80.1% / 83.9%, the general kernel 53.1%.
+__global__ void __launch_bounds__(128, 4) prefill_csa_quad_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[512 + 33];
   if (edge_block<true>(p, g, smem)) return;
   state_slice(p, g);
@@ -121,50 +120,6 @@ __global__ void __launch_bounds__(128, kMinBlocks) prefill_csa_quad_kernel(const
   float y[4];
   pool_cand8(k, y);
   finish_attention_quad(p, w, y, r, scratch);
-}
-
-// A/B variant (KVCORE_DSV4_PREFILL=pair3 / pair4): 2 channels a thread, 256 threads a window
-// (8-byte loads), half the registers a thread of the quad kernel, so 24-32 warps an SM
-// instead of 16; the same candidates, pool and finishing arithmetic (dsv4_pair.cuh).
-__device__ __forceinline__ float2 ape_pair(const CompressorParams& p, int32_t r, int32_t col) {
-  if (p.ape_f16) {
-    const uint32_t h = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.ape) + r * p.ape_stride + col));
-    return make_float2(math::f16_bits_to_f32(static_cast<uint16_t>(h & 0xffffu)), math::f16_bits_to_f32(static_cast<uint16_t>(h >> 16)));
-  }
-  return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(p.ape) + r * p.ape_stride + col));
-}
-
-template <int kMinBlocks>
-__global__ void __launch_bounds__(256, kMinBlocks) prefill_csa_pair_kernel(const CompressorParams p, const FastGrid g) {
-  __shared__ float smem[512 + 33];
-  if (edge_block<true>(p, g, smem)) return;
-  state_slice(p, g);
-  const int64_t w = g.wa + fast_block(g);
-  const int t = static_cast<int>(threadIdx.x), d = 2 * t, db = p.head_dim + d;
-  const int64_t ta = (w - 1) * 4 - p.pos, tb = w * 4 - p.pos;
-  float2 c[8], z[8], a[8];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    c[j] = __ldcs(reinterpret_cast<const float2*>(p.c + (ta + j) * p.c_stride + d));
-    z[j] = __ldcs(reinterpret_cast<const float2*>(p.z + (ta + j) * p.z_stride + d));
-    c[4 + j] = __ldcs(reinterpret_cast<const float2*>(p.c + (tb + j) * p.c_stride + db));
-    z[4 + j] = __ldcs(reinterpret_cast<const float2*>(p.z + (tb + j) * p.z_stride + db));
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    a[j] = ape_pair(p, j, d);
-    a[4 + j] = ape_pair(p, j, db);
-  }
-  float sn = 0.0f, cs = 0.0f;
-  if (t >= 224) math::sincos_f32(math::rope_angle(static_cast<float>(w * p.ratio), p.rope.freq[t - 224]), &sn, &cs);
-  float y[2];
-#pragma unroll
-  for (int v = 0; v < 2; ++v)
-    y[v] = math::dsv4_pool_fixed<8>([&](int j, float& zz, float& cc) {
-      zz = (v ? z[j].y : z[j].x) + (v ? a[j].y : a[j].x);
-      cc = v ? c[j].y : c[j].x;
-    });
-  finish_attention_pair(p, w, y, sn, cs, smem);
 }
 
 __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const CompressorParams p, const FastGrid g) {
@@ -184,133 +139,102 @@ __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const Comp
 
 // ---- HCA: ratio candidates (128), one-pass pool --------------------------------------------
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* g) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-constexpr int kHcaSlots = 8;  // ring slots per thread: 7 candidates in flight while one is folded
+constexpr int kHcaThreads = 128;  // a thread per quad of the 512-dim row
+constexpr int kHcaSlots = 8;      // ring slots a thread: 7 candidates in flight while one is folded
 
-// V channels a thread (4: 128 threads a window, the default; 2: 256 threads, KVCORE_DSV4_PREFILL
-// =hca2, twice the warps for the same bytes in flight). A ring entry is V floats (c, z) and V ape
-// values; each copy is 4 V bytes (2 V for f16 ape).
-template <int V>
-struct HcaRing {
-  static constexpr int kThreads = 512 / V;
-  using Vec = typename std::conditional<V == 4, float4, float2>::type;
-  // [slot][c, z, ape][thread] Vec, then the finishing's shared floats (128 quad sums + 4).
-  static constexpr size_t bytes() { return static_cast<size_t>(kHcaSlots) * 3 * kThreads * sizeof(Vec) + 132 * sizeof(float); }
-};
+// Ring: [slot][c, z, ape][thread] float4, then 4 floats of reduction scratch.
+constexpr size_t hca_smem_bytes() { return static_cast<size_t>(kHcaSlots) * 3 * kHcaThreads * sizeof(float4) + 4 * sizeof(float); }
 
 template <int kBytes>
 __device__ __forceinline__ void cp_async(void* smem, const void* g) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   if constexpr (kBytes == 16) {
-    cp_async16(smem, g);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
   } else {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(g), "n"(kBytes) : "memory");
   }
 }
 
-__device__ __forceinline__ float vec_at(const float4& v, int i) { return quad_at(v, i); }
-__device__ __forceinline__ float vec_at(const float2& v, int i) { return i == 0 ? v.x : v.y; }
-
 // Each thread copies and later reads only its own ring entries: cp.async.wait_group makes
-// them visible to it, so the ring needs no barrier. Slot j % S is refilled (candidate
-// j + S - 1, issued in iteration j) only after candidate j - 1, its previous content, was
-// read and folded in iteration j - 1.
-template <int V>
-__global__ void __launch_bounds__(HcaRing<V>::kThreads, 4) prefill_hca_kernel(const CompressorParams p, const FastGrid g) {
-  using R = HcaRing<V>;
-  using Vec = typename R::Vec;
-  constexpr int T = R::kThreads;
+// them visible to it, so the ring needs no barrier. The fold loop is unrolled over the ring
+// (ratio % kHcaSlots == 0, see fast_shape), so every slot offset is a constant: candidate
+// j0 + u is read from slot u, and slot (u + 7) % 8 is refilled with candidate j0 + u + 7 just
+// before, after candidate j0 + u - 1, its previous content, was folded. GPU run B (one
+// candidate an iteration, slot offsets computed, ape type tested in the loop): 75.0% of copy,
+// issue-bound (2 channels a thread, twice the warps and more instructions a channel: 68.5%).
+template <bool kApeF16>
+__global__ void __launch_bounds__(kHcaThreads, 4) prefill_hca_kernel(const CompressorParams p, const FastGrid g) {
+  constexpr int T = kHcaThreads;
   extern __shared__ __align__(16) unsigned char hca_smem[];
   if (edge_block<false>(p, g, reinterpret_cast<float*>(hca_smem))) return;  // the ring's space
   state_slice(p, g);
-  Vec* ring = reinterpret_cast<Vec*>(hca_smem);
-  float* scratch = reinterpret_cast<float*>(ring + kHcaSlots * 3 * T);
-  const int t = static_cast<int>(threadIdx.x), d = V * t;
+  float4* ring = reinterpret_cast<float4*>(hca_smem) + threadIdx.x;  // this thread's entries, stride T
+  float* scratch = reinterpret_cast<float*>(hca_smem + kHcaSlots * 3 * T * sizeof(float4));
+  const int t = static_cast<int>(threadIdx.x), d = 4 * t;
   const int64_t w = g.wa + fast_block(g);
   const int32_t m = p.ratio;
   const int64_t t0 = w * m - p.pos;
-  // Next candidate to issue: its sources (advanced by a stride each) and its ring slot.
+  // The next candidate's sources, advanced by a row each issue.
   const float* cn = p.c + t0 * p.c_stride + d;
   const float* zn = p.z + t0 * p.z_stride + d;
-  const char* an = static_cast<const char*>(p.ape) + (p.ape_f16 ? 2 : 4) * static_cast<int64_t>(d);
-  const int64_t a_step = (p.ape_f16 ? 2 : 4) * p.ape_stride;
-  int32_t next = 0;
-  const auto issue = [&]() {
-    Vec* slot = ring + (next % kHcaSlots) * 3 * T + t;
-    cp_async<4 * V>(slot, cn);
-    cp_async<4 * V>(slot + T, zn);
-    if (p.ape_f16) {
-      cp_async<2 * V>(slot + 2 * T, an);
-    } else {
-      cp_async<4 * V>(slot + 2 * T, an);
-    }
+  using Ape = typename std::conditional<kApeF16, uint16_t, float>::type;
+  const Ape* an = static_cast<const Ape*>(p.ape) + d;
+  const auto issue = [&](int slot) {
+    cp_async<16>(ring + (3 * slot) * T, cn);
+    cp_async<16>(ring + (3 * slot + 1) * T, zn);
+    cp_async<4 * sizeof(Ape)>(ring + (3 * slot + 2) * T, an);
     cn += p.c_stride;
     zn += p.z_stride;
-    an += a_step;
-    ++next;
+    an += p.ape_stride;
   };
 #pragma unroll
-  for (int j = 0; j < kHcaSlots - 1; ++j) {
-    if (j < m) issue();
-    cp_async_commit();  // empty groups too: the wait count below stays exact
-  }
-  // Rope angles of the tail's pairs, by the warp that holds the tail (the last one).
-  QuadRope r{};
-  float sn = 0.0f, cs = 0.0f;
-  if (t >= T - 32) {
-    if constexpr (V == 4) {
-      r = quad_rope_angles(p, w);
-    } else {
-      math::sincos_f32(math::rope_angle(static_cast<float>(w * m), p.rope.freq[t - (T - 32)]), &sn, &cs);
-    }
-  }
-  math::Dsv4OnlineFold fold[V];
-  for (int32_t j = 0; j < m; ++j) {
-    if (next < m) issue();  // candidate j + kHcaSlots - 1
+  for (int u = 0; u < kHcaSlots - 1; ++u) {  // m >= kHcaSlots
+    issue(u);
     cp_async_commit();
-    cp_async_wait<kHcaSlots - 1>();  // candidate j has landed
-    const Vec* slot = ring + (j % kHcaSlots) * 3 * T + t;
-    const Vec c = slot[0], z = slot[T], a_raw = slot[2 * T];
-    float a[V];
-    if (p.ape_f16) {
+  }
+  QuadRope r{};
+  if (t >= 96) r = quad_rope_angles(p, w);  // warp 3 holds the tail
+  math::Dsv4OnlineFold fold[4];
+  for (int32_t j0 = 0; j0 < m; j0 += kHcaSlots) {
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const uint32_t bits = __float_as_uint(vec_at(a_raw, v / 2));
-        a[v] = math::f16_bits_to_f32(static_cast<uint16_t>(v % 2 ? bits >> 16 : bits & 0xffffu));
+    for (int u = 0; u < kHcaSlots; ++u) {
+      if (j0 + u + kHcaSlots - 1 < m) issue((u + kHcaSlots - 1) % kHcaSlots);
+      cp_async_commit();               // empty groups too: the wait count stays exact
+      cp_async_wait<kHcaSlots - 1>();  // candidate j0 + u has landed
+      const float4 c = ring[(3 * u) * T], z = ring[(3 * u + 1) * T], a_raw = ring[(3 * u + 2) * T];
+      float a[4];
+      if constexpr (kApeF16) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const uint32_t bits = __float_as_uint(quad_at(a_raw, v / 2));
+          a[v] = math::f16_bits_to_f32(static_cast<uint16_t>(v % 2 ? bits >> 16 : bits & 0xffffu));
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) a[v] = quad_at(a_raw, v);
       }
-    } else {
 #pragma unroll
-      for (int v = 0; v < V; ++v) a[v] = vec_at(a_raw, v);
+      for (int v = 0; v < 4; ++v) fold[v].add(quad_at(z, v) + a[v], quad_at(c, v));
     }
-#pragma unroll
-    for (int v = 0; v < V; ++v) fold[v].add(vec_at(z, v) + a[v], vec_at(c, v));
   }
-  float y[V];
+  float y[4];
 #pragma unroll
-  for (int v = 0; v < V; ++v) y[v] = fold[v].result();
-  if constexpr (V == 4) {
-    finish_attention_quad(p, w, y, r, scratch);
-  } else {
-    finish_attention_pair(p, w, y, sn, cs, scratch);
-  }
+  for (int v = 0; v < 4; ++v) y[v] = fold[v].result();
+  finish_attention_quad(p, w, y, r, scratch);
 }
 
-template <int V>
+template <bool kApeF16>
 void launch_hca(const CompressorParams& p, const FastGrid& g, int64_t blocks, Stream s) {
-  const void* k = reinterpret_cast<const void*>(prefill_hca_kernel<V>);  // per device: set on every launch
-  const size_t bytes = HcaRing<V>::bytes();
-  KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  const void* k = reinterpret_cast<const void*>(prefill_hca_kernel<kApeF16>);  // per device: set on every launch
+  KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(hca_smem_bytes())));
   KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  prefill_hca_kernel<V><<<static_cast<unsigned>(blocks), HcaRing<V>::kThreads, bytes, native(s)>>>(p, g);
+  prefill_hca_kernel<kApeF16><<<static_cast<unsigned>(blocks), kHcaThreads, hca_smem_bytes(), native(s)>>>(p, g);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_hca_kernel");
 }
 
@@ -334,7 +258,8 @@ FastShape fast_shape(const CompressorParams& p) {
     const bool rows = p.rows_packed ? aligned(p.rows, 8) && p.rows_stride % 8 == 0 : aligned(p.rows, 16) && p.rows_stride % 4 == 0;
     if (!rows) return FastShape::None;
     if (eight) return FastShape::Csa;
-    if (!p.overlap && p.state_rows != 8) return FastShape::Hca;  // 8 rows: the three-pass pool (dsv4_pool_any)
+    // 8 rows take the three-pass pool (dsv4_pool_any); the HCA kernel unrolls its loop over its ring.
+    if (!p.overlap && p.state_rows != 8 && p.ratio % kHcaSlots == 0) return FastShape::Hca;
     return FastShape::None;
   }
   if (p.kind == 1 && p.head_dim == math::kHadamardDim && eight) {
@@ -344,14 +269,11 @@ FastShape fast_shape(const CompressorParams& p) {
   return FastShape::None;
 }
 
-// KVCORE_DSV4_PREFILL: unset or "fast" (default), "generic" (fast path off), and CSA variants:
-// "fast5" (the quad kernel at 5 blocks an SM), "pair3" / "pair4" (2 channels a thread, 3 or 4
-// blocks of 256 an SM); HCA: "hca2" (2 channels a thread).
-const char* variant() {
+// KVCORE_DSV4_PREFILL=generic turns the fast path off (the general kernel alone, for A/B runs).
+bool fast_path_enabled() {
   const char* v = std::getenv("KVCORE_DSV4_PREFILL");
-  return v ? v : "fast";
+  return v == nullptr || std::strcmp(v, "generic") != 0;
 }
-bool fast_path_enabled() { return std::strcmp(variant(), "generic") != 0; }
 
 constexpr int64_t kMaxGrid = 65535LL * 1024;  // far below grid.x's 2^31 - 1
 
@@ -366,9 +288,6 @@ bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
   const int64_t first = (p.pos + p.ratio - 1) / p.ratio + (p.overlap ? 1 : 0);
   const int64_t wa = first < w0 ? w0 : (first > w1 ? w1 : first);
   if (wa >= w1) return false;  // no fast window: the general kernel alone
-  const char* v = variant();
-  const bool hca2 = shape == FastShape::Hca && std::strcmp(v, "hca2") == 0;
-  const bool pair = shape == FastShape::Csa && std::strncmp(v, "pair", 4) == 0;
   // At position 0 no window reads the state (candidates before the chunk are before position 0),
   // so the state update can share the launch.
   FastGrid g{w0, wa, w1, static_cast<int32_t>(wa - w0), p.pos == 0 ? 1 : 0};
@@ -380,23 +299,15 @@ bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
     const int64_t blocks = g.n_edge + (n + per_block - 1) / per_block;
     const unsigned grid = static_cast<unsigned>(blocks);
     if (shape == FastShape::Csa) {
-      if (std::strcmp(v, "fast5") == 0) {
-        prefill_csa_quad_kernel<5><<<grid, 128, 0, native(s)>>>(p, g);
-      } else if (std::strcmp(v, "pair3") == 0) {
-        prefill_csa_pair_kernel<3><<<grid, 256, 0, native(s)>>>(p, g);
-      } else if (pair) {
-        prefill_csa_pair_kernel<4><<<grid, 256, 0, native(s)>>>(p, g);
-      } else {
-        prefill_csa_quad_kernel<4><<<grid, 128, 0, native(s)>>>(p, g);
-      }
-      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_csa kernel");
+      prefill_csa_quad_kernel<<<grid, 128, 0, native(s)>>>(p, g);
+      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_csa_quad_kernel");
     } else if (shape == FastShape::Indexer) {
       prefill_indexer_quad_kernel<<<grid, 128, 0, native(s)>>>(p, g);
       KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_quad_kernel");
-    } else if (hca2) {
-      launch_hca<2>(p, g, blocks, s);
+    } else if (p.ape_f16) {
+      launch_hca<true>(p, g, blocks, s);
     } else {
-      launch_hca<4>(p, g, blocks, s);
+      launch_hca<false>(p, g, blocks, s);
     }
     if (g.state) *state_done = true;
     g.n_edge = 0;  // edge windows and the state in the first launch only

@@ -176,7 +176,9 @@ struct Dsv4OnlineFold {
   // warp whose lanes disagree on z > mx would otherwise run both sides, each with its exp).
   KVCORE_HD void add(float z, float c) {
     const bool up = z > mx;
-    const float e = expf(up ? mx - z : z - mx);  // up: the rescale factor (0 on the first candidate)
+    // up: the rescale factor exp(mx - z) (0 on the first candidate), else exp(z - mx); both are
+    // exp(-|z - mx|) (a - b = -(b - a) exactly; exp(+-0) = 1): one subtraction, no select.
+    const float e = expf(-fabsf(z - mx));
     const float den_up = den * e + 1.0f, acc_up = acc * e + c;
     const float den_in = den + e, acc_in = acc + c * e;
     const bool skip = z == -INFINITY;
