@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -391,10 +392,11 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
   const TensorRef tkv(skv.data(), DType::F32, dev, {c.state_rows(), W}), tsc(ssc.data(), DType::F32, dev, {c.state_rows(), W});
   const TensorRef tr(rows.data(), DType::U8, dev, {cap, rb});
   const TensorRef tc(cc.data(), DType::F32, dev, {n, W}), tz(zz.data(), DType::F32, dev, {n, W});
-  const Timing t = opt.time([&](int) {
+  const auto run = [&] {
     dsv4_compressor_reset(tkv, tsc, c);
     dsv4_compress_prefill(tc, tz, tkv, tsc, 0, c, w, Dsv4Quant::On, tr);
-  });
+  };
+  const Timing t = opt.time([&](int) { run(); });
   BenchRecord r;
   r.bench = "dsv4";
   r.case_name = std::string("prefill ") + name + fmt(" n=%lld", n);
@@ -402,6 +404,24 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
   r.t = t;
   r.traffic = Traffic::Copy;
   opt.report(r);
+#if KVCORE_WITH_CUDA
+  // The general one-window-a-block kernel alone on the same data (KVCORE_DSV4_PREFILL=generic: the
+  // fast path of src/cuda/dsv4_prefill.cu off), its rows and state checked equal to the default's.
+  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL")) {
+    run();
+    const std::vector<uint8_t> rows_fast = rows.to_host<uint8_t>();
+    const std::vector<float> kv_fast = skv.to_host<float>(), sc_fast = ssc.to_host<float>();
+    setenv("KVCORE_DSV4_PREFILL", "generic", 1);
+    run();
+    const bool same = rows.to_host<uint8_t>() == rows_fast && skv.to_host<float>() == kv_fast && ssc.to_host<float>() == sc_fast;
+    BenchRecord rv = r;
+    rv.case_name = r.case_name + " generic kernel";
+    opt.note(rv.case_name + (same ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
+    rv.t = opt.time([&](int) { run(); });
+    unsetenv("KVCORE_DSV4_PREFILL");
+    opt.report(rv);
+  }
+#endif
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include "cuda/check.cuh"
 #include "cuda/dsv4_common.cuh"
+#include "cuda/dsv4_prefill.cuh"
+#include "cuda/dsv4_prefill_general.cuh"
 #include "ops/dsv4_backends.hpp"
 
 namespace kvcore::dsv4::cuda {
@@ -82,7 +84,7 @@ void reset(const CompressorParams& p, Stream s) {
 
 // ---- emission and prefill --------------------------------------------------------------------
 
-// Shared memory of the row kernels: head_dim floats for the row, 33 for reductions.
+// Shared memory of the row kernels: head_dim floats for the row, 33 for reductions (row_sumsq_smem: 32).
 inline size_t row_smem(const CompressorParams& p) { return (static_cast<size_t>(p.head_dim) + 33) * sizeof(float); }
 
 __device__ inline void emit_body(const CompressorParams& p, float* smem) {
@@ -110,83 +112,10 @@ void emit(const CompressorParams& p, Stream s) {
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 emit_kernel");
 }
 
-// One block per window completed by the chunk; candidates from the chunk or the state.
-// Two instantiations, so each gets its own registers: the 8-candidate register pool (CSA,
-// the indexer) and the one-pass pool (HCA); the same choice dsv4_pool_any makes, so the
-// same bits as emission from the state.
-template <bool kEight, class At>
-__device__ inline float prefill_pool(const CompressorParams& p, const At& at) {
-  if constexpr (kEight) {
-    return math::dsv4_pool_fixed<8>(at);
-  } else {
-    return math::dsv4_pool_any(p.state_rows, at);
-  }
-}
-
-// A window whose candidates all lie in the chunk (every window but the first one or two):
-// a branch-free fetch, so the loads of all candidates are in flight together (the general
-// prefill_candidate branches per candidate, and a use inside each branch serialized the
-// loads: one memory latency per candidate). The same values: c, and z + ape in f32.
-template <bool kEight, bool kApeF16>
-__device__ inline float prefill_pool_in_chunk(const CompressorParams& p, int64_t w, int k) {
-  const int32_t m = p.ratio;
-  const int64_t lane_a = (p.overlap ? w - 1 : w) * m - p.pos;  // chunk index of candidate 0
-  const int64_t lane_b = w * m - p.pos;                         // of candidate m (overlap)
-  return prefill_pool<kEight>(p, [&](int j, float& z, float& c) {
-    const bool b = p.overlap && j >= m;
-    const int32_t jm = b ? j - m : j;
-    const int32_t col = b ? p.head_dim + k : k;
-    const int64_t i = (b ? lane_b : lane_a) + jm;
-    float a;
-    if constexpr (kApeF16) {
-      a = math::f16_bits_to_f32(static_cast<const uint16_t*>(p.ape)[jm * p.ape_stride + col]);
-    } else {
-      a = static_cast<const float*>(p.ape)[jm * p.ape_stride + col];
-    }
-    c = p.c[i * p.c_stride + col];
-    z = p.z[i * p.z_stride + col] + a;
-  });
-}
-
-template <bool kEight>
-__device__ inline void prefill_window_body(const CompressorParams& p, float* smem, int64_t w) {
-  float* buf = smem;
-  float* scratch = smem + p.head_dim;
-  const bool in_chunk = (p.overlap ? w - 1 : w) * p.ratio >= p.pos;  // block-uniform
-  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) {
-    if (in_chunk) {
-      buf[k] = p.ape_f16 ? prefill_pool_in_chunk<kEight, true>(p, w, k) : prefill_pool_in_chunk<kEight, false>(p, w, k);
-    } else {
-      buf[k] = prefill_pool<kEight>(p, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
-    }
-  }
-  __syncthreads();
-  finish_row(p, w, buf, scratch);
-}
-
 template <bool kEight>
 __global__ void __launch_bounds__(kThreads, 4) prefill_kernel(const CompressorParams p, int64_t w0) {
   extern __shared__ float smem[];
   prefill_window_body<kEight>(p, smem, w0 + blockIdx.x);
-}
-
-// The state as token-by-token storing leaves it. A thread per (column, row r < m):
-// row r, then (overlapping states) row m + r, whose old value row r may copy: the
-// only order between rows. (A thread walking all 128 rows of an HCA state was a
-// chain of dependent loads: tens of microseconds.)
-__device__ inline void prefill_state_row(const CompressorParams& p, int32_t r, int k) {
-  int64_t tok = 0;
-  int32_t src = 0;
-  const int how = prefill_state_source(p, r, &tok, &src);
-  const int64_t dst = static_cast<int64_t>(r) * p.width + k;
-  if (how == 1) {
-    const int64_t t = p.pos + tok;
-    p.state_kv[dst] = p.c[tok * p.c_stride + k];
-    p.state_score[dst] = p.z[tok * p.z_stride + k] + ape_value(p, t % p.ratio, k);
-  } else if (how == 2) {
-    p.state_kv[dst] = p.state_kv[static_cast<int64_t>(src) * p.width + k];
-    p.state_score[dst] = p.state_score[static_cast<int64_t>(src) * p.width + k];
-  }
 }
 
 __global__ void prefill_state_kernel(const CompressorParams p) {
@@ -198,20 +127,24 @@ __global__ void prefill_state_kernel(const CompressorParams p) {
 }
 
 void prefill(const CompressorParams& p, Stream s) {
-  const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
-  const size_t sm = row_smem(p);
-  const bool eight = p.state_rows == 8;
-  const void* kernel = eight ? reinterpret_cast<const void*>(prefill_kernel<true>) : reinterpret_cast<const void*>(prefill_kernel<false>);
-  set_smem(kernel, sm);
-  for (int64_t w = w0; w < w1; w += 65535 * 1024LL) {  // grid.x limit is 2^31 - 1; stay far below
-    const int64_t n = w1 - w < 65535 * 1024LL ? w1 - w : 65535 * 1024LL;
-    if (eight) {
-      prefill_kernel<true><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
-    } else {
-      prefill_kernel<false><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
+  bool state_done = false;
+  if (!prefill_fast(p, s, &state_done)) {  // the model's shapes: one fused launch (dsv4_prefill.cu)
+    const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
+    const size_t sm = row_smem(p);
+    const bool eight = p.state_rows == 8;
+    const void* kernel = eight ? reinterpret_cast<const void*>(prefill_kernel<true>) : reinterpret_cast<const void*>(prefill_kernel<false>);
+    set_smem(kernel, sm);
+    for (int64_t w = w0; w < w1; w += 65535 * 1024LL) {  // grid.x limit is 2^31 - 1; stay far below
+      const int64_t n = w1 - w < 65535 * 1024LL ? w1 - w : 65535 * 1024LL;
+      if (eight) {
+        prefill_kernel<true><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
+      } else {
+        prefill_kernel<false><<<static_cast<unsigned>(n), kThreads, sm, native(s)>>>(p, w);
+      }
+      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_kernel");
     }
-    KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_kernel");
   }
+  if (state_done) return;
   const dim3 state_grid(static_cast<unsigned>((p.width + kThreads - 1) / kThreads),
                         static_cast<unsigned>(p.overlap ? p.ratio : p.state_rows));
   prefill_state_kernel<<<state_grid, kThreads, 0, native(s)>>>(p);

@@ -25,21 +25,50 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v, float* scratch /* >= 33 floats */) {
+// ---- RMSNorm in one summation order for every CUDA row path ---------------------------------
+// Prefill (any kernel) must give the bits of token-by-token emission, so every CUDA kernel
+// that finishes a row sums its squares in this one order, whatever its thread layout:
+// quads of 4 consecutive channels (channels past head_dim count 0), each summed in order;
+// groups of 32 quads by the xor butterfly of warp_sum_rn (quad 32 g + l on lane l); the
+// group sums in group order. Explicit _rn operations: no FMA contraction can differ
+// between kernels. (The CPU sums in index order: float tolerance, see the tests.)
+__device__ __forceinline__ float warp_sum_rn(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float quad_sumsq(float a, float b, float c, float d) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(a, a), __fmul_rn(b, b)), __fmul_rn(c, c)), __fmul_rn(d, d));
+}
+
+// 1 / sqrt(ss / n + eps), and the normalized, weighted value: the same IEEE operations everywhere.
+__device__ __forceinline__ float rms_inv_scale(float ss, int n, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
+}
+__device__ __forceinline__ float rms_apply(float x, float s, float weight) { return __fmul_rn(weight, __fmul_rn(x, s)); }
+
+// The sum of squares of buf[0, n) (shared memory) in that order; every thread gets it.
+// scratch: >= 32 floats (n <= 4096: at most 32 groups).
+__device__ inline float row_sumsq_smem(const float* buf, int n, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float t = lane < n_warps ? scratch[lane] : 0.0f;
-    t = warp_sum(t);
-    if (lane == 0) scratch[32] = t;
+  const int n_quads = (n + 3) / 4, n_groups = (n_quads + 31) / 32;
+  for (int g = warp; g < n_groups; g += n_warps) {
+    const int q = 32 * g + lane;
+    float v = 0.0f;
+    if (q < n_quads) {
+      float x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = 4 * q + i < n ? buf[4 * q + i] : 0.0f;
+      v = quad_sumsq(x[0], x[1], x[2], x[3]);
+    }
+    v = warp_sum_rn(v);
+    if (lane == 0) scratch[g] = v;
   }
   __syncthreads();
-  const float r = scratch[32];
-  __syncthreads();
-  return r;
+  float ss = scratch[0];
+  for (int g = 1; g < n_groups; ++g) ss = __fadd_rn(ss, scratch[g]);
+  __syncthreads();  // scratch may be reused
+  return ss;
 }
 
 // FP8 round trip of row[0, n_nope) in blocks of 64, in shared memory; one warp per
@@ -138,11 +167,8 @@ __device__ inline void fp4_hadamard128_row(float* buf, uint8_t* maybe_packed) {
 // RMSNorm with weight, RoPE at w * ratio, quantization, store: the row is in
 // shared memory `buf` (head_dim floats). All threads of the block call this.
 __device__ inline void finish_row(const CompressorParams& p, int64_t w, float* buf, float* scratch) {
-  float ss = 0.0f;
-  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) ss += buf[k] * buf[k];
-  ss = block_sum(ss, scratch);
-  const float s = 1.0f / sqrtf(ss / static_cast<float>(p.head_dim) + p.eps);
-  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) buf[k] = p.norm_weight[k] * (buf[k] * s);
+  const float s = rms_inv_scale(row_sumsq_smem(buf, p.head_dim, scratch), p.head_dim, p.eps);
+  for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) buf[k] = rms_apply(buf[k], s, p.norm_weight[k]);
   __syncthreads();
   const float pos = static_cast<float>(w * p.ratio);
   for (int i = threadIdx.x; i < p.rope.layout.n_pairs(); i += blockDim.x) {

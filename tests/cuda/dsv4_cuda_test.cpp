@@ -144,6 +144,8 @@ struct Case {
   Dsv4Compressor cc;
   Dsv4Quant quant;
   bool packed;
+  bool ape_f16 = false;  // ape stored as f16 (rounded from the f32 values)
+  bool shifted = false;  // c and z start one float past a 16-byte boundary (no 16-byte loads: the general kernel)
 };
 
 // Runs n tokens through one compressor on `dev`, token by token (chunk 1) or in the
@@ -160,17 +162,23 @@ RunOut run_compressor(const Case& cs, Device dev, const std::vector<float>& c, c
   const int rb = cs.packed ? cc.packed_row_bytes() : hd * 4;
   Buffer skv(R * W * 4, dev), ssc(R * W * 4, dev), rows(static_cast<size_t>(cap) * rb, dev);
   fill_bytes(rows.data(), dev, 0, rows.size());
-  Buffer bape = Buffer::from_host(ape, dev), bnorm = Buffer::from_host(norm, dev), bc = Buffer::from_host(c, dev),
-         bz = Buffer::from_host(z, dev);
+  std::vector<uint16_t> ape16(ape.size());
+  for (size_t i = 0; i < ape.size(); ++i) ape16[i] = math::f32_to_f16_bits(ape[i]);
+  const size_t off = cs.shifted ? 1 : 0;
+  std::vector<float> c_in(off), z_in(off);
+  c_in.insert(c_in.end(), c.begin(), c.end());
+  z_in.insert(z_in.end(), z.begin(), z.end());
+  Buffer bape = cs.ape_f16 ? Buffer::from_host(ape16, dev) : Buffer::from_host(ape, dev), bnorm = Buffer::from_host(norm, dev),
+         bc = Buffer::from_host(c_in, dev), bz = Buffer::from_host(z_in, dev);
   const TensorRef tkv(skv.data(), DType::F32, dev, {R, W}), tsc(ssc.data(), DType::F32, dev, {R, W});
   const TensorRef trows = cs.packed ? TensorRef(rows.data(), DType::U8, dev, {cap, rb}) : TensorRef(rows.data(), DType::F32, dev, {cap, hd});
   dsv4_compressor_reset(tkv, tsc, cc);
-  Dsv4CompressorWeights w{TensorRef(bape.data(), DType::F32, dev, {cc.ratio, W}), TensorRef(bnorm.data(), DType::F32, dev, {hd}),
+  Dsv4CompressorWeights w{TensorRef(bape.data(), cs.ape_f16 ? DType::F16 : DType::F32, dev, {cc.ratio, W}), TensorRef(bnorm.data(), DType::F32, dev, {hd}),
                           compressed_table(hd, cc.n_rot)};
   int p = 0;
   for (int len : chunks) {
-    auto* cp = static_cast<float*>(bc.data()) + static_cast<size_t>(p) * W;
-    auto* zp = static_cast<float*>(bz.data()) + static_cast<size_t>(p) * W;
+    auto* cp = static_cast<float*>(bc.data()) + off + static_cast<size_t>(p) * W;
+    auto* zp = static_cast<float*>(bz.data()) + off + static_cast<size_t>(p) * W;
     if (len == 1 && chunks.size() == static_cast<size_t>(n)) {  // the decode path
       dsv4_compressor_store_one(TensorRef(cp, DType::F32, dev, {W}), TensorRef(zp, DType::F32, dev, {W}), w.ape, tkv, tsc, p, cc);
       if ((p + 1) % cc.ratio == 0) {
@@ -297,6 +305,21 @@ void check_long_prefill(const Case& cs, int n_windows, uint64_t seed) {
   ASSERT_EQ(gpu.rows, gpu_pf.rows) << "CUDA prefill == CUDA token by token";
   ASSERT_EQ(std::memcmp(gpu.kv.data(), gpu_pf.kv.data(), gpu.kv.size() * 4), 0);
   ASSERT_EQ(std::memcmp(gpu.score.data(), gpu_pf.score.data(), gpu.score.size() * 4), 0);
+  // The general kernel alone (KVCORE_DSV4_PREFILL=generic: the fast path of dsv4_prefill.cu off).
+  setenv("KVCORE_DSV4_PREFILL", "generic", 1);
+  const RunOut gpu_gen = run_compressor(cs, kGpu, c, z, ape, norm, n, chunks);
+  unsetenv("KVCORE_DSV4_PREFILL");
+  ASSERT_EQ(gpu.rows, gpu_gen.rows) << "CUDA prefill, general kernel only == CUDA token by token";
+  ASSERT_EQ(std::memcmp(gpu.kv.data(), gpu_gen.kv.data(), gpu.kv.size() * 4), 0);
+  ASSERT_EQ(std::memcmp(gpu.score.data(), gpu_gen.score.data(), gpu.score.size() * 4), 0);
+  if (cs.quant == Dsv4Quant::Off && !cs.packed) {  // float rows: also against the CPU, within the float tolerance
+    const RunOut cpu = run_compressor(cs, Device::cpu(), c, z, ape, norm, n, chunks);
+    Diff d;
+    std::vector<float> g(gpu_pf.rows.size() / 4), h(g.size());
+    std::memcpy(g.data(), gpu_pf.rows.data(), g.size() * 4);
+    std::memcpy(h.data(), cpu.rows.data(), h.size() * 4);
+    cmp_float(g, h, d, "long prefill row value");
+  }
 }
 
 TEST(Dsv4Cuda, LongPrefillMatchesTokenByToken) {
@@ -308,6 +331,21 @@ TEST(Dsv4Cuda, LongPrefillMatchesTokenByToken) {
   check_long_prefill({Dsv4Compressor::csa(96, 16, 3), Dsv4Quant::Off, false}, 1000, seed++);      // one-pass pool with overlap
   check_long_prefill({Dsv4Compressor::hca(200, 8, 5), Dsv4Quant::Off, false}, 700, seed++);       // a partial batch of 5
   check_long_prefill({Dsv4Compressor::hca(300, 8, 16), Dsv4Quant::Off, false}, 400, seed++);      // 300 channels: 2 a thread
+  // The fast path's other row forms (src/cuda/dsv4_prefill.cu): f32 rows with and without the
+  // round trip, f16 ape, and inputs it cannot load 16 bytes at a time (the general kernel then).
+  for (Dsv4Quant q : {Dsv4Quant::On, Dsv4Quant::Off}) {
+    check_long_prefill({Dsv4Compressor::csa(512, 64, 4), q, false}, 600, seed++);
+    check_long_prefill({Dsv4Compressor::indexer(128, 64, 4), q, false}, 600, seed++);
+    check_long_prefill({Dsv4Compressor::hca(512, 64, 128), q, false}, 40, seed++);
+  }
+  check_long_prefill({Dsv4Compressor::csa(512, 64, 4), Dsv4Quant::On, true, true}, 300, seed++);
+  check_long_prefill({Dsv4Compressor::indexer(128, 64, 4), Dsv4Quant::On, true, true}, 300, seed++);
+  check_long_prefill({Dsv4Compressor::hca(512, 64, 128), Dsv4Quant::On, true, true}, 20, seed++);
+  check_long_prefill({Dsv4Compressor::hca(512, 64, 8), Dsv4Quant::On, true}, 100, seed++);  // 8 state rows: the three-pass pool, general kernel
+  check_long_prefill({Dsv4Compressor::hca(512, 64, 16), Dsv4Quant::On, true}, 200, seed++);  // the fast HCA kernel, two ring turns a window
+  check_long_prefill({Dsv4Compressor::hca(512, 64, 20), Dsv4Quant::On, true}, 150, seed++);  // ratio % 8 != 0: general kernel
+  check_long_prefill({Dsv4Compressor::csa(512, 64, 4), Dsv4Quant::On, true, false, true}, 200, seed++);
+  check_long_prefill({Dsv4Compressor::hca(512, 64, 128), Dsv4Quant::On, true, false, true}, 10, seed++);
 }
 
 TEST(Dsv4Cuda, CompressionMatchesCpu) {

@@ -57,6 +57,24 @@ KVCORE_HD void dsv4_fp4_round_trip(float* x, int n) {
 }
 
 // ---- Compressor pooling ---------------------------------------------------------
+#if defined(__CUDA_ARCH__)
+// CUDA's div.rn.f32 computes a / b as: r0 = rcp.approx(b); r = fma(r0, fma(-b, r0, 1), r0);
+// q0 = fma(a, r, 0); q = fma(r, fma(-b, q0, a), q0), and takes a slow path only where its
+// range check fails (denormal or extreme exponents, where the residual could lose bits).
+// For a in [2^-64, 1] and b in [1, 256] nothing is near those ranges and q is a / b
+// correctly rounded (Markstein's theorem: r within an ulp of 1/b, the residual exact), so
+// several quotients by one b can share r and still equal a / b bit for bit.
+__device__ __forceinline__ float div_rn_reciprocal(float b) {
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
+  return __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
+}
+__device__ __forceinline__ float div_rn_steps(float a, float b, float r) {
+  const float q0 = __fmaf_rn(a, r, 0.0f);
+  return __fmaf_rn(r, __fmaf_rn(-b, q0, a), q0);
+}
+#endif
+
 // Softmax over candidate logits z_j (-inf: no candidate, weight 0) and the
 // weighted sum of values c_j, in HF's order: p_j = exp(z_j - max) / sum, then
 // sum_j c_j * p_j. `At(j, &z, &c)` fetches candidate j.
@@ -87,6 +105,9 @@ KVCORE_HD float dsv4_pool(int n, const At& at) {
 // The same pool with N candidates fetched once into registers (CSA and the
 // indexer: N = 8), each exp computed once and reused (exp is a function: the same
 // bits as computing it twice). Same operations in the same order: identical results.
+// Branch-free (a GPU runs the candidates' exp, division and sum straight through and
+// shares one reciprocal of den between the divisions): a -inf logit's exp(-inf - mx) is
+// +0, which leaves den unchanged, and its weighted term is computed but not taken.
 template <int N, class At>
 KVCORE_HD float dsv4_pool_fixed(const At& at) {
   float zs[N], cs[N], es[N];
@@ -96,24 +117,47 @@ KVCORE_HD float dsv4_pool_fixed(const At& at) {
   for (int j = 0; j < N; ++j) at(j, zs[j], cs[j]);
   float mx = -INFINITY;
 #if defined(__CUDA_ARCH__)
+  // One max instruction a candidate. fmaxf skips NaN like the compare below and may differ
+  // only in the sign of a zero maximum, which no later step sees (z - (+-0) and exp(+-0)).
 #pragma unroll
-#endif
+  for (int j = 0; j < N; ++j) mx = fmaxf(mx, zs[j]);
+#else
   for (int j = 0; j < N; ++j) mx = zs[j] > mx ? zs[j] : mx;
+#endif
   if (mx == -INFINITY) return 0.0f;
   float den = 0.0f;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int j = 0; j < N; ++j) {
-    es[j] = zs[j] != -INFINITY ? expf(zs[j] - mx) : 0.0f;
-    if (zs[j] != -INFINITY) den += es[j];
+    es[j] = expf(zs[j] - mx);
+    den += es[j];
   }
   float acc = 0.0f;
 #if defined(__CUDA_ARCH__)
+  // The N quotients es[j] / den share den: when every one is in div.rn's plain range, its
+  // steps with den's reciprocal refined once (the same bits, see div_rn_steps); else div.rn.
+  // (A -inf logit has es 0 and a NaN makes den NaN: both take div.rn.)
+  float emin = es[0];
 #pragma unroll
+  for (int j = 1; j < N; ++j) emin = fminf(emin, es[j]);
+  if (emin >= 0x1p-64f && den >= 1.0f && den <= 256.0f) {
+    const float r = div_rn_reciprocal(den);
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc = __fmaf_rn(cs[j], div_rn_steps(es[j], den, r), acc);
+    return acc;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float t = __fmaf_rn(cs[j], es[j] / den, acc);
+    acc = zs[j] != -INFINITY ? t : acc;
+  }
+#else
+  for (int j = 0; j < N; ++j) {
+    const float t = acc + cs[j] * (es[j] / den);
+    acc = zs[j] != -INFINITY ? t : acc;
+  }
 #endif
-  for (int j = 0; j < N; ++j)
-    if (zs[j] != -INFINITY) acc += cs[j] * (es[j] / den);
   return acc;
 }
 
@@ -128,18 +172,19 @@ KVCORE_HD float dsv4_pool_fixed(const At& at) {
 // their own way (same operations in the same order: identical bits).
 struct Dsv4OnlineFold {
   float mx = -INFINITY, den = 0.0f, acc = 0.0f;
+  // Branch-free: both updates are computed from one exp and the right one is taken (a GPU
+  // warp whose lanes disagree on z > mx would otherwise run both sides, each with its exp).
   KVCORE_HD void add(float z, float c) {
-    if (z == -INFINITY) return;
-    if (z > mx) {
-      const float r = expf(mx - z);  // 0 on the first candidate
-      den = den * r + 1.0f;
-      acc = acc * r + c;
-      mx = z;
-    } else {
-      const float e = expf(z - mx);
-      den += e;
-      acc += c * e;
-    }
+    const bool up = z > mx;
+    // up: the rescale factor exp(mx - z) (0 on the first candidate), else exp(z - mx); both are
+    // exp(-|z - mx|) (a - b = -(b - a) exactly; exp(+-0) = 1): one subtraction, no select.
+    const float e = expf(-fabsf(z - mx));
+    const float den_up = den * e + 1.0f, acc_up = acc * e + c;
+    const float den_in = den + e, acc_in = acc + c * e;
+    const bool skip = z == -INFINITY;
+    den = skip ? den : (up ? den_up : den_in);
+    acc = skip ? acc : (up ? acc_up : acc_in);
+    mx = up ? z : mx;  // a -inf logit is never > mx
   }
   KVCORE_HD float result() const { return mx == -INFINITY ? 0.0f : acc / den; }
 };
