@@ -10,6 +10,9 @@ TEST(ShiftKernelChoice, EnvironmentValuesParse) {
   EXPECT_EQ(parse_shift_kernel("chain"), ShiftKernel::Chain);
   EXPECT_EQ(parse_shift_kernel("single"), ShiftKernel::Single);
   EXPECT_EQ(parse_shift_kernel("pipelined"), ShiftKernel::Pipelined);
+  EXPECT_EQ(parse_shift_kernel("sweep"), ShiftKernel::Sweep);
+  EXPECT_EQ(parse_shift_kernel("sweep_cs"), ShiftKernel::SweepCs);
+  EXPECT_EQ(parse_shift_kernel("sweep_b8"), ShiftKernel::SweepB8);
   EXPECT_FALSE(parse_shift_kernel(nullptr).has_value());
   EXPECT_FALSE(parse_shift_kernel("").has_value());
   EXPECT_FALSE(parse_shift_kernel("Chain").has_value());
@@ -25,6 +28,7 @@ TEST(ShiftKernelChoice, MeasuredRuleWithoutForcing) {
 TEST(ShiftKernelChoice, ForcingWinsEverywhere) {
   for (bool fp8 : {false, true})
     for (bool overlap : {false, true})
-      for (ShiftKernel k : {ShiftKernel::Flat, ShiftKernel::Chain, ShiftKernel::Single, ShiftKernel::Pipelined})
+      for (ShiftKernel k : {ShiftKernel::Flat, ShiftKernel::Chain, ShiftKernel::Single, ShiftKernel::Pipelined,
+                            ShiftKernel::Sweep, ShiftKernel::SweepCs, ShiftKernel::SweepB8})
         EXPECT_EQ(choose_shift_kernel(k, {.any_fp8_keys = fp8, .overlap = overlap}), k);
 }

@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -58,6 +59,7 @@
 #include "cuda/shift_chain.hpp"
 #include "cuda/shift_flat.hpp"
 #include "cuda/shift_kernel_choice.hpp"
+#include "cuda/shift_sweep.hpp"
 #include "cuda/shift_tiling.hpp"
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
@@ -462,8 +464,13 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const int64_t counters_per_launch = 1 + plan.n_bands;
   const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
-  ShiftKernel kernel = choose_shift_kernel(parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL")),
-                                          ShiftCall{plan.any_fp8, p.n_discard < p.n_moved});
+  const std::optional<ShiftKernel> forced = parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL"));
+  ShiftKernel kernel = choose_shift_kernel(forced, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved});
+  if (is_sweep(kernel)) {
+    const int variant = kernel == ShiftKernel::SweepCs ? 1 : kernel == ShiftKernel::SweepB8 ? 2 : 0;
+    if (shift_sweep::launch(plan, variant, forced.has_value(), p.device_index, s)) return;
+    kernel = ShiftKernel::Single;  // a layout the sweep kernel does not handle, or narrow bands
+  }
   if (kernel == ShiftKernel::Flat) {
     if (shift_flat::launch(plan, p.device_index, s)) return;
     kernel = ShiftKernel::Single;  // overlap, FP8 keys, or a layout the flat kernel does not handle

@@ -1,8 +1,8 @@
 // Which CUDA kernel runs shift_dense: one rule, in plain C++ so a CPU test
 // checks it (tests/shift_kernel_choice_test.cpp).
 //
-// KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined forces a kernel (benchmarks
-// compare them in one run); any other value, or none, leaves the choice to the
+// KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined|sweep|sweep_cs|sweep_b8 forces a
+// kernel (benchmarks compare them in one run); any other value, or none, leaves the choice to the
 // measured rule (H200, GPU runs 4 and 5):
 //   FP8 keys              -> chain  (51% of copy vs 22% for the tile kernels)
 //   16-bit / DSV4 keys    -> single (80-82% / 66-71% vs the chain's 64-69% / 30%;
@@ -10,6 +10,8 @@
 // A kernel that does not take the call's layout falls back along
 //   flat -> single (overlap, FP8 keys, or a layout the unit decomposition rejects)
 //   chain -> single (a layout the chain kernels do not handle)
+//   sweep* -> single (DeepSeek-V4 rows, FP8 keys, rows not 16-byte aligned, heads over
+//                     512 bytes; unforced also overlap with bands too narrow for the device)
 // so the tile kernel, which takes every layout, always ends the chain.
 #pragma once
 #include <cstring>
@@ -17,7 +19,9 @@
 
 namespace kvcore::cuda {
 
-enum class ShiftKernel { Flat, Chain, Single, Pipelined };
+enum class ShiftKernel { Flat, Chain, Single, Pipelined, Sweep, SweepCs, SweepB8 };
+
+inline bool is_sweep(ShiftKernel k) { return k == ShiftKernel::Sweep || k == ShiftKernel::SweepCs || k == ShiftKernel::SweepB8; }
 
 inline std::optional<ShiftKernel> parse_shift_kernel(const char* v) {
   if (!v) return std::nullopt;
@@ -25,6 +29,9 @@ inline std::optional<ShiftKernel> parse_shift_kernel(const char* v) {
   if (std::strcmp(v, "chain") == 0) return ShiftKernel::Chain;
   if (std::strcmp(v, "single") == 0) return ShiftKernel::Single;
   if (std::strcmp(v, "pipelined") == 0) return ShiftKernel::Pipelined;
+  if (std::strcmp(v, "sweep") == 0) return ShiftKernel::Sweep;
+  if (std::strcmp(v, "sweep_cs") == 0) return ShiftKernel::SweepCs;
+  if (std::strcmp(v, "sweep_b8") == 0) return ShiftKernel::SweepB8;
   return std::nullopt;
 }
 

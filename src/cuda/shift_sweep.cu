@@ -1,0 +1,144 @@
+// The sweep form of shift_dense: see src/cuda/shift_sweep.hpp. Each thread
+// walks chunk positions t, t + T, ... of the band-major index space, kBatch at a
+// time (every load of a batch before its stores), rotating K chunks in registers
+// with the cos/sin its lane needs (kept in registers while the layer's table
+// stays the same) and a NeoX partner's words from a shuffle.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "cuda/check.cuh"
+#include "cuda/shift_sweep.hpp"
+
+namespace kvcore::cuda {
+namespace {
+
+using shift_chain::Chunk;
+
+constexpr int kSweepThreads = 256;
+
+// Loads: without overlap nothing the kernel reads is written while it runs, so the
+// read-only path is allowed (ld.global.nc); with overlap plain loads. kStreaming: evict-first
+// loads and stores (ld/st.global.cs) instead.
+template <bool kStreaming>
+__device__ __forceinline__ Chunk load16(const uint8_t* g, bool read_only) {
+  uint4 v;
+  if (kStreaming) v = __ldcs(reinterpret_cast<const uint4*>(g));
+  else if (read_only) v = __ldg(reinterpret_cast<const uint4*>(g));
+  else v = *reinterpret_cast<const uint4*>(g);
+  return Chunk{{v.x, v.y, v.z, v.w}};
+}
+
+template <bool kStreaming>
+__device__ __forceinline__ void store16(uint8_t* g, const Chunk& c) {
+  const uint4 v = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
+  if (kStreaming) __stcs(reinterpret_cast<uint4*>(g), v);
+  else *reinterpret_cast<uint4*>(g) = v;
+}
+
+template <int kBatch, int kMinBlocks, bool kStreaming>
+__global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
+    shift_sweep_kernel(const __grid_constant__ shift_sweep::Params p) {
+  __shared__ float s_cos[shift_sweep::kMaxPairs], s_sin[shift_sweep::kMaxPairs];
+  for (int i = threadIdx.x; i < p.n_pairs; i += kSweepThreads) {
+    s_cos[i] = p.cos_t[i];
+    s_sin[i] = p.sin_t[i];
+  }
+  __syncthreads();  // the only barrier
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  const uint32_t n_threads = gridDim.x * kSweepThreads;
+  const bool read_only = p.n_bands == 1;
+  shift_sweep::Cursor cur;
+  cur.pos = blockIdx.x * kSweepThreads + threadIdx.x;
+  // This lane's cos/sin, for the (pair0, half) they were loaded for.
+  float c[8], s[8];
+  int32_t trig_key = INT_MIN;
+  // Every branch below depends on the warp only (stream, band), never on the lane, except
+  // src == nullptr (padding), which only skips a load or a store: the shuffles see all lanes.
+  while (cur.b < p.n_bands) {
+    shift_sweep::Item it[kBatch];
+    Chunk a[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      it[k] = shift_sweep::locate(p, cur);
+      shift_sweep::advance(p, cur, n_threads);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) a[k] = it[k].src ? load16<kStreaming>(it[k].src, read_only) : Chunk{};
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (it[k].s < 0) continue;
+      const shift_sweep::Stream& st = p.streams[it[k].s];
+      if (st.elem != shift_chain::kCopy) {
+        const shift_sweep::Role r = shift_sweep::lane_role(st, lane);
+        Chunk b{};
+        if (st.half != 0) {
+#pragma unroll
+          for (int w = 0; w < 4; ++w) b.w[w] = __shfl_sync(0xffffffffu, a[k].w[w], lane + r.partner);
+        }
+        if (r.pair0 >= 0) {
+          const int32_t key = 2 * r.pair0 + (r.partner > 0);
+          if (key != trig_key) {
+            shift_sweep::lane_trig(r, s_cos, s_sin, p.n_pairs, c, s);
+            trig_key = key;
+          }
+          shift_sweep::rotate_any(st.elem, a[k], b, st.half != 0, c, s);
+        }
+      }
+      if (it[k].src) store16<kStreaming>(it[k].src - st.band_step, a[k]);
+    }
+  }
+}
+
+// The variants KVCORE_SHIFT_KERNEL selects (shift_kernel_choice.hpp): 0 sweep (4 chunks in
+// flight per thread, 1024 threads per SM), 1 sweep_cs (the same with evict-first hints),
+// 2 sweep_b8 (8 chunks per thread, 512 threads per SM).
+using KernelFn = void (*)(shift_sweep::Params);
+KernelFn kernel_of(int variant) {
+  switch (variant) {
+    case 1: return shift_sweep_kernel<4, 4, true>;
+    case 2: return shift_sweep_kernel<8, 2, false>;
+    default: return shift_sweep_kernel<4, 4, false>;
+  }
+}
+
+int64_t sweep_resident_threads(int device, int variant) {
+  static std::mutex m;
+  static std::map<std::pair<int, int>, int64_t> cache;
+  const std::lock_guard<std::mutex> lock(m);
+  int64_t& n = cache[{device, variant}];
+  if (n == 0) {
+    int per_sm = 0, sms = 0;
+    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(variant), kSweepThreads, 0));
+    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    n = int64_t{std::max(per_sm, 1)} * sms * kSweepThreads;
+  }
+  return n;
+}
+
+}  // namespace
+
+bool shift_sweep::launch(const shift_plan::Plan& plan, int variant, bool forced, int device, void* stream) {
+  auto launches = make_launches(plan);
+  if (launches.empty()) return false;
+  const int64_t resident = sweep_resident_threads(device, variant);
+  // With overlap a thread's chunks are one band apart: bands narrower than half the device
+  // leave it mostly idle, and the tile kernel does better there.
+  if (!forced)
+    for (const auto& P : launches)
+      if (P->n_bands > 1 && 2 * P->width < resident) return false;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const KernelFn k = kernel_of(variant);
+  for (const auto& P : launches) {
+    const int64_t threads = set_grid(*P, resident, kSweepThreads);
+    k<<<static_cast<unsigned>(threads / kSweepThreads), kSweepThreads, 0, s>>>(*P);
+    KVCORE_CUDA_CHECK_LAUNCH("shift_sweep_kernel");
+  }
+  return true;
+}
+
+}  // namespace kvcore::cuda
