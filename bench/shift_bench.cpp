@@ -280,13 +280,11 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
   if (seed_applies) seed_t = opt.time([&](int) { seed_run(); });
   // Other kernels on the same data in the same run, forced through KVCORE_SHIFT_KERNEL; each
   // gets its own record, <case>_<kernel>_kernel. Default: src/cuda/shift_kernel_choice.hpp.
-  // 16-bit Llama rows: the sweep kernels (src/cuda/shift_sweep.hpp), which take those
-  // layouts; the chain kernel lost there in runs 4-9 and the flat one in run 4 (no longer
-  // timed). DeepSeek-V4 rows: the sweep kernels do not take them, so no other row. FP8 keys:
-  // the tile kernels.
+  // 16-bit Llama and DeepSeek-V4 rows: the sweep kernels (src/cuda/shift_sweep.hpp); the
+  // chain kernel lost there in runs 4-9 and the flat one in run 4 (no longer timed). FP8
+  // keys (which the sweep kernels do not take): the tile kernels.
   std::vector<std::pair<const char*, cli::Timing>> others;
   std::vector<const char*> other_names{"sweep", "sweep_cs", "sweep_b8"};
-  if (c.fmt == Case::Dsv4) other_names = {};
   if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
   if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
     for (const char* other : other_names)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/shift_sweep.hpp"
+#include "kvcore/math/dsv4_row.hpp"
 #include "kvcore/math/half.hpp"
 
 using namespace kvcore;
@@ -32,6 +33,7 @@ struct Config {
   int64_t cap = 0, length = 0, n_keep = 0, n_discard = 0;
   int64_t threads = 64;  // resident threads to plan for (the grid gets a multiple of 32)
   bool strided = false;  // some rows padded by 16 bytes
+  bool dsv4 = false;     // K as DeepSeek-V4 rows (584 bytes: range streams), V rows of 8-byte multiples
 };
 
 void fill(std::mt19937& rng, Tensor& t) {
@@ -67,7 +69,19 @@ void run(const Config& cfg, uint32_t seed) {
     k.p.n_heads = 1 + int(rng() % 4);
     k.p.layer = l;
     const bool shared = l > 0 && rng() % 2;  // layers often share one table (same format and layout)
-    if (shared) {
+    if (cfg.dsv4) {
+      k.p.kind = ops::ShiftKind::Dsv4;
+      k.p.n_heads = 1;
+      k.p.head_bytes = math::Dsv4RowLayout::kBytes;
+      lay.n_rot = 64;
+      lay.first_dim = math::Dsv4RowLayout::kNope;
+      lay.interleaved = 1;
+      pair_offset[l] = shared ? pair_offset[l - 1] : static_cast<int32_t>(cos_t.size());
+      for (int i = 0; !shared && i < lay.n_pairs(); ++i) {
+        const float a = angle(rng);
+        cos_t.push_back(std::cos(a)), sin_t.push_back(std::sin(a));
+      }
+    } else if (shared) {
       const Tensor& prev = *std::find_if(ts.rbegin(), ts.rend(), [](const Tensor& t) { return t.p.kind != ops::ShiftKind::Copy; });
       k.p.kind = prev.p.kind;
       k.p.head_bytes = prev.p.head_bytes;
@@ -89,21 +103,21 @@ void run(const Config& cfg, uint32_t seed) {
         cos_t.push_back(std::cos(a)), sin_t.push_back(std::sin(a));
       }
     }
-    k.p.token_stride = int64_t{k.p.n_heads} * k.p.head_bytes + (cfg.strided && rng() % 2 ? 16 : 0);
+    k.p.token_stride = int64_t{k.p.n_heads} * k.p.head_bytes + (cfg.strided && !cfg.dsv4 && rng() % 2 ? 16 : 0);
     ts.push_back(std::move(k));
     if (rng() % 4 != 0) {
       Tensor v;
       v.p.kind = ops::ShiftKind::Copy;
       v.p.n_heads = 1 + int(rng() % 4);
-      v.p.head_bytes = 16 * (1 + int(rng() % 16));
-      v.p.token_stride = int64_t{v.p.n_heads} * v.p.head_bytes + (cfg.strided && rng() % 2 ? 32 : 0);
+      v.p.head_bytes = cfg.dsv4 && rng() % 2 ? 8 * (1 + 2 * int(rng() % 8)) : 16 * (1 + int(rng() % 16));
+      v.p.token_stride = int64_t{v.p.n_heads} * v.p.head_bytes + (cfg.strided && !cfg.dsv4 && rng() % 2 ? 32 : 0);
       v.p.layer = l;
       ts.push_back(std::move(v));
     }
   }
   for (auto& t : ts) {
-    t.bytes.resize(16 + cfg.cap * t.p.token_stride);
-    t.lead = (16 - reinterpret_cast<uintptr_t>(t.bytes.data()) % 16) % 16;
+    t.bytes.resize(32 + cfg.cap * t.p.token_stride);
+    t.lead = (16 - reinterpret_cast<uintptr_t>(t.bytes.data()) % 16) % 16 + (cfg.dsv4 && rng() % 2 ? 8 : 0);
     fill(rng, t);
   }
   std::vector<Tensor> ref = ts;
@@ -143,6 +157,7 @@ void run(const Config& cfg, uint32_t seed) {
     ADD_FAILURE() << "a store outside every tensor";
     return size_t{0};
   };
+  int64_t ranges = 0;
   for (auto& Pp : launches) {
     shift_sweep::Params& P = *Pp;
     const int64_t T = shift_sweep::set_grid(P, cfg.threads, 32);
@@ -171,17 +186,21 @@ void run(const Config& cfg, uint32_t seed) {
           ASSERT_EQ(it[k][l].s, it[k][0].s) << "a warp spans two streams";
           a[k][l] = shift_chain::Chunk{};
           if (it[k][l].src) {
-            ASSERT_EQ(reinterpret_cast<uintptr_t>(it[k][l].src) % 16, 0u) << "misaligned load";
-            std::memcpy(a[k][l].w, it[k][l].src, 16);
+            ASSERT_TRUE(it[k][l].bytes == 16 || it[k][l].bytes == 8);
+            ASSERT_EQ(reinterpret_cast<uintptr_t>(it[k][l].src) % it[k][l].bytes, 0u) << "misaligned load";
+            std::memcpy(a[k][l].w, it[k][l].src, it[k][l].bytes);
           }
         }
       for (int k = 0; k < kBatch; ++k) {
         if (it[k][0].s < 0) continue;
         const shift_sweep::Stream& st = P.streams[it[k][0].s];
         const std::vector<shift_chain::Chunk> regs(a[k], a[k] + 32);  // what the shuffles read
+        ranges += st.range;
         for (int l = 0; l < 32; ++l) {
           const shift_sweep::Role r = shift_sweep::lane_role(st, l);
-          if (r.pair0 >= 0) {
+          if (st.range) {
+            if (it[k][l].src) shift_sweep::rotate_range_any(st, it[k][l], a[k][l], P.cos_t, P.sin_t);
+          } else if (r.pair0 >= 0) {
             ASSERT_GE(l + r.partner, 0);
             ASSERT_LT(l + r.partner, 32);
             float c[8], s[8];
@@ -190,15 +209,19 @@ void run(const Config& cfg, uint32_t seed) {
           }
           if (it[k][l].src) {
             uint8_t* dst = it[k][l].src - st.band_step;
-            std::memcpy(dst, a[k][l].w, 16);
+            ASSERT_EQ(reinterpret_cast<uintptr_t>(dst) % it[k][l].bytes, 0u) << "misaligned store";
+            std::memcpy(dst, a[k][l].w, it[k][l].bytes);
             const size_t ti = tensor_of(dst);
-            for (int q = 0; q < 16; ++q) ++writes[ti][dst - ts[ti].bytes.data() + q];
+            for (int q = 0; q < it[k][l].bytes; ++q) ++writes[ti][dst - ts[ti].bytes.data() + q];
           }
         }
       }
     }
   }
 
+  if (cfg.dsv4) {
+    EXPECT_GT(ranges, 0) << "no range stream ran";
+  }
   const int64_t n_moved = p.n_moved;
   for (size_t i = 0; i < ts.size(); ++i) {
     const ops::ShiftTensorParams& t = ts[i].p;
@@ -235,4 +258,14 @@ TEST(ShiftSweep, OverlapBandsOrderedByThreads) {
 TEST(ShiftSweep, ManyLayersSeveralLaunches) {
   run({.layers = 45, .cap = 12, .length = 12, .n_keep = 1, .n_discard = 5, .threads = 512}, 300);
   run({.layers = 45, .cap = 12, .length = 12, .n_keep = 1, .n_discard = 3, .threads = 512}, 301);
+}
+
+TEST(ShiftSweep, DeepSeekV4RowsAsRanges) {
+  uint32_t seed = 500;
+  // even n_discard (584 * D = 0 mod 16): one phase at source and destination; both phases of
+  // the base; with and without overlap
+  for (int64_t d : {2, 6, 30, 34})
+    for (int64_t threads : {32, 512})
+      run({.layers = 3, .cap = 70, .length = 61, .n_keep = 1 + d % 3, .n_discard = d, .threads = threads, .dsv4 = true},
+          ++seed);
 }

@@ -2,7 +2,8 @@
 // walks chunk positions t, t + T, ... of the band-major index space, kBatch at a
 // time (every load of a batch before its stores), rotating K chunks in registers
 // with the cos/sin its lane needs (kept in registers while the layer's table
-// stays the same) and a NeoX partner's words from a shuffle.
+// stays the same) and a NeoX partner's words from a shuffle; range streams
+// (DeepSeek-V4 rows) rotate word by word with cos/sin from shared memory.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,8 +25,16 @@ constexpr int kSweepThreads = 256;
 // Loads: without overlap nothing the kernel reads is written while it runs, so the
 // read-only path is allowed (ld.global.nc); with overlap plain loads. kStreaming: evict-first
 // loads and stores (ld/st.global.cs) instead.
+// A chunk is 16 bytes, or 8 at the ends of a range.
 template <bool kStreaming>
-__device__ __forceinline__ Chunk load16(const uint8_t* g, bool read_only) {
+__device__ __forceinline__ Chunk load_chunk(const uint8_t* g, int bytes, bool read_only) {
+  if (bytes == 8) {
+    uint2 v;
+    if (kStreaming) v = __ldcs(reinterpret_cast<const uint2*>(g));
+    else if (read_only) v = __ldg(reinterpret_cast<const uint2*>(g));
+    else v = *reinterpret_cast<const uint2*>(g);
+    return Chunk{{v.x, v.y, 0u, 0u}};
+  }
   uint4 v;
   if (kStreaming) v = __ldcs(reinterpret_cast<const uint4*>(g));
   else if (read_only) v = __ldg(reinterpret_cast<const uint4*>(g));
@@ -34,13 +43,19 @@ __device__ __forceinline__ Chunk load16(const uint8_t* g, bool read_only) {
 }
 
 template <bool kStreaming>
-__device__ __forceinline__ void store16(uint8_t* g, const Chunk& c) {
+__device__ __forceinline__ void store_chunk(uint8_t* g, const Chunk& c, int bytes) {
+  if (bytes == 8) {
+    const uint2 v = make_uint2(c.w[0], c.w[1]);
+    if (kStreaming) __stcs(reinterpret_cast<uint2*>(g), v);
+    else *reinterpret_cast<uint2*>(g) = v;
+    return;
+  }
   const uint4 v = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
   if (kStreaming) __stcs(reinterpret_cast<uint4*>(g), v);
   else *reinterpret_cast<uint4*>(g) = v;
 }
 
-template <int kBatch, int kMinBlocks, bool kStreaming>
+template <int kBatch, int kMinBlocks, bool kStreaming, bool kRange>
 __global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
     shift_sweep_kernel(const __grid_constant__ shift_sweep::Params p) {
   __shared__ float s_cos[shift_sweep::kMaxPairs], s_sin[shift_sweep::kMaxPairs];
@@ -68,12 +83,15 @@ __global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
       shift_sweep::advance(p, cur, n_threads);
     }
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) a[k] = it[k].src ? load16<kStreaming>(it[k].src, read_only) : Chunk{};
+    for (int k = 0; k < kBatch; ++k)
+      a[k] = it[k].src ? load_chunk<kStreaming>(it[k].src, kRange ? it[k].bytes : 16, read_only) : Chunk{};
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       if (it[k].s < 0) continue;
       const shift_sweep::Stream& st = p.streams[it[k].s];
-      if (st.elem != shift_chain::kCopy) {
+      if constexpr (kRange) {
+        if (it[k].src) shift_sweep::rotate_range_any(st, it[k], a[k], s_cos, s_sin);
+      } else if (st.elem != shift_chain::kCopy) {
         const shift_sweep::Role r = shift_sweep::lane_role(st, lane);
         Chunk b{};
         if (st.half != 0) {
@@ -89,7 +107,7 @@ __global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
           shift_sweep::rotate_any(st.elem, a[k], b, st.half != 0, c, s);
         }
       }
-      if (it[k].src) store16<kStreaming>(it[k].src - st.band_step, a[k]);
+      if (it[k].src) store_chunk<kStreaming>(it[k].src - st.band_step, a[k], kRange ? it[k].bytes : 16);
     }
   }
 }
@@ -98,22 +116,24 @@ __global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
 // flight per thread, 1024 threads per SM), 1 sweep_cs (the same with evict-first hints),
 // 2 sweep_b8 (8 chunks per thread, 512 threads per SM).
 using KernelFn = void (*)(shift_sweep::Params);
+template <bool kRange>
 KernelFn kernel_of(int variant) {
   switch (variant) {
-    case 1: return shift_sweep_kernel<4, 4, true>;
-    case 2: return shift_sweep_kernel<8, 2, false>;
-    default: return shift_sweep_kernel<4, 4, false>;
+    case 1: return shift_sweep_kernel<4, 4, true, kRange>;
+    case 2: return shift_sweep_kernel<8, 2, false, kRange>;
+    default: return shift_sweep_kernel<4, 4, false, kRange>;
   }
 }
+KernelFn kernel_of(int variant, bool range) { return range ? kernel_of<true>(variant) : kernel_of<false>(variant); }
 
-int64_t sweep_resident_threads(int device, int variant) {
+int64_t sweep_resident_threads(int device, int variant, bool range) {
   static std::mutex m;
-  static std::map<std::pair<int, int>, int64_t> cache;
+  static std::map<std::tuple<int, int, bool>, int64_t> cache;
   const std::lock_guard<std::mutex> lock(m);
-  int64_t& n = cache[{device, variant}];
+  int64_t& n = cache[{device, variant, range}];
   if (n == 0) {
     int per_sm = 0, sms = 0;
-    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(variant), kSweepThreads, 0));
+    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(variant, range), kSweepThreads, 0));
     KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     n = int64_t{std::max(per_sm, 1)} * sms * kSweepThreads;
   }
@@ -125,17 +145,16 @@ int64_t sweep_resident_threads(int device, int variant) {
 bool shift_sweep::launch(const shift_plan::Plan& plan, int variant, bool forced, int device, void* stream) {
   auto launches = make_launches(plan);
   if (launches.empty()) return false;
-  const int64_t resident = sweep_resident_threads(device, variant);
   // With overlap a thread's chunks are one band apart: bands narrower than half the device
   // leave it mostly idle, and the tile kernel does better there.
   if (!forced)
     for (const auto& P : launches)
-      if (P->n_bands > 1 && 2 * P->width < resident) return false;
+      if (P->n_bands > 1 && 2 * P->width < sweep_resident_threads(device, variant, P->range != 0)) return false;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const KernelFn k = kernel_of(variant);
   for (const auto& P : launches) {
-    const int64_t threads = set_grid(*P, resident, kSweepThreads);
-    k<<<static_cast<unsigned>(threads / kSweepThreads), kSweepThreads, 0, s>>>(*P);
+    const bool range = P->range != 0;
+    const int64_t threads = set_grid(*P, sweep_resident_threads(device, variant, range), kSweepThreads);
+    kernel_of(variant, range)<<<static_cast<unsigned>(threads / kSweepThreads), kSweepThreads, 0, s>>>(*P);
     KVCORE_CUDA_CHECK_LAUNCH("shift_sweep_kernel");
   }
   return true;

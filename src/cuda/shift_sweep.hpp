@@ -22,8 +22,13 @@
 //
 // Handles K of f32 / f16 / bf16 and V rows whose base, token stride and head
 // size are multiples of 16 bytes, heads of 16..512 bytes (a power of two), the
-// rotated region on 16-byte boundaries; anything else (DeepSeek-V4 rows, FP8
-// keys) takes another kernel. The body is host+device code:
+// rotated region on 16-byte boundaries ("units"). Tensors whose rows allow only
+// 8-byte accesses but are packed back to back (the 584-byte DeepSeek-V4 row) are
+// moved as one byte range per band ("range", as in shift_flat.hpp): aligned
+// 16-byte chunks, 8-byte halves at the ends, 16-bit interleaved pairs rotated
+// word by word (their cos/sin vary along the range: read from shared memory).
+// It needs the same phase mod 16 at source and destination (D * row a multiple
+// of 16). Anything else (FP8 keys, odd strides) takes another kernel. The body is host+device code:
 // tests/shift_sweep_test.cpp runs every warp on the host in random order.
 #pragma once
 #include <algorithm>
@@ -32,6 +37,7 @@
 #include <vector>
 
 #include "cuda/shift_chain.hpp"
+#include "kvcore/math/dsv4_row.hpp"
 
 namespace kvcore::cuda::shift_sweep {
 
@@ -53,9 +59,14 @@ struct Stream {
   int32_t half = 0;           // NeoX: partner distance in chunks (lanes); 0: interleaved pairs
   int32_t pair_base = 0;      // first cos/sin entry of the layer
   int32_t pairs_per_chunk = 0;
+  // range shape (range != 0): chunk c of a band covers bytes [16c - phase, 16c - phase + 16)
+  // of the band's moved bytes, clipped to them; rotated 16-bit pairs at row bytes [rot_lo, rot_hi)
+  int32_t range = 0, phase = 0, row_bytes = 0;
+  int32_t full_bytes = 0, last_bytes = 0;  // moved bytes of a band / of the last band
 };
 
 struct Params {
+  int32_t range = 0;  // every stream a range (1) or units (0)
   int32_t n_streams = 0, n_pairs = 0, n_bands = 0;
   uint32_t band_len = 0;  // chunks per band, a multiple of the grid's threads (set_grid)
   int64_t width = 0;      // chunk positions used in a band: streams[n_streams - 1].end
@@ -85,6 +96,8 @@ KVCORE_HD void advance(const Params& p, Cursor& c, uint32_t n_threads) {
 struct Item {
   int32_t s = -1;
   uint8_t* src = nullptr;
+  int32_t bytes = 16;  // 16, or 8 at a range's ends
+  int32_t q = 0;       // range: offset of src in the band's moved bytes
 };
 
 KVCORE_HD Item locate(const Params& p, Cursor& c) {
@@ -98,7 +111,17 @@ KVCORE_HD Item locate(const Params& p, Cursor& c) {
   const uint32_t real = static_cast<uint32_t>(c.b == p.n_bands - 1 ? st.last_chunks : st.full_chunks);
   if (ch >= real) return it;
   uint8_t* band = st.src0 + int64_t{c.b} * st.band_step;
-  if (st.contiguous) {
+  if (st.range) {
+    const int32_t real_bytes = c.b == p.n_bands - 1 ? st.last_bytes : st.full_bytes;
+    int32_t q = static_cast<int32_t>(ch) * 16 - st.phase;
+    int32_t end = q + 16;
+    if (q < 0) q = 0;
+    if (end > real_bytes) end = real_bytes;
+    if (q >= end) return it;
+    it.src = band + q;
+    it.bytes = end - q;
+    it.q = q;
+  } else if (st.contiguous) {
     it.src = band + int64_t{ch} * 16;
   } else {
     const uint32_t U = static_cast<uint32_t>(st.row_chunks);
@@ -116,7 +139,7 @@ struct Role {
 
 KVCORE_HD Role lane_role(const Stream& st, int32_t lane) {
   Role r;
-  if (st.elem == shift_chain::kCopy) return r;
+  if (st.elem == shift_chain::kCopy || st.range) return r;
   const int32_t p = lane & st.head_mask;
   if (p < st.rot_lo || p >= st.rot_hi) return r;
   const int32_t k = p - st.rot_lo;
@@ -177,8 +200,62 @@ KVCORE_HD void rotate_any(int32_t elem, shift_chain::Chunk& a, const shift_chain
   }
 }
 
+// Rotates the 16-bit interleaved pairs held by a range item's words (word w: row byte
+// (q + 4w) mod row_bytes; an item may straddle two rows).
+template <int kTag>
+KVCORE_HD void rotate_range(const Stream& st, const Item& it, shift_chain::Chunk& a, const float* cos_t, const float* sin_t) {
+  const uint32_t row = static_cast<uint32_t>(st.row_bytes);
+  const uint32_t off = static_cast<uint32_t>(it.q) % row;
+  KVCORE_SHIFT_UNROLL
+  for (int w = 0; w < 4; ++w) {  // constant word indices: the chunk stays in registers
+    if (4 * w >= it.bytes) break;
+    uint32_t o = off + 4 * w;
+    if (o >= row) o -= row;
+    if (o >= static_cast<uint32_t>(st.rot_lo) && o < static_cast<uint32_t>(st.rot_hi)) {
+      const int32_t pair = st.pair_base + static_cast<int32_t>((o - st.rot_lo) / 4);
+      float x0 = shift_chain::chunk_get<kTag>(a, 2 * w), x1 = shift_chain::chunk_get<kTag>(a, 2 * w + 1);
+      math::rotate_pair(x0, x1, cos_t[pair], sin_t[pair]);
+      shift_chain::chunk_set<kTag>(a, 2 * w, x0);
+      shift_chain::chunk_set<kTag>(a, 2 * w + 1, x1);
+    }
+  }
+}
+
+KVCORE_HD void rotate_range_any(const Stream& st, const Item& it, shift_chain::Chunk& a, const float* cos_t,
+                                const float* sin_t) {
+  if (st.elem == shift_chain::kF16) rotate_range<shift_chain::kF16>(st, it, a, cos_t, sin_t);
+  else if (st.elem == shift_chain::kBF16) rotate_range<shift_chain::kBF16>(st, it, a, cos_t, sin_t);
+}
+
 // ---- host side ----------------------------------------------------------------------------
 inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
+
+// A tensor the unit shape cannot take as a range stream: rows packed back to back, 8-byte
+// aligned, source and destination in the same phase mod 16 in every band; rotated dims
+// (if any) 16-bit interleaved pairs of one head on 4-byte boundaries.
+inline bool make_range(const shift_plan::LaunchParams& L, const shift_plan::TileStream& ts, Stream& s) {
+  const ops::ShiftTensorParams& t = ts.t;
+  const int64_t row = int64_t{t.n_heads} * t.head_bytes;
+  const uintptr_t src0 = reinterpret_cast<uintptr_t>(t.base + (L.n_keep + L.n_discard) * t.token_stride);
+  if (t.token_stride != row || row % 8 != 0 || src0 % 8 != 0 || (L.n_discard * row) % 16 != 0) return false;
+  const int64_t band_tokens = std::min(L.n_discard, L.n_moved);
+  if (band_tokens * row >= (int64_t{1} << 30)) return false;
+  s.range = 1;
+  s.phase = static_cast<int32_t>(src0 % 16);
+  s.row_bytes = static_cast<int32_t>(row);
+  s.full_bytes = static_cast<int32_t>(band_tokens * row);
+  s.last_bytes = static_cast<int32_t>((L.n_moved - (L.n_bands - 1) * band_tokens) * row);
+  s.full_chunks = (s.full_bytes + s.phase + 15) / 16;
+  s.last_chunks = (s.last_bytes + s.phase + 15) / 16;
+  if (s.elem == shift_chain::kCopy) return true;
+  const math::RopeLayout& l = L.layout[t.layer];
+  if (t.n_heads != 1 || !l.interleaved || !(s.elem == shift_chain::kF16 || s.elem == shift_chain::kBF16)) return false;
+  s.rot_lo = t.kind == ops::ShiftKind::Dsv4 ? math::Dsv4RowLayout::kRopeOffset + (l.first_dim - math::Dsv4RowLayout::kNope) * 2
+                                            : l.first_dim * 2;
+  s.rot_hi = s.rot_lo + 2 * l.n_rot;
+  s.pair_base = L.pair_offset[t.layer];
+  return s.rot_lo % 4 == 0;
+}
 
 // One tensor as a sweep stream; false when the sweep kernel does not handle it.
 inline bool make_stream(const shift_plan::LaunchParams& L, const shift_plan::TileStream& ts, Stream& s) {
@@ -186,20 +263,20 @@ inline bool make_stream(const shift_plan::LaunchParams& L, const shift_plan::Til
   const int32_t elem = shift_chain::elem_of(t.kind);
   if (!(elem == shift_chain::kCopy || elem == shift_chain::kF32 || elem == shift_chain::kF16 || elem == shift_chain::kBF16))
     return false;
-  if (t.kind == ops::ShiftKind::Dsv4 || ts.vec != 16) return false;
   s = Stream{};
-  const int64_t row = int64_t{t.n_heads} * t.head_bytes;
-  s.row_chunks = static_cast<int32_t>(row / 16);
+  s.elem = elem;
   s.token_stride = t.token_stride;
-  s.contiguous = t.token_stride == row;
   s.src0 = t.base + (L.n_keep + L.n_discard) * t.token_stride;
   s.band_step = L.n_discard * t.token_stride;
+  if (t.kind == ops::ShiftKind::Dsv4 || ts.vec != 16) return make_range(L, ts, s);
+  const int64_t row = int64_t{t.n_heads} * t.head_bytes;
+  s.row_chunks = static_cast<int32_t>(row / 16);
+  s.contiguous = t.token_stride == row;
   const int64_t band_tokens = std::min(L.n_discard, L.n_moved);
   const int64_t last_tokens = L.n_moved - (L.n_bands - 1) * band_tokens;
   if (band_tokens * s.row_chunks >= (int64_t{1} << 30)) return false;
   s.full_chunks = static_cast<int32_t>(band_tokens * s.row_chunks);
   s.last_chunks = static_cast<int32_t>(last_tokens * s.row_chunks);
-  s.elem = elem;
   if (elem == shift_chain::kCopy) return true;
   const math::RopeLayout& l = L.layout[t.layer];
   const int32_t cph = t.head_bytes / 16;
@@ -217,31 +294,36 @@ inline bool make_stream(const shift_plan::LaunchParams& L, const shift_plan::Til
   return true;
 }
 
-// The sweep launches for a plan (one per plan launch), grid not yet set; empty when some
-// tensor or table is not handled.
+// The sweep launches for a plan: per plan launch, one for its unit streams and one for its
+// range streams (either may be absent; the kernel is compiled for one shape, which keeps the
+// unit kernel's registers for its loads). Grid not yet set; empty when some tensor or
+// table is not handled.
 inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan& plan) {
   std::vector<std::unique_ptr<Params>> out;
   for (const auto& Lp : plan.launches) {
     const shift_plan::LaunchParams& L = *Lp;
     if (L.n_pairs > kMaxPairs) return {};
-    auto P = std::make_unique<Params>();
-    P->n_pairs = L.n_pairs;
-    P->n_bands = L.n_bands;
-    std::copy(L.cos_t, L.cos_t + L.n_pairs, P->cos_t);
-    std::copy(L.sin_t, L.sin_t + L.n_pairs, P->sin_t);
-    int64_t width = 0;
-    for (int32_t k = 0; k < L.n_streams; ++k) {
-      Stream& s = P->streams[P->n_streams];
-      if (!make_stream(L, L.streams[k], s)) return {};
-      if (s.full_chunks == 0) continue;
-      s.offset = static_cast<int32_t>(width);
-      width += round_up(s.full_chunks, 32);
-      if (width >= (int64_t{1} << 30)) return {};  // pos + threads stays below 2^32
-      s.end = static_cast<int32_t>(width);
-      ++P->n_streams;
+    for (const int32_t range : {0, 1}) {
+      auto P = std::make_unique<Params>();
+      P->range = range;
+      P->n_pairs = L.n_pairs;
+      P->n_bands = L.n_bands;
+      std::copy(L.cos_t, L.cos_t + L.n_pairs, P->cos_t);
+      std::copy(L.sin_t, L.sin_t + L.n_pairs, P->sin_t);
+      int64_t width = 0;
+      for (int32_t k = 0; k < L.n_streams; ++k) {
+        Stream& s = P->streams[P->n_streams];
+        if (!make_stream(L, L.streams[k], s)) return {};
+        if (s.range != range || s.full_chunks == 0) continue;
+        s.offset = static_cast<int32_t>(width);
+        width += round_up(s.full_chunks, 32);
+        if (width >= (int64_t{1} << 30)) return {};  // pos + threads stays below 2^32
+        s.end = static_cast<int32_t>(width);
+        ++P->n_streams;
+      }
+      P->width = width;
+      if (P->n_streams > 0) out.push_back(std::move(P));
     }
-    P->width = width;
-    if (P->n_streams > 0) out.push_back(std::move(P));
   }
   return out;
 }

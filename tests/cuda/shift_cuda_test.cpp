@@ -207,8 +207,9 @@ TEST(ShiftCuda, FlatKernelAgrees) {
 
 // The sweep kernels (src/cuda/shift_sweep.hpp), every variant: without overlap and with
 // bands of every width (forced, so narrow bands run it too), NeoX and interleaved, partial
-// rotary, f32 / f16 / bf16 K, strided rows, per-layer tables, several launches; layouts it
-// does not take (DeepSeek-V4 rows, FP8 keys, 8-byte rows, 1 KB heads) fall back.
+// rotary, f32 / f16 / bf16 K, strided rows, per-layer tables, several launches, DeepSeek-V4
+// rows as byte ranges (even n_discard); what it does not take (odd n_discard with 584-byte
+// rows, FP8 keys, 1 KB heads) falls back.
 void sweep_kernel_cases(uint64_t seed) {
   const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
   run_both({llama, llama, llama}, 4097, 4096, 4, 2046, seed + 1);  // the benchmark's shape, 3 layers
@@ -233,12 +234,15 @@ void sweep_kernel_cases(uint64_t seed) {
     many.push_back(plain(i % 2 ? DType::F16 : DType::BF16, DType::F16, 2, 64, RopeSpec::plain(64, 10000.0 * (1 + i))));
   run_both(many, 97, 96, 3, 10, seed + 10);
   run_both(many, 97, 96, 3, 60, seed + 11);
-  LayerSpec d;  // falls back
+  LayerSpec d;
   d.form = KForm::Dsv4;
   d.v_dtype = std::nullopt;
   d.heads = 1;
   d.rope = RopeSpec::deepseek_v4_compressed();
-  run_both({llama, d}, 1025, 1023, 4, 128, seed + 12);
+  run_both({llama, d}, 1025, 1023, 4, 128, seed + 12);  // ranges, 8 bands
+  run_both({d, d, d}, 4097, 4096, 4, 2046, seed + 14);   // the benchmark's shape, 3 layers
+  run_both({d, d}, 4097, 4096, 3, 256, seed + 15);       // its small discard
+  run_both({d}, 1025, 1025, 4, 601, seed + 16);          // odd n_discard: falls back
   run_both({plain(DType::F16, DType::F16, 2, 512, RopeSpec::plain(512, 1e4))}, 301, 299, 5, 137, seed + 13);
 }
 
