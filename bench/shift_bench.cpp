@@ -284,7 +284,7 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
   // chain kernel lost there in runs 4-9 and the flat one in run 4 (no longer timed). FP8
   // keys (which the sweep kernels do not take): the tile kernels.
   std::vector<std::pair<const char*, cli::Timing>> others;
-  std::vector<const char*> other_names{"sweep", "sweep_cs", "sweep_b8"};
+  std::vector<const char*> other_names{"sweep", "sweep_cs", "sweep_b8", "sweep_dyn"};
   if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
   if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
     for (const char* other : other_names)

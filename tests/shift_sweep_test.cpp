@@ -34,6 +34,7 @@ struct Config {
   int64_t threads = 64;  // resident threads to plan for (the grid gets a multiple of 32)
   bool strided = false;  // some rows padded by 16 bytes
   bool dsv4 = false;     // K as DeepSeek-V4 rows (584 bytes: range streams), V rows of 8-byte multiples
+  bool dynamic = false;  // the ticket kernel (no overlap): `threads` / 256 blocks
 };
 
 void fill(std::mt19937& rng, Tensor& t) {
@@ -158,8 +159,73 @@ void run(const Config& cfg, uint32_t seed) {
     return size_t{0};
   };
   int64_t ranges = 0;
+  // One warp's batch: every load, then per item the shuffles' view of the registers, the
+  // rotation and the stores. `it` holds the batch's items, located by the caller.
+  auto move_warp = [&](const shift_sweep::Params& P, shift_sweep::Item (&it)[kBatch][32]) {
+    shift_chain::Chunk a[kBatch][32];
+    for (int k = 0; k < kBatch; ++k)
+      for (int l = 0; l < 32; ++l) {
+        ASSERT_EQ(it[k][l].s, it[k][0].s) << "a warp spans two streams";
+        a[k][l] = shift_chain::Chunk{};
+        if (it[k][l].src) {
+          ASSERT_TRUE(it[k][l].bytes == 16 || it[k][l].bytes == 8);
+          ASSERT_EQ(reinterpret_cast<uintptr_t>(it[k][l].src) % it[k][l].bytes, 0u) << "misaligned load";
+          std::memcpy(a[k][l].w, it[k][l].src, it[k][l].bytes);
+        }
+      }
+    for (int k = 0; k < kBatch; ++k) {
+      if (it[k][0].s < 0) continue;
+      const shift_sweep::Stream& st = P.streams[it[k][0].s];
+      const std::vector<shift_chain::Chunk> regs(a[k], a[k] + 32);  // what the shuffles read
+      ranges += st.range;
+      for (int l = 0; l < 32; ++l) {
+        const shift_sweep::Role r = shift_sweep::lane_role(st, l);
+        if (st.range) {
+          if (it[k][l].src) shift_sweep::rotate_range_any(st, it[k][l], a[k][l], P.cos_t, P.sin_t);
+        } else if (r.pair0 >= 0) {
+          ASSERT_GE(l + r.partner, 0);
+          ASSERT_LT(l + r.partner, 32);
+          float c[8], s[8];
+          shift_sweep::lane_trig(r, P.cos_t, P.sin_t, P.n_pairs, c, s);
+          shift_sweep::rotate_any(st.elem, a[k][l], regs[l + r.partner], st.half != 0, c, s);
+        }
+        if (it[k][l].src) {
+          uint8_t* dst = it[k][l].src - st.band_step;
+          ASSERT_EQ(reinterpret_cast<uintptr_t>(dst) % it[k][l].bytes, 0u) << "misaligned store";
+          std::memcpy(dst, a[k][l].w, it[k][l].bytes);
+          const size_t ti = tensor_of(dst);
+          for (int q = 0; q < it[k][l].bytes; ++q) ++writes[ti][dst - ts[ti].bytes.data() + q];
+        }
+      }
+    }
+  };
   for (auto& Pp : launches) {
     shift_sweep::Params& P = *Pp;
+    if (cfg.dynamic) {
+      // tickets of kDynThreads * kBatch positions from one counter, blocks drawing in random order
+      ASSERT_EQ(P.n_bands, 1) << "the dynamic kernel is for shifts without overlap";
+      ASSERT_EQ(shift_sweep::kDynBatch, kBatch);
+      const uint32_t ticket = shift_sweep::kDynThreads * shift_sweep::kDynBatch;
+      P.band_len = static_cast<uint32_t>(shift_sweep::round_up(P.width, ticket));
+      const int64_t n_blocks = std::max<int64_t>(1, cfg.threads / shift_sweep::kDynThreads);
+      std::vector<std::vector<shift_sweep::Cursor>> cur(n_blocks, std::vector<shift_sweep::Cursor>(shift_sweep::kDynThreads));
+      uint32_t next = 0;
+      while (next < P.band_len / ticket) {
+        const int64_t blk = static_cast<int64_t>(rng() % n_blocks);
+        const uint32_t t = next++;
+        for (int w = 0; w < shift_sweep::kDynThreads / 32; ++w) {
+          shift_sweep::Item it[kBatch][32];
+          for (int k = 0; k < kBatch; ++k)
+            for (int l = 0; l < 32; ++l) {
+              shift_sweep::Cursor& c = cur[blk][w * 32 + l];
+              c.pos = t * ticket + k * shift_sweep::kDynThreads + w * 32 + l;
+              it[k][l] = shift_sweep::locate(P, c);
+            }
+          move_warp(P, it);
+        }
+      }
+      continue;
+    }
     const int64_t T = shift_sweep::set_grid(P, cfg.threads, 32);
     ASSERT_EQ(T % 32, 0);
     ASSERT_EQ(P.band_len % T, 0u);
@@ -178,44 +244,12 @@ void run(const Config& cfg, uint32_t seed) {
         continue;
       }
       shift_sweep::Item it[kBatch][32];
-      shift_chain::Chunk a[kBatch][32];
       for (int k = 0; k < kBatch; ++k)
         for (int l = 0; l < 32; ++l) {
           it[k][l] = shift_sweep::locate(P, cur[w][l]);
           shift_sweep::advance(P, cur[w][l], static_cast<uint32_t>(T));
-          ASSERT_EQ(it[k][l].s, it[k][0].s) << "a warp spans two streams";
-          a[k][l] = shift_chain::Chunk{};
-          if (it[k][l].src) {
-            ASSERT_TRUE(it[k][l].bytes == 16 || it[k][l].bytes == 8);
-            ASSERT_EQ(reinterpret_cast<uintptr_t>(it[k][l].src) % it[k][l].bytes, 0u) << "misaligned load";
-            std::memcpy(a[k][l].w, it[k][l].src, it[k][l].bytes);
-          }
         }
-      for (int k = 0; k < kBatch; ++k) {
-        if (it[k][0].s < 0) continue;
-        const shift_sweep::Stream& st = P.streams[it[k][0].s];
-        const std::vector<shift_chain::Chunk> regs(a[k], a[k] + 32);  // what the shuffles read
-        ranges += st.range;
-        for (int l = 0; l < 32; ++l) {
-          const shift_sweep::Role r = shift_sweep::lane_role(st, l);
-          if (st.range) {
-            if (it[k][l].src) shift_sweep::rotate_range_any(st, it[k][l], a[k][l], P.cos_t, P.sin_t);
-          } else if (r.pair0 >= 0) {
-            ASSERT_GE(l + r.partner, 0);
-            ASSERT_LT(l + r.partner, 32);
-            float c[8], s[8];
-            shift_sweep::lane_trig(r, P.cos_t, P.sin_t, P.n_pairs, c, s);
-            shift_sweep::rotate_any(st.elem, a[k][l], regs[l + r.partner], st.half != 0, c, s);
-          }
-          if (it[k][l].src) {
-            uint8_t* dst = it[k][l].src - st.band_step;
-            ASSERT_EQ(reinterpret_cast<uintptr_t>(dst) % it[k][l].bytes, 0u) << "misaligned store";
-            std::memcpy(dst, a[k][l].w, it[k][l].bytes);
-            const size_t ti = tensor_of(dst);
-            for (int q = 0; q < it[k][l].bytes; ++q) ++writes[ti][dst - ts[ti].bytes.data() + q];
-          }
-        }
-      }
+      move_warp(P, it);
     }
   }
 
@@ -268,4 +302,14 @@ TEST(ShiftSweep, DeepSeekV4RowsAsRanges) {
     for (int64_t threads : {32, 512})
       run({.layers = 3, .cap = 70, .length = 61, .n_keep = 1 + d % 3, .n_discard = d, .threads = threads, .dsv4 = true},
           ++seed);
+}
+
+TEST(ShiftSweep, DynamicTicketsWithoutOverlap) {
+  uint32_t seed = 600;
+  for (int64_t threads : {256, 1024, 8192}) {
+    run({.layers = 4, .cap = 70, .length = 67, .n_keep = 3, .n_discard = 32, .threads = threads, .strided = true, .dynamic = true},
+        ++seed);
+    run({.layers = 3, .cap = 70, .length = 61, .n_keep = 2, .n_discard = 30, .threads = threads, .dsv4 = true, .dynamic = true},
+        ++seed);
+  }
 }

@@ -467,8 +467,14 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const std::optional<ShiftKernel> forced = parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL"));
   ShiftKernel kernel = choose_shift_kernel(forced, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved});
   if (is_sweep(kernel)) {
-    const int variant = kernel == ShiftKernel::SweepCs ? 1 : kernel == ShiftKernel::SweepB8 ? 2 : 0;
-    if (shift_sweep::launch(plan, variant, forced.has_value(), p.device_index, s)) return;
+    const int variant = sweep_variant(kernel);
+    int* counters = nullptr;  // the dynamic variant's tickets, without overlap
+    if (variant == shift_sweep::kDynamicVariant && plan.n_bands == 1) {
+      const size_t bytes = sizeof(int) * 2 * plan.launches.size();
+      counters = workspace(p.device_index, s, bytes);
+      KVCORE_CUDA_CHECK(cudaMemsetAsync(counters, 0, bytes, s));
+    }
+    if (shift_sweep::launch(plan, variant, forced.has_value(), p.device_index, s, counters)) return;
     kernel = ShiftKernel::Single;  // a layout the sweep kernel does not handle, or narrow bands
   }
   if (kernel == ShiftKernel::Flat) {

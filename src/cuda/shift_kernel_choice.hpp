@@ -1,8 +1,8 @@
 // Which CUDA kernel runs shift_dense: one rule, in plain C++ so a CPU test
 // checks it (tests/shift_kernel_choice_test.cpp).
 //
-// KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined|sweep|sweep_cs|sweep_b8 forces a
-// kernel (benchmarks compare them in one run); any other value, or none, leaves the choice to the
+// KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined|sweep|sweep_cs|sweep_b8|sweep_dyn
+// forces a kernel (benchmarks compare them in one run); any other value, or none, leaves the choice to the
 // measured rule (H200, GPU runs 4 and 5):
 //   FP8 keys              -> chain  (51% of copy vs 22% for the tile kernels)
 //   16-bit / DSV4 keys    -> single (80-82% / 66-71% vs the chain's 64-69% / 30%;
@@ -19,9 +19,16 @@
 
 namespace kvcore::cuda {
 
-enum class ShiftKernel { Flat, Chain, Single, Pipelined, Sweep, SweepCs, SweepB8 };
+enum class ShiftKernel { Flat, Chain, Single, Pipelined, Sweep, SweepCs, SweepB8, SweepDyn };
 
-inline bool is_sweep(ShiftKernel k) { return k == ShiftKernel::Sweep || k == ShiftKernel::SweepCs || k == ShiftKernel::SweepB8; }
+inline bool is_sweep(ShiftKernel k) {
+  return k == ShiftKernel::Sweep || k == ShiftKernel::SweepCs || k == ShiftKernel::SweepB8 || k == ShiftKernel::SweepDyn;
+}
+
+// The variant number shift_sweep::launch takes.
+inline int sweep_variant(ShiftKernel k) {
+  return k == ShiftKernel::SweepCs ? 1 : k == ShiftKernel::SweepB8 ? 2 : k == ShiftKernel::SweepDyn ? 3 : 0;
+}
 
 inline std::optional<ShiftKernel> parse_shift_kernel(const char* v) {
   if (!v) return std::nullopt;
@@ -32,6 +39,7 @@ inline std::optional<ShiftKernel> parse_shift_kernel(const char* v) {
   if (std::strcmp(v, "sweep") == 0) return ShiftKernel::Sweep;
   if (std::strcmp(v, "sweep_cs") == 0) return ShiftKernel::SweepCs;
   if (std::strcmp(v, "sweep_b8") == 0) return ShiftKernel::SweepB8;
+  if (std::strcmp(v, "sweep_dyn") == 0) return ShiftKernel::SweepDyn;
   return std::nullopt;
 }
 

@@ -42,6 +42,9 @@
 namespace kvcore::cuda::shift_sweep {
 
 inline constexpr int kMaxPairs = 1024;  // cos/sin entries per launch (layers sharing a table share entries)
+// The dynamic kernel (shift_sweep.cu, no overlap): a ticket is kDynBatch chunk positions for
+// each of kDynThreads threads, contiguous.
+inline constexpr int kDynThreads = 256, kDynBatch = 4;
 
 // One tensor of a launch.
 struct Stream {
@@ -295,7 +298,7 @@ inline bool make_stream(const shift_plan::LaunchParams& L, const shift_plan::Til
 }
 
 // The sweep launches for a plan: per plan launch, one for its unit streams and one for its
-// range streams (either may be absent; the kernel is compiled for one shape, which keeps the
+// range streams (so at most 2 * plan.launches.size()) (either may be absent; the kernel is compiled for one shape, which keeps the
 // unit kernel's registers for its loads). Grid not yet set; empty when some tensor or
 // table is not handled.
 inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan& plan) {
@@ -337,9 +340,12 @@ inline int64_t set_grid(Params& P, int64_t resident, int32_t block) {
   return threads;
 }
 
-// Runs the plan with the sweep kernel `variant` (see shift_kernel_choice.hpp) on `stream` (a
-// cudaStream_t); false, with nothing queued, when it does not apply, or (unless `forced`)
-// when a shift with overlap has too few chunks per band to fill the device.
-bool launch(const shift_plan::Plan& plan, int variant, bool forced, int device, void* stream);
+// Runs the plan with the sweep kernel `variant` (0 sweep, 1 sweep_cs, 2 sweep_b8, 3 sweep_dyn:
+// src/cuda/shift_sweep.cu) on `stream` (a cudaStream_t); false, with nothing queued, when it
+// does not apply, or (unless `forced`) when a shift with overlap has too few chunks per band
+// to fill the device. The dynamic variant needs `counters`: 2 * plan.launches.size() ints,
+// zeroed on the stream (without them, or with overlap, it runs the static sweep).
+inline constexpr int kDynamicVariant = 3;
+bool launch(const shift_plan::Plan& plan, int variant, bool forced, int device, void* stream, int* counters);
 
 }  // namespace kvcore::cuda::shift_sweep

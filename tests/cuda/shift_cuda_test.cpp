@@ -133,7 +133,7 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
 
 // The default (src/cuda/shift_kernel_choice.hpp) is the chain kernel for FP8 keys and the
 // single tile kernel otherwise. Every kernel stays selectable
-// (KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined|sweep|sweep_cs|sweep_b8) and must agree
+// (KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined|sweep|sweep_cs|sweep_b8|sweep_dyn) and must agree
 // on every format.
 struct KernelScope {
   explicit KernelScope(const char* k) { EXPECT_EQ(setenv("KVCORE_SHIFT_KERNEL", k, 1), 0); }
@@ -249,7 +249,7 @@ void sweep_kernel_cases(uint64_t seed) {
 TEST(ShiftCuda, SweepKernelsAgree) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 400;
-  for (const char* k : {"sweep", "sweep_cs", "sweep_b8"}) {
+  for (const char* k : {"sweep", "sweep_cs", "sweep_b8", "sweep_dyn"}) {
     const KernelScope scope(k);
     sweep_kernel_cases(seed += 20);
   }
