@@ -286,6 +286,18 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
   std::vector<std::pair<const char*, cli::Timing>> others;
   std::vector<const char*> other_names{"sweep", "sweep_cs", "sweep_b8", "sweep_dyn"};
   if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
+  // KVCORE_SHIFT_BENCH_KERNELS=a,b,...: time these kernels instead (empty: none).
+  static std::vector<std::string> listed;
+  if (const char* env = std::getenv("KVCORE_SHIFT_BENCH_KERNELS")) {
+    listed.clear();
+    for (std::string rest = env; !rest.empty();) {
+      const size_t comma = rest.find(',');
+      if (comma != 0) listed.push_back(rest.substr(0, comma));
+      rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
+    }
+    other_names.clear();
+    for (const std::string& n : listed) other_names.push_back(n.c_str());
+  }
   if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
     for (const char* other : other_names)
       if (const auto ot = run_variant(other)) others.emplace_back(other, *ot);
