@@ -468,9 +468,9 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   ShiftKernel kernel = choose_shift_kernel(forced, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved});
   if (is_sweep(kernel)) {
     const int variant = sweep_variant(kernel);
-    int* counters = nullptr;  // the dynamic variant's tickets and band counts
-    if (variant == shift_sweep::kDynamicVariant) {
-      const size_t bytes = sizeof(int) * 2 * plan.launches.size() * static_cast<size_t>(shift_sweep::dyn_counters(plan));
+    int* counters = nullptr;  // the dynamic variant's tickets, without overlap
+    if (variant == shift_sweep::kDynamicVariant && plan.n_bands == 1) {
+      const size_t bytes = sizeof(int) * 2 * plan.launches.size();
       counters = workspace(p.device_index, s, bytes);
       KVCORE_CUDA_CHECK(cudaMemsetAsync(counters, 0, bytes, s));
     }

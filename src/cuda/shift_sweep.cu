@@ -61,20 +61,16 @@ struct TrigCache {
   int32_t key = INT_MIN;
 };
 
+// Loads a batch of chunks, rotates the K ones, stores them. Every branch depends on the warp
+// only (stream), never on the lane, except src == nullptr (padding), which only skips a load
+// or a store: the shuffles see all 32 lanes.
 template <int kBatch, bool kStreaming, bool kRange>
-__device__ __forceinline__ void load_batch(const shift_sweep::Item (&it)[kBatch], bool read_only, Chunk (&a)[kBatch]) {
+__device__ __forceinline__ void move_batch(const shift_sweep::Params& p, const shift_sweep::Item (&it)[kBatch], int32_t lane,
+                                           bool read_only, const float* s_cos, const float* s_sin, TrigCache& trig) {
+  Chunk a[kBatch];
 #pragma unroll
   for (int k = 0; k < kBatch; ++k)
     a[k] = it[k].src ? load_chunk<kStreaming>(it[k].src, kRange ? it[k].bytes : 16, read_only) : Chunk{};
-}
-
-// Rotates the K chunks of a loaded batch and stores the batch. Every branch depends on the
-// warp only (stream), never on the lane, except src == nullptr (padding), which only skips a
-// store: the shuffles see all 32 lanes.
-template <int kBatch, bool kStreaming, bool kRange>
-__device__ __forceinline__ void store_batch(const shift_sweep::Params& p, const shift_sweep::Item (&it)[kBatch],
-                                            Chunk (&a)[kBatch], int32_t lane, const float* s_cos, const float* s_sin,
-                                            TrigCache& trig) {
 #pragma unroll
   for (int k = 0; k < kBatch; ++k) {
     if (it[k].s < 0) continue;
@@ -127,67 +123,42 @@ __global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
       it[k] = shift_sweep::locate(p, cur);
       shift_sweep::advance(p, cur, n_threads);
     }
-    Chunk a[kBatch];
-    load_batch<kBatch, kStreaming, kRange>(it, read_only, a);
-    store_batch<kBatch, kStreaming, kRange>(p, it, a, lane, s_cos, s_sin, trig);
+    move_batch<kBatch, kStreaming, kRange>(p, it, lane, read_only, s_cos, s_sin, trig);
   }
 }
 
-// The dynamic form: blocks take tickets of kSweepThreads * kDynBatch contiguous chunk
-// positions (shift_sweep::dyn_ticket) from counters[0], so blocks that run faster take more
-// of them (the tile kernel's reason for its counter); the next ticket is taken while the
-// current one moves. With overlap, tickets are band-major and ordered as in the tile kernel:
-// counters[1 + b] counts the tickets of band b whose loads have returned; a ticket of band b
-// is stored once band b - 1 is fully read (deadlock-free: a block waits only on lower bands,
-// whose tickets were taken before its own by running blocks that load before they wait).
-// The counters are zeroed by the caller.
+// The dynamic form, for shifts without overlap (one band): blocks take tickets of
+// kSweepThreads * kDynBatch contiguous chunk positions from a counter (zeroed by the caller),
+// so blocks that run faster take more of them (the tile kernel's reason for its counter);
+// the next ticket is taken while the current one moves.
 using shift_sweep::kDynBatch;
 static_assert(shift_sweep::kDynThreads == kSweepThreads);
+constexpr uint32_t kDynTicket = kSweepThreads * kDynBatch;
 
 template <bool kRange>
 __global__ void __launch_bounds__(kSweepThreads, 4)
-    shift_sweep_dyn_kernel(const __grid_constant__ shift_sweep::Params p, int* counters) {
+    shift_sweep_dyn_kernel(const __grid_constant__ shift_sweep::Params p, int* counter) {
   __shared__ float s_cos[shift_sweep::kMaxPairs], s_sin[shift_sweep::kMaxPairs];
   __shared__ uint32_t s_ticket[2];
   load_tables(p, s_cos, s_sin);
-  if (threadIdx.x == 0) s_ticket[0] = static_cast<uint32_t>(atomicAdd(counters, 1));
+  if (threadIdx.x == 0) s_ticket[0] = static_cast<uint32_t>(atomicAdd(counter, 1));
   __syncthreads();
   const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  const uint32_t per_band = shift_sweep::dyn_tickets_per_band(p);
-  const uint32_t n_tickets = per_band * static_cast<uint32_t>(p.n_bands);
-  const bool ordered = p.n_bands > 1;
-  shift_sweep::Cursor cur;  // within a band its stream only grows: a block's tickets increase
+  const uint32_t n_tickets = p.band_len / kDynTicket;
+  shift_sweep::Cursor cur;  // band 0; its stream only grows: a block's tickets increase
   TrigCache trig;
   for (int slot = 0;; slot ^= 1) {
     const uint32_t t = s_ticket[slot];
     if (t >= n_tickets) break;
     // s_ticket[slot ^ 1] was last read before the previous barrier
-    if (threadIdx.x == 0) s_ticket[slot ^ 1] = static_cast<uint32_t>(atomicAdd(counters, 1));
+    if (threadIdx.x == 0) s_ticket[slot ^ 1] = static_cast<uint32_t>(atomicAdd(counter, 1));
     shift_sweep::Item it[kDynBatch];
-    const int32_t band = shift_sweep::dyn_ticket_items(p, t, threadIdx.x, cur, it);
-    Chunk a[kDynBatch];
-    load_batch<kDynBatch, false, kRange>(it, !ordered, a);
-    if (ordered) {
-      // The barrier's predicate reads every loaded word: no thread passes it before its loads
-      // have returned, so the count below says this ticket's sources may be overwritten.
-      uint32_t any = 0;
 #pragma unroll
-      for (int k = 0; k < kDynBatch; ++k) any |= a[k].w[0] | a[k].w[1] | a[k].w[2] | a[k].w[3];
-      __syncthreads_or(any != 0u);
-      if (threadIdx.x == 0) {
-        atomicAdd(counters + 1 + band, 1);
-        if (band > 0) {  // band - 1 (whose sources these stores overwrite) must be fully read
-          int done = 0;
-          for (;;) {
-            asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(done) : "l"(counters + band) : "memory");
-            if (done >= static_cast<int>(per_band)) break;
-            __nanosleep(64);
-          }
-        }
-      }
-      __syncthreads();
+    for (int k = 0; k < kDynBatch; ++k) {
+      cur.pos = t * kDynTicket + k * kSweepThreads + threadIdx.x;
+      it[k] = shift_sweep::locate(p, cur);
     }
-    store_batch<kDynBatch, false, kRange>(p, it, a, lane, s_cos, s_sin, trig);
+    move_batch<kDynBatch, false, kRange>(p, it, lane, true, s_cos, s_sin, trig);
     __syncthreads();  // the next ticket is visible; every thread has read this one
   }
 }
@@ -195,7 +166,7 @@ __global__ void __launch_bounds__(kSweepThreads, 4)
 // The variants KVCORE_SHIFT_KERNEL selects (shift_kernel_choice.hpp): 0 sweep (4 chunks in
 // flight per thread, 1024 threads per SM), 1 sweep_cs (the same with evict-first hints),
 // 2 sweep_b8 (8 chunks per thread, 512 threads per SM), 3 (kDynamicVariant) sweep_dyn
-// (the dynamic kernel).
+// (the dynamic kernel without overlap, else the static sweep).
 using KernelFn = void (*)(shift_sweep::Params);
 template <bool kRange>
 KernelFn kernel_of(int variant) {
@@ -243,24 +214,22 @@ int64_t dyn_resident_blocks(int device, bool range) {
 bool shift_sweep::launch(const shift_plan::Plan& plan, int variant, bool forced, int device, void* stream, int* counters) {
   auto launches = make_launches(plan);
   if (launches.empty()) return false;
-  const bool dynamic = variant == kDynamicVariant && counters != nullptr;
-  if (variant == kDynamicVariant && !dynamic) variant = 0;  // no counters: the static sweep
+  const bool dynamic = variant == kDynamicVariant && plan.n_bands == 1 && counters != nullptr;
+  if (variant == kDynamicVariant && !dynamic) variant = 0;  // with overlap: the static sweep
   // With overlap a thread's chunks are one band apart: bands narrower than half the device
   // leave it mostly idle, and the tile kernel does better there.
   if (!forced)
     for (const auto& P : launches)
-      if (P->n_bands > 1 && 2 * P->width < sweep_resident_threads(device, dynamic ? 0 : variant, P->range != 0)) return false;
+      if (P->n_bands > 1 && 2 * P->width < sweep_resident_threads(device, variant, P->range != 0)) return false;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   for (size_t g = 0; g < launches.size(); ++g) {
     shift_sweep::Params& P = *launches[g];
     const bool range = P.range != 0;
     if (dynamic) {
-      set_dyn_grid(P);
-      const int64_t tickets = int64_t{dyn_tickets_per_band(P)} * P.n_bands;
-      const int64_t blocks = std::min<int64_t>(dyn_resident_blocks(device, range), tickets);
-      int* c = counters + g * dyn_counters(plan);
-      if (range) shift_sweep_dyn_kernel<true><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, c);
-      else shift_sweep_dyn_kernel<false><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, c);
+      P.band_len = static_cast<uint32_t>(round_up(P.width, kDynTicket));
+      const int64_t blocks = std::min<int64_t>(dyn_resident_blocks(device, range), P.band_len / kDynTicket);
+      if (range) shift_sweep_dyn_kernel<true><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
+      else shift_sweep_dyn_kernel<false><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
     } else {
       const int64_t threads = set_grid(P, sweep_resident_threads(device, variant, range), kSweepThreads);
       kernel_of(variant, range)<<<static_cast<unsigned>(threads / kSweepThreads), kSweepThreads, 0, s>>>(P);

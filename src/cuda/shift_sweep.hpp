@@ -340,35 +340,11 @@ inline int64_t set_grid(Params& P, int64_t resident, int32_t block) {
   return threads;
 }
 
-// ---- the dynamic kernel's tickets ----------------------------------------------------------
-// Ticket t: band t / per_band, positions [(t % per_band) * kDynThreads * kDynBatch, +
-// kDynThreads * kDynBatch) of it; thread x of the block takes positions base + k * kDynThreads + x.
-inline void set_dyn_grid(Params& P) { P.band_len = static_cast<uint32_t>(round_up(P.width, kDynThreads * kDynBatch)); }
-KVCORE_HD uint32_t dyn_tickets_per_band(const Params& p) { return p.band_len / (kDynThreads * kDynBatch); }
-
-// Fills a thread's items of ticket t; returns the ticket's band.
-KVCORE_HD int32_t dyn_ticket_items(const Params& p, uint32_t t, uint32_t thread, Cursor& c, Item (&it)[kDynBatch]) {
-  const uint32_t per_band = dyn_tickets_per_band(p);
-  const int32_t band = static_cast<int32_t>(t / per_band);
-  if (band != c.b) c.s = 0;  // a new band: positions start again
-  c.b = band;
-  const uint32_t base = (t - static_cast<uint32_t>(band) * per_band) * (kDynThreads * kDynBatch);
-  for (int k = 0; k < kDynBatch; ++k) {
-    c.pos = base + static_cast<uint32_t>(k * kDynThreads) + thread;
-    it[k] = locate(p, c);
-  }
-  return band;
-}
-
-// Counters one dynamic launch uses (the next ticket, then one per band); a plan makes at most
-// 2 * plan.launches.size() launches.
-inline int64_t dyn_counters(const shift_plan::Plan& plan) { return 1 + (plan.n_bands > 1 ? plan.n_bands : 0); }
-
 // Runs the plan with the sweep kernel `variant` (0 sweep, 1 sweep_cs, 2 sweep_b8, 3 sweep_dyn:
 // src/cuda/shift_sweep.cu) on `stream` (a cudaStream_t); false, with nothing queued, when it
 // does not apply, or (unless `forced`) when a shift with overlap has too few chunks per band
-// to fill the device. The dynamic variant needs `counters`: 2 * plan.launches.size() *
-// dyn_counters(plan) ints, zeroed on the stream (without them it runs the static sweep).
+// to fill the device. The dynamic variant needs `counters`: 2 * plan.launches.size() ints,
+// zeroed on the stream (without them, or with overlap, it runs the static sweep).
 inline constexpr int kDynamicVariant = 3;
 bool launch(const shift_plan::Plan& plan, int variant, bool forced, int device, void* stream, int* counters);
 
