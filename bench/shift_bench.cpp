@@ -279,12 +279,13 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
 #if KVCORE_WITH_CUDA
   if (seed_applies) seed_t = opt.time([&](int) { seed_run(); });
   // Other kernels on the same data in the same run, forced through KVCORE_SHIFT_KERNEL; each
-  // gets its own record, <case>_<kernel>_kernel. Default: src/cuda/shift_kernel_choice.hpp.
-  // 16-bit Llama and DeepSeek-V4 rows: the sweep kernels (src/cuda/shift_sweep.hpp); the
-  // chain kernel lost there in runs 4-9 and the flat one in run 4 (no longer timed). FP8
-  // keys (which the sweep kernels do not take): the tile kernels.
+  // gets its own record, <case>_<kernel>_kernel. Default: src/cuda/shift_kernel_choice.hpp
+  // (run B: sweep_dyn for 16-bit rows without overlap, the single tile kernel with overlap and
+  // for DeepSeek-V4 rows, the chain kernel for FP8 keys); the row next to it is the runner-up
+  // (the chain and flat kernels lost in runs 4-9, sweep_cs and sweep_b8 in run B).
   std::vector<std::pair<const char*, cli::Timing>> others;
-  std::vector<const char*> other_names{"sweep", "sweep_cs", "sweep_b8", "sweep_dyn"};
+  std::vector<const char*> other_names{c.n_discard >= n_moved ? "single" : "sweep"};
+  if (c.fmt == Case::Dsv4) other_names = {"sweep_dyn"};
   if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
   // KVCORE_SHIFT_BENCH_KERNELS=a,b,...: time these kernels instead (empty: none).
   static std::vector<std::string> listed;

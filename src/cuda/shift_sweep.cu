@@ -10,7 +10,6 @@
 #include <climits>
 #include <map>
 #include <mutex>
-#include <tuple>
 
 #include "cuda/check.cuh"
 #include "cuda/shift_sweep.hpp"
@@ -22,37 +21,21 @@ using shift_chain::Chunk;
 
 constexpr int kSweepThreads = 256;
 
-// Loads: without overlap nothing the kernel reads is written while it runs, so the
-// read-only path is allowed (ld.global.nc); with overlap plain loads. kStreaming: evict-first
-// loads and stores (ld/st.global.cs) instead.
-// A chunk is 16 bytes, or 8 at the ends of a range.
-template <bool kStreaming>
+// A chunk is 16 bytes, or 8 at the ends of a range. Without overlap nothing the kernel
+// reads is written while it runs, so loads may take the read-only path (ld.global.nc); with
+// overlap they are plain. (Evict-first hints, ld/st.global.cs, measured the same: run B.)
 __device__ __forceinline__ Chunk load_chunk(const uint8_t* g, int bytes, bool read_only) {
   if (bytes == 8) {
-    uint2 v;
-    if (kStreaming) v = __ldcs(reinterpret_cast<const uint2*>(g));
-    else if (read_only) v = __ldg(reinterpret_cast<const uint2*>(g));
-    else v = *reinterpret_cast<const uint2*>(g);
+    const uint2 v = read_only ? __ldg(reinterpret_cast<const uint2*>(g)) : *reinterpret_cast<const uint2*>(g);
     return Chunk{{v.x, v.y, 0u, 0u}};
   }
-  uint4 v;
-  if (kStreaming) v = __ldcs(reinterpret_cast<const uint4*>(g));
-  else if (read_only) v = __ldg(reinterpret_cast<const uint4*>(g));
-  else v = *reinterpret_cast<const uint4*>(g);
+  const uint4 v = read_only ? __ldg(reinterpret_cast<const uint4*>(g)) : *reinterpret_cast<const uint4*>(g);
   return Chunk{{v.x, v.y, v.z, v.w}};
 }
 
-template <bool kStreaming>
 __device__ __forceinline__ void store_chunk(uint8_t* g, const Chunk& c, int bytes) {
-  if (bytes == 8) {
-    const uint2 v = make_uint2(c.w[0], c.w[1]);
-    if (kStreaming) __stcs(reinterpret_cast<uint2*>(g), v);
-    else *reinterpret_cast<uint2*>(g) = v;
-    return;
-  }
-  const uint4 v = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
-  if (kStreaming) __stcs(reinterpret_cast<uint4*>(g), v);
-  else *reinterpret_cast<uint4*>(g) = v;
+  if (bytes == 8) *reinterpret_cast<uint2*>(g) = make_uint2(c.w[0], c.w[1]);
+  else *reinterpret_cast<uint4*>(g) = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
 }
 
 // This lane's cos/sin, for the (pair0, half) they were loaded for.
@@ -64,13 +47,13 @@ struct TrigCache {
 // Loads a batch of chunks, rotates the K ones, stores them. Every branch depends on the warp
 // only (stream), never on the lane, except src == nullptr (padding), which only skips a load
 // or a store: the shuffles see all 32 lanes.
-template <int kBatch, bool kStreaming, bool kRange>
+template <int kBatch, bool kRange>
 __device__ __forceinline__ void move_batch(const shift_sweep::Params& p, const shift_sweep::Item (&it)[kBatch], int32_t lane,
                                            bool read_only, const float* s_cos, const float* s_sin, TrigCache& trig) {
   Chunk a[kBatch];
 #pragma unroll
   for (int k = 0; k < kBatch; ++k)
-    a[k] = it[k].src ? load_chunk<kStreaming>(it[k].src, kRange ? it[k].bytes : 16, read_only) : Chunk{};
+    a[k] = it[k].src ? load_chunk(it[k].src, kRange ? it[k].bytes : 16, read_only) : Chunk{};
 #pragma unroll
   for (int k = 0; k < kBatch; ++k) {
     if (it[k].s < 0) continue;
@@ -93,7 +76,7 @@ __device__ __forceinline__ void move_batch(const shift_sweep::Params& p, const s
         shift_sweep::rotate_any(st.elem, a[k], b, st.half != 0, trig.c, trig.s);
       }
     }
-    if (it[k].src) store_chunk<kStreaming>(it[k].src - st.band_step, a[k], kRange ? it[k].bytes : 16);
+    if (it[k].src) store_chunk(it[k].src - st.band_step, a[k], kRange ? it[k].bytes : 16);
   }
 }
 
@@ -104,9 +87,12 @@ __device__ __forceinline__ void load_tables(const shift_sweep::Params& p, float*
   }
 }
 
-template <int kBatch, int kMinBlocks, bool kStreaming, bool kRange>
-__global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
-    shift_sweep_kernel(const __grid_constant__ shift_sweep::Params p) {
+// The static form: 4 chunks in flight per thread, 1024 threads per SM (8 chunks at 512
+// threads per SM measured 47-66% of copy, run B).
+constexpr int kBatch = 4;
+
+template <bool kRange>
+__global__ void __launch_bounds__(kSweepThreads, 4) shift_sweep_kernel(const __grid_constant__ shift_sweep::Params p) {
   __shared__ float s_cos[shift_sweep::kMaxPairs], s_sin[shift_sweep::kMaxPairs];
   load_tables(p, s_cos, s_sin);
   __syncthreads();  // the only barrier
@@ -123,7 +109,7 @@ __global__ void __launch_bounds__(kSweepThreads, kMinBlocks)
       it[k] = shift_sweep::locate(p, cur);
       shift_sweep::advance(p, cur, n_threads);
     }
-    move_batch<kBatch, kStreaming, kRange>(p, it, lane, read_only, s_cos, s_sin, trig);
+    move_batch<kBatch, kRange>(p, it, lane, read_only, s_cos, s_sin, trig);
   }
 }
 
@@ -158,81 +144,57 @@ __global__ void __launch_bounds__(kSweepThreads, 4)
       cur.pos = t * kDynTicket + k * kSweepThreads + threadIdx.x;
       it[k] = shift_sweep::locate(p, cur);
     }
-    move_batch<kDynBatch, false, kRange>(p, it, lane, true, s_cos, s_sin, trig);
+    move_batch<kDynBatch, kRange>(p, it, lane, true, s_cos, s_sin, trig);
     __syncthreads();  // the next ticket is visible; every thread has read this one
   }
 }
 
-// The variants KVCORE_SHIFT_KERNEL selects (shift_kernel_choice.hpp): 0 sweep (4 chunks in
-// flight per thread, 1024 threads per SM), 1 sweep_cs (the same with evict-first hints),
-// 2 sweep_b8 (8 chunks per thread, 512 threads per SM), 3 (kDynamicVariant) sweep_dyn
-// (the dynamic kernel without overlap, else the static sweep).
-using KernelFn = void (*)(shift_sweep::Params);
-template <bool kRange>
-KernelFn kernel_of(int variant) {
-  switch (variant) {
-    case 1: return shift_sweep_kernel<4, 4, true, kRange>;
-    case 2: return shift_sweep_kernel<8, 2, false, kRange>;
-    default: return shift_sweep_kernel<4, 4, false, kRange>;
-  }
-}
-KernelFn kernel_of(int variant, bool range) { return range ? kernel_of<true>(variant) : kernel_of<false>(variant); }
-
-int64_t sweep_resident_threads(int device, int variant, bool range) {
+// Blocks of `kernel` resident on the whole device (cached per kernel and device).
+int64_t resident_blocks(const void* kernel, int device) {
   static std::mutex m;
-  static std::map<std::tuple<int, int, bool>, int64_t> cache;
+  static std::map<std::pair<const void*, int>, int64_t> cache;
   const std::lock_guard<std::mutex> lock(m);
-  int64_t& n = cache[{device, variant, range}];
+  int64_t& n = cache[{kernel, device}];
   if (n == 0) {
     int per_sm = 0, sms = 0;
-    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(variant, range), kSweepThreads, 0));
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    n = int64_t{std::max(per_sm, 1)} * sms * kSweepThreads;
-  }
-  return n;
-}
-
-int64_t dyn_resident_blocks(int device, bool range) {
-  static std::mutex m;
-  static std::map<std::pair<int, bool>, int64_t> cache;
-  const std::lock_guard<std::mutex> lock(m);
-  int64_t& n = cache[{device, range}];
-  if (n == 0) {
-    int per_sm = 0, sms = 0;
-    if (range)
-      KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, shift_sweep_dyn_kernel<true>, kSweepThreads, 0));
-    else
-      KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, shift_sweep_dyn_kernel<false>, kSweepThreads, 0));
+    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSweepThreads, 0));
     KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     n = int64_t{std::max(per_sm, 1)} * sms;
   }
   return n;
 }
 
+const void* static_kernel(bool range) {
+  return range ? reinterpret_cast<const void*>(shift_sweep_kernel<true>) : reinterpret_cast<const void*>(shift_sweep_kernel<false>);
+}
+
 }  // namespace
 
-bool shift_sweep::launch(const shift_plan::Plan& plan, int variant, bool forced, int device, void* stream, int* counters) {
+bool shift_sweep::launch(const shift_plan::Plan& plan, bool dynamic, bool forced, int device, void* stream, int* counters) {
   auto launches = make_launches(plan);
   if (launches.empty()) return false;
-  const bool dynamic = variant == kDynamicVariant && plan.n_bands == 1 && counters != nullptr;
-  if (variant == kDynamicVariant && !dynamic) variant = 0;  // with overlap: the static sweep
+  dynamic = dynamic && plan.n_bands == 1 && counters != nullptr;  // with overlap: the static sweep
   // With overlap a thread's chunks are one band apart: bands narrower than half the device
   // leave it mostly idle, and the tile kernel does better there.
   if (!forced)
     for (const auto& P : launches)
-      if (P->n_bands > 1 && 2 * P->width < sweep_resident_threads(device, variant, P->range != 0)) return false;
+      if (P->n_bands > 1 && 2 * P->width < resident_blocks(static_kernel(P->range != 0), device) * kSweepThreads) return false;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   for (size_t g = 0; g < launches.size(); ++g) {
     shift_sweep::Params& P = *launches[g];
     const bool range = P.range != 0;
     if (dynamic) {
       P.band_len = static_cast<uint32_t>(round_up(P.width, kDynTicket));
-      const int64_t blocks = std::min<int64_t>(dyn_resident_blocks(device, range), P.band_len / kDynTicket);
+      const void* k = range ? reinterpret_cast<const void*>(shift_sweep_dyn_kernel<true>)
+                            : reinterpret_cast<const void*>(shift_sweep_dyn_kernel<false>);
+      const int64_t blocks = std::min<int64_t>(resident_blocks(k, device), P.band_len / kDynTicket);
       if (range) shift_sweep_dyn_kernel<true><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
       else shift_sweep_dyn_kernel<false><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
     } else {
-      const int64_t threads = set_grid(P, sweep_resident_threads(device, variant, range), kSweepThreads);
-      kernel_of(variant, range)<<<static_cast<unsigned>(threads / kSweepThreads), kSweepThreads, 0, s>>>(P);
+      const int64_t threads = set_grid(P, resident_blocks(static_kernel(range), device) * kSweepThreads, kSweepThreads);
+      const unsigned grid = static_cast<unsigned>(threads / kSweepThreads);
+      if (range) shift_sweep_kernel<true><<<grid, kSweepThreads, 0, s>>>(P);
+      else shift_sweep_kernel<false><<<grid, kSweepThreads, 0, s>>>(P);
     }
     KVCORE_CUDA_CHECK_LAUNCH("shift_sweep_kernel");
   }

@@ -131,10 +131,10 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
   run_both({s}, 20011, 19999, 3, 255, 9);
 }
 
-// The default (src/cuda/shift_kernel_choice.hpp) is the chain kernel for FP8 keys and the
-// single tile kernel otherwise. Every kernel stays selectable
-// (KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined|sweep|sweep_cs|sweep_b8|sweep_dyn) and must agree
-// on every format.
+// The default (src/cuda/shift_kernel_choice.hpp) is the chain kernel for FP8 keys, the
+// dynamic sweep kernel for 16-bit rows without overlap and the single tile kernel otherwise.
+// Every kernel stays selectable (KVCORE_SHIFT_KERNEL=sweep_dyn|sweep|flat|chain|single|pipelined)
+// and must agree on every format.
 struct KernelScope {
   explicit KernelScope(const char* k) { EXPECT_EQ(setenv("KVCORE_SHIFT_KERNEL", k, 1), 0); }
   ~KernelScope() { EXPECT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0); }
@@ -205,8 +205,9 @@ TEST(ShiftCuda, FlatKernelAgrees) {
   run_both({llama}, 3001, 2999, 4, 1000, 308);  // overlap: the single tile kernel
 }
 
-// The sweep kernels (src/cuda/shift_sweep.hpp), every variant: without overlap and with
-// bands of every width (forced, so narrow bands run it too), NeoX and interleaved, partial
+// The sweep kernels (src/cuda/shift_sweep.hpp), static and dynamic: without overlap and with
+// bands of every width (forced, so narrow bands run it too; the dynamic one is the static
+// one with overlap), NeoX and interleaved, partial
 // rotary, f32 / f16 / bf16 K, strided rows, per-layer tables, several launches, DeepSeek-V4
 // rows as byte ranges (even n_discard); what it does not take (odd n_discard with 584-byte
 // rows, FP8 keys, 1 KB heads) falls back.
@@ -249,7 +250,7 @@ void sweep_kernel_cases(uint64_t seed) {
 TEST(ShiftCuda, SweepKernelsAgree) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 400;
-  for (const char* k : {"sweep", "sweep_cs", "sweep_b8", "sweep_dyn"}) {
+  for (const char* k : {"sweep", "sweep_dyn"}) {
     const KernelScope scope(k);
     sweep_kernel_cases(seed += 20);
   }
@@ -258,7 +259,7 @@ TEST(ShiftCuda, SweepKernelsAgree) {
 // The chain kernel: more columns than resident threads (several rounds per thread), a few
 // columns with very long chains, 1- and 2-byte units, mixed formats in one launch.
 TEST(ShiftCuda, ChainKernelRoundsAndChains) {
-  // 16-bit keys take the single tile kernel by default: force the chain kernel here.
+  // 16-bit keys take the sweep or the single tile kernel by default: force the chain kernel here.
   setenv("KVCORE_SHIFT_KERNEL", "chain", 1);
   struct Unset {
     ~Unset() { unsetenv("KVCORE_SHIFT_KERNEL"); }
