@@ -305,16 +305,26 @@ inline bool make_stream(const shift_plan::LaunchParams& L, const shift_plan::Til
 }
 
 // The sweep launches for a plan: per plan launch, one for its unit streams and one for its
-// range streams (so at most 2 * plan.launches.size()) (either may be absent; the kernel is compiled for one shape, which keeps the
-// unit kernel's registers for its loads). Grid not yet set; empty when some tensor or
-// table is not handled.
+// range streams, either absent when no stream has that shape (so at most 2 *
+// plan.launches.size()); the kernel is compiled for one shape, which keeps the unit
+// kernel's registers for its loads. Grid not yet set; empty when some tensor or table is
+// not handled.
 inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan& plan) {
   std::vector<std::unique_ptr<Params>> out;
   for (const auto& Lp : plan.launches) {
     const shift_plan::LaunchParams& L = *Lp;
     if (L.n_pairs > kMaxPairs) return {};
+    Stream all[shift_plan::kMaxStreams];
+    bool shapes[2] = {false, false};
+    for (int32_t k = 0; k < L.n_streams; ++k) {
+      if (!make_stream(L, L.streams[k], all[k])) return {};
+      shapes[all[k].range] = shapes[all[k].range] || all[k].full_chunks > 0;
+    }
     for (const int32_t range : {0, 1}) {
-      auto P = std::make_unique<Params>();
+      if (!shapes[range]) continue;
+      // ~16 KB: the cos/sin entries past n_pairs stay uninitialized (host time a small GPU
+      // shift waits for)
+      std::unique_ptr<Params> P(new Params);
       P->range = range;
       P->n_pairs = L.n_pairs;
       P->n_bands = L.n_bands;
@@ -322,17 +332,16 @@ inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan
       std::copy(L.sin_t, L.sin_t + L.n_pairs, P->sin_t);
       int64_t width = 0;
       for (int32_t k = 0; k < L.n_streams; ++k) {
-        Stream& s = P->streams[P->n_streams];
-        if (!make_stream(L, L.streams[k], s)) return {};
-        if (s.range != range || s.full_chunks == 0) continue;
+        if (all[k].range != range || all[k].full_chunks == 0) continue;
+        Stream& s = P->streams[P->n_streams++];
+        s = all[k];
         s.offset = static_cast<int32_t>(width);
         width += round_up(s.full_chunks, 32);
         if (width >= (int64_t{1} << 30)) return {};  // pos + threads stays below 2^32
         s.end = static_cast<int32_t>(width);
-        ++P->n_streams;
       }
       P->width = width;
-      if (P->n_streams > 0) out.push_back(std::move(P));
+      out.push_back(std::move(P));
     }
   }
   return out;
