@@ -250,6 +250,21 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
       verify(who.c_str(), false);
       opt.note(c.name + ": " + who + " results verified against the CPU op");
       out = opt.time([&](int) { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
+#if KVCORE_WITH_CUDA
+      // Host time of one call (validation, plan, enqueue): it is inside the timing above.
+      if (dev.is_cuda()) {
+        std::vector<double> host_us;
+        for (int i = 0; i < 5; ++i) {
+          synchronize(dev);
+          const auto h0 = std::chrono::steady_clock::now();
+          shift_dense(layers, c.length, c.n_keep, c.n_discard);
+          host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
+        }
+        synchronize(dev);
+        std::sort(host_us.begin(), host_us.end());
+        opt.note(c.name + ": " + who + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us[2]) + " us");
+      }
+#endif
     } catch (const Error& e) {
       if (e.code() != ErrorCode::Corrupt) throw;
       std::fprintf(stderr, "[bench] %s: %s FAILED: %s\n", c.name.c_str(), who.c_str(), e.what());
@@ -263,29 +278,27 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
   const std::optional<cli::Timing> t = run_variant(nullptr);
 #if KVCORE_WITH_CUDA
   if (seed_applies) seed_t = opt.time([&](int) { seed_run(); });
-  // Host time of one call (validation, plan, enqueue): it is inside every timing above.
-  if (dev.is_cuda()) {
-    std::vector<double> host_us;
-    for (int i = 0; i < 5; ++i) {
-      synchronize(dev);
-      const auto h0 = std::chrono::steady_clock::now();
-      shift_dense(layers, c.length, c.n_keep, c.n_discard);
-      host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
-    }
-    synchronize(dev);
-    std::sort(host_us.begin(), host_us.end());
-    opt.note(c.name + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us[2]) + " us");
-  }
-  // Tile kernels on the same data in the same run (src/cuda/shift.cu: the default is the chain
-  // kernel), forced through KVCORE_SHIFT_KERNEL; each gets its own record, <case>_<kernel>_kernel
-  // (the names of earlier runs: the single kernel everywhere, the pipelined one, which lost on
-  // every 16-bit case in run 2, only with FP8 keys, to keep the bench's device time).
+  // Other kernels on the same data in the same run, forced through KVCORE_SHIFT_KERNEL; each
+  // gets its own record, <case>_<kernel>_kernel. Default: src/cuda/shift_kernel_choice.hpp
+  // (run B: sweep_dyn for 16-bit rows without overlap, the single tile kernel with overlap and
+  // for DeepSeek-V4 rows, the chain kernel for FP8 keys); the row next to it is the runner-up
+  // (the chain and flat kernels lost in runs 4-9, sweep_cs and sweep_b8 in run B).
   std::vector<std::pair<const char*, cli::Timing>> others;
-  // Default: src/cuda/shift_kernel_choice.hpp (the chain kernel with FP8 keys, the single tile
-  // kernel otherwise, run 4). The flat kernel (KVCORE_SHIFT_KERNEL=flat) lost in GPU run 4
-  // (f16 half: 60-76% of copy, DSV4 rows half: 43-46%) and is no longer timed here.
-  std::vector<const char*> other_names{"chain"};
+  std::vector<const char*> other_names{c.n_discard >= n_moved ? "single" : "sweep"};
+  if (c.fmt == Case::Dsv4) other_names = {"sweep_dyn"};
   if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
+  // KVCORE_SHIFT_BENCH_KERNELS=a,b,...: time these kernels instead (empty: none).
+  static std::vector<std::string> listed;
+  if (const char* env = std::getenv("KVCORE_SHIFT_BENCH_KERNELS")) {
+    listed.clear();
+    for (std::string rest = env; !rest.empty();) {
+      const size_t comma = rest.find(',');
+      if (comma != 0) listed.push_back(rest.substr(0, comma));
+      rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
+    }
+    other_names.clear();
+    for (const std::string& n : listed) other_names.push_back(n.c_str());
+  }
   if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
     for (const char* other : other_names)
       if (const auto ot = run_variant(other)) others.emplace_back(other, *ot);

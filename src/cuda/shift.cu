@@ -38,7 +38,12 @@
 // heads, interleaved pairs in rows aligned to one element) take the single tile
 // kernel. Without overlap, the flat kernel (src/cuda/shift_flat.hpp) moves the
 // rows like a plain copy: a 2-D grid over the tensors, items in registers, 16-byte
-// chunks even for rows whose stride allows only 8 (the DeepSeek-V4 row).
+// chunks even for rows whose stride allows only 8 (the DeepSeek-V4 row). The sweep
+// kernels (src/cuda/shift_sweep.hpp) are written like the copy-ceiling kernel: one
+// index of 16-byte chunks over all tensors that the grid walks as one window, K
+// rotated in registers (NeoX partners by warp shuffle); their dynamic form, which
+// hands out 16 KB tickets so faster blocks take more, is the default for 16-bit rows
+// without overlap (90-92% of copy at 32k/128k tokens, run B).
 //
 // rope_shift_rows: one block per row (grid-stride), one warp per head,
 // rotating in place in global memory.
@@ -50,6 +55,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -58,6 +64,7 @@
 #include "cuda/shift_chain.hpp"
 #include "cuda/shift_flat.hpp"
 #include "cuda/shift_kernel_choice.hpp"
+#include "cuda/shift_sweep.hpp"
 #include "cuda/shift_tiling.hpp"
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
@@ -462,8 +469,21 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const int64_t counters_per_launch = 1 + plan.n_bands;
   const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
-  ShiftKernel kernel = choose_shift_kernel(parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL")),
-                                          ShiftCall{plan.any_fp8, p.n_discard < p.n_moved});
+  const std::optional<ShiftKernel> forced = parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL"));
+  bool any_dsv4 = false;
+  for (int32_t i = 0; i < p.n_tensors; ++i) any_dsv4 = any_dsv4 || p.tensors[i].kind == ShiftKind::Dsv4;
+  ShiftKernel kernel = choose_shift_kernel(forced, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved, any_dsv4});
+  if (kernel == ShiftKernel::Sweep || kernel == ShiftKernel::SweepDyn) {
+    const bool dynamic = kernel == ShiftKernel::SweepDyn && plan.n_bands == 1;
+    int* counters = nullptr;  // the dynamic kernel's tickets (one counter per launch)
+    if (dynamic) {
+      const size_t bytes = sizeof(int) * 2 * plan.launches.size();
+      counters = workspace(p.device_index, s, bytes);
+      KVCORE_CUDA_CHECK(cudaMemsetAsync(counters, 0, bytes, s));
+    }
+    if (shift_sweep::launch(plan, dynamic, forced.has_value(), p.device_index, s, counters)) return;
+    kernel = ShiftKernel::Single;  // a layout the sweep kernels do not handle, or narrow bands
+  }
   if (kernel == ShiftKernel::Flat) {
     if (shift_flat::launch(plan, p.device_index, s)) return;
     kernel = ShiftKernel::Single;  // overlap, FP8 keys, or a layout the flat kernel does not handle

@@ -149,9 +149,8 @@ inline Plan make_plan(const ops::ShiftDenseParams& p) {
       const bool shared_table = cur && table_here.count(p.pair_offset[layer]) > 0;
       if (!cur || cur->n_streams + layer_tensors > kMaxStreams || n_layers_here + 1 > kMaxLayers ||
           (!shared_table && n_pairs_here + pairs > kMaxPairsTotal)) {
-        plan.launches.push_back(std::make_unique<LaunchParams>());
+        plan.launches.push_back(std::make_unique<LaunchParams>());  // value-initialized: zeroed once
         cur = plan.launches.back().get();
-        *cur = LaunchParams{};
         n_layers_here = 0;
         n_pairs_here = 0;
         table_here.clear();

@@ -131,9 +131,10 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
   run_both({s}, 20011, 19999, 3, 255, 9);
 }
 
-// The default (src/cuda/shift_kernel_choice.hpp) is the chain kernel for FP8 keys and the
-// single tile kernel otherwise. Every kernel stays selectable
-// (KVCORE_SHIFT_KERNEL=flat|chain|single|pipelined) and must agree on every format.
+// The default (src/cuda/shift_kernel_choice.hpp) is the chain kernel for FP8 keys, the
+// dynamic sweep kernel for 16-bit rows without overlap and the single tile kernel otherwise.
+// Every kernel stays selectable (KVCORE_SHIFT_KERNEL=sweep_dyn|sweep|flat|chain|single|pipelined)
+// and must agree on every format.
 struct KernelScope {
   explicit KernelScope(const char* k) { EXPECT_EQ(setenv("KVCORE_SHIFT_KERNEL", k, 1), 0); }
   ~KernelScope() { EXPECT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0); }
@@ -204,10 +205,61 @@ TEST(ShiftCuda, FlatKernelAgrees) {
   run_both({llama}, 3001, 2999, 4, 1000, 308);  // overlap: the single tile kernel
 }
 
+// The sweep kernels (src/cuda/shift_sweep.hpp), static and dynamic: without overlap and with
+// bands of every width (forced, so narrow bands run it too; the dynamic one is the static
+// one with overlap), NeoX and interleaved, partial
+// rotary, f32 / f16 / bf16 K, strided rows, per-layer tables, several launches, DeepSeek-V4
+// rows as byte ranges (even n_discard); what it does not take (odd n_discard with 584-byte
+// rows, FP8 keys, 1 KB heads) falls back.
+void sweep_kernel_cases(uint64_t seed) {
+  const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
+  run_both({llama, llama, llama}, 4097, 4096, 4, 2046, seed + 1);  // the benchmark's shape, 3 layers
+  run_both({llama, llama}, 4097, 4096, 4, 256, seed + 2);          // its small discard: 15 bands
+  run_both({llama}, 3001, 2999, 4, 1000, seed + 3);                // two bands, the last partial
+  run_both({llama, llama}, 2500, 2500, 4, 7, seed + 4);            // 356 bands of 7 tokens
+  run_both({llama}, 2000, 1999, 0, 1, seed + 5);                   // a band per token
+  run_both({llama}, 500, 480, 30, 450, seed + 6);                  // nothing retained
+  const LayerSpec s = plain(DType::BF16, DType::F16, 8, 128, RopeSpec::plain(128, 500000.0));
+  run_both({s, s}, 20011, 20011, 3, 16, seed + 7);                 // thousands of bands under load
+  RopeSpec tail = RopeSpec::plain(32, 20000.0, RopePairing::Interleaved);
+  tail.slice = RopeSlice::Tail;
+  RopeSpec part = RopeSpec::plain(32, 10000.0);
+  const LayerSpec mix[] = {plain(DType::BF16, DType::F16, 3, 64, RopeSpec::plain(64, 1e4)),
+                           plain(DType::F32, DType::BF16, 2, 64, tail),
+                           plain(DType::F16, std::nullopt, 5, 256, part),
+                           plain(DType::F32, DType::F32, 1, 128, RopeSpec::plain(128, 1e4, RopePairing::Interleaved))};
+  run_both({mix[0], mix[1], mix[2], mix[3]}, 777, 777, 3, 390, seed + 8);
+  run_both({mix[0], mix[1], mix[2], mix[3]}, 777, 770, 5, 91, seed + 9);
+  std::vector<LayerSpec> many;  // 45 layers, per-layer theta: two launches
+  for (int i = 0; i < 45; ++i)
+    many.push_back(plain(i % 2 ? DType::F16 : DType::BF16, DType::F16, 2, 64, RopeSpec::plain(64, 10000.0 * (1 + i))));
+  run_both(many, 97, 96, 3, 10, seed + 10);
+  run_both(many, 97, 96, 3, 60, seed + 11);
+  LayerSpec d;
+  d.form = KForm::Dsv4;
+  d.v_dtype = std::nullopt;
+  d.heads = 1;
+  d.rope = RopeSpec::deepseek_v4_compressed();
+  run_both({llama, d}, 1025, 1023, 4, 128, seed + 12);  // ranges, 8 bands
+  run_both({d, d, d}, 4097, 4096, 4, 2046, seed + 14);   // the benchmark's shape, 3 layers
+  run_both({d, d}, 4097, 4096, 3, 256, seed + 15);       // its small discard
+  run_both({d}, 1025, 1025, 4, 601, seed + 16);          // odd n_discard: falls back
+  run_both({plain(DType::F16, DType::F16, 2, 512, RopeSpec::plain(512, 1e4))}, 301, 299, 5, 137, seed + 13);
+}
+
+TEST(ShiftCuda, SweepKernelsAgree) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 400;
+  for (const char* k : {"sweep", "sweep_dyn"}) {
+    const KernelScope scope(k);
+    sweep_kernel_cases(seed += 20);
+  }
+}
+
 // The chain kernel: more columns than resident threads (several rounds per thread), a few
 // columns with very long chains, 1- and 2-byte units, mixed formats in one launch.
 TEST(ShiftCuda, ChainKernelRoundsAndChains) {
-  // 16-bit keys take the single tile kernel by default: force the chain kernel here.
+  // 16-bit keys take the sweep or the single tile kernel by default: force the chain kernel here.
   setenv("KVCORE_SHIFT_KERNEL", "chain", 1);
   struct Unset {
     ~Unset() { unsetenv("KVCORE_SHIFT_KERNEL"); }
