@@ -63,18 +63,30 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   }
   __syncthreads();
   const float inv = inv_s;
-  // Warp k sums splits k, k + 8, ... over every dim (lane: dims lane, lane + 32, ...), so the
-  // partials of 8 splits load at once; then the 8 sums are added in warp order.
-  float acc[kMaxMergeDim / 32];
+  // Warp k sums splits k, k + 8, ... over every dim (lane: dims lane, lane + 32, ...), 4 of
+  // its splits a round with every load of the round issued first: the 8 warps keep 32 splits'
+  // partials in flight (run C: one split a round cost an L2 round trip each, ~4 us at 64 splits).
+  // Sums stay in split order within a warp; the 8 warp sums are added in warp order.
+  constexpr int kRound = 4;
+  constexpr int kSlots = kMaxMergeDim / 32;
+  float acc[kSlots];
 #pragma unroll
-  for (int k = 0; k < kMaxMergeDim / 32; ++k) acc[k] = 0.0f;
-  for (int i = warp; i < a.splits; i += kMergeWarps) {
-    const float wi = w[i] * inv;
-    if (wi == 0.0f) continue;  // an empty split (its partial may be 0 * inf)
-    const float* oi = o + int64_t{i} * hd;
+  for (int k = 0; k < kSlots; ++k) acc[k] = 0.0f;
+  for (int i0 = warp; i0 < a.splits; i0 += kMergeWarps * kRound) {
+    float wr[kRound], v[kRound][kSlots];
 #pragma unroll
-    for (int k = 0; k < kMaxMergeDim / 32; ++k)
-      if (32 * k < hd) acc[k] += wi * oi[lane + 32 * k];
+    for (int u = 0; u < kRound; ++u) {
+      const int i = i0 + u * kMergeWarps;
+      wr[u] = i < a.splits ? w[i] * inv : 0.0f;  // 0: past the end, or an empty split (partial maybe 0 * inf)
+      const float* oi = o + int64_t{i} * hd;
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) v[u][k] = wr[u] != 0.0f && 32 * k < hd ? oi[lane + 32 * k] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kRound; ++u)
+      if (wr[u] != 0.0f)
+#pragma unroll
+        for (int k = 0; k < kSlots; ++k) acc[k] += wr[u] * v[u][k];
   }
 #pragma unroll
   for (int k = 0; k < kMaxMergeDim / 32; ++k)
