@@ -30,6 +30,8 @@ constexpr int kMergeWarps = kMergeThreads / 32;
 constexpr int kMaxSplits = 1024;
 constexpr int kMaxMergeDim = 512;
 
+// ROUND: splits a warp loads per round (see below).
+template <int ROUND>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a) {
   __shared__ float w[kMaxSplits];
   __shared__ float part[kMergeWarps][kMaxMergeDim];
@@ -63,11 +65,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   }
   __syncthreads();
   const float inv = inv_s;
-  // Warp k sums splits k, k + 8, ... over every dim (lane: dims lane, lane + 32, ...), 4 of
-  // its splits a round with every load of the round issued first: the 8 warps keep 32 splits'
-  // partials in flight (run C: one split a round cost an L2 round trip each, ~4 us at 64 splits).
+  // Warp k sums splits k, k + 8, ... over every dim (lane: dims lane, lane + 32, ...), ROUND of
+  // its splits a round with every load of the round issued first: with ROUND 4 the 8 warps
+  // keep 32 splits' partials in flight (run C: one split a round cost an L2 round trip each,
+  // ~4 us at 64 splits). ROUND 4 needs ~120 registers (2 CTAs an SM), which slowed the many
+  // CTAs of a batch with few splits (run E): those take ROUND 1.
   // Sums stay in split order within a warp; the 8 warp sums are added in warp order.
-  constexpr int kRound = 4;
+  constexpr int kRound = ROUND;
   constexpr int kSlots = kMaxMergeDim / 32;
   float acc[kSlots];
 #pragma unroll
@@ -131,7 +135,8 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, a));
+  if (a.splits > kMergeWarps) KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<4>, a));
+  else KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<1>, a));
 }
 
 }  // namespace attn
