@@ -3,6 +3,8 @@
 # build for sm_90, run the CUDA tests (CUDA against CPU), every benchmark with the ceilings
 # measured in the same job, the PyTorch/HF baselines, and a summary with ratios.
 #   KVCORE_GIT_COMMIT=<hash> OUT=<dir> bash bench/gpu-run.sh [bench names...]
+# Pass KVCORE_GIT_COMMIT as a literal from the machine that sent the tree: a copied tree's git
+# metadata can name an older commit (run A of 2026-12-03 printed the landed main's hash).
 # Env: GPU_RUN_STAGES="build tests bench baselines" (default all), BENCH_ARGS (extra args to kvcore bench),
 #      GPU_TEST_FILTER (a gtest filter: only those CUDA tests, no CPU suite), BASELINES (scripts to run,
 #      default every bench/*_baseline.py), BUILD_TARGETS (default: everything).
