@@ -13,17 +13,14 @@
 
 #include "cuda/shift_chain.hpp"
 #include "kvcore/math/dsv4_row.hpp"
+#include "shift_replay_util.hpp"
 
 using namespace kvcore;
 using namespace kvcore::cuda;
 
 namespace {
 
-struct Tensor {
-  std::vector<uint8_t> bytes;
-  std::vector<uint8_t> scales;  // FP8 keys
-  ops::ShiftTensorParams p;
-};
+using shift_replay::Tensor;
 
 struct Config {
   int layers = 1;
@@ -76,9 +73,8 @@ bool same_up_to_nan_payloads(ops::ShiftKind kind, const std::vector<uint8_t>& a,
 void run(const Config& cfg, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<Tensor> ts;
-  std::vector<math::RopeLayout> layouts(cfg.layers);
-  std::vector<int32_t> pair_offset(cfg.layers);
-  std::vector<float> cos_t, sin_t;
+  shift_replay::Tables tab(cfg.layers);
+  auto& [layouts, pair_offset, cos_t, sin_t] = tab;
   std::uniform_real_distribution<float> unit(-1.f, 1.f);
   for (int l = 0; l < cfg.layers; ++l) {
     Tensor k;
@@ -142,29 +138,9 @@ void run(const Config& cfg, uint32_t seed) {
     for (auto& b : t.scales) b = static_cast<uint8_t>(120 + rng() % 15);  // scales 2^-7 .. 2^7
   }
   std::vector<Tensor> ref = ts;
-  auto params = [&](std::vector<Tensor>& v, std::vector<ops::ShiftTensorParams>& tp) {
-    tp.clear();
-    for (auto& t : v) {
-      t.p.base = t.bytes.data();
-      t.p.maybe_scales = t.scales.empty() ? nullptr : t.scales.data();
-      tp.push_back(t.p);
-    }
-    ops::ShiftDenseParams p;
-    p.tensors = tp.data();
-    p.n_tensors = static_cast<int32_t>(tp.size());
-    p.layouts = layouts.data();
-    p.pair_offset = pair_offset.data();
-    p.cos_t = cos_t.data();
-    p.sin_t = sin_t.data();
-    p.n_layers = cfg.layers;
-    p.n_keep = cfg.n_keep;
-    p.n_discard = cfg.n_discard;
-    p.n_moved = cfg.length - cfg.n_keep - cfg.n_discard;
-    return p;
-  };
   std::vector<ops::ShiftTensorParams> tp_ref, tp;
-  cpu::shift_dense(params(ref, tp_ref));
-  const ops::ShiftDenseParams p = params(ts, tp);
+  cpu::shift_dense(shift_replay::params(ref, tp_ref, tab, cfg));
+  const ops::ShiftDenseParams p = shift_replay::params(ts, tp, tab, cfg);
 
   const shift_plan::Plan plan = shift_plan::make_plan(p);
   const auto launches = shift_chain::make_launches(plan);

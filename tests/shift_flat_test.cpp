@@ -14,6 +14,7 @@
 
 #include "cuda/shift_flat.hpp"
 #include "kvcore/math/dsv4_row.hpp"
+#include "shift_replay_util.hpp"
 #include "kvcore/math/half.hpp"
 
 using namespace kvcore;
@@ -21,11 +22,7 @@ using namespace kvcore::cuda;
 
 namespace {
 
-struct Tensor {
-  std::vector<uint8_t> bytes;
-  ops::ShiftTensorParams p;
-  size_t lead = 0;  // bytes before the tensor's base inside `bytes` (moves its phase mod 16)
-};
+using shift_replay::Tensor;
 
 struct Config {
   int layers = 1;
@@ -34,38 +31,13 @@ struct Config {
   int n_threads = 64;
 };
 
-// Random finite 16-bit / 32-bit values for the rotated dims, random bytes elsewhere.
-void fill(std::mt19937& rng, Tensor& t) {
-  for (auto& b : t.bytes) b = static_cast<uint8_t>(rng());
-  if (t.p.kind == ops::ShiftKind::Copy) return;
-  std::uniform_real_distribution<float> unit(-2.f, 2.f);
-  uint8_t* base = t.bytes.data() + t.lead;
-  const int64_t row = int64_t{t.p.n_heads} * t.p.head_bytes;
-  for (int64_t tok = 0; tok * t.p.token_stride + row <= static_cast<int64_t>(t.bytes.size() - t.lead); ++tok) {
-    uint8_t* r = base + tok * t.p.token_stride;
-    if (t.p.kind == ops::ShiftKind::F32) {
-      for (int64_t i = 0; i < row / 4; ++i) {
-        const float v = unit(rng);
-        std::memcpy(r + 4 * i, &v, 4);
-      }
-    } else {
-      const int64_t lo = t.p.kind == ops::ShiftKind::Dsv4 ? math::Dsv4RowLayout::kRopeOffset : 0;
-      const int64_t hi = t.p.kind == ops::ShiftKind::Dsv4 ? lo + 2 * math::Dsv4RowLayout::kRope : row;
-      for (int64_t i = lo / 2; i < hi / 2; ++i) {
-        const float v = unit(rng);
-        const uint16_t h = t.p.kind == ops::ShiftKind::F16 ? math::f32_to_f16_bits(v) : math::f32_to_bf16_bits(v);
-        std::memcpy(r + 2 * i, &h, 2);
-      }
-    }
-  }
-}
+using shift_replay::fill;
 
 void run(const Config& cfg, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<Tensor> ts;
-  std::vector<math::RopeLayout> layouts(cfg.layers);
-  std::vector<int32_t> pair_offset(cfg.layers);
-  std::vector<float> cos_t, sin_t;
+  shift_replay::Tables tab(cfg.layers);
+  auto& [layouts, pair_offset, cos_t, sin_t] = tab;
   std::uniform_real_distribution<float> angle(-3.f, 3.f);
   for (int l = 0; l < cfg.layers; ++l) {
     Tensor k;
@@ -114,28 +86,9 @@ void run(const Config& cfg, uint32_t seed) {
     fill(rng, t);
   }
   std::vector<Tensor> ref = ts;
-  auto params = [&](std::vector<Tensor>& v, std::vector<ops::ShiftTensorParams>& tp) {
-    tp.clear();
-    for (auto& t : v) {
-      t.p.base = t.bytes.data() + t.lead;
-      tp.push_back(t.p);
-    }
-    ops::ShiftDenseParams p;
-    p.tensors = tp.data();
-    p.n_tensors = static_cast<int32_t>(tp.size());
-    p.layouts = layouts.data();
-    p.pair_offset = pair_offset.data();
-    p.cos_t = cos_t.data();
-    p.sin_t = sin_t.data();
-    p.n_layers = cfg.layers;
-    p.n_keep = cfg.n_keep;
-    p.n_discard = cfg.n_discard;
-    p.n_moved = cfg.length - cfg.n_keep - cfg.n_discard;
-    return p;
-  };
   std::vector<ops::ShiftTensorParams> tp_ref, tp;
-  cpu::shift_dense(params(ref, tp_ref));
-  const ops::ShiftDenseParams p = params(ts, tp);
+  cpu::shift_dense(shift_replay::params(ref, tp_ref, tab, cfg));
+  const ops::ShiftDenseParams p = shift_replay::params(ts, tp, tab, cfg);
   ASSERT_GE(p.n_discard, p.n_moved) << "the flat kernel is for shifts without overlap";
 
   const shift_plan::Plan plan = shift_plan::make_plan(p);
@@ -190,18 +143,7 @@ void run(const Config& cfg, uint32_t seed) {
     EXPECT_GT(range_streams, 0) << "no DeepSeek-V4 tensor took the 16-byte range path";
   }
 
-  const int64_t n_moved = p.n_moved;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const ops::ShiftTensorParams& t = ts[i].p;
-    const int64_t row = int64_t{t.n_heads} * t.head_bytes;
-    for (int64_t x = 0; x < static_cast<int64_t>(ts[i].bytes.size()); ++x) {
-      const int64_t y = x - static_cast<int64_t>(ts[i].lead);
-      const int64_t tok = y < 0 ? -1 : y / t.token_stride, col = y < 0 ? 0 : y % t.token_stride;
-      const bool moved = tok >= cfg.n_keep && tok < cfg.n_keep + n_moved && col < row;
-      ASSERT_EQ(writes[i][x], moved ? 1 : 0) << "tensor " << i << " token " << tok << " byte " << col;
-    }
-    ASSERT_EQ(ts[i].bytes, ref[i].bytes) << "tensor " << i << " (kind " << int(t.kind) << ") differs from the CPU op";
-  }
+  shift_replay::check_written_once_and_equal(ts, ref, writes, cfg.n_keep, p.n_moved);
 }
 
 }  // namespace
