@@ -5,7 +5,6 @@
 // + every visible row). Bytes = K/V (and scale) bytes the op must read; the
 // ceiling is the read-only kernel. Case names match bench/attention_sdpa_baseline.py.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -227,16 +226,9 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
     // Host time of one call (validation, split choice, launches): the timings above include it,
     // as SDPA's include PyTorch's.
     if (variant == 0 && d.is_cuda()) {
-      std::vector<double> host_us;
-      for (int i = 0; i < 5; ++i) {
-        synchronize(d);
-        const auto h0 = std::chrono::steady_clock::now();
-        attention_decode(q, kv, tables[i % s.copies], out, ao);
-        host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
-      }
-      synchronize(d);
-      std::sort(host_us.begin(), host_us.end());
-      opt.note(cname + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us[2]) + " us");
+      int i = 0;
+      const double host_us = cli::host_time_us(d.index, [&] { attention_decode(q, kv, tables[i++ % s.copies], out, ao); });
+      opt.note(cname + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us) + " us");
     }
     // Small batches: the same calls replayed from a CUDA graph (one call per copy, so inputs
     // still rotate) show the device time without the host's launch and validation overhead.

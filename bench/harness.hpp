@@ -60,6 +60,9 @@ Timing time_cuda(int device, int reps, int warmup, const std::function<void(int)
 // Records record(stream) once into a CUDA graph (on a fresh stream), then times `reps` replays
 // (after `warmup`) with CUDA events: device time without host launch overhead.
 Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record);
+// Host time of one call (validation, planning, enqueue): the median of 5 calls, each made on
+// an idle device. Event timings of a call include it up to its first launch.
+double host_time_us(int device, const std::function<void()>& call);
 Ceilings measure_cuda_ceilings(int device);
 Ceilings measure_cpu_ceilings();
 std::string git_commit();

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "bench/harness.hpp"
@@ -30,6 +31,20 @@ Timing time_cuda(int device, int reps, int warmup, const std::function<void(int)
   KVCORE_CUDA_CHECK(cudaEventDestroy(b));
   std::sort(us.begin(), us.end());
   return {us[us.size() / 2], us.front(), reps};
+}
+
+double host_time_us(int device, const std::function<void()>& call) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(device));
+  std::vector<double> us;
+  for (int i = 0; i < 5; ++i) {
+    KVCORE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  KVCORE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
 }
 
 Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record) {

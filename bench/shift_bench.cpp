@@ -8,7 +8,6 @@
 // against the CPU op (V bytes identical, K within one ulp) and the seed port
 // against the CPU op (within two f16 ulps).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +16,7 @@
 #include <utility>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -253,16 +253,8 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
 #if KVCORE_WITH_CUDA
       // Host time of one call (validation, plan, enqueue): it is inside the timing above.
       if (dev.is_cuda()) {
-        std::vector<double> host_us;
-        for (int i = 0; i < 5; ++i) {
-          synchronize(dev);
-          const auto h0 = std::chrono::steady_clock::now();
-          shift_dense(layers, c.length, c.n_keep, c.n_discard);
-          host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
-        }
-        synchronize(dev);
-        std::sort(host_us.begin(), host_us.end());
-        opt.note(c.name + ": " + who + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us[2]) + " us");
+        const double host_us = cli::host_time_us(dev.index, [&] { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
+        opt.note(c.name + ": " + who + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us) + " us");
       }
 #endif
     } catch (const Error& e) {
@@ -283,25 +275,20 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
   // (run B: sweep_dyn for 16-bit rows without overlap, the single tile kernel with overlap and
   // for DeepSeek-V4 rows, the chain kernel for FP8 keys); the row next to it is the runner-up
   // (the chain and flat kernels lost in runs 4-9, sweep_cs and sweep_b8 in run B).
-  std::vector<std::pair<const char*, cli::Timing>> others;
-  std::vector<const char*> other_names{c.n_discard >= n_moved ? "single" : "sweep"};
+  std::vector<std::pair<std::string, cli::Timing>> others;
+  std::vector<std::string> other_names{c.n_discard >= n_moved ? "single" : "sweep"};
   if (c.fmt == Case::Dsv4) other_names = {"sweep_dyn"};
   if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
   // KVCORE_SHIFT_BENCH_KERNELS=a,b,...: time these kernels instead (empty: none).
-  static std::vector<std::string> listed;
   if (const char* env = std::getenv("KVCORE_SHIFT_BENCH_KERNELS")) {
-    listed.clear();
-    for (std::string rest = env; !rest.empty();) {
-      const size_t comma = rest.find(',');
-      if (comma != 0) listed.push_back(rest.substr(0, comma));
-      rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
-    }
     other_names.clear();
-    for (const std::string& n : listed) other_names.push_back(n.c_str());
+    std::istringstream list(env);
+    for (std::string name; std::getline(list, name, ',');)
+      if (!name.empty()) other_names.push_back(name);
   }
   if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
-    for (const char* other : other_names)
-      if (const auto ot = run_variant(other)) others.emplace_back(other, *ot);
+    for (const std::string& other : other_names)
+      if (const auto ot = run_variant(other.c_str())) others.emplace_back(other, *ot);
 #endif
   cli::BenchRecord r;
   r.bench = "shift";
