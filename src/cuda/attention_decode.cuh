@@ -23,6 +23,7 @@
 #include <cuda_fp8.h>
 
 #include "cuda/check.cuh"
+#include "cuda/cp_async.cuh"
 #include "kvcore/math/softmax.hpp"
 #include "ops/attention_params.hpp"
 
@@ -89,18 +90,12 @@ __device__ __forceinline__ void dequant16(const uint4& raw, float* out) {
   }
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
-}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { kvcore::cuda::cp_async<16>(smem, gmem); }
 // Pull a line into L1 ahead of use (metadata read a few steps later by ordinary loads).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using kvcore::cuda::cp_async_commit;
+using kvcore::cuda::cp_async_wait;
 
 template <int HD, int G, int EPL>
 struct DecodeSmem {

@@ -27,12 +27,16 @@
 #include <type_traits>
 
 #include "cuda/check.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/dsv4_prefill.cuh"
 #include "cuda/dsv4_prefill_general.cuh"
 #include "cuda/dsv4_quad.cuh"
 
 namespace kvcore::dsv4::cuda {
 
+using kvcore::cuda::cp_async;
+using kvcore::cuda::cp_async_commit;
+using kvcore::cuda::cp_async_wait;
 using kvcore::cuda::native;
 
 // ---- one launch for the whole chunk ---------------------------------------------------------
@@ -140,27 +144,11 @@ __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const Comp
 
 // ---- HCA: ratio candidates (128), one-pass pool --------------------------------------------
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 constexpr int kHcaThreads = 128;  // a thread per quad of the 512-dim row
 constexpr int kHcaSlots = 8;      // ring slots a thread: 7 candidates in flight while one is folded
 
 // Ring: [slot][c, z, ape][thread] float4, then 4 floats of reduction scratch.
 constexpr size_t hca_smem_bytes() { return static_cast<size_t>(kHcaSlots) * 3 * kHcaThreads * sizeof(float4) + 4 * sizeof(float); }
-
-template <int kBytes>
-__device__ __forceinline__ void cp_async(void* smem, const void* g) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(g), "n"(kBytes) : "memory");
-  }
-}
 
 // Each thread copies and later reads only its own ring entries: cp.async.wait_group makes
 // them visible to it, so the ring needs no barrier. The fold loop is unrolled over the ring

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "cuda/cp_async.cuh"
+
 namespace kvcore::ops::cuda::mma_attn {
 
 // Byte offset of 16-byte chunk `c` of tile row `r`, XOR-swizzled so that the 8 rows an
@@ -27,11 +29,8 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool f
 __device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using kvcore::cuda::cp_async_commit;
+using kvcore::cuda::cp_async_wait;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -78,12 +77,15 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
   }
 }
 
-// 2^x on the SFU (ex2.approx: ~2 ulp), denormal results flushed to 0.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^x on the SFU (ex2.approx: ~2 ulp), denormal results flushed to 0: the exp2 the online
+// softmax passes to math::softmax_weight / softmax_rescale.
+struct Exp2Ftz {
+  __device__ __forceinline__ float operator()(float x) const {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+  }
+};
 
 // Two E4M3 codes (low byte first) -> f16x2, exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
