@@ -71,15 +71,14 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   // ~4 us at 64 splits). ROUND 4 needs ~120 registers (2 CTAs an SM), which slowed the many
   // CTAs of a batch with few splits (run E): those take ROUND 1.
   // Sums stay in split order within a warp; the 8 warp sums are added in warp order.
-  constexpr int kRound = ROUND;
   constexpr int kSlots = kMaxMergeDim / 32;
   float acc[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) acc[k] = 0.0f;
-  for (int i0 = warp; i0 < a.splits; i0 += kMergeWarps * kRound) {
-    float wr[kRound], v[kRound][kSlots];
+  for (int i0 = warp; i0 < a.splits; i0 += kMergeWarps * ROUND) {
+    float wr[ROUND], v[ROUND][kSlots];
 #pragma unroll
-    for (int u = 0; u < kRound; ++u) {
+    for (int u = 0; u < ROUND; ++u) {
       const int i = i0 + u * kMergeWarps;
       wr[u] = i < a.splits ? w[i] * inv : 0.0f;  // 0: past the end, or an empty split (partial maybe 0 * inf)
       const float* oi = o + int64_t{i} * hd;
@@ -87,13 +86,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
       for (int k = 0; k < kSlots; ++k) v[u][k] = wr[u] != 0.0f && 32 * k < hd ? oi[lane + 32 * k] : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kRound; ++u)
+    for (int u = 0; u < ROUND; ++u)
       if (wr[u] != 0.0f)
 #pragma unroll
         for (int k = 0; k < kSlots; ++k) acc[k] += wr[u] * v[u][k];
   }
 #pragma unroll
-  for (int k = 0; k < kMaxMergeDim / 32; ++k)
+  for (int k = 0; k < kSlots; ++k)
     if (32 * k < hd) part[warp][lane + 32 * k] = acc[k];
   __syncthreads();
   for (int d = tid; d < hd; d += kMergeThreads) {

@@ -410,17 +410,17 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         // fmaxf (one FMNMX) and the SFU's exp2 (denormal results flushed: a weight below
-        // 2^-126 of the column max changes no f32 sum) instead of the shared header's
-        // portable forms: ~30 fewer instructions a step in a kernel bound by issue.
+        // 2^-126 of the column max changes no f32 sum) instead of the portable forms: ~30
+        // fewer instructions a step in a kernel bound by issue.
         float mx = fmaxf(s[j][e], s[j][2 + e]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
         const float mn = fmaxf(mcol[j][e], mx);
-        rs[j][e] = math::is_neg_inf(mcol[j][e]) ? (math::is_neg_inf(mn) ? 1.0f : 0.0f) : exp2_ftz(mcol[j][e] - mn);
+        rs[j][e] = math::softmax_rescale(mcol[j][e], mn, Exp2Ftz{});
         mcol[j][e] = mn;
-        pw[j][e] = math::is_neg_inf(s[j][e]) ? 0.0f : exp2_ftz(s[j][e] - mn);
-        pw[j][2 + e] = math::is_neg_inf(s[j][2 + e]) ? 0.0f : exp2_ftz(s[j][2 + e] - mn);
+        pw[j][e] = math::softmax_weight(s[j][e], mn, Exp2Ftz{});
+        pw[j][2 + e] = math::softmax_weight(s[j][2 + e], mn, Exp2Ftz{});
         lcol[j][e] = lcol[j][e] * rs[j][e] + pw[j][e] + pw[j][2 + e];
       }
     // FP8: V's reference scale per block grows to the tile's largest live scale.

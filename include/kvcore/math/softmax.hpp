@@ -37,14 +37,24 @@ KVCORE_HD float log2_f32(float x) {
 
 KVCORE_HD float max_f32(float a, float b) { return a > b ? a : b; }
 
+// The exp2 of the two helpers below unless a kernel passes its own (a kernel bound by
+// instruction issue may take the SFU's, denormal results flushed).
+struct Exp2F32 {
+  KVCORE_HD float operator()(float x) const { return exp2_f32(x); }
+};
+
 // Weight of a key with score s under running max m (m >= s). A masked key
 // (s == -inf) weighs 0 even when m is still -inf.
-KVCORE_HD float softmax_weight(float s, float m) { return is_neg_inf(s) ? 0.0f : exp2_f32(s - m); }
+template <class Exp2 = Exp2F32>
+KVCORE_HD float softmax_weight(float s, float m, Exp2 exp2 = {}) {
+  return is_neg_inf(s) ? 0.0f : exp2(s - m);
+}
 
 // Factor that rescales a state kept under max m_old to max m_new >= m_old.
 // Both -inf (nothing seen yet): 1, the state is all zeros anyway.
-KVCORE_HD float softmax_rescale(float m_old, float m_new) {
-  return is_neg_inf(m_old) ? (is_neg_inf(m_new) ? 1.0f : 0.0f) : exp2_f32(m_old - m_new);
+template <class Exp2 = Exp2F32>
+KVCORE_HD float softmax_rescale(float m_old, float m_new, Exp2 exp2 = {}) {
+  return is_neg_inf(m_old) ? (is_neg_inf(m_new) ? 1.0f : 0.0f) : exp2(m_old - m_new);
 }
 
 // Running state of one query head over a stream of keys.
