@@ -136,6 +136,17 @@ __device__ inline void fp4_blocks(float* row, int n, uint8_t* maybe_packed) {
   }
 }
 
+// Lane l of a warp holding a row's values 4l .. 4l + 3 (all 32 lanes call it): the E2M1 scale
+// exponent of the FP4 block of 32 values its quad belongs to (lanes 8b .. 8b + 7), exact maxima.
+__device__ __forceinline__ int fp4_quad_block_exponent(const float (&v)[4]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) amax = math::finite_abs_max(amax, v[i]);
+#pragma unroll
+  for (int m = 1; m < math::kFp4Block / 4; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  return math::e2m1_scale_exponent(amax);
+}
+
 // Indexer rows of 128 dims (the model's): Hadamard + FP4 by warp 0 alone, in registers (the
 // same network and block scales as hadamard_smem + fp4_blocks, so the same bits, without the
 // eight block barriers). Writes the packed row (codes + scales) or rounds buf in place.
@@ -144,12 +155,7 @@ __device__ inline void fp4_hadamard128_row(float* buf, uint8_t* maybe_packed) {
   if (threadIdx.x < 32) {
     float v[4] = {buf[4 * lane], buf[4 * lane + 1], buf[4 * lane + 2], buf[4 * lane + 3]};
     math::hadamard128_warp(v, lane);
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) amax = math::finite_abs_max(amax, v[i]);
-#pragma unroll
-    for (int m = 1; m < math::kFp4Block / 4; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    const int k = math::e2m1_scale_exponent(amax);
+    const int k = fp4_quad_block_exponent(v);
     if (maybe_packed) {
 #pragma unroll
       for (int i = 0; i < 4; i += 2)

@@ -117,12 +117,7 @@ __device__ inline void finish_indexer_quad(const CompressorParams& p, int64_t w,
   quad_norm_rope(p, d, rms_inv_scale(ss, math::kHadamardDim, p.eps), r, y);
   if (p.rows_packed || p.quant) {
     math::hadamard128_warp(y, lane);
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) amax = math::finite_abs_max(amax, y[i]);
-#pragma unroll
-    for (int m = 1; m < math::kFp4Block / 4; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    const int k = math::e2m1_scale_exponent(amax);
+    const int k = fp4_quad_block_exponent(y);
     if (p.rows_packed) {
       uint8_t* out = static_cast<uint8_t*>(p.rows) + w * p.rows_stride;
       const uint32_t lo = math::e2m1_encode_scaled(y[0], k) | (math::e2m1_encode_scaled(y[1], k) << 4);
