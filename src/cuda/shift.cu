@@ -470,9 +470,7 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
   const std::optional<ShiftKernel> forced = parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL"));
-  bool any_dsv4 = false;
-  for (int32_t i = 0; i < p.n_tensors; ++i) any_dsv4 = any_dsv4 || p.tensors[i].kind == ShiftKind::Dsv4;
-  ShiftKernel kernel = choose_shift_kernel(forced, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved, any_dsv4});
+  ShiftKernel kernel = choose_shift_kernel(forced, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved, plan.any_dsv4});
   if (kernel == ShiftKernel::Sweep || kernel == ShiftKernel::SweepDyn) {
     const bool dynamic = kernel == ShiftKernel::SweepDyn && plan.n_bands == 1;
     int* counters = nullptr;  // the dynamic kernel's tickets (one counter per launch)

@@ -122,7 +122,8 @@ inline int32_t tiles_in_band(const TileStream& s, int64_t band_tokens) {
 struct Plan {
   std::vector<std::unique_ptr<LaunchParams>> launches;  // counters left null
   int64_t n_bands = 0;
-  bool any_fp8 = false;
+  bool any_fp8 = false;   // some tensor holds FP8 keys
+  bool any_dsv4 = false;  // some tensor holds DeepSeek-V4 packed rows
 };
 
 // Groups layers into launches that fit the parameter block and tiles every
@@ -176,6 +177,7 @@ inline Plan make_plan(const ops::ShiftDenseParams& p) {
     TileStream ts = make_stream(t, full_len);
     ts.t.layer = layer_to_local[layer];
     plan.any_fp8 = plan.any_fp8 || t.kind == ops::ShiftKind::Fp8;
+    plan.any_dsv4 = plan.any_dsv4 || t.kind == ops::ShiftKind::Dsv4;
     cur->streams[cur->n_streams++] = ts;
   }
   for (auto& Lp : plan.launches) {
