@@ -8,6 +8,7 @@
 
 #include "cuda/attention_decode.cuh"
 #include "cuda/attention_merge.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/attention_mma.hpp"
 
 namespace kvcore::ops::cuda {
@@ -26,16 +27,23 @@ namespace attn {
 namespace {
 
 constexpr int kMergeThreads = 256;
-constexpr int kMergeWarps = kMergeThreads / 32;
 constexpr int kMaxSplits = 1024;
-constexpr int kMaxMergeDim = 512;
 
-// ROUND: splits a warp loads per round (see below).
-template <int ROUND>
+// Partials are staged in shared memory by cp.async, kStageFloats at a time (64 splits of 128
+// dims): every copy of a stage is in flight at once and needs no registers, and the lse loads
+// and weights overlap them. The earlier kernels held the partials in registers and the compiler
+// consumed each load before issuing the next few: ~3 round trips at 66 splits, 10.5 us (ncu,
+// batch 1 / 32k, profile F).
+constexpr int kStageFloats = 8192;
+
+template <int HD>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a) {
+  constexpr int kStageSplits = kStageFloats / HD;
+  constexpr int kParts = HD >= kMergeThreads ? 1 : kMergeThreads / HD;  // threads sharing a dim (split subsets)
+  constexpr int kDims = HD >= kMergeThreads ? HD / kMergeThreads : 1;   // dims a thread sums
+  __shared__ __align__(16) float stage[kStageFloats];
   __shared__ float w[kMaxSplits];
-  __shared__ float part[kMergeWarps][kMaxMergeDim];
-  __shared__ float row[kMaxMergeDim];
+  __shared__ float part[kParts][HD];
   __shared__ float inv_s;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the decode kernel: wait here until its
@@ -45,60 +53,62 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   const int rh = blockIdx.x;
   const int r = rh / a.n_heads, h = rh % a.n_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int hd = a.head_dim;
   const float* lse = a.lse_part + int64_t{rh} * a.splits;
-  const float* o = a.o_part + int64_t{rh} * a.splits * hd;
-  // Every split's lse is fetched at once (a thread each): one thread reading them one after
-  // another waited a round trip per split (12.4 us at 33 splits, batch 1 / 32k, GPU run B).
+  const float* o = a.o_part + int64_t{rh} * a.splits * HD;
+  auto copy_stage = [&](int s0) {
+    const int n = min(kStageSplits, a.splits - s0);
+    for (int e = tid; e < n * HD / 4; e += kMergeThreads) kvcore::cuda::cp_async<16>(stage + 4 * e, o + int64_t{s0} * HD + 4 * e);
+    kvcore::cuda::cp_async_commit();
+  };
+  copy_stage(0);
+  // Every split's lse at once (a thread each), while the first stage's copies are in flight.
   for (int i = tid; i < a.splits; i += kMergeThreads) w[i] = lse[i];
   __syncthreads();
-  if (tid == 0) {  // same order of operations as the CPU merge
+  if (warp == 0) {  // max, weights and their sum by 32 lanes (thread 0 alone: ~0.7 us at 66 splits)
     const float sink = a.maybe_sinks ? a.maybe_sinks[h] * math::kLog2e : math::neg_inf_f32();
     float m = sink;
-    for (int i = 0; i < a.splits; ++i) m = math::max_f32(m, w[i]);
+    for (int i = lane; i < a.splits; i += 32) m = math::max_f32(m, w[i]);
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) m = math::max_f32(m, __shfl_xor_sync(0xffffffffu, m, x));
     float sum = 0.0f;
-    for (int i = 0; i < a.splits; ++i) {
+    for (int i = lane; i < a.splits; i += 32) {
       w[i] = math::partials_weight(w[i], m);
       sum += w[i];
     }
-    inv_s = math::partials_inv_denominator(sum, sink, m);
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+    if (lane == 0) inv_s = math::partials_inv_denominator(sum, sink, m);
   }
-  __syncthreads();
-  const float inv = inv_s;
-  // Warp k sums splits k, k + 8, ... over every dim (lane: dims lane, lane + 32, ...), ROUND of
-  // its splits a round with every load of the round issued first: with ROUND 4 the 8 warps
-  // keep 32 splits' partials in flight (run C: one split a round cost an L2 round trip each,
-  // ~4 us at 64 splits). ROUND 4 needs ~120 registers (2 CTAs an SM), which slowed the many
-  // CTAs of a batch with few splits (run E): those take ROUND 1.
-  // Sums stay in split order within a warp; the 8 warp sums are added in warp order.
-  constexpr int kSlots = kMaxMergeDim / 32;
-  float acc[kSlots];
+  // Thread (q, d0): dims d0 + kMergeThreads * k of the splits q, q + kParts, ... of each stage,
+  // in split order; the kParts sums are added in order at the end.
+  const int q = HD >= kMergeThreads ? 0 : tid / HD, d0 = HD >= kMergeThreads ? tid : tid % HD;
+  float acc[kDims];
 #pragma unroll
-  for (int k = 0; k < kSlots; ++k) acc[k] = 0.0f;
-  for (int i0 = warp; i0 < a.splits; i0 += kMergeWarps * ROUND) {
-    float wr[ROUND], v[ROUND][kSlots];
+  for (int k = 0; k < kDims; ++k) acc[k] = 0.0f;
+  for (int s0 = 0; s0 < a.splits; s0 += kStageSplits) {
+    kvcore::cuda::cp_async_wait<0>();
+    __syncthreads();  // the stage (and, the first time, the weights) visible to every thread
+    const float inv = inv_s;
+    const int n = min(kStageSplits, a.splits - s0);
+    for (int i = q; i < n; i += kParts) {
+      const float wi = w[s0 + i] * inv;
+      if (wi != 0.0f)  // an empty split's partial is never read (0 * inf)
 #pragma unroll
-    for (int u = 0; u < ROUND; ++u) {
-      const int i = i0 + u * kMergeWarps;
-      wr[u] = i < a.splits ? w[i] * inv : 0.0f;  // 0: past the end, or an empty split (partial maybe 0 * inf)
-      const float* oi = o + int64_t{i} * hd;
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k) v[u][k] = wr[u] != 0.0f && 32 * k < hd ? oi[lane + 32 * k] : 0.0f;
+        for (int k = 0; k < kDims; ++k) acc[k] += wi * stage[i * HD + d0 + kMergeThreads * k];
     }
-#pragma unroll
-    for (int u = 0; u < ROUND; ++u)
-      if (wr[u] != 0.0f)
-#pragma unroll
-        for (int k = 0; k < kSlots; ++k) acc[k] += wr[u] * v[u][k];
+    if (s0 + kStageSplits < a.splits) {
+      __syncthreads();  // every thread is done with the stage before it is overwritten
+      copy_stage(s0 + kStageSplits);
+    }
   }
 #pragma unroll
-  for (int k = 0; k < kSlots; ++k)
-    if (32 * k < hd) part[warp][lane + 32 * k] = acc[k];
+  for (int k = 0; k < kDims; ++k) part[q][d0 + kMergeThreads * k] = acc[k];
   __syncthreads();
-  for (int d = tid; d < hd; d += kMergeThreads) {
+  float* row = stage;  // the stage is free now
+  for (int d = tid; d < HD; d += kMergeThreads) {
     float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kMergeWarps; ++k) s += part[k][d];
+    for (int k = 0; k < kParts; ++k) s += part[k][d];
     row[d] = s;
   }
   __syncthreads();
@@ -112,15 +122,16 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
     __syncthreads();
   }
   const int64_t off = int64_t{r} * a.out_row_stride + int64_t{h} * a.out_head_stride;
-  for (int d = threadIdx.x; d < a.head_dim; d += kMergeThreads) store_q_elem(a.out, off + d, a.out_elem, row[d]);
+  for (int d = threadIdx.x; d < HD; d += kMergeThreads) store_q_elem(a.out, off + d, a.out_elem, row[d]);
 }
 
 }  // namespace
 
 void launch_merge(const MergeArgs& a, cudaStream_t stream) {
-  if (a.splits > kMaxSplits || a.head_dim > kMaxMergeDim || a.head_dim % 32 != 0)
-    throw Error(ErrorCode::InvalidArgument, detail::concat("attention merge: splits ", a.splits, " / head_dim ", a.head_dim,
-                                                           " beyond the kernel's limits (1024 / a multiple of 32 <= 512)"));
+  const int hd = a.head_dim;
+  if (a.splits > kMaxSplits || !(hd == 64 || hd == 128 || hd == 256 || hd == 512))
+    throw Error(ErrorCode::InvalidArgument, detail::concat("attention merge: splits ", a.splits, " / head_dim ", hd,
+                                                           " beyond the kernel's limits (1024 / 64, 128, 256 or 512)"));
   const int64_t blocks = int64_t{a.n_rows} * a.n_heads;
   if (blocks == 0) return;
   // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
@@ -134,8 +145,12 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  if (a.splits > kMergeWarps) KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<4>, a));
-  else KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<1>, a));
+  switch (hd) {
+    case 64: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<64>, a)); break;
+    case 128: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<128>, a)); break;
+    case 256: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<256>, a)); break;
+    default: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<512>, a)); break;
+  }
 }
 
 }  // namespace attn

@@ -85,6 +85,28 @@ __device__ __forceinline__ int out_dim(int mt, int x, int g) {
   else return mt * 16 + 8 * (x >> 1) + g;
 }
 
+// n / c without a division, for the small column counts of a CTA: exact for 0 <= n < 1024 and
+// 1 <= c <= 64 with inv = ceil(65536 / c). The generic division is ~20 instructions, and the
+// query and output loops took one per element.
+__device__ __forceinline__ int small_div(int n, int inv) { return (n * inv) >> 16; }
+__device__ __forceinline__ int small_div_inverse(int c) { return (65536 + c - 1) / c; }
+
+// This thread's elements u of the CTA's [kN][HD] query block (element threadIdx.x + u * kThreads:
+// column n = that / HD, dim that % HD; column n = query row row + n / chunk_heads, head h0 +
+// n % chunk_heads; columns past the rows or heads are zero). Every load is issued before any
+// value is used.
+template <int kN, int HD, class Load>
+__device__ __forceinline__ void load_q_columns(const PagedAttentionParams& p, int row, int h0, int chunk_heads, int n_r,
+                                               int n_h, float (&qv)[kN * HD / kThreads], const Load& load) {
+  const int inv = small_div_inverse(chunk_heads);
+#pragma unroll
+  for (int u = 0; u < kN * HD / kThreads; ++u) {
+    const int i = static_cast<int>(threadIdx.x) + u * kThreads, n = i / HD, d = i % HD;
+    const int rr = small_div(n, inv), gg = n - rr * chunk_heads;
+    qv[u] = rr < n_r && gg < n_h ? load(int64_t{row + rr} * p.q_row_stride + int64_t{h0 + gg} * p.q_head_stride + d) : 0.0f;
+  }
+}
+
 template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
                                             int chunk, int chunk_heads) {
@@ -94,6 +116,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   constexpr int kN = S::kN;
   constexpr int SB = S::kScaleBlocks;
   constexpr bool kLean = PATH != Path::General;
+  constexpr int kElemsPerThread = kN * HD / kThreads;  // of the [kN][HD] query and output blocks
+  static_assert(kN * HD % kThreads == 0, "whole query blocks per thread");
   static_assert(!kLean || !ROPE, "the lean path reads no positions");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
@@ -194,18 +218,28 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   for (int i = 0; i < S::kStages - 1; ++i) issue(i, i, block_of(i));
   int next_blk = block_of(S::kStages - 1);
 
-  // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments
+  // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments.
+  // Every q load of a thread is issued before the first store: a loop that stored after each
+  // load waited one memory round trip per element (~12% of a batch-1 CTA, GPU profile F).
   uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
   {
     float* qs = reinterpret_cast<float*>(smem + S::kQOffset);
-    for (int i = tid; i < kN * HD; i += kThreads) {
-      const int n = i / HD, d = i % HD;
-      qs[i] = n_real(n) ? q_elem_to_f32(p.q,
-                                        int64_t{row + n / chunk_heads} * p.q_row_stride +
-                                            int64_t{h0 + n % chunk_heads} * p.q_head_stride + d,
-                                        p.q_elem)
-                        : 0.0f;
+    float qv[kElemsPerThread];
+    switch (p.q_elem) {  // uniform: one unrolled loop of loads per q type
+      case QElem::F32:
+        load_q_columns<kN, HD>(p, row, h0, chunk_heads, n_r, n_h, qv, [&](int64_t i) { return static_cast<const float*>(p.q)[i]; });
+        break;
+      case QElem::F16:
+        load_q_columns<kN, HD>(p, row, h0, chunk_heads, n_r, n_h, qv,
+                               [&](int64_t i) { return math::f16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
+        break;
+      case QElem::BF16:
+        load_q_columns<kN, HD>(p, row, h0, chunk_heads, n_r, n_h, qv,
+                               [&](int64_t i) { return math::bf16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
+        break;
     }
+#pragma unroll
+    for (int u = 0; u < kElemsPerThread; ++u) qs[tid + u * kThreads] = qv[u];
     if constexpr (ROPE) {
       float* freq = reinterpret_cast<float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
       for (int i = tid; i < p.rope.layout.n_pairs(); i += kThreads) freq[i] = p.rope.freq[i];
@@ -562,9 +596,12 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       }
   __syncthreads();
   const bool direct = writes_output_directly(p);
-  for (int i = tid; i < kN * HD; i += kThreads) {
-    const int n = i / HD, d = i % HD;
-    if (!n_real(n)) continue;
+  const int inv = small_div_inverse(chunk_heads);
+#pragma unroll
+  for (int u = 0; u < kElemsPerThread; ++u) {
+    const int i = tid + u * kThreads, n = i / HD, d = i % HD;
+    const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
+    if (!(rr < n_r && gg < n_h)) continue;
     float mx = ml[n * 2];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) mx = math::max_f32(mx, ml[(w * kN + n) * 2]);
@@ -577,12 +614,10 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     }
     const float val = l > 0.0f ? acc / l : 0.0f;
     if (direct) {  // one split, no sinks: the merge would copy val unchanged (weight exactly 1)
-      store_q_elem(p.out,
-                   int64_t{row + n / chunk_heads} * p.out_row_stride + int64_t{h0 + n % chunk_heads} * p.out_head_stride + d,
-                   p.out_elem, val);
+      store_q_elem(p.out, int64_t{row + rr} * p.out_row_stride + int64_t{h0 + gg} * p.out_head_stride + d, p.out_elem, val);
       continue;
     }
-    const int64_t part = (int64_t{row + n / chunk_heads} * p.n_q_heads + h0 + n % chunk_heads) * p.num_splits + split;
+    const int64_t part = (int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split;
     p.o_part[part * HD + d] = val;
     if (d == 0) p.lse_part[part] = l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
   }
