@@ -28,6 +28,7 @@
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/runtime.hpp"
 #if KVCORE_WITH_CUDA
+#include "cuda/dsv4_prefill.cuh"   // the indexer prefill kernel's A/B variants
 #include "ops/dsv4_backends.hpp"  // the indexer's two halves, timed apart for the breakdown
 #endif
 #include "tools/registry.hpp"
@@ -405,21 +406,29 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
   r.traffic = Traffic::Copy;
   opt.report(r);
 #if KVCORE_WITH_CUDA
-  // The general one-window-a-block kernel alone on the same data (KVCORE_DSV4_PREFILL=generic: the
-  // fast path of src/cuda/dsv4_prefill.cu off), its rows and state checked equal to the default's.
-  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL")) {
+  // Other kernels on the same data, each row's rows and state checked equal to the default's: the
+  // general one-window-a-block kernel alone (KVCORE_DSV4_PREFILL=generic: the fast path of
+  // src/cuda/dsv4_prefill.cu off) and, for the indexer, each KVCORE_DSV4_INDEXER_PREFILL variant.
+  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL") && !std::getenv("KVCORE_DSV4_INDEXER_PREFILL")) {
     run();
     const std::vector<uint8_t> rows_fast = rows.to_host<uint8_t>();
     const std::vector<float> kv_fast = skv.to_host<float>(), sc_fast = ssc.to_host<float>();
-    setenv("KVCORE_DSV4_PREFILL", "generic", 1);
-    run();
-    const bool same = rows.to_host<uint8_t>() == rows_fast && skv.to_host<float>() == kv_fast && ssc.to_host<float>() == sc_fast;
-    BenchRecord rv = r;
-    rv.case_name = r.case_name + " generic kernel";
-    opt.note(rv.case_name + (same ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
-    rv.t = opt.time([&](int) { run(); });
-    unsetenv("KVCORE_DSV4_PREFILL");
-    opt.report(rv);
+    const auto variant = [&](const char* env, const char* value, const std::string& suffix) {
+      const std::vector<uint8_t> zeros(rows.size(), 0);
+      rows.copy_from_host(zeros.data(), zeros.size());  // a variant that wrote nothing must not pass on the default's output
+      setenv(env, value, 1);
+      run();
+      const bool same = rows.to_host<uint8_t>() == rows_fast && skv.to_host<float>() == kv_fast && ssc.to_host<float>() == sc_fast;
+      BenchRecord rv = r;
+      rv.case_name = r.case_name + " " + suffix;
+      opt.note(rv.case_name + (same ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
+      rv.t = opt.time([&](int) { run(); });
+      unsetenv(env);
+      opt.report(rv);
+    };
+    variant("KVCORE_DSV4_PREFILL", "generic", "generic kernel");
+    if (c.kind == Dsv4RowKind::Indexer)
+      for (const char* v : dsv4::cuda::kIndexerPrefillVariants) variant("KVCORE_DSV4_INDEXER_PREFILL", v, v);
   }
 #endif
 }
