@@ -122,6 +122,53 @@ __device__ __forceinline__ void pool_cand8(const Cand8& k, float (&y)[4]) {
     });
 }
 
+// pool_cand8 without a branch between channels: each channel's quotients are taken by
+// dsv4_pool_fixed<8>'s shared-reciprocal steps straight away, and only if some channel fails
+// their range test (a -inf, NaN or tiny weight) is the whole quad pooled again by pool_cand8.
+// The same operations per channel, so the same bits; the channels can interleave (A/B "lean").
+__device__ __forceinline__ void pool_cand8_joint(const Cand8& k, float (&y)[4]) {
+#if defined(__CUDA_ARCH__)  // the shared-reciprocal steps are device code (math/dsv4.hpp)
+  bool fast = true;
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    float zs[8], es[8];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      zs[j] = quad_at(k.z[j], v) + quad_at(k.a[j], v);  // the f32 add of store_one / prefill_candidate
+      mx = fmaxf(mx, zs[j]);
+    }
+    float den = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      es[j] = expf(zs[j] - mx);
+      den += es[j];
+    }
+    float emin = es[0];
+#pragma unroll
+    for (int j = 1; j < 8; ++j) emin = fminf(emin, es[j]);
+    fast = fast && mx != -INFINITY && emin >= 0x1p-64f && den >= 1.0f && den <= 256.0f;
+    const float r = math::div_rn_reciprocal(den);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc = __fmaf_rn(quad_at(k.c[j], v), math::div_rn_steps(es[j], den, r), acc);
+    y[v] = acc;
+  }
+  if (!fast) pool_cand8(k, y);
+#else
+  pool_cand8(k, y);
+#endif
+}
+
+template <bool kLean>
+__device__ __forceinline__ void pool_indexer(const Cand8& k, float (&y)[4]) {
+  if constexpr (kLean) {
+    pool_cand8_joint(k, y);
+  } else {
+    pool_cand8(k, y);
+  }
+}
+
 // 4 blocks an SM: 121 registers, no spills. GPU run B: 89.8% of copy; the A/B variants measured
 // there were slower: 5 blocks an SM (102 registers, spills) 69.4%, 2 channels a thread (256
 // threads a window, 24 or 32 warps an SM) 80.1% / 83.9%, the general kernel 53.1%.
@@ -141,6 +188,7 @@ __global__ void __launch_bounds__(128, 4) prefill_csa_quad_kernel(const Compress
   finish_attention_quad(p, w, y, r, scratch);
 }
 
+template <bool kLean>
 __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[128 + 33];
   if (edge_block<true>(p, g, smem)) return;
@@ -152,8 +200,8 @@ __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const Comp
   load_cand8(p, w, d, k);
   const QuadRope r = quad_rope_angles(p, w);
   float y[4];
-  pool_cand8(k, y);
-  finish_indexer_quad(p, w, y, r);
+  pool_indexer<kLean>(k, y);
+  finish_indexer_quad<kLean>(p, w, y, r);
 }
 
 // ---- indexer variants: persistent warps (A/B runs, KVCORE_DSV4_INDEXER_PREFILL) -------------
@@ -168,6 +216,8 @@ __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const Comp
 //   - prefetch_line: the same with one prefetch.global.L2 a 128-byte line;
 //   - ring2 / ring3: copies the candidates of the next 1 / 2 windows into a per-warp ring in
 //     shared memory by cp.async (3 / 2 blocks an SM).
+// "_lean" (quad_lean, prefetch_lean, ring2_lean): fewer instructions a window: the pool without
+// a branch between channels (pool_cand8_joint) and the branch-free FP4 encoder.
 // Same arithmetic as the quad kernel (pool_cand8, quad_rope_angles, finish_indexer_quad).
 
 // This warp's fast windows [begin, end): the fast windows split evenly between the grid's warps.
@@ -206,7 +256,7 @@ __device__ __forceinline__ void prefetch_rows(const CompressorParams& p, int64_t
   }
 }
 
-template <L2Prefetch kPf, int kDist>
+template <L2Prefetch kPf, int kDist, bool kLean>
 __global__ void __launch_bounds__(128, 4) prefill_indexer_stream_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[128 + 33];
   if (edge_block<true>(p, g, smem)) return;
@@ -215,16 +265,17 @@ __global__ void __launch_bounds__(128, 4) prefill_indexer_stream_kernel(const Co
   warp_run(g, w, end);
   const int lane = threadIdx.x & 31, d = 4 * lane;
   Cand8 k;
-  load_ape8(p, d, k);
+  if (!kLean) load_ape8(p, d, k);  // lean: reloaded each window (L1 hits), the registers go to the pool
 #pragma unroll
   for (int i = 0; i < kDist; ++i) prefetch_rows<kPf>(p, w + i, end, lane);
   for (; w < end; ++w) {
     for_each_cz8(p, w, d, [&](int i, const float* src) { (i % 2 ? k.z : k.c)[i / 2] = load_stream4(src); });
+    if (kLean) load_ape8(p, d, k);
     prefetch_rows<kPf>(p, w + kDist, end, lane);
     const QuadRope r = quad_rope_angles(p, w);
     float y[4];
-    pool_cand8(k, y);
-    finish_indexer_quad(p, w, y, r);
+    pool_indexer<kLean>(k, y);
+    finish_indexer_quad<kLean>(p, w, y, r);
   }
 }
 
@@ -234,7 +285,7 @@ __global__ void __launch_bounds__(128, 4) prefill_indexer_stream_kernel(const Co
 template <int kStages>
 constexpr size_t indexer_ring_bytes() { return static_cast<size_t>(4) * kStages * 16 * 32 * sizeof(float4); }
 
-template <int kStages>
+template <int kStages, bool kLean>
 __global__ void __launch_bounds__(128, kStages == 2 ? 3 : 2) prefill_indexer_ring_kernel(const CompressorParams p, const FastGrid g) {
   extern __shared__ __align__(16) unsigned char ring_smem[];
   if (edge_block<true>(p, g, reinterpret_cast<float*>(ring_smem))) return;  // the ring's space
@@ -257,9 +308,9 @@ __global__ void __launch_bounds__(128, kStages == 2 ? 3 : 2) prefill_indexer_rin
     for (int i = 0; i < 16; ++i) (i % 2 ? k.z : k.c)[i / 2] = ring[(s * 16 + i) * 32];
     const QuadRope r = quad_rope_angles(p, w);
     float y[4];
-    pool_cand8(k, y);
+    pool_indexer<kLean>(k, y);
     issue(w + kStages, s);
-    finish_indexer_quad(p, w, y, r);
+    finish_indexer_quad<kLean>(p, w, y, r);
   }
 }
 
@@ -380,13 +431,14 @@ FastShape fast_shape(const CompressorParams& p) {
 }
 
 // KVCORE_DSV4_INDEXER_PREFILL picks the indexer kernel (A/B runs; unknown: the default).
-enum class IndexerKernel { Quad, Persist, Prefetch, Prefetch2, PrefetchLine, Ring2, Ring3 };
+enum class IndexerKernel { Quad, Persist, Prefetch, Prefetch2, PrefetchLine, Ring2, Ring3, QuadLean, PrefetchLean, Ring2Lean };
 
 IndexerKernel indexer_kernel() {
   const char* v = std::getenv("KVCORE_DSV4_INDEXER_PREFILL");
   if (v == nullptr) return IndexerKernel::Quad;
-  constexpr IndexerKernel kinds[] = {IndexerKernel::Persist, IndexerKernel::Prefetch, IndexerKernel::Prefetch2,
-                                     IndexerKernel::PrefetchLine, IndexerKernel::Ring2, IndexerKernel::Ring3};
+  constexpr IndexerKernel kinds[] = {IndexerKernel::Persist,  IndexerKernel::Prefetch,     IndexerKernel::Prefetch2,
+                                     IndexerKernel::PrefetchLine, IndexerKernel::Ring2,   IndexerKernel::Ring3,
+                                     IndexerKernel::QuadLean, IndexerKernel::PrefetchLean, IndexerKernel::Ring2Lean};
   static_assert(std::size(kinds) == std::size(kIndexerPrefillVariants));
   for (size_t i = 0; i < std::size(kinds); ++i)
     if (std::strcmp(v, kIndexerPrefillVariants[i]) == 0) return kinds[i];
@@ -410,39 +462,48 @@ int64_t resident_blocks(const void* kernel, size_t smem) {
   return n;
 }
 
-template <int kStages>
+template <int kStages, bool kLean>
 void launch_indexer_ring(const CompressorParams& p, const FastGrid& g, int64_t fast_blocks, Stream s) {
-  const void* k = reinterpret_cast<const void*>(prefill_indexer_ring_kernel<kStages>);  // per device: set on every launch
+  const void* k = reinterpret_cast<const void*>(prefill_indexer_ring_kernel<kStages, kLean>);  // per device: set on every launch
   const size_t smem = indexer_ring_bytes<kStages>();
   KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const int64_t resident = resident_blocks(k, smem);
   const int64_t blocks = g.n_edge + (fast_blocks < resident ? fast_blocks : resident);
-  prefill_indexer_ring_kernel<kStages><<<static_cast<unsigned>(blocks), 128, smem, native(s)>>>(p, g);
+  prefill_indexer_ring_kernel<kStages, kLean><<<static_cast<unsigned>(blocks), 128, smem, native(s)>>>(p, g);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_ring_kernel");
 }
 
-template <L2Prefetch kPf, int kDist>
+template <L2Prefetch kPf, int kDist, bool kLean>
 void launch_indexer_stream(const CompressorParams& p, const FastGrid& g, int64_t fast_blocks, Stream s) {
-  const void* k = reinterpret_cast<const void*>(prefill_indexer_stream_kernel<kPf, kDist>);
+  const void* k = reinterpret_cast<const void*>(prefill_indexer_stream_kernel<kPf, kDist, kLean>);
   const int64_t resident = resident_blocks(k, 0);
   const int64_t blocks = g.n_edge + (fast_blocks < resident ? fast_blocks : resident);
-  prefill_indexer_stream_kernel<kPf, kDist><<<static_cast<unsigned>(blocks), 128, 0, native(s)>>>(p, g);
+  prefill_indexer_stream_kernel<kPf, kDist, kLean><<<static_cast<unsigned>(blocks), 128, 0, native(s)>>>(p, g);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_stream_kernel");
 }
 
 void launch_indexer(IndexerKernel kind, const CompressorParams& p, const FastGrid& g, int64_t fast_blocks, Stream s) {
   switch (kind) {
     case IndexerKernel::Quad:
-      prefill_indexer_quad_kernel<<<static_cast<unsigned>(g.n_edge + fast_blocks), 128, 0, native(s)>>>(p, g);
+    case IndexerKernel::QuadLean: {
+      const unsigned grid = static_cast<unsigned>(g.n_edge + fast_blocks);
+      if (kind == IndexerKernel::Quad) {
+        prefill_indexer_quad_kernel<false><<<grid, 128, 0, native(s)>>>(p, g);
+      } else {
+        prefill_indexer_quad_kernel<true><<<grid, 128, 0, native(s)>>>(p, g);
+      }
       KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_quad_kernel");
       return;
-    case IndexerKernel::Persist: return launch_indexer_stream<L2Prefetch::None, 0>(p, g, fast_blocks, s);
-    case IndexerKernel::Prefetch: return launch_indexer_stream<L2Prefetch::Bulk, 1>(p, g, fast_blocks, s);
-    case IndexerKernel::Prefetch2: return launch_indexer_stream<L2Prefetch::Bulk, 2>(p, g, fast_blocks, s);
-    case IndexerKernel::PrefetchLine: return launch_indexer_stream<L2Prefetch::Line, 1>(p, g, fast_blocks, s);
-    case IndexerKernel::Ring2: return launch_indexer_ring<2>(p, g, fast_blocks, s);
-    case IndexerKernel::Ring3: return launch_indexer_ring<3>(p, g, fast_blocks, s);
+    }
+    case IndexerKernel::Persist: return launch_indexer_stream<L2Prefetch::None, 0, false>(p, g, fast_blocks, s);
+    case IndexerKernel::Prefetch: return launch_indexer_stream<L2Prefetch::Bulk, 1, false>(p, g, fast_blocks, s);
+    case IndexerKernel::Prefetch2: return launch_indexer_stream<L2Prefetch::Bulk, 2, false>(p, g, fast_blocks, s);
+    case IndexerKernel::PrefetchLine: return launch_indexer_stream<L2Prefetch::Line, 1, false>(p, g, fast_blocks, s);
+    case IndexerKernel::Ring2: return launch_indexer_ring<2, false>(p, g, fast_blocks, s);
+    case IndexerKernel::Ring3: return launch_indexer_ring<3, false>(p, g, fast_blocks, s);
+    case IndexerKernel::PrefetchLean: return launch_indexer_stream<L2Prefetch::Bulk, 1, true>(p, g, fast_blocks, s);
+    case IndexerKernel::Ring2Lean: return launch_indexer_ring<2, true>(p, g, fast_blocks, s);
   }
 }
 
