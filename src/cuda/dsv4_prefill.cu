@@ -445,7 +445,9 @@ IndexerKernel indexer_kernel() {
   return IndexerKernel::Quad;
 }
 
-// Blocks of `kernel` resident on the current device (the persistent kernels' grid), cached.
+// Blocks of `kernel` resident on the current device (the persistent kernels' grid), cached;
+// the first call on a device also opts the kernel in to `smem` bytes of dynamic shared memory
+// (driver calls on every launch would cost host time, and a graph capture would record them).
 int64_t resident_blocks(const void* kernel, size_t smem) {
   static std::mutex m;
   static std::map<std::pair<int, const void*>, int64_t> cache;
@@ -454,6 +456,10 @@ int64_t resident_blocks(const void* kernel, size_t smem) {
   const std::lock_guard<std::mutex> lock(m);
   int64_t& n = cache[{dev, kernel}];
   if (n == 0) {
+    if (smem > 0) {
+      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    }
     int per_sm = 0, sms = 0;
     KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem));
     KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -464,10 +470,8 @@ int64_t resident_blocks(const void* kernel, size_t smem) {
 
 template <int kStages, bool kLean>
 void launch_indexer_ring(const CompressorParams& p, const FastGrid& g, int64_t fast_blocks, Stream s) {
-  const void* k = reinterpret_cast<const void*>(prefill_indexer_ring_kernel<kStages, kLean>);  // per device: set on every launch
+  const void* k = reinterpret_cast<const void*>(prefill_indexer_ring_kernel<kStages, kLean>);
   const size_t smem = indexer_ring_bytes<kStages>();
-  KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const int64_t resident = resident_blocks(k, smem);
   const int64_t blocks = g.n_edge + (fast_blocks < resident ? fast_blocks : resident);
   prefill_indexer_ring_kernel<kStages, kLean><<<static_cast<unsigned>(blocks), 128, smem, native(s)>>>(p, g);
