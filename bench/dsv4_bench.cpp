@@ -28,6 +28,7 @@
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/runtime.hpp"
 #if KVCORE_WITH_CUDA
+#include "cuda/dsv4_prefill.cuh"   // the indexer prefill kernel's A/B variants
 #include "ops/dsv4_backends.hpp"  // the indexer's two halves, timed apart for the breakdown
 #endif
 #include "tools/registry.hpp"
@@ -392,34 +393,84 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
   const TensorRef tkv(skv.data(), DType::F32, dev, {c.state_rows(), W}), tsc(ssc.data(), DType::F32, dev, {c.state_rows(), W});
   const TensorRef tr(rows.data(), DType::U8, dev, {cap, rb});
   const TensorRef tc(cc.data(), DType::F32, dev, {n, W}), tz(zz.data(), DType::F32, dev, {n, W});
-  const auto run = [&] {
+  const auto prefill = [&](Stream st) { dsv4_compress_prefill(tc, tz, tkv, tsc, 0, c, w, Dsv4Quant::On, tr, st); };
+  const auto run = [&] {  // a fresh sequence: reset, then prefill
     dsv4_compressor_reset(tkv, tsc, c);
-    dsv4_compress_prefill(tc, tz, tkv, tsc, 0, c, w, Dsv4Quant::On, tr);
+    prefill({});
   };
-  const Timing t = opt.time([&](int) { run(); });
   BenchRecord r;
   r.bench = "dsv4";
   r.case_name = std::string("prefill ") + name + fmt(" n=%lld", n);
   r.bytes = 2.0 * n * W * 4 + static_cast<double>(cap) * rb;
-  r.t = t;
   r.traffic = Traffic::Copy;
+  // The timed region is the prefill call alone: a chunk at position 0 reads nothing of the state
+  // and (n >= 2 ratio) overwrites all of it, so one reset before timing leaves every timed call
+  // exactly a fresh sequence's (checked below on a state of garbage). "with reset": the reset op
+  // timed too, as up to GPU run C (its launch and host validation were ~10 us of that row).
+  run();
+  const std::vector<uint8_t> rows_ref = rows.to_host<uint8_t>();
+  const std::vector<float> kv_ref = skv.to_host<float>(), sc_ref = ssc.to_host<float>();
+  const auto same_as_ref = [&] {
+    return rows.to_host<uint8_t>() == rows_ref && skv.to_host<float>() == kv_ref && ssc.to_host<float>() == sc_ref;
+  };
+  const auto clear_outputs = [&](bool garbage_state) {  // so a call that wrote nothing cannot pass on the reference's output
+    const std::vector<uint8_t> zeros(rows.size(), 0);
+    rows.copy_from_host(zeros.data(), zeros.size());
+    if (!garbage_state) return;
+    const std::vector<float> junk = randn(skv.size() / 4, 14, 3.0f);
+    skv.copy_from_host(junk.data(), skv.size());
+    ssc.copy_from_host(junk.data(), ssc.size());
+  };
+  clear_outputs(true);
+  prefill({});
+  opt.note(r.case_name + (same_as_ref() ? ": prefill on a garbage state == reset + prefill (rows and state)"
+                                        : ": prefill on a garbage state DIFFERS from reset + prefill: time the 'with reset' row"));
+  r.t = opt.time([&](int) { prefill({}); });
   opt.report(r);
+  BenchRecord rr = r;
+  rr.case_name = r.case_name + " with reset";
+  rr.t = opt.time([&](int) { run(); });
+  opt.report(rr);
 #if KVCORE_WITH_CUDA
-  // The general one-window-a-block kernel alone on the same data (KVCORE_DSV4_PREFILL=generic: the
-  // fast path of src/cuda/dsv4_prefill.cu off), its rows and state checked equal to the default's.
-  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL")) {
-    run();
-    const std::vector<uint8_t> rows_fast = rows.to_host<uint8_t>();
-    const std::vector<float> kv_fast = skv.to_host<float>(), sc_fast = ssc.to_host<float>();
-    setenv("KVCORE_DSV4_PREFILL", "generic", 1);
-    run();
-    const bool same = rows.to_host<uint8_t>() == rows_fast && skv.to_host<float>() == kv_fast && ssc.to_host<float>() == sc_fast;
-    BenchRecord rv = r;
-    rv.case_name = r.case_name + " generic kernel";
-    opt.note(rv.case_name + (same ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
-    rv.t = opt.time([&](int) { run(); });
-    unsetenv("KVCORE_DSV4_PREFILL");
-    opt.report(rv);
+  // The same call replayed from a CUDA graph: the GPU's time without the host's validation and
+  // launch. Four calls a graph (the per-call time reported), so the graph's own launch is spread.
+  const auto graph_row = [&](const std::string& case_name) {
+    if (!dev.is_cuda()) return;
+    constexpr int kCalls = 4;
+    BenchRecord rg = r;
+    rg.case_name = case_name + " (CUDA graph replay)";
+    try {
+      synchronize(dev);
+      rg.t = per(kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream st) {
+                   for (int i = 0; i < kCalls; ++i) prefill(st);
+                 }),
+                 kCalls);
+    } catch (const std::exception& e) {
+      opt.note(rg.case_name + ": graph capture failed: " + e.what());
+      return;
+    }
+    opt.report(rg);
+  };
+  graph_row(r.case_name);
+  // Other kernels on the same data, each checked equal to the default's rows and state: the
+  // general one-window-a-block kernel alone (KVCORE_DSV4_PREFILL=generic: the fast path of
+  // src/cuda/dsv4_prefill.cu off) and, for the indexer, each KVCORE_DSV4_INDEXER_PREFILL variant.
+  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL") && !std::getenv("KVCORE_DSV4_INDEXER_PREFILL")) {
+    const auto variant = [&](const char* env, const char* value, const std::string& suffix, bool graph) {
+      setenv(env, value, 1);
+      clear_outputs(false);
+      run();
+      BenchRecord rv = r;
+      rv.case_name = r.case_name + " " + suffix;
+      opt.note(rv.case_name + (same_as_ref() ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
+      rv.t = opt.time([&](int) { prefill({}); });
+      opt.report(rv);
+      if (graph) graph_row(rv.case_name);
+      unsetenv(env);
+    };
+    variant("KVCORE_DSV4_PREFILL", "generic", "generic kernel", false);
+    if (c.kind == Dsv4RowKind::Indexer)
+      for (const char* v : dsv4::cuda::kIndexerPrefillVariants) variant("KVCORE_DSV4_INDEXER_PREFILL", v, v, true);
   }
 #endif
 }

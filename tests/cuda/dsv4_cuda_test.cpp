@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "../dsv4_test_util.hpp"
+#include "cuda/dsv4_prefill.cuh"  // the indexer prefill variants
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
 #include "kvcore/error.hpp"
@@ -312,6 +313,18 @@ void check_long_prefill(const Case& cs, int n_windows, uint64_t seed) {
   ASSERT_EQ(gpu.rows, gpu_gen.rows) << "CUDA prefill, general kernel only == CUDA token by token";
   ASSERT_EQ(std::memcmp(gpu.kv.data(), gpu_gen.kv.data(), gpu.kv.size() * 4), 0);
   ASSERT_EQ(std::memcmp(gpu.score.data(), gpu_gen.score.data(), gpu.score.size() * 4), 0);
+  // The indexer prefill kernel's variants (KVCORE_DSV4_INDEXER_PREFILL, A/B runs), each alike.
+  if (cc.kind == Dsv4RowKind::Indexer) {
+    for (const char* v : dsv4::cuda::kIndexerPrefillVariants) {
+      SCOPED_TRACE(::testing::Message() << "KVCORE_DSV4_INDEXER_PREFILL=" << v);
+      setenv("KVCORE_DSV4_INDEXER_PREFILL", v, 1);
+      const RunOut gpu_v = run_compressor(cs, kGpu, c, z, ape, norm, n, chunks);
+      unsetenv("KVCORE_DSV4_INDEXER_PREFILL");
+      ASSERT_EQ(gpu.rows, gpu_v.rows) << "CUDA prefill, indexer variant " << v << " == CUDA token by token";
+      ASSERT_EQ(std::memcmp(gpu.kv.data(), gpu_v.kv.data(), gpu.kv.size() * 4), 0);
+      ASSERT_EQ(std::memcmp(gpu.score.data(), gpu_v.score.data(), gpu.score.size() * 4), 0);
+    }
+  }
   if (cs.quant == Dsv4Quant::Off && !cs.packed) {  // float rows: also against the CPU, within the float tolerance
     const RunOut cpu = run_compressor(cs, Device::cpu(), c, z, ape, norm, n, chunks);
     Diff d;
@@ -346,6 +359,8 @@ TEST(Dsv4Cuda, LongPrefillMatchesTokenByToken) {
   check_long_prefill({Dsv4Compressor::hca(512, 64, 20), Dsv4Quant::On, true}, 150, seed++);  // ratio % 8 != 0: general kernel
   check_long_prefill({Dsv4Compressor::csa(512, 64, 4), Dsv4Quant::On, true, false, true}, 200, seed++);
   check_long_prefill({Dsv4Compressor::hca(512, 64, 128), Dsv4Quant::On, true, false, true}, 10, seed++);
+  // Enough windows that every warp of the persistent indexer variants walks several (H200: 2112 warps).
+  check_long_prefill({Dsv4Compressor::indexer(128, 64, 4), Dsv4Quant::On, true}, 12000, seed++);
 }
 
 TEST(Dsv4Cuda, CompressionMatchesCpu) {

@@ -28,6 +28,21 @@ KVCORE_HD uint8_t e2m1_encode(float x) {
   return static_cast<uint8_t>(sign | code);
 }
 
+// e2m1_encode without branches (a GPU warp whose lanes hold values of either range runs both
+// sides of every branch above): the magnitude code is the number of rounding boundaries at or
+// below |x|, ties going to the even code (0.25, 1.25, 2.5, 5 round down; 0.75, 1.75, 3.5 up),
+// compared as bit patterns (ordered like the values for |x|; a NaN exceeds every boundary, so
+// code 7, and drops its sign). The same code as e2m1_encode for every float (exhaustive test).
+KVCORE_HD uint8_t e2m1_encode_cmp(float x) {
+  const uint32_t u = float_bits(x), a = u & 0x7fffffffu;
+  const uint32_t code = static_cast<uint32_t>(a > 0x3e800000u) + static_cast<uint32_t>(a >= 0x3f400000u) +
+                        static_cast<uint32_t>(a > 0x3fa00000u) + static_cast<uint32_t>(a >= 0x3fe00000u) +
+                        static_cast<uint32_t>(a > 0x40200000u) + static_cast<uint32_t>(a >= 0x40600000u) +
+                        static_cast<uint32_t>(a > 0x40a00000u);
+  const uint32_t sign = a > 0x7f800000u ? 0u : (u >> 28) & 0x8u;
+  return static_cast<uint8_t>(sign | code);
+}
+
 KVCORE_HD float e2m1_decode(uint8_t c) {
   const uint32_t sign = static_cast<uint32_t>(c & 0x8u) << 28;
   const uint32_t e = (c >> 1) & 0x3u;
@@ -52,6 +67,7 @@ KVCORE_HD float e2m1_scaled(float v, float inv_scale) {
 }
 
 KVCORE_HD uint8_t e2m1_encode_scaled(float v, int k) { return e2m1_encode(e2m1_scaled(v, pow2f(-k))); }
+KVCORE_HD uint8_t e2m1_encode_scaled_cmp(float v, int k) { return e2m1_encode_cmp(e2m1_scaled(v, pow2f(-k))); }
 
 // One value's FP4 round trip given the block's scale exponent k.
 KVCORE_HD float e2m1_round_trip(float v, int k) { return e2m1_decode(e2m1_encode_scaled(v, k)) * pow2f(k); }
