@@ -1,5 +1,6 @@
 // Random inputs and a float64 reference for DeepSeek-V4 sparse decode attention.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -17,6 +18,7 @@ constexpr int kD = 512, kRow = math::Dsv4RowLayout::kBytes;
 struct Case {
   int rows = 2, heads = 64, n_window = 128, k = 64, n_comp = 100;
   bool f16_window = false, sinks = true;
+  int comp_pad = 0;                 // bytes after each packed row on the device (rows not 8-byte aligned: the kernels' byte path)
   uint64_t seed = 1;
   // data
   std::vector<float> q;             // [rows, heads, 512]
@@ -133,9 +135,13 @@ inline void upload(const Case& c, Device d, Dev& g) {
   a.q_positions = TensorRef(g.qpos.data(), DType::I32, d, {c.rows});
   if (c.k > 0) {
     g.idx = Buffer::from_host(c.idx, d);
-    g.comp = Buffer::from_host(c.comp, d);
+    const int64_t stride = kRow + c.comp_pad;
+    std::vector<uint8_t> padded(static_cast<size_t>(c.n_comp * stride), 0xff);
+    for (int64_t i = 0; i < c.n_comp; ++i)
+      std::copy_n(c.comp.begin() + i * kRow, kRow, padded.begin() + i * stride);
+    g.comp = Buffer::from_host(padded, d);
     a.comp_idx = TensorRef(g.idx.data(), DType::I32, d, {c.rows, c.k});
-    a.comp_rows = TensorRef(g.comp.data(), DType::U8, d, {c.n_comp, kRow});
+    a.comp_rows = TensorRef(g.comp.data(), DType::U8, d, {c.n_comp, kRow}, {stride, 1});
   }
   if (c.sinks) {
     g.sink = Buffer::from_host(c.sink, d);

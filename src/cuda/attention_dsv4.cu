@@ -4,6 +4,11 @@
 // and read by the 8 heads (one warp each; MQA, K = V). Each lane owns 16 of
 // the 512 dims. Partials go through the shared merge kernel, which also
 // rotates the output tail back by the query position.
+// Tile loads (rows 8-byte aligned, the common case): a warp brings in 2 rows, a lane 16
+// consecutive dims by 8-byte loads, and the next tile's bytes are loaded into registers while
+// this tile is scored (its row indices one tile earlier still). The element-by-element decode
+// (kept for unaligned rows) waited a global round trip per element and took ~85 us a call at
+// batch 1 whatever the context (GPU run C).
 #include "cuda/attention_merge.cuh"
 #include "cuda/check.cuh"
 #include "kvcore/math/attention_rows.hpp"
@@ -21,6 +26,85 @@ constexpr int kTile = 16;
 // Lane l's dims: 4l + 128j + c for j, c < 4 (float4 reads of a row are conflict-free).
 __device__ __forceinline__ int lane_dim(int lane, int j, int c) { return 4 * lane + 128 * j + c; }
 
+// The bytes of one key row a lane holds between load and decode: dims 16 lane .. 16 lane + 15.
+// Packed rows: nope lanes (< 28) hold 16 E4M3 codes (x[0], x[1]) and their block's scale byte;
+// rope lanes hold 16 bf16 (x[0..3]). Window rows: 16 f16 (x[0..3]) or 16 f32 (x[0..7]).
+struct RawRow {
+  uint2 x[8];
+  uint32_t scale;
+  bool live;
+};
+constexpr int kLanesNope = math::Dsv4RowLayout::kNope / 16;  // 28
+
+// Loads key jk (window row jk, or packed row `idx` for the compressed keys) of query row `row`.
+__device__ __forceinline__ void load_raw(const Dsv4AttentionParams& p, int row, int jk, int idx, int wlen, int lane,
+                                         RawRow& r) {
+  using L = math::Dsv4RowLayout;
+  r.live = false;
+  if (jk < p.n_window) {
+    if (jk >= wlen) return;
+    r.live = true;
+    const int64_t off = dsv4_window_base(p, row) + int64_t{jk} * p.win_tok_stride + 16 * lane;
+    if (p.window_f16) {
+      const uint2* src = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.window_kv) + off);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r.x[i] = src[i];
+    } else {
+      const uint2* src = reinterpret_cast<const uint2*>(static_cast<const float*>(p.window_kv) + off);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r.x[i] = src[i];
+    }
+    return;
+  }
+  if (idx < 0) return;
+  r.live = true;
+  const uint8_t* base = p.maybe_comp_rows + int64_t{idx} * p.comp_stride;
+  if (lane < kLanesNope) {
+    const uint2* src = reinterpret_cast<const uint2*>(base + L::kNopeOffset + 16 * lane);
+    r.x[0] = src[0];
+    r.x[1] = src[1];
+    r.scale = base[L::kScaleOffset + lane / 4];
+  } else {
+    const uint2* src = reinterpret_cast<const uint2*>(base + L::kRopeOffset + 32 * (lane - kLanesNope));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.x[i] = src[i];
+  }
+}
+
+// Decodes a lane's 16 dims of the row into dst[16 lane ..] as f32 (dsv4_row_value's values; dead: zeros).
+__device__ __forceinline__ void store_raw(const Dsv4AttentionParams& p, const RawRow& r, bool window, int lane, float* dst) {
+  float v[16];
+  if (!r.live) {
+#pragma unroll
+    for (int c = 0; c < 16; ++c) v[c] = 0.0f;
+  } else if (window && !p.window_f16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[2 * i] = __uint_as_float(r.x[i].x), v[2 * i + 1] = __uint_as_float(r.x[i].y);
+  } else if (window || lane >= kLanesNope) {  // 16-bit values: f16 window rows, bf16 rope tail
+    const bool f16 = window;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        const uint32_t w = h < 2 ? r.x[i].x : r.x[i].y;
+        const uint16_t b = static_cast<uint16_t>(h % 2 ? w >> 16 : w & 0xffffu);
+        v[4 * i + h] = f16 ? math::f16_bits_to_f32(b) : math::bf16_bits_to_f32(b);
+      }
+  } else {
+    const float sc = math::ue8m0_decode(static_cast<uint8_t>(r.scale));
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const uint32_t w = c < 4 ? r.x[i].x : r.x[i].y;
+        v[8 * i + c] = math::e4m3_decode(static_cast<uint8_t>(w >> (8 * (c % 4)))) * sc;
+      }
+  }
+#pragma unroll
+  for (int c = 0; c < 16; c += 4) *reinterpret_cast<float4*>(dst + 16 * lane + c) = make_float4(v[c], v[c + 1], v[c + 2], v[c + 3]);
+}
+
+template <bool kVec>
 __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParams p) {
   __shared__ __align__(16) float keys[kTile][kD];
   __shared__ bool live[kTile];
@@ -45,11 +129,48 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
     }
   math::OnlineSoftmax st;
 
+  // kVec: warp w loads rows 2w and 2w + 1 of every tile (see the file comment).
+  auto comp_idx_of = [&](int jk) {
+    return jk >= p.n_window && jk < range.end ? p.maybe_comp_idx[int64_t{row} * p.comp_idx_stride + (jk - p.n_window)] : -1;
+  };
+  RawRow raw[2];
+  int next_idx[2];
+  auto load_tile_rows = [&](int t0, const int (&idx)[2]) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int jk = t0 + 2 * warp + e;
+      raw[e].live = false;
+      if (jk < range.end) load_raw(p, row, jk, idx[e], wlen, lane, raw[e]);
+    }
+  };
+  if constexpr (kVec) {
+    int idx0[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) idx0[e] = comp_idx_of(range.begin + 2 * warp + e);
+    load_tile_rows(range.begin, idx0);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) next_idx[e] = comp_idx_of(range.begin + kTile + 2 * warp + e);
+  }
+
   for (int t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int n = min(kTile, range.end - t0);
     __syncthreads();  // the previous tile is consumed
     // ---- decode the tile (masked rows become zeros)
-    for (int i = threadIdx.x; i < kTile * kD; i += kThreads) {
+    if constexpr (kVec) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 2 * warp + e;
+        store_raw(p, raw[e], t0 + t < p.n_window, lane, &keys[t][0]);
+        if (lane == 0) live[t] = raw[e].live;
+      }
+      __syncthreads();
+      // The next tile's rows (their indices were read a tile ago) and the indices of the one
+      // after: in flight while this tile is scored.
+      load_tile_rows(t0 + kTile, next_idx);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) next_idx[e] = comp_idx_of(t0 + 2 * kTile + 2 * warp + e);
+    }
+    for (int i = threadIdx.x; !kVec && i < kTile * kD; i += kThreads) {
       const int t = i / kD, d = i % kD;
       const int jk = t0 + t;
       float x = 0.0f;
@@ -71,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
       keys[t][d] = x;
       if (d == 0) live[t] = ok;
     }
-    __syncthreads();
+    if constexpr (!kVec) __syncthreads();
     // ---- scores of this warp's head
     float s[kTile];
     float mx = math::neg_inf_f32();
@@ -129,7 +250,16 @@ void attention_dsv4(const Dsv4AttentionParams& p) {
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int gy = (p.n_heads + kHeadsPerCta - 1) / kHeadsPerCta;
   require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention_dsv4_decode: grid too large");
-  dsv4_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0, stream>>>(p);
+  // 8-byte loads of the rows need 8-byte aligned rows (the cache's own storage always is).
+  const auto aligned8 = [](const void* ptr, int64_t stride_bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % 8 == 0 && stride_bytes % 8 == 0;
+  };
+  const int64_t win_elem = p.window_f16 ? 2 : 4;
+  const bool vec = aligned8(p.window_kv, p.win_row_stride * win_elem) && p.win_tok_stride * win_elem % 8 == 0 &&
+                   (p.comp_k == 0 || aligned8(p.maybe_comp_rows, p.comp_stride));
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  if (vec) dsv4_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+  else dsv4_kernel<false><<<grid, kThreads, 0, stream>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4_kernel");
   attn::MergeArgs m{};
   m.o_part = p.o_part;

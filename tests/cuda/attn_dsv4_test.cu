@@ -15,9 +15,10 @@ TEST(AttnCuda, Dsv4SparseDecodeMatchesCpuAndFloat64) {
   struct Shape {
     int rows, heads, n_window, k, n_comp;
     bool f16;
+    int comp_pad = 0;  // 4: rows 588 bytes apart, not 8-byte aligned (the element-by-element path)
   };
   for (Shape sh : {Shape{1, 64, 128, 512, 2048, true}, Shape{3, 64, 37, 100, 300, false}, Shape{2, 13, 128, 0, 1, true},
-                   Shape{5, 64, 1, 1000, 1500, true}}) {
+                   Shape{5, 64, 1, 1000, 1500, true}, Shape{2, 64, 37, 200, 300, false, 4}, Shape{1, 64, 128, 512, 2048, true, 8}}) {
     Case c;
     c.rows = sh.rows;
     c.heads = sh.heads;
@@ -25,6 +26,7 @@ TEST(AttnCuda, Dsv4SparseDecodeMatchesCpuAndFloat64) {
     c.k = sh.k;
     c.n_comp = sh.n_comp;
     c.f16_window = sh.f16;
+    c.comp_pad = sh.comp_pad;
     c.seed = 7 + sh.rows;
     fill(c);
     const auto ref = reference(c);
