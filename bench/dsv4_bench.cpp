@@ -28,7 +28,6 @@
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/runtime.hpp"
 #if KVCORE_WITH_CUDA
-#include "cuda/dsv4_prefill.cuh"   // the indexer prefill kernel's A/B variants
 #include "ops/dsv4_backends.hpp"  // the indexer's two halves, timed apart for the breakdown
 #endif
 #include "tools/registry.hpp"
@@ -452,25 +451,18 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
     opt.report(rg);
   };
   graph_row(r.case_name);
-  // Other kernels on the same data, each checked equal to the default's rows and state: the
-  // general one-window-a-block kernel alone (KVCORE_DSV4_PREFILL=generic: the fast path of
-  // src/cuda/dsv4_prefill.cu off) and, for the indexer, each KVCORE_DSV4_INDEXER_PREFILL variant.
-  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL") && !std::getenv("KVCORE_DSV4_INDEXER_PREFILL")) {
-    const auto variant = [&](const char* env, const char* value, const std::string& suffix, bool graph) {
-      setenv(env, value, 1);
-      clear_outputs(false);
-      run();
-      BenchRecord rv = r;
-      rv.case_name = r.case_name + " " + suffix;
-      opt.note(rv.case_name + (same_as_ref() ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
-      rv.t = opt.time([&](int) { prefill({}); });
-      opt.report(rv);
-      if (graph) graph_row(rv.case_name);
-      unsetenv(env);
-    };
-    variant("KVCORE_DSV4_PREFILL", "generic", "generic kernel", false);
-    if (c.kind == Dsv4RowKind::Indexer)
-      for (const char* v : dsv4::cuda::kIndexerPrefillVariants) variant("KVCORE_DSV4_INDEXER_PREFILL", v, v, true);
+  // The general one-window-a-block kernel alone on the same data (KVCORE_DSV4_PREFILL=generic: the
+  // fast path of src/cuda/dsv4_prefill.cu off), its rows and state checked equal to the default's.
+  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL")) {
+    setenv("KVCORE_DSV4_PREFILL", "generic", 1);
+    clear_outputs(false);
+    run();
+    BenchRecord rv = r;
+    rv.case_name = r.case_name + " generic kernel";
+    opt.note(rv.case_name + (same_as_ref() ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
+    rv.t = opt.time([&](int) { prefill({}); });
+    unsetenv("KVCORE_DSV4_PREFILL");
+    opt.report(rv);
   }
 #endif
 }

@@ -9,7 +9,9 @@
 // 57.2%, against 53.1% / 63.2% / 23.5% for the general kernel in the same run):
 //   - CSA (8 overlapping candidates): a block of 128 threads per window, all 16 loads of a
 //     thread issued at once (32 KB a block in flight), one barrier (the RMSNorm sum);
-//   - indexer (8 candidates, 128 dims): a warp per window, no barrier at all;
+//   - indexer (8 candidates, 128 dims): a warp per window, no barrier at all, the pool's channels
+//     side by side (pool_cand8_joint) and FP4 codes without branches (GPU run A: 89.8% of copy
+//     in graph replay);
 //   - HCA (128 candidates, one-pass pool): a block per window, candidates streamed through a
 //     per-thread ring in shared memory by cp.async (7 candidates, 112 KB an SM, in flight
 //     without holding registers), 4 blocks an SM so 512 windows are one wave.
@@ -24,11 +26,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
-#include <map>
-#include <mutex>
 #include <type_traits>
-#include <utility>
 
 #include "cuda/check.cuh"
 #include "cuda/cp_async.cuh"
@@ -86,31 +84,21 @@ struct Cand8 {
 
 // Candidates of quad d of window w in prefill_candidate's order: j < 4 the previous window's
 // tokens at column d (lane A), j >= 4 this window's at column head_dim + d (lane B); a = ape.
-// `load(i, src)` fetches load i (c: 2 j, z: 2 j + 1 of the order below) from src.
-template <class Load>
-__device__ __forceinline__ void for_each_cz8(const CompressorParams& p, int64_t w, int d, const Load& load) {
+__device__ __forceinline__ void load_cand8(const CompressorParams& p, int64_t w, int d, Cand8& k) {
   const int64_t ta = (w - 1) * 4 - p.pos, tb = w * 4 - p.pos;
   const int db = p.head_dim + d;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    load(2 * j, p.c + (ta + j) * p.c_stride + d);
-    load(2 * j + 1, p.z + (ta + j) * p.z_stride + d);
-    load(2 * (4 + j), p.c + (tb + j) * p.c_stride + db);
-    load(2 * (4 + j) + 1, p.z + (tb + j) * p.z_stride + db);
+    k.c[j] = load_stream4(p.c + (ta + j) * p.c_stride + d);
+    k.z[j] = load_stream4(p.z + (ta + j) * p.z_stride + d);
+    k.c[4 + j] = load_stream4(p.c + (tb + j) * p.c_stride + db);
+    k.z[4 + j] = load_stream4(p.z + (tb + j) * p.z_stride + db);
   }
-}
-
-__device__ __forceinline__ void load_ape8(const CompressorParams& p, int d, Cand8& k) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     k.a[j] = ape_quad(p, j, d);
-    k.a[4 + j] = ape_quad(p, j, p.head_dim + d);
+    k.a[4 + j] = ape_quad(p, j, db);
   }
-}
-
-__device__ __forceinline__ void load_cand8(const CompressorParams& p, int64_t w, int d, Cand8& k) {
-  for_each_cz8(p, w, d, [&](int i, const float* src) { (i % 2 ? k.z : k.c)[i / 2] = load_stream4(src); });
-  load_ape8(p, d, k);
 }
 
 __device__ __forceinline__ void pool_cand8(const Cand8& k, float (&y)[4]) {
@@ -122,10 +110,11 @@ __device__ __forceinline__ void pool_cand8(const Cand8& k, float (&y)[4]) {
     });
 }
 
-// pool_cand8 without a branch between channels: each channel's quotients are taken by
-// dsv4_pool_fixed<8>'s shared-reciprocal steps straight away, and only if some channel fails
-// their range test (a -inf, NaN or tiny weight) is the whole quad pooled again by pool_cand8.
-// The same operations per channel, so the same bits; the channels can interleave (A/B "lean").
+// pool_cand8 without a branch between channels (the indexer's pool): each channel's quotients
+// are taken by dsv4_pool_fixed<8>'s shared-reciprocal steps straight away, and only if some
+// channel fails their range test (a -inf, NaN or tiny weight) is the whole quad pooled again by
+// pool_cand8. The same operations per channel, so the same bits; the four channels interleave
+// instead of running one after another between branches.
 __device__ __forceinline__ void pool_cand8_joint(const Cand8& k, float (&y)[4]) {
 #if defined(__CUDA_ARCH__)  // the shared-reciprocal steps are device code (math/dsv4.hpp)
   bool fast = true;
@@ -160,15 +149,6 @@ __device__ __forceinline__ void pool_cand8_joint(const Cand8& k, float (&y)[4]) 
 #endif
 }
 
-template <bool kLean>
-__device__ __forceinline__ void pool_indexer(const Cand8& k, float (&y)[4]) {
-  if constexpr (kLean) {
-    pool_cand8_joint(k, y);
-  } else {
-    pool_cand8(k, y);
-  }
-}
-
 // 4 blocks an SM: 121 registers, no spills. GPU run B: 89.8% of copy; the A/B variants measured
 // there were slower: 5 blocks an SM (102 registers, spills) 69.4%, 2 channels a thread (256
 // threads a window, 24 or 32 warps an SM) 80.1% / 83.9%, the general kernel 53.1%.
@@ -188,7 +168,12 @@ __global__ void __launch_bounds__(128, 4) prefill_csa_quad_kernel(const Compress
   finish_attention_quad(p, w, y, r, scratch);
 }
 
-template <bool kLean>
+// 128 registers, no spills. GPU run A (2026-12-03, 64k tokens, CUDA graph replay): 35.6 us = 89.8%
+// of copy, against 39.8 us with pool_cand8 and the branchy FP4 encoder (~1400 instructions a
+// window, 58% of issue slots; ncu). Slower there, all bit-identical: persistent warps walking
+// contiguous runs of windows (40.5 us), with the next window's rows prefetched into L2 (45.3;
+// two ahead 48.8; per-line prefetch 45.3) or copied into a per-warp cp.async ring (3 blocks an
+// SM 44.8, 2 windows ahead at 2 blocks 52.8; not analysed further).
 __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[128 + 33];
   if (edge_block<true>(p, g, smem)) return;
@@ -200,118 +185,8 @@ __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const Comp
   load_cand8(p, w, d, k);
   const QuadRope r = quad_rope_angles(p, w);
   float y[4];
-  pool_indexer<kLean>(k, y);
-  finish_indexer_quad<kLean>(p, w, y, r);
-}
-
-// ---- indexer variants: persistent warps (A/B runs, KVCORE_DSV4_INDEXER_PREFILL) -------------
-// The quad kernel's warp loads its window, then runs a long serial chain (pool, sincos, norm,
-// Hadamard, FP4) before the next block's warp loads again: GPU run C, 63.9% of copy, issue /
-// latency-bound with the loads and the math of an SM's warps in step. These keep a warp's next
-// window in flight while it computes: each warp walks a contiguous run of windows with ape in
-// registers, and
-//   - persist: nothing more (the loop alone);
-//   - prefetch / prefetch2: prefetches the rows of the window 1 / 2 ahead into L2 (one bulk
-//     prefetch a row), so its loads hit L2;
-//   - prefetch_line: the same with one prefetch.global.L2 a 128-byte line;
-//   - ring2 / ring3: copies the candidates of the next 1 / 2 windows into a per-warp ring in
-//     shared memory by cp.async (3 / 2 blocks an SM).
-// "_lean" (quad_lean, prefetch_lean, ring2_lean): fewer instructions a window: the pool without
-// a branch between channels (pool_cand8_joint) and the branch-free FP4 encoder.
-// Same arithmetic as the quad kernel (pool_cand8, quad_rope_angles, finish_indexer_quad).
-
-// This warp's fast windows [begin, end): the fast windows split evenly between the grid's warps.
-__device__ __forceinline__ void warp_run(const FastGrid& g, int64_t& begin, int64_t& end) {
-  const int64_t per_block = blockDim.x / 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x - g.n_edge) * per_block;
-  const int64_t id = fast_block(g) * per_block + (threadIdx.x >> 5), n = g.wb - g.wa;
-  begin = g.wa + n * id / warps;
-  end = g.wa + n * (id + 1) / warps;
-}
-
-enum class L2Prefetch { None, Bulk, Line };
-
-// The rows window v's loads and the next window's read (the c and z rows of its tokens, the
-// 2 head_dim columns the fast path reads), into L2; lanes 0..7 (bulk) or all 32 (lines).
-template <L2Prefetch kPf>
-__device__ __forceinline__ void prefetch_rows(const CompressorParams& p, int64_t v, int64_t end, int lane) {
-  if (v >= end) return;
-  const int64_t t0 = v * 4 - p.pos;
-  const uint32_t bytes = 2u * static_cast<uint32_t>(p.head_dim) * sizeof(float);
-  if constexpr (kPf == L2Prefetch::Bulk) {
-    // A prefetch is a uniform instruction: the lanes' addresses go one at a time. Rows back to
-    // back (the usual [n_tokens, width] inputs): one 4-row range each of c and z.
-    const bool dense = p.c_stride == 2 * p.head_dim && p.z_stride == 2 * p.head_dim;
-    if (lane >= (dense ? 2 : 8)) return;
-    const int64_t t = t0 + (dense ? 0 : (lane & 3));
-    const float* src = (dense ? lane == 0 : lane < 4) ? p.c + t * p.c_stride : p.z + t * p.z_stride;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(dense ? 4 * bytes : bytes));
-  } else if constexpr (kPf == L2Prefetch::Line) {
-    const int64_t t = t0 + ((lane >> 2) & 3);  // lane l: row l / 4 (c rows, then z rows), lines 2 (l % 4), + 1
-    const char* row = reinterpret_cast<const char*>(lane < 16 ? p.c + t * p.c_stride : p.z + t * p.z_stride);
-    for (uint32_t off = 256u * (lane & 3); off < bytes; off += 1024u) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + off));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + off + 128));
-    }
-  }
-}
-
-template <L2Prefetch kPf, int kDist, bool kLean>
-__global__ void __launch_bounds__(128, 4) prefill_indexer_stream_kernel(const CompressorParams p, const FastGrid g) {
-  __shared__ float smem[128 + 33];
-  if (edge_block<true>(p, g, smem)) return;
-  state_slice(p, g);
-  int64_t w, end;
-  warp_run(g, w, end);
-  const int lane = threadIdx.x & 31, d = 4 * lane;
-  Cand8 k;
-  if (!kLean) load_ape8(p, d, k);  // lean: reloaded each window (L1 hits), the registers go to the pool
-#pragma unroll
-  for (int i = 0; i < kDist; ++i) prefetch_rows<kPf>(p, w + i, end, lane);
-  for (; w < end; ++w) {
-    for_each_cz8(p, w, d, [&](int i, const float* src) { (i % 2 ? k.z : k.c)[i / 2] = load_stream4(src); });
-    if (kLean) load_ape8(p, d, k);
-    prefetch_rows<kPf>(p, w + kDist, end, lane);
-    const QuadRope r = quad_rope_angles(p, w);
-    float y[4];
-    pool_indexer<kLean>(k, y);
-    finish_indexer_quad<kLean>(p, w, y, r);
-  }
-}
-
-// Ring: [warp][stage][load i < 16][lane] float4. Each lane copies and later reads only its own
-// entries (cp.async.wait_group makes them visible to it), so the ring needs no barrier; a stage
-// is refilled after the pool that read it.
-template <int kStages>
-constexpr size_t indexer_ring_bytes() { return static_cast<size_t>(4) * kStages * 16 * 32 * sizeof(float4); }
-
-template <int kStages, bool kLean>
-__global__ void __launch_bounds__(128, kStages == 2 ? 3 : 2) prefill_indexer_ring_kernel(const CompressorParams p, const FastGrid g) {
-  extern __shared__ __align__(16) unsigned char ring_smem[];
-  if (edge_block<true>(p, g, reinterpret_cast<float*>(ring_smem))) return;  // the ring's space
-  state_slice(p, g);
-  int64_t w, end;
-  warp_run(g, w, end);
-  const int lane = threadIdx.x & 31, d = 4 * lane;
-  float4* ring = reinterpret_cast<float4*>(ring_smem) + (threadIdx.x >> 5) * (kStages * 16 * 32) + lane;
-  const auto issue = [&](int64_t v, int s) {
-    if (v < end) for_each_cz8(p, v, d, [&](int i, const float* src) { cp_async<16>(ring + (s * 16 + i) * 32, src); });
-    cp_async_commit();  // empty groups too: the wait count stays exact
-  };
-  Cand8 k;
-  load_ape8(p, d, k);
-#pragma unroll
-  for (int s = 0; s < kStages; ++s) issue(w + s, s);
-  for (int s = 0; w < end; ++w, s = s + 1 == kStages ? 0 : s + 1) {
-    cp_async_wait<kStages - 1>();  // window w has landed
-#pragma unroll
-    for (int i = 0; i < 16; ++i) (i % 2 ? k.z : k.c)[i / 2] = ring[(s * 16 + i) * 32];
-    const QuadRope r = quad_rope_angles(p, w);
-    float y[4];
-    pool_indexer<kLean>(k, y);
-    issue(w + kStages, s);
-    finish_indexer_quad<kLean>(p, w, y, r);
-  }
+  pool_cand8_joint(k, y);
+  finish_indexer_quad(p, w, y, r);
 }
 
 // ---- HCA: ratio candidates (128), one-pass pool --------------------------------------------
@@ -430,87 +305,6 @@ FastShape fast_shape(const CompressorParams& p) {
   return FastShape::None;
 }
 
-// KVCORE_DSV4_INDEXER_PREFILL picks the indexer kernel (A/B runs; unknown: the default).
-enum class IndexerKernel { Quad, Persist, Prefetch, Prefetch2, PrefetchLine, Ring2, Ring3, QuadLean, PrefetchLean, Ring2Lean };
-
-IndexerKernel indexer_kernel() {
-  const char* v = std::getenv("KVCORE_DSV4_INDEXER_PREFILL");
-  if (v == nullptr) return IndexerKernel::Quad;
-  constexpr IndexerKernel kinds[] = {IndexerKernel::Persist,  IndexerKernel::Prefetch,     IndexerKernel::Prefetch2,
-                                     IndexerKernel::PrefetchLine, IndexerKernel::Ring2,   IndexerKernel::Ring3,
-                                     IndexerKernel::QuadLean, IndexerKernel::PrefetchLean, IndexerKernel::Ring2Lean};
-  static_assert(std::size(kinds) == std::size(kIndexerPrefillVariants));
-  for (size_t i = 0; i < std::size(kinds); ++i)
-    if (std::strcmp(v, kIndexerPrefillVariants[i]) == 0) return kinds[i];
-  return IndexerKernel::Quad;
-}
-
-// Blocks of `kernel` resident on the current device (the persistent kernels' grid), cached;
-// the first call on a device also opts the kernel in to `smem` bytes of dynamic shared memory
-// (driver calls on every launch would cost host time, and a graph capture would record them).
-int64_t resident_blocks(const void* kernel, size_t smem) {
-  static std::mutex m;
-  static std::map<std::pair<int, const void*>, int64_t> cache;
-  int dev = 0;
-  KVCORE_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(m);
-  int64_t& n = cache[{dev, kernel}];
-  if (n == 0) {
-    if (smem > 0) {
-      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    }
-    int per_sm = 0, sms = 0;
-    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem));
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    n = static_cast<int64_t>(per_sm < 1 ? 1 : per_sm) * sms;
-  }
-  return n;
-}
-
-template <int kStages, bool kLean>
-void launch_indexer_ring(const CompressorParams& p, const FastGrid& g, int64_t fast_blocks, Stream s) {
-  const void* k = reinterpret_cast<const void*>(prefill_indexer_ring_kernel<kStages, kLean>);
-  const size_t smem = indexer_ring_bytes<kStages>();
-  const int64_t resident = resident_blocks(k, smem);
-  const int64_t blocks = g.n_edge + (fast_blocks < resident ? fast_blocks : resident);
-  prefill_indexer_ring_kernel<kStages, kLean><<<static_cast<unsigned>(blocks), 128, smem, native(s)>>>(p, g);
-  KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_ring_kernel");
-}
-
-template <L2Prefetch kPf, int kDist, bool kLean>
-void launch_indexer_stream(const CompressorParams& p, const FastGrid& g, int64_t fast_blocks, Stream s) {
-  const void* k = reinterpret_cast<const void*>(prefill_indexer_stream_kernel<kPf, kDist, kLean>);
-  const int64_t resident = resident_blocks(k, 0);
-  const int64_t blocks = g.n_edge + (fast_blocks < resident ? fast_blocks : resident);
-  prefill_indexer_stream_kernel<kPf, kDist, kLean><<<static_cast<unsigned>(blocks), 128, 0, native(s)>>>(p, g);
-  KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_stream_kernel");
-}
-
-void launch_indexer(IndexerKernel kind, const CompressorParams& p, const FastGrid& g, int64_t fast_blocks, Stream s) {
-  switch (kind) {
-    case IndexerKernel::Quad:
-    case IndexerKernel::QuadLean: {
-      const unsigned grid = static_cast<unsigned>(g.n_edge + fast_blocks);
-      if (kind == IndexerKernel::Quad) {
-        prefill_indexer_quad_kernel<false><<<grid, 128, 0, native(s)>>>(p, g);
-      } else {
-        prefill_indexer_quad_kernel<true><<<grid, 128, 0, native(s)>>>(p, g);
-      }
-      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_quad_kernel");
-      return;
-    }
-    case IndexerKernel::Persist: return launch_indexer_stream<L2Prefetch::None, 0, false>(p, g, fast_blocks, s);
-    case IndexerKernel::Prefetch: return launch_indexer_stream<L2Prefetch::Bulk, 1, false>(p, g, fast_blocks, s);
-    case IndexerKernel::Prefetch2: return launch_indexer_stream<L2Prefetch::Bulk, 2, false>(p, g, fast_blocks, s);
-    case IndexerKernel::PrefetchLine: return launch_indexer_stream<L2Prefetch::Line, 1, false>(p, g, fast_blocks, s);
-    case IndexerKernel::Ring2: return launch_indexer_ring<2, false>(p, g, fast_blocks, s);
-    case IndexerKernel::Ring3: return launch_indexer_ring<3, false>(p, g, fast_blocks, s);
-    case IndexerKernel::PrefetchLean: return launch_indexer_stream<L2Prefetch::Bulk, 1, true>(p, g, fast_blocks, s);
-    case IndexerKernel::Ring2Lean: return launch_indexer_ring<2, true>(p, g, fast_blocks, s);
-  }
-}
-
 // KVCORE_DSV4_PREFILL=generic turns the fast path off (the general kernel alone, for A/B runs).
 bool fast_path_enabled() {
   const char* v = std::getenv("KVCORE_DSV4_PREFILL");
@@ -533,8 +327,7 @@ bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
   // At position 0 no window reads the state (candidates before the chunk are before position 0),
   // so the state update can share the launch.
   FastGrid g{w0, wa, w1, static_cast<int32_t>(wa - w0), p.pos == 0 ? 1 : 0};
-  const int per_block = shape == FastShape::Indexer ? 4 : 1;  // windows a fast block (the persistent kernels: at most)
-  const IndexerKernel indexer = shape == FastShape::Indexer ? indexer_kernel() : IndexerKernel::Quad;
+  const int per_block = shape == FastShape::Indexer ? 4 : 1;  // windows a fast block
   for (int64_t w = wa; w < w1;) {
     const int64_t n = w1 - w < kMaxGrid ? w1 - w : kMaxGrid;
     g.wa = w;
@@ -545,7 +338,8 @@ bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
       prefill_csa_quad_kernel<<<grid, 128, 0, native(s)>>>(p, g);
       KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_csa_quad_kernel");
     } else if (shape == FastShape::Indexer) {
-      launch_indexer(indexer, p, g, blocks - g.n_edge, s);
+      prefill_indexer_quad_kernel<<<grid, 128, 0, native(s)>>>(p, g);
+      KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_indexer_quad_kernel");
     } else if (p.ape_f16) {
       launch_hca<true>(p, g, blocks, s);
     } else {

@@ -15,9 +15,4 @@ namespace kvcore::dsv4::cuda {
 // launched, and *state_done says whether the state update was too (else it is the caller's).
 bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done);
 
-// KVCORE_DSV4_INDEXER_PREFILL values other than the default (the quad kernel), for A/B runs
-// (see dsv4_prefill.cu); each writes the same bits.
-inline constexpr const char* kIndexerPrefillVariants[] = {"persist", "prefetch",   "prefetch2",     "prefetch_line", "ring2",
-                                                          "ring3",   "quad_lean", "prefetch_lean", "ring2_lean"};
-
 }  // namespace kvcore::dsv4::cuda

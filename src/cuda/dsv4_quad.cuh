@@ -110,9 +110,7 @@ __device__ inline void finish_attention_quad(const CompressorParams& p, int64_t 
 }
 
 // ---- indexer rows: 128 dims, one warp (lane l holds quad l) -------------------------------
-// No block barrier: each warp finishes its own row. kCmpEncode: FP4 codes by the branch-free
-// e2m1_encode_cmp (the same codes; an A/B variant of the prefill kernel).
-template <bool kCmpEncode = false>
+// No block barrier: each warp finishes its own row.
 __device__ inline void finish_indexer_quad(const CompressorParams& p, int64_t w, float (&y)[4], const QuadRope& r) {
   const int lane = threadIdx.x & 31, d = 4 * lane;
   const float ss = warp_sum_rn(quad_sumsq(y[0], y[1], y[2], y[3]));  // one group of 32 quads
@@ -122,11 +120,8 @@ __device__ inline void finish_indexer_quad(const CompressorParams& p, int64_t w,
     const int k = fp4_quad_block_exponent(y);
     if (p.rows_packed) {
       uint8_t* out = static_cast<uint8_t*>(p.rows) + w * p.rows_stride;
-      const auto enc = [k](float v) -> uint32_t {
-        return kCmpEncode ? math::e2m1_encode_scaled_cmp(v, k) : math::e2m1_encode_scaled(v, k);
-      };
-      const uint32_t lo = enc(y[0]) | (enc(y[1]) << 4);
-      const uint32_t hi = enc(y[2]) | (enc(y[3]) << 4);
+      const uint32_t lo = math::e2m1_encode_scaled(y[0], k) | (math::e2m1_encode_scaled(y[1], k) << 4);
+      const uint32_t hi = math::e2m1_encode_scaled(y[2], k) | (math::e2m1_encode_scaled(y[3], k) << 4);
       *reinterpret_cast<uint16_t*>(out + 2 * lane) = static_cast<uint16_t>(lo | (hi << 8));
       if ((lane & 7) == 0) out[math::kHadamardDim / 2 + lane / 8] = math::ue8m0_encode(k);
       return;

@@ -17,23 +17,12 @@ namespace kvcore::math {
 inline constexpr float kE2M1Max = 6.0f;
 inline constexpr int kFp4Block = 32;  // values per power-of-two scale
 
+// Branch-free (a GPU warp whose lanes hold values of either range would run both sides of a
+// branch): the magnitude code is the number of rounding boundaries at or below |x|, the ties
+// going to the even code (0.25, 1.25, 2.5 and 5 round down; 0.75, 1.75 and 3.5 up), compared
+// as bit patterns (ordered like the values for |x|). Above 5 (6 and inf too) it is 7, the
+// saturation; a NaN exceeds every boundary (code 7) and drops its sign.
 KVCORE_HD uint8_t e2m1_encode(float x) {
-  const uint32_t u = float_bits(x);
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return 0x7u;                         // NaN -> +6 (no NaN code exists)
-  const uint32_t sign = (u >> 28) & 0x8u;
-  if (a >= 0x40c00000u) return static_cast<uint8_t>(sign | 0x7u);  // >= 6 (and inf): saturate
-  uint32_t code = minifloat_round_code<1, 127>(a);          // 127: smallest normal 2^0
-  if (code > 0x7u) code = 0x7u;                             // unreachable below 6; kept as a guard
-  return static_cast<uint8_t>(sign | code);
-}
-
-// e2m1_encode without branches (a GPU warp whose lanes hold values of either range runs both
-// sides of every branch above): the magnitude code is the number of rounding boundaries at or
-// below |x|, ties going to the even code (0.25, 1.25, 2.5, 5 round down; 0.75, 1.75, 3.5 up),
-// compared as bit patterns (ordered like the values for |x|; a NaN exceeds every boundary, so
-// code 7, and drops its sign). The same code as e2m1_encode for every float (exhaustive test).
-KVCORE_HD uint8_t e2m1_encode_cmp(float x) {
   const uint32_t u = float_bits(x), a = u & 0x7fffffffu;
   const uint32_t code = static_cast<uint32_t>(a > 0x3e800000u) + static_cast<uint32_t>(a >= 0x3f400000u) +
                         static_cast<uint32_t>(a > 0x3fa00000u) + static_cast<uint32_t>(a >= 0x3fe00000u) +
@@ -67,7 +56,6 @@ KVCORE_HD float e2m1_scaled(float v, float inv_scale) {
 }
 
 KVCORE_HD uint8_t e2m1_encode_scaled(float v, int k) { return e2m1_encode(e2m1_scaled(v, pow2f(-k))); }
-KVCORE_HD uint8_t e2m1_encode_scaled_cmp(float v, int k) { return e2m1_encode_cmp(e2m1_scaled(v, pow2f(-k))); }
 
 // One value's FP4 round trip given the block's scale exponent k.
 KVCORE_HD float e2m1_round_trip(float v, int k) { return e2m1_decode(e2m1_encode_scaled(v, k)) * pow2f(k); }
