@@ -1,5 +1,6 @@
 // Entry point of DeepSeek-V4 sparse decode attention: validate, fill Params, dispatch.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <vector>
 
@@ -27,6 +28,12 @@ void check_i32_vector(const TensorRef& t, const char* name, int64_t n, Device de
 }
 
 int32_t auto_splits(Device dev, int64_t n_rows, int64_t n_heads, int64_t n_keys) {
+  // KVCORE_ATTN_SPLITS=N forces N splits, as for paged attention (A/B benchmarks of the choice below).
+  static const int forced = [] {
+    const char* v = std::getenv("KVCORE_ATTN_SPLITS");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced > 0) return static_cast<int32_t>(std::clamp<int64_t>(forced, 1, std::max<int64_t>(1, n_keys)));
   const int64_t base = std::max<int64_t>(1, n_rows * ((n_heads + 7) / 8));
   int64_t target = 2 * int64_t{ops::attn::cpu_threads()}, min_chunk = 128;
 #if KVCORE_WITH_CUDA
