@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/check.cuh"
 #include "cuda/dsv4_common.cuh"
@@ -402,8 +404,8 @@ __device__ inline void radix_histogram(const KeyOf& key_of, int n, int bits, int
 // places the keys of higher bins (picks) and those of the bin (candidates, in row order), and the
 // last two passes and the ties run over the candidates only (two sweeps over all keys instead of
 // five). Otherwise every pass sweeps all keys.
-template <bool kKeysInSmem>
-__global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams p) {
+template <bool kKeysInSmem, int kT>
+__global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
   extern __shared__ uint32_t dyn[];  // candidates [kCandMax] keys, [kCandMax] rows; then [vis] keys when kKeysInSmem
   uint32_t* cand_key = dyn;
   int32_t* cand_idx = reinterpret_cast<int32_t*>(dyn + kCandMax);
@@ -627,6 +629,30 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
   }
 }
 
+// A/B variants for GPU runs, KVCORE_DSV4_INDEXER = a list of names (unset: the default):
+//  "scores16": score tiles of 16 rows when 32-row tiles give fewer CTAs than SMs (more CTAs at
+//   short contexts; the same fmaf order per (row, head) and head sum order: identical scores);
+//  "topk512" / "topk256": the top-k with 512 / 256 threads a query (fewer warps at each barrier)
+//   when the sort of the picks fits (the next power of two >= k at most twice the threads).
+namespace {
+
+struct Variant {
+  bool scores16 = false;
+  int topk_threads = kTopkThreads;
+};
+
+Variant variant_from_env() {
+  Variant v;
+  const char* e = std::getenv("KVCORE_DSV4_INDEXER");
+  if (e == nullptr) return v;
+  v.scores16 = std::strstr(e, "scores16") != nullptr;
+  if (std::strstr(e, "topk512") != nullptr) v.topk_threads = 512;
+  if (std::strstr(e, "topk256") != nullptr) v.topk_threads = 256;
+  return v;
+}
+
+}  // namespace
+
 static void indexer_check(const IndexerParams& p) {
   require(p.k <= kMaxK, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: top-k ", p.k, " exceeds ", kMaxK);
   require(p.n_q <= 65535, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: at most 65535 queries a call, got ", p.n_q);
@@ -640,13 +666,19 @@ void indexer_scores(const IndexerParams& p, Stream s) {
   if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
     const int64_t sms = sm_count_of(dev), rows = std::min(p.n_rows, p.cap);
     const int64_t want = std::max<int64_t>(1, 2 * sms / p.n_q);  // ~2 CTAs an SM in all
-    // Few rows (fewer 64-row tiles than SMs): 32-row tiles, twice the CTAs.
+    // Few rows (fewer 64-row tiles than SMs): 32-row tiles, twice the CTAs (variant scores16:
+    // 16-row tiles when 32-row ones are still fewer than SMs).
     const bool small = (rows + kMaxTileRows - 1) / kMaxTileRows * p.n_q < sms;
-    const int tile_rows = small ? kMaxTileRows / 2 : kMaxTileRows;
+    const bool tiny = small && variant_from_env().scores16 && (rows + kMaxTileRows / 2 - 1) / (kMaxTileRows / 2) * p.n_q < sms;
+    const int tile_rows = tiny ? kMaxTileRows / 4 : (small ? kMaxTileRows / 2 : kMaxTileRows);
     const size_t bytes = tiled_smem_floats(p.n_heads, p.dim, tile_rows) * sizeof(float);
     const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
     const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
-    if (small) {
+    if (tiny) {
+      static SmemOptIn opt_in;
+      opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<2>), bytes, dev);
+      score_tiled_kernel<2><<<grid, kThreads, bytes, native(s)>>>(p);
+    } else if (small) {
       static SmemOptIn opt_in;
       opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<4>), bytes, dev);
       score_tiled_kernel<4><<<grid, kThreads, bytes, native(s)>>>(p);
@@ -668,9 +700,9 @@ void indexer_scores(const IndexerParams& p, Stream s) {
   }
 }
 
-void indexer_select(const IndexerParams& p, Stream s) {
-  indexer_check(p);
-  const int dev = current_device();
+// Launches topk_kernel<., kT> for the query count, keys in shared memory when they fit.
+template <int kT>
+void launch_topk(const IndexerParams& p, int dev, Stream s) {
   const int64_t max_vis = std::min(p.n_rows, p.cap);
   const size_t cand_bytes = static_cast<size_t>(2 * kCandMax) * sizeof(uint32_t);
   if (max_vis <= kSmemKeysMax) {
@@ -679,14 +711,30 @@ void indexer_select(const IndexerParams& p, Stream s) {
     // dynamic made a launch with 4099 keys fail with cudaErrorInvalidValue in GPU run 3).
     static SmemOptIn opt_in;
     const size_t bytes = cand_bytes + static_cast<size_t>(max_vis) * sizeof(uint32_t);
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true>), cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
-    topk_kernel<true><<<p.n_q, kTopkThreads, bytes, native(s)>>>(p);
+    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true, kT>), cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
+    topk_kernel<true, kT><<<p.n_q, kT, bytes, native(s)>>>(p);
   } else {
     static SmemOptIn opt_in;  // static 32 KB + dynamic 32 KB: over the 48 KB default
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<false>), cand_bytes, dev);
-    topk_kernel<false><<<p.n_q, kTopkThreads, cand_bytes, native(s)>>>(p);
+    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<false, kT>), cand_bytes, dev);
+    topk_kernel<false, kT><<<p.n_q, kT, cand_bytes, native(s)>>>(p);
   }
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
+}
+
+void indexer_select(const IndexerParams& p, Stream s) {
+  indexer_check(p);
+  const int dev = current_device();
+  // The bitonic sort holds two picks a thread: n_sort (a power of two >= take, >= 64) <= 2 threads.
+  int n_sort = 64;
+  while (n_sort < p.k) n_sort <<= 1;
+  const int threads = variant_from_env().topk_threads;
+  if (threads == 256 && n_sort <= 2 * 256) {
+    launch_topk<256>(p, dev, s);
+  } else if (threads == 512 && n_sort <= 2 * 512) {
+    launch_topk<512>(p, dev, s);
+  } else {
+    launch_topk<kTopkThreads>(p, dev, s);
+  }
 }
 
 void indexer_topk(const IndexerParams& p, Stream s) {
