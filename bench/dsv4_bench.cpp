@@ -316,32 +316,39 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
           std::memcpy(b.data(), v.data(), v.size() * 4);
           return b;
         };
-        for (const char* name : {"scores16", "topk512", "topk256"}) {
-          setenv("KVCORE_DSV4_INDEXER", name, 1);
-          run_both();
-          const bool same = bits(scores.to_host<float>()) == bits(scores_ref) && picks.to_host<int32_t>() == picks_ref;
-          const int half = name[0] == 's' ? 0 : 1;
+        // mode 0: the scores alone, 1: the top-k alone, 2: both (the backend calls of the op).
+        const auto time_mode = [&](int mode) {
           synchronize(dev);
           const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
             for (int i = 0; i < tokens_per_rep; ++i) {
-              if (half == 0) {
-                dsv4::cuda::indexer_scores(ip, s);
-              } else {
-                dsv4::cuda::indexer_select(ip, s);
-              }
+              if (mode != 1) dsv4::cuda::indexer_scores(ip, s);
+              if (mode != 0) dsv4::cuda::indexer_select(ip, s);
             }
           });
-          unsetenv("KVCORE_DSV4_INDEXER");
+          return per(th, tokens_per_rep);
+        };
+        const char* const mode_names[3] = {"indexer scores only", "indexer top-k only", "indexer scores+top-k backend calls"};
+        const auto mode_record = [&](int mode, const std::string& suffix) {
           BenchRecord y = x;
-          y.case_name = fmt(half == 0 ? "indexer scores only one CSA layer ctx=%lld (CUDA graph replay) variant "
-                                      : "indexer top-k only one CSA layer ctx=%lld (CUDA graph replay) variant ",
-                            context) +
-                        name;
-          y.bytes = half == 0 ? static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4
-                              : static_cast<double>(cache.indexer_rows(0, csa)) * 4;
-          y.t = per(th, tokens_per_rep);
-          opt.note(y.case_name + (same ? ": scores and picks identical to the default's" : ": MISMATCH with the default's scores or picks"));
-          opt.report(y);
+          y.case_name = std::string(mode_names[mode]) + fmt(" one CSA layer ctx=%lld (CUDA graph replay)", context) + suffix;
+          y.bytes = mode == 1 ? static_cast<double>(cache.indexer_rows(0, csa)) * 4
+                              : static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
+          y.t = time_mode(mode);
+          return y;
+        };
+        opt.report(mode_record(2, ""));
+        for (const char* name : {"scores16", "topk512", "topk256", "pdl", "scores16,topk256,pdl", "scores16,topk512,pdl"}) {
+          setenv("KVCORE_DSV4_INDEXER", name, 1);
+          run_both();
+          const bool same = bits(scores.to_host<float>()) == bits(scores_ref) && picks.to_host<int32_t>() == picks_ref;
+          const std::string n(name);
+          for (int mode = 0; mode < 3; ++mode) {
+            if ((mode == 0 && n.find("scores") == std::string::npos) || (mode == 1 && n.find("topk") == std::string::npos)) continue;
+            const BenchRecord y = mode_record(mode, " variant " + n);
+            opt.note(y.case_name + (same ? ": scores and picks identical to the default's" : ": MISMATCH with the default's scores or picks"));
+            opt.report(y);
+          }
+          unsetenv("KVCORE_DSV4_INDEXER");
         }
       }
     }

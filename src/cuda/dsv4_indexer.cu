@@ -121,8 +121,17 @@ __device__ inline void score_body(const IndexerParams& p, float* qs /* [n_heads 
   }
 }
 
+// Lets a programmatic dependent (the top-k of variant "pdl") launch now: it waits for this grid's
+// completion itself (griddepcontrol.wait), so only its launch and prologue overlap the scores.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __global__ void __launch_bounds__(kThreads) score_kernel(const IndexerParams p) {
   extern __shared__ float smem[];
+  allow_dependents();
   score_body(p, smem, blockIdx.y, static_cast<int64_t>(blockIdx.x) * kRowsPerBlock);
 }
 
@@ -219,6 +228,7 @@ template <int kTileRowsPerThread>
 __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
   constexpr int kTileRows = kRowSlots * kTileRowsPerThread;
   extern __shared__ __align__(16) float smem[];
+  allow_dependents();
   const int32_t i = blockIdx.y;
   const int64_t t = p.first_query_pos + i;
   const int64_t vis = min(p.n_rows, visible_rows(t, p.ratio));
@@ -427,6 +437,11 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
   for (int j = tid; j < p.k; j += blockDim.x)  // -1 beyond take; the picks overwrite the rest below
     if (j >= take) out[j] = -1;
   if (take == 0) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the scores (variant "pdl"): wait here until they are
+  // complete and visible (a no-op when launched plainly).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 
   if constexpr (kKeysInSmem) {
     for (int s = tid; s < vis; s += blockDim.x) keys[s] = order_key(sc[s]);
@@ -633,11 +648,14 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
 //  "scores16": score tiles of 16 rows when 32-row tiles give fewer CTAs than SMs (more CTAs at
 //   short contexts; the same fmaf order per (row, head) and head sum order: identical scores);
 //  "topk512" / "topk256": the top-k with 512 / 256 threads a query (fewer warps at each barrier)
-//   when the sort of the picks fits (the next power of two >= k at most twice the threads).
+//   when the sort of the picks fits (the next power of two >= k at most twice the threads);
+//  "pdl": the top-k launched as a programmatic dependent of the scores (its launch off the
+//   critical path; it waits for the scores before reading them).
 namespace {
 
 struct Variant {
   bool scores16 = false;
+  bool pdl = false;
   int topk_threads = kTopkThreads;
 };
 
@@ -646,6 +664,7 @@ Variant variant_from_env() {
   const char* e = std::getenv("KVCORE_DSV4_INDEXER");
   if (e == nullptr) return v;
   v.scores16 = std::strstr(e, "scores16") != nullptr;
+  v.pdl = std::strstr(e, "pdl") != nullptr;
   if (std::strstr(e, "topk512") != nullptr) v.topk_threads = 512;
   if (std::strstr(e, "topk256") != nullptr) v.topk_threads = 256;
   return v;
@@ -701,8 +720,27 @@ void indexer_scores(const IndexerParams& p, Stream s) {
 }
 
 // Launches topk_kernel<., kT> for the query count, keys in shared memory when they fit.
+template <bool kKeysInSmem, int kT>
+void launch_topk_kernel(const IndexerParams& p, size_t bytes, bool pdl, Stream s) {
+  if (!pdl) {
+    topk_kernel<kKeysInSmem, kT><<<p.n_q, kT, bytes, native(s)>>>(p);
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.n_q));
+  cfg.blockDim = dim3(kT);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = native(s);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_kernel<kKeysInSmem, kT>, p));
+}
+
 template <int kT>
-void launch_topk(const IndexerParams& p, int dev, Stream s) {
+void launch_topk(const IndexerParams& p, int dev, bool pdl, Stream s) {
   const int64_t max_vis = std::min(p.n_rows, p.cap);
   const size_t cand_bytes = static_cast<size_t>(2 * kCandMax) * sizeof(uint32_t);
   if (max_vis <= kSmemKeysMax) {
@@ -712,11 +750,11 @@ void launch_topk(const IndexerParams& p, int dev, Stream s) {
     static SmemOptIn opt_in;
     const size_t bytes = cand_bytes + static_cast<size_t>(max_vis) * sizeof(uint32_t);
     opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true, kT>), cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
-    topk_kernel<true, kT><<<p.n_q, kT, bytes, native(s)>>>(p);
+    launch_topk_kernel<true, kT>(p, bytes, pdl, s);
   } else {
     static SmemOptIn opt_in;  // static 32 KB + dynamic 32 KB: over the 48 KB default
     opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<false, kT>), cand_bytes, dev);
-    topk_kernel<false, kT><<<p.n_q, kT, cand_bytes, native(s)>>>(p);
+    launch_topk_kernel<false, kT>(p, cand_bytes, pdl, s);
   }
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
 }
@@ -727,13 +765,13 @@ void indexer_select(const IndexerParams& p, Stream s) {
   // The bitonic sort holds two picks a thread: n_sort (a power of two >= take, >= 64) <= 2 threads.
   int n_sort = 64;
   while (n_sort < p.k) n_sort <<= 1;
-  const int threads = variant_from_env().topk_threads;
-  if (threads == 256 && n_sort <= 2 * 256) {
-    launch_topk<256>(p, dev, s);
-  } else if (threads == 512 && n_sort <= 2 * 512) {
-    launch_topk<512>(p, dev, s);
+  const Variant v = variant_from_env();
+  if (v.topk_threads == 256 && n_sort <= 2 * 256) {
+    launch_topk<256>(p, dev, v.pdl, s);
+  } else if (v.topk_threads == 512 && n_sort <= 2 * 512) {
+    launch_topk<512>(p, dev, v.pdl, s);
   } else {
-    launch_topk<kTopkThreads>(p, dev, s);
+    launch_topk<kTopkThreads>(p, dev, v.pdl, s);
   }
 }
 

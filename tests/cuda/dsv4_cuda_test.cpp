@@ -497,7 +497,7 @@ void check_indexer(const IndexerCase& c) {
   }
   check_indexer_once(c, &sc_ref, &out_ref);
   if (::testing::Test::HasFatalFailure()) return;
-  for (const char* v : {"scores16", "topk512", "topk256", "scores16,topk256"}) {
+  for (const char* v : {"scores16", "topk512", "topk256", "pdl", "scores16,topk256,pdl"}) {
     SCOPED_TRACE(v);
     setenv("KVCORE_DSV4_INDEXER", v, 1);
     check_indexer_once(c, &sc, &out);
