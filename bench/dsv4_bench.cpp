@@ -337,13 +337,14 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
           return y;
         };
         opt.report(mode_record(2, ""));
-        for (const char* name : {"scores16", "topk512", "topk256", "pdl", "scores16,topk256,pdl", "scores16,topk512,pdl"}) {
+        for (const char* name : {"scores16", "prefetch", "scores16,prefetch", "topk512", "topk256", "pdl",
+                                 "scores16,prefetch,topk256,pdl", "scores16,prefetch,topk512,pdl"}) {
           setenv("KVCORE_DSV4_INDEXER", name, 1);
           run_both();
           const bool same = bits(scores.to_host<float>()) == bits(scores_ref) && picks.to_host<int32_t>() == picks_ref;
           const std::string n(name);
           for (int mode = 0; mode < 3; ++mode) {
-            if ((mode == 0 && n.find("scores") == std::string::npos) || (mode == 1 && n.find("topk") == std::string::npos)) continue;
+            if ((mode == 0 && n.find("scores") == std::string::npos && n.find("prefetch") == std::string::npos) || (mode == 1 && n.find("topk") == std::string::npos)) continue;
             const BenchRecord y = mode_record(mode, " variant " + n);
             opt.note(y.case_name + (same ? ": scores and picks identical to the default's" : ": MISMATCH with the default's scores or picks"));
             opt.report(y);

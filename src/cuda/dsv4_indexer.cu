@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -222,9 +223,51 @@ __device__ inline void load_tile(const IndexerParams& p, float* ks, int ld, int6
   }
 }
 
+// Variant "prefetch": packed rows of dim 128 (16 u32 words of codes + 4 scale bytes a row), a
+// tile's raw words fetched into registers first (all loads of a thread in flight at once, the
+// first tile's while the query is transformed, the next tile's while this one is scored), then
+// decoded into shared memory: the same f32 values as load_tile, so identical scores.
+template <int kTileRows>
+struct TileWords {
+  static constexpr int kPer = kTileRows * 16 / kThreads;  // words a thread
+  static_assert(kPer >= 1 && kTileRows * 16 % kThreads == 0, "whole words a thread");
+  uint32_t code[kPer];
+  uint8_t scale[kPer];
+
+  __device__ void fetch(const IndexerParams& p, int64_t s0, int n) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int idx = threadIdx.x + j * kThreads, r = idx >> 4, wd = idx & 15;
+      if (r < n) {
+        const uint8_t* row = static_cast<const uint8_t*>(p.rows) + (s0 + r) * p.rows_stride;
+        code[j] = *reinterpret_cast<const uint32_t*>(row + wd * 4);
+        scale[j] = row[64 + wd / 4];
+      } else {
+        code[j] = 0;
+        scale[j] = 0;
+      }
+    }
+  }
+
+  __device__ void place(float* ks, int ld, int n) const {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int idx = threadIdx.x + j * kThreads, r = idx >> 4, wd = idx & 15;
+      float v[8];
+      const float sc = r < n ? math::ue8m0_decode(scale[j]) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k)  // byte k / 2 of the word, low nibble first: the CPU's code order
+        v[k] = r < n ? math::e2m1_decode(static_cast<uint8_t>((code[j] >> (4 * k)) & 0xfu)) * sc : 0.0f;
+      float4* dst = reinterpret_cast<float4*>(ks + r * ld + wd * 8);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+};
+
 // grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
 // its query's visible rows and writes -inf to the invisible rest of [0, cap).
-template <int kTileRowsPerThread>
+template <int kTileRowsPerThread, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
   constexpr int kTileRows = kRowSlots * kTileRowsPerThread;
   extern __shared__ __align__(16) float smem[];
@@ -242,15 +285,26 @@ __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerPara
   float* qs = smem;
   float* ks = qs + static_cast<size_t>(p.n_heads) * p.dim;
   float* red = ks + static_cast<size_t>(kTileRows) * ld;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kTileRows;
+  // The prefetch path's shape (block-uniform): packed rows of dim 128, 4-byte aligned words.
+  const bool fast = kPrefetch && p.rows_packed && p.dim == 128 && p.rows_stride % 4 == 0 &&
+                    reinterpret_cast<uintptr_t>(p.rows) % 4 == 0;
+  TileWords<kTileRows> words;
+  if (fast) words.fetch(p, static_cast<int64_t>(blockIdx.x) * kTileRows, static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - static_cast<int64_t>(blockIdx.x) * kTileRows)));
   load_query(p, qs, i);
   const float* w = p.weights + i * p.w_stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int rs = lane & (kRowSlots - 1), hs = warp * 4 + (lane >> 3);
 
-  for (int64_t s0 = static_cast<int64_t>(blockIdx.x) * kTileRows; s0 < vis; s0 += static_cast<int64_t>(gridDim.x) * kTileRows) {
+  for (int64_t s0 = static_cast<int64_t>(blockIdx.x) * kTileRows; s0 < vis; s0 += step) {
     const int n = static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - s0));
-    load_tile<kTileRows>(p, ks, ld, s0, n);
+    if (fast) {
+      words.place(ks, ld, n);
+    } else {
+      load_tile<kTileRows>(p, ks, ld, s0, n);
+    }
     __syncthreads();
+    if (fast && s0 + step < vis) words.fetch(p, s0 + step, static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - s0 - step)));
     float row_acc[kTileRowsPerThread];
 #pragma unroll
     for (int r = 0; r < kTileRowsPerThread; ++r) row_acc[r] = 0.0f;
@@ -650,12 +704,15 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
 //  "topk512" / "topk256": the top-k with 512 / 256 threads a query (fewer warps at each barrier)
 //   when the sort of the picks fits (the next power of two >= k at most twice the threads);
 //  "pdl": the top-k launched as a programmatic dependent of the scores (its launch off the
-//   critical path; it waits for the scores before reading them).
+//   critical path; it waits for the scores before reading them);
+//  "prefetch": the tiled scorer's packed rows of dim 128 fetched as words into registers ahead
+//   (TileWords: the first tile during the query transform, the next during this tile's scoring).
 namespace {
 
 struct Variant {
   bool scores16 = false;
   bool pdl = false;
+  bool prefetch = false;
   int topk_threads = kTopkThreads;
 };
 
@@ -665,6 +722,7 @@ Variant variant_from_env() {
   if (e == nullptr) return v;
   v.scores16 = std::strstr(e, "scores16") != nullptr;
   v.pdl = std::strstr(e, "pdl") != nullptr;
+  v.prefetch = std::strstr(e, "prefetch") != nullptr;
   if (std::strstr(e, "topk512") != nullptr) v.topk_threads = 512;
   if (std::strstr(e, "topk256") != nullptr) v.topk_threads = 256;
   return v;
@@ -676,6 +734,23 @@ static void indexer_check(const IndexerParams& p) {
   require(p.k <= kMaxK, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: top-k ", p.k, " exceeds ", kMaxK);
   require(p.n_q <= 65535, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: at most 65535 queries a call, got ", p.n_q);
   require(p.cap <= (int64_t{1} << 31) - 1, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: too many rows: ", p.cap);
+}
+
+template <bool kPrefetch>
+void launch_tiled(int per_thread, dim3 grid, size_t bytes, int dev, const IndexerParams& p, Stream s) {
+  if (per_thread == 2) {
+    static SmemOptIn opt_in;
+    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<2, kPrefetch>), bytes, dev);
+    score_tiled_kernel<2, kPrefetch><<<grid, kThreads, bytes, native(s)>>>(p);
+  } else if (per_thread == 4) {
+    static SmemOptIn opt_in;
+    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<4, kPrefetch>), bytes, dev);
+    score_tiled_kernel<4, kPrefetch><<<grid, kThreads, bytes, native(s)>>>(p);
+  } else {
+    static SmemOptIn opt_in;
+    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<8, kPrefetch>), bytes, dev);
+    score_tiled_kernel<8, kPrefetch><<<grid, kThreads, bytes, native(s)>>>(p);
+  }
 }
 
 void indexer_scores(const IndexerParams& p, Stream s) {
@@ -693,18 +768,11 @@ void indexer_scores(const IndexerParams& p, Stream s) {
     const size_t bytes = tiled_smem_floats(p.n_heads, p.dim, tile_rows) * sizeof(float);
     const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
     const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
-    if (tiny) {
-      static SmemOptIn opt_in;
-      opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<2>), bytes, dev);
-      score_tiled_kernel<2><<<grid, kThreads, bytes, native(s)>>>(p);
-    } else if (small) {
-      static SmemOptIn opt_in;
-      opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<4>), bytes, dev);
-      score_tiled_kernel<4><<<grid, kThreads, bytes, native(s)>>>(p);
+    const int per_thread = tile_rows / kRowSlots;
+    if (variant_from_env().prefetch) {
+      launch_tiled<true>(per_thread, grid, bytes, dev, p, s);
     } else {
-      static SmemOptIn opt_in;
-      opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<8>), bytes, dev);
-      score_tiled_kernel<8><<<grid, kThreads, bytes, native(s)>>>(p);
+      launch_tiled<false>(per_thread, grid, bytes, dev, p, s);
     }
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_tiled_kernel");
   } else {

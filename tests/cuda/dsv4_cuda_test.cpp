@@ -497,7 +497,7 @@ void check_indexer(const IndexerCase& c) {
   }
   check_indexer_once(c, &sc_ref, &out_ref);
   if (::testing::Test::HasFatalFailure()) return;
-  for (const char* v : {"scores16", "topk512", "topk256", "pdl", "scores16,topk256,pdl"}) {
+  for (const char* v : {"scores16", "prefetch", "scores16,prefetch", "topk512", "topk256", "pdl", "scores16,prefetch,topk256,pdl"}) {
     SCOPED_TRACE(v);
     setenv("KVCORE_DSV4_INDEXER", v, 1);
     check_indexer_once(c, &sc, &out);
@@ -593,6 +593,11 @@ TEST(Dsv4Cuda, IndexerTopkPaths) {
   {
     IndexerCase c = icase(Dsv4Quant::On, true, 17921, 16383, 512, 4 * 16383 + 2);  // the model's shape at 64k
     c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2048, 2047, 512, 4 * 2047 + 1);  // the model's shape at 8k: 16-row tiles with scores16
+    c.nq = 1;
     check_indexer(c);
   }
   {
