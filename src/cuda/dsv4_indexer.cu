@@ -9,6 +9,8 @@
 //    row order (lowest rows first), then a bitonic sort of the picks (key descending, row
 //    ascending) held in registers: shuffles for strides <= 32, shared memory above.
 //    The CPU orders by (score descending, row ascending) too, so identical scores give identical picks.
+// A/B variants (KVCORE_DSV4_INDEXER, see Variant below) change launch shapes, loads and thread
+// counts only: the same scores bit for bit and the same picks (the CUDA tests compare them).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -290,7 +292,8 @@ __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerPara
   const bool fast = kPrefetch && p.rows_packed && p.dim == 128 && p.rows_stride % 4 == 0 &&
                     reinterpret_cast<uintptr_t>(p.rows) % 4 == 0;
   TileWords<kTileRows> words;
-  if (fast) words.fetch(p, static_cast<int64_t>(blockIdx.x) * kTileRows, static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - static_cast<int64_t>(blockIdx.x) * kTileRows)));
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  if (fast) words.fetch(p, first, static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - first)));
   load_query(p, qs, i);
   const float* w = p.weights + i * p.w_stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
