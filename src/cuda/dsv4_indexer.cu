@@ -501,7 +501,26 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
 #endif
 
   if constexpr (kKeysInSmem) {
-    for (int s = tid; s < vis; s += blockDim.x) keys[s] = order_key(sc[s]);
+    if constexpr (kT < kTopkThreads) {
+      // Fewer threads, more keys each: a batch of loads in flight before their stores (a load
+      // stored before the next is issued costs a memory round trip per key).
+      constexpr int kBatch = kTopkThreads / kT * 2;
+      for (int base = 0; base < vis; base += kBatch * kT) {
+        float v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int s = base + u * kT + tid;
+          v[u] = s < vis ? sc[s] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int s = base + u * kT + tid;
+          if (s < vis) keys[s] = order_key(v[u]);
+        }
+      }
+    } else {
+      for (int s = tid; s < vis; s += blockDim.x) keys[s] = order_key(sc[s]);
+    }
   }
   if (tid == 0) s_n_gt = 0;
   __syncthreads();
