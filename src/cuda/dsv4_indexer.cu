@@ -154,12 +154,13 @@ __host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim, int
 
 // The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
 // when quantized (the same butterfly network and block scales as the CPU: identical bits).
+template <int kGroup = 4>
 __device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {
   const float* q = p.q + i * p.q_stride0;
   if (p.quant && p.dim == math::kHadamardDim) {  // the model's case: a warp per head, in registers
-    // Heads in groups of 4 a warp, all loads first: independent shuffle chains to overlap.
+    // Heads in groups of kGroup a warp, all loads first: independent shuffle chains to overlap
+    // (8: the model's 64 heads in one round trip with 8 warps).
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    constexpr int kGroup = 4;
     for (int h0 = warp; h0 < p.n_heads; h0 += kGroup * n_warps) {
       float v[kGroup][4];
 #pragma unroll
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerPara
   TileWords<kTileRows> words;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kTileRows;
   if (fast) words.fetch(p, first, static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - first)));
-  load_query(p, qs, i);
+  load_query<kPrefetch ? 8 : 4>(p, qs, i);
   const float* w = p.weights + i * p.w_stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int rs = lane & (kRowSlots - 1), hs = warp * 4 + (lane >> 3);
@@ -728,7 +729,8 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
 //  "pdl": the top-k launched as a programmatic dependent of the scores (its launch off the
 //   critical path; it waits for the scores before reading them);
 //  "prefetch": the tiled scorer's packed rows of dim 128 fetched as words into registers ahead
-//   (TileWords: the first tile during the query transform, the next during this tile's scoring).
+//   (TileWords: the first tile during the query transform, the next during this tile's scoring),
+//   and the query's heads transformed 8 a warp at once (one load round trip for 64 heads).
 namespace {
 
 struct Variant {
