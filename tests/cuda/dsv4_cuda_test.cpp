@@ -388,7 +388,7 @@ struct IndexerCase {
   RowsMode rows = RowsMode::Random;
 };
 
-void check_indexer(const IndexerCase& c) {
+void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::vector<int32_t>* picks) {
   const int H = c.H, D = c.D, nq = c.nq, cap = c.cap, k = c.k;
   const bool packed = c.packed;
   SCOPED_TRACE(::testing::Message() << "quant " << int(c.quant) << " packed " << packed << " H " << H << " D " << D << " nq "
@@ -482,6 +482,31 @@ void check_indexer(const IndexerCase& c) {
   }
   std::printf("[dsv4 cuda] indexer H %d D %d cap %d k %d quant %d packed %d: scores max rel err %.2e, %d/%d queries with the CPU's picks\n",
               H, D, cap, k, int(c.quant), int(packed), d.max_err, same, nq);
+  *scores = sc_g;
+  *picks = out_g;
+}
+
+// Every A/B variant of src/cuda/dsv4_indexer.cu (KVCORE_DSV4_INDEXER) against the CPU as above,
+// and its scores (bit for bit) and picks against the default's. A variant set from outside: that one alone.
+void check_indexer(const IndexerCase& c) {
+  std::vector<float> sc_ref, sc;
+  std::vector<int32_t> out_ref, out;
+  if (std::getenv("KVCORE_DSV4_INDEXER")) {
+    check_indexer_once(c, &sc_ref, &out_ref);
+    return;
+  }
+  check_indexer_once(c, &sc_ref, &out_ref);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (const char* v : {"scores16", "prefetch", "scores16,prefetch", "topk512", "topk256", "pdl", "scores16,prefetch,topk256,pdl"}) {
+    SCOPED_TRACE(v);
+    setenv("KVCORE_DSV4_INDEXER", v, 1);
+    check_indexer_once(c, &sc, &out);
+    unsetenv("KVCORE_DSV4_INDEXER");
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(sc.size(), sc_ref.size());
+    ASSERT_EQ(std::memcmp(sc.data(), sc_ref.data(), sc.size() * sizeof(float)), 0) << "scores differ from the default's";
+    ASSERT_EQ(out, out_ref) << "picks differ from the default's";
+  }
 }
 
 IndexerCase icase(Dsv4Quant quant, bool packed, int cap, int n_rows, int k, int64_t first, RowsMode rows = RowsMode::Random) {
@@ -568,6 +593,11 @@ TEST(Dsv4Cuda, IndexerTopkPaths) {
   {
     IndexerCase c = icase(Dsv4Quant::On, true, 17921, 16383, 512, 4 * 16383 + 2);  // the model's shape at 64k
     c.nq = 2;
+    check_indexer(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2048, 2047, 512, 4 * 2047 + 1);  // the model's shape at 8k: 16-row tiles with scores16
+    c.nq = 1;
     check_indexer(c);
   }
   {
