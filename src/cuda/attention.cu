@@ -9,6 +9,7 @@
 #include "cuda/attention_decode.cuh"
 #include "cuda/attention_merge.cuh"
 #include "cuda/cp_async.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/attention_mma.hpp"
 
 namespace kvcore::ops::cuda {
@@ -45,11 +46,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   __shared__ float w[kMaxSplits];
   __shared__ float part[kParts][HD];
   __shared__ float inv_s;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the decode kernel: wait here until its
-  // partials are complete and visible (a no-op when launched plainly).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  // Launched as a programmatic dependent of the decode kernel: its partials complete and visible.
+  kvcore::cuda::pdl_wait();
   const int rh = blockIdx.x;
   const int r = rh / a.n_heads, h = rh % a.n_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -136,20 +134,12 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
   if (blocks == 0) return;
   // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
   // kernel drains, instead of after it (the launch latency leaves the critical path).
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kMergeThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kMergeThreads);
   switch (hd) {
-    case 64: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<64>, a)); break;
-    case 128: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<128>, a)); break;
-    case 256: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<256>, a)); break;
-    default: KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel<512>, a)); break;
+    case 64: kvcore::cuda::launch_dependent(merge_kernel<64>, grid, block, 0, stream, a); break;
+    case 128: kvcore::cuda::launch_dependent(merge_kernel<128>, grid, block, 0, stream, a); break;
+    case 256: kvcore::cuda::launch_dependent(merge_kernel<256>, grid, block, 0, stream, a); break;
+    default: kvcore::cuda::launch_dependent(merge_kernel<512>, grid, block, 0, stream, a); break;
   }
 }
 

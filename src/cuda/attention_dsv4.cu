@@ -169,30 +169,31 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
       load_tile_rows(t0 + kTile, next_idx);
 #pragma unroll
       for (int e = 0; e < 2; ++e) next_idx[e] = comp_idx_of(t0 + 2 * kTile + 2 * warp + e);
-    }
-    for (int i = threadIdx.x; !kVec && i < kTile * kD; i += kThreads) {
-      const int t = i / kD, d = i % kD;
-      const int jk = t0 + t;
-      float x = 0.0f;
-      bool ok = false;
-      if (t < n) {
-        if (jk < p.n_window) {
-          ok = jk < wlen;
-          if (ok) {
-            const int64_t off = dsv4_window_base(p, row) + int64_t{jk} * p.win_tok_stride + d;
-            x = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off])
-                             : static_cast<const float*>(p.window_kv)[off];
+    } else {  // rows not 8-byte aligned: element by element
+      for (int i = threadIdx.x; i < kTile * kD; i += kThreads) {
+        const int t = i / kD, d = i % kD;
+        const int jk = t0 + t;
+        float x = 0.0f;
+        bool ok = false;
+        if (t < n) {
+          if (jk < p.n_window) {
+            ok = jk < wlen;
+            if (ok) {
+              const int64_t off = dsv4_window_base(p, row) + int64_t{jk} * p.win_tok_stride + d;
+              x = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off])
+                               : static_cast<const float*>(p.window_kv)[off];
+            }
+          } else {
+            const int idx = p.maybe_comp_idx[int64_t{row} * p.comp_idx_stride + (jk - p.n_window)];
+            ok = idx >= 0;
+            if (ok) x = math::dsv4_row_value(p.maybe_comp_rows + int64_t{idx} * p.comp_stride, d);
           }
-        } else {
-          const int idx = p.maybe_comp_idx[int64_t{row} * p.comp_idx_stride + (jk - p.n_window)];
-          ok = idx >= 0;
-          if (ok) x = math::dsv4_row_value(p.maybe_comp_rows + int64_t{idx} * p.comp_stride, d);
         }
+        keys[t][d] = x;
+        if (d == 0) live[t] = ok;
       }
-      keys[t][d] = x;
-      if (d == 0) live[t] = ok;
+      __syncthreads();
     }
-    if constexpr (!kVec) __syncthreads();
     // ---- scores of this warp's head
     float s[kTile];
     float mx = math::neg_inf_f32();

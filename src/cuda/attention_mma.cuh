@@ -25,6 +25,7 @@
 #include "cuda/attention_mma.hpp"
 #include "cuda/check.cuh"
 #include "cuda/mma_primitives.cuh"
+#include "cuda/pdl.cuh"
 #include "kvcore/math/fp8.hpp"
 #include "kvcore/math/softmax.hpp"
 #include "ops/attention_params.hpp"
@@ -643,10 +644,8 @@ __global__ void __launch_bounds__(kThreads, (Shape<HD, KV, ROPE, NT>::kMinBlocks
   const int row = x / p.num_splits, split = x % p.num_splits;
   const int kvh = y / chunks, chunk = y % chunks;
   decode_body<HD, KV, ROPE, NT, PATH>(p, smem, row, split, kvh, chunk, chunk_heads);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // This CTA's partials are written: the merge kernel (a programmatic dependent) may launch.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  kvcore::cuda::pdl_allow_dependents();
 }
 
 }  // namespace kvcore::ops::cuda::mma_attn

@@ -22,6 +22,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/dsv4_common.cuh"
+#include "cuda/pdl.cuh"
 #include "kvcore/error.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
 #include "ops/dsv4_backends.hpp"
@@ -124,17 +125,13 @@ __device__ inline void score_body(const IndexerParams& p, float* qs /* [n_heads 
   }
 }
 
-// Lets a programmatic dependent (the top-k of variant "pdl") launch now: it waits for this grid's
-// completion itself (griddepcontrol.wait), so only its launch and prologue overlap the scores.
-__device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+// The score kernels let a programmatic dependent (the top-k of variant "pdl") launch at once: it
+// waits for this grid's completion itself (pdl_wait), so only its launch and prologue overlap.
+using kvcore::cuda::pdl_allow_dependents;
 
 __global__ void __launch_bounds__(kThreads) score_kernel(const IndexerParams p) {
   extern __shared__ float smem[];
-  allow_dependents();
+  pdl_allow_dependents();
   score_body(p, smem, blockIdx.y, static_cast<int64_t>(blockIdx.x) * kRowsPerBlock);
 }
 
@@ -274,7 +271,7 @@ template <int kTileRowsPerThread, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
   constexpr int kTileRows = kRowSlots * kTileRowsPerThread;
   extern __shared__ __align__(16) float smem[];
-  allow_dependents();
+  pdl_allow_dependents();
   const int32_t i = blockIdx.y;
   const int64_t t = p.first_query_pos + i;
   const int64_t vis = min(p.n_rows, visible_rows(t, p.ratio));
@@ -495,11 +492,8 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
   for (int j = tid; j < p.k; j += blockDim.x)  // -1 beyond take; the picks overwrite the rest below
     if (j >= take) out[j] = -1;
   if (take == 0) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the scores (variant "pdl"): wait here until they are
-  // complete and visible (a no-op when launched plainly).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  // Launched as a programmatic dependent of the scores (variant "pdl"): complete and visible here.
+  kvcore::cuda::pdl_wait();
 
   if constexpr (kKeysInSmem) {
     if constexpr (kT < kTopkThreads) {
@@ -787,13 +781,14 @@ void indexer_scores(const IndexerParams& p, Stream s) {
     // Few rows (fewer 64-row tiles than SMs): 32-row tiles, twice the CTAs (variant scores16:
     // 16-row tiles when 32-row ones are still fewer than SMs).
     const bool small = (rows + kMaxTileRows - 1) / kMaxTileRows * p.n_q < sms;
-    const bool tiny = small && variant_from_env().scores16 && (rows + kMaxTileRows / 2 - 1) / (kMaxTileRows / 2) * p.n_q < sms;
+    const Variant v = variant_from_env();
+    const bool tiny = small && v.scores16 && (rows + kMaxTileRows / 2 - 1) / (kMaxTileRows / 2) * p.n_q < sms;
     const int tile_rows = tiny ? kMaxTileRows / 4 : (small ? kMaxTileRows / 2 : kMaxTileRows);
     const size_t bytes = tiled_smem_floats(p.n_heads, p.dim, tile_rows) * sizeof(float);
     const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
     const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
     const int per_thread = tile_rows / kRowSlots;
-    if (variant_from_env().prefetch) {
+    if (v.prefetch) {
       launch_tiled<true>(per_thread, grid, bytes, dev, p, s);
     } else {
       launch_tiled<false>(per_thread, grid, bytes, dev, p, s);
@@ -818,17 +813,7 @@ void launch_topk_kernel(const IndexerParams& p, size_t bytes, bool pdl, Stream s
     topk_kernel<kKeysInSmem, kT><<<p.n_q, kT, bytes, native(s)>>>(p);
     return;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.n_q));
-  cfg.blockDim = dim3(kT);
-  cfg.dynamicSmemBytes = bytes;
-  cfg.stream = native(s);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_kernel<kKeysInSmem, kT>, p));
+  kvcore::cuda::launch_dependent(topk_kernel<kKeysInSmem, kT>, dim3(static_cast<unsigned>(p.n_q)), dim3(kT), bytes, native(s), p);
 }
 
 template <int kT>
