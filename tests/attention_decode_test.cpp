@@ -106,6 +106,13 @@ TEST(AttentionDecode, RopeOnReadEveryLayout) {
       s.seed = seed;
       check(s);
     }
+    CaseSpec s;  // partial rotation in no whole 8-dim chunks, FP8 pages
+    s.kv = DType::E4M3;
+    s.rope_dims = 24;
+    s.seq_cells = {45, 80};
+    s.rope_on_read = true;
+    s.seed = seed;
+    check(s);
   }
 }
 

@@ -30,6 +30,7 @@ struct CaseSpec {
   int window = 0;
   bool sinks = false;
   bool rope_on_read = false, rotate_query = false;
+  int rope_dims = 0;               // rotated dims (0: head_dim / 2 from 128 on, else head_dim)
   std::vector<int> q_tokens;       // prefill: new tokens per sequence (the last cells of each sequence)
   bool pos_offsets = false;        // store positions + a per-sequence offset, pass table.pos_offset
   bool bare = false;               // pass no positions or valid flags (needs dead_rate 0; decode without window)
@@ -198,7 +199,7 @@ inline HostCase make_case(const CaseSpec& s) {
   if (s.sinks)
     for (int h = 0; h < s.n_q_heads; ++h) c.sinks.push_back(2.0f * u(rng));
   c.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
-  c.rope = RopeSpec::plain(D >= 128 ? D / 2 : D, 10000.0, (s.seed & 1) ? RopePairing::NeoX : RopePairing::Interleaved);
+  c.rope = RopeSpec::plain(s.rope_dims > 0 ? s.rope_dims : D >= 128 ? D / 2 : D, 10000.0, (s.seed & 1) ? RopePairing::NeoX : RopePairing::Interleaved);
   if (s.seed & 2) c.rope.slice = RopeSlice::Tail;
   c.rope.attention_factor = 1.25;
   return c;

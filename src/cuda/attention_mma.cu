@@ -48,8 +48,7 @@ bool lean_call(const PagedAttentionParams& p) {
 
 template <int HD, math::KvElem KV>
 void launch_rope(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
-  if constexpr (KV != math::KvElem::E4M3)  // (launch_hd turns FP8 pages with rope on read away)
-    if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps);
+  if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps);
   if (lean_call(p)) return launch_one<HD, KV, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps);
   launch_one<HD, KV, false>(p, grid, chunks, chunk_heads, stream, bps);
 }
@@ -59,12 +58,10 @@ void launch_hd(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
   switch (p.kv_elem) {
     case math::KvElem::F16: return launch_rope<HD, math::KvElem::F16>(p, grid, chunks, chunk_heads, stream, bps);
     case math::KvElem::BF16: return launch_rope<HD, math::KvElem::BF16>(p, grid, chunks, chunk_heads, stream, bps);
-    case math::KvElem::E4M3:
-      if (p.rope_on_read) break;
-      return launch_rope<HD, math::KvElem::E4M3>(p, grid, chunks, chunk_heads, stream, bps);
+    case math::KvElem::E4M3: return launch_rope<HD, math::KvElem::E4M3>(p, grid, chunks, chunk_heads, stream, bps);
     case math::KvElem::F32: break;
   }
-  throw Error(ErrorCode::NotSupported, "mma attention: f32 pages, and FP8 pages with rope on read, are not served");
+  throw Error(ErrorCode::NotSupported, "mma attention: f32 pages are not served");
 }
 
 void dispatch(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
@@ -82,7 +79,7 @@ bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant) {
 
 bool serves(const PagedAttentionParams& p) {
   if (!serves_shape(p.layout.head_dim, p.kv_elem, p.kernel_variant)) return false;
-  if (p.rope_on_read && p.kv_elem == math::KvElem::E4M3) return false;  // pairs cross scale blocks
+  if (p.rope_on_read && !rope_chunk_aligned(p.rope.layout)) return false;  // rotated in 8-dim chunks
   // Byte metadata (valid flags, UE8M0 scales) is copied as the aligned 4-byte word holding
   // it: the arrays must start word-aligned and span whole words (no read past their end).
   const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
@@ -103,7 +100,7 @@ int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
   PagedAttentionParams q{};
   q.layout.head_dim = head_dim;
   q.kv_elem = kv;
-  q.rope_on_read = rope_on_read && kv != math::KvElem::E4M3;
+  q.rope_on_read = rope_on_read;
   int n = 0;
   dispatch(q, CtaOrder{}, 1, heads_per_cta(group), nullptr, &n);
   return n;

@@ -16,13 +16,15 @@
 //
 // Precision: q and P are split into hi + lo halves of the mma type (two mma each), so
 // scores and outputs keep ~f32 accuracy and match the CPU op at the f32 tolerances.
-// Rope on read: the warp rotates its K rows in shared memory at their cached positions
-// (f32 math; cos/sin from the same f32 angle as the CPU), hi in place, lo in a second tile.
+// Rope on read (attention_mma_rope.cuh): the warp rotates its K rows at their cached
+// positions (cos/sin of the same f32 angle as the CPU) into 16-bit hi + lo tiles; FP8 rows
+// are decoded into them, and their score takes the row's largest block scale.
 // FP8 scales: K's per-64 (or per-row) scale multiplies the partial score of its dims; V's
 // is folded into P relative to a running per-block reference R (the largest scale seen),
 // so |P| stays <= 1 and O is rescaled only when R grows (with the softmax rescale).
 #pragma once
 #include "cuda/attention_mma.hpp"
+#include "cuda/attention_mma_rope.cuh"
 #include "cuda/check.cuh"
 #include "cuda/mma_primitives.cuh"
 #include "cuda/pdl.cuh"
@@ -61,21 +63,29 @@ struct Shape {
   // flight: 3 stages let 4 CTAs (16 warps) share an SM (see kMinBlocks).
   static constexpr int kStages = ROPE ? 2 : 3;
   // CTAs per SM the registers are budgeted for (__launch_bounds__).
-  static constexpr int kMinBlocks = NT == 1 ? (kFp8 ? 4 : 3) : 2;
+  static constexpr int kMinBlocks = NT == 1 ? (kFp8 && !ROPE ? 4 : 3) : 2;
   static constexpr int kStageBytes = 2 * kTileBytes + kTile * kMetaWords * 4;
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kMergeBytes = kWarps * kN * (HD + 2) * 4;
   static constexpr int kQBytes = kN * HD * 4;
   static constexpr int kBaseBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
-  // Rope on read: after the base area, each warp's K lo tile and the pair frequencies.
-  static constexpr int kRopeBytes = ROPE ? kWarps * kTileBytes + HD / 2 * 4 : 0;
+  // Rope on read: after the base area, each warp's rotated K tiles (lo; FP8 also hi: 16-bit
+  // rows the stage cannot hold) and the pair frequencies.
+  static constexpr int kRopeTileBytes = kTile * HD * 2;
+  static constexpr int kRopeTiles = ROPE ? (kFp8 ? 2 : 1) : 0;
+  static constexpr int kFreqOffset = kBaseBytes + kWarps * kRopeTiles * kRopeTileBytes;
+  static constexpr int kRopeBytes = ROPE ? kWarps * kRopeTiles * kRopeTileBytes + HD / 2 * 4 : 0;
+  __device__ static unsigned char* rope_lo(unsigned char* smem, int warp) { return smem + kBaseBytes + warp * kRopeTileBytes; }
+  __device__ static unsigned char* rope_hi(unsigned char* smem, int warp) {
+    return smem + kBaseBytes + (kWarps + warp) * kRopeTileBytes;
+  }
   // The queries get their own area (last), so the first tiles' copies can start before q
   // is read: the CTA's start-up latencies overlap (short CTAs of small batches feel them).
   static constexpr int kQOffset = kBaseBytes + kRopeBytes;
   static constexpr int kSmemBytes = kQOffset + kQBytes;
   static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "swizzle and copy lanes need 4, 8 or 16 chunks per row");
   static_assert(!kFp8 || kQBytes >= kWarps * kTile * 2 * kScaleBlocks * 4, "FP8 scale scratch lives in the q area");
-  static_assert(!(ROPE && kFp8), "FP8 pages rotate on read in the SIMT kernel (pairs cross scale blocks)");
+  static_assert(kBaseBytes % 16 == 0 && kFreqOffset % 16 == 0, "16-byte aligned tiles and frequencies");
 };
 
 // Dim held by O^T accumulator element x of m-tile mt in a thread of fragment row g. FP8 V
@@ -116,6 +126,9 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   constexpr bool kBf16 = KV == math::KvElem::BF16;
   constexpr int kN = S::kN;
   constexpr int SB = S::kScaleBlocks;
+  // Scores from FP8 codes (per scale block), or from 16-bit rows (pages, or rotated FP8 rows)
+  constexpr bool kFp8K = kFp8 && !ROPE;
+  constexpr int KB = kFp8K ? SB : 1;  // K scale blocks of a score
   constexpr bool kLean = PATH != Path::General;
   constexpr int kElemsPerThread = kN * HD / kThreads;  // of the [kN][HD] query and output blocks
   static_assert(kN * HD % kThreads == 0, "whole query blocks per thread");
@@ -242,10 +255,10 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
     for (int u = 0; u < kElemsPerThread; ++u) qs[tid + u * kThreads] = qv[u];
     if constexpr (ROPE) {
-      float* freq = reinterpret_cast<float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
+      float* freq = reinterpret_cast<float*>(smem + S::kFreqOffset);
       for (int i = tid; i < p.rope.layout.n_pairs(); i += kThreads) freq[i] = p.rope.freq[i];
-      // K lo tiles start at zero: the dims RoPE leaves alone keep a zero lo part.
-      for (int i = tid; i < kWarps * S::kTileBytes / 16; i += kThreads)
+      // Rotated tiles start at zero: 16-bit pages' unrotated dims keep a zero lo part.
+      for (int i = tid; i < kWarps * S::kRopeTiles * S::kRopeTileBytes / 16; i += kThreads)
         reinterpret_cast<uint4*>(smem + S::kBaseBytes)[i] = make_uint4(0, 0, 0, 0);
       __syncthreads();
       if (p.rotate_query) {  // q at its own position, exactly as the CPU does it
@@ -268,8 +281,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         // B rows k = (2t, 2t+1) and (2t+8, 2t+9) of this k-step; FP8 K fragments hold dims
         // 4t..4t+3 of the 16-dim chunk in their place (a permutation of k, shared by q).
         const float* qn = qs + (8 * j + g) * HD;
-        const int d0 = kFp8 ? ks * 16 + 4 * t : ks * 16 + 2 * t;
-        const int d1 = kFp8 ? d0 + 2 : d0 + 8;
+        const int d0 = kFp8K ? ks * 16 + 4 * t : ks * 16 + 2 * t;
+        const int d1 = kFp8K ? d0 + 2 : d0 + 8;
         split2<kBf16>(qn[d0], qn[d0 + 1], qh[j][ks][0], ql[j][ks][0]);
         split2<kBf16>(qn[d1], qn[d1 + 1], qh[j][ks][1], ql[j][ks][1]);
       }
@@ -289,7 +302,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   float vinv[SB];  // 1 / vref (0 while vref is 0)
 #pragma unroll
   for (int c = 0; c < SB; ++c) vref[c] = 0.0f, vinv[c] = 0.0f;
-  const float sl2 = p.softmax_scale * math::kLog2e;
+  // Rope on read: the rotation's magnitude scales every score of the call alike.
+  const float sl2 = p.softmax_scale * math::kLog2e * (ROPE ? p.rope.attention_factor : 1.0f);
   const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, and its row
 
   // rd: the stage step i reads; wr: the stage its copies go to (the one step i - 1 read)
@@ -307,9 +321,14 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     // 0-15, V for 16-31) into the warp's scratch [token][K blocks, V blocks]: the 4 lanes of a
     // fragment row would otherwise each decode the same 2 x 2 x SB scales. V of a dead cell
     // is 0 (weight 0; its bytes were zeroed or never read).
-    float ksc[SB][2], vsc[SB][2];
+    float ksc[KB][2], vsc[SB][2];
 #pragma unroll
-    for (int c = 0; c < SB; ++c) ksc[c][0] = ksc[c][1] = vsc[c][0] = vsc[c][1] = 1.0f;
+    for (int c = 0; c < SB; ++c) vsc[c][0] = vsc[c][1] = 1.0f;
+#pragma unroll
+    for (int c = 0; c < KB; ++c) ksc[c][0] = ksc[c][1] = 1.0f;
+    float ratio[SB];  // rope on read, FP8: this lane's row's K block scales over their largest
+#pragma unroll
+    for (int c = 0; c < SB; ++c) ratio[c] = 1.0f;
     if constexpr (kFp8) {
       float* scr = reinterpret_cast<float*>(smem + S::kQOffset) + warp * (kTile * 2 * SB);
       {
@@ -331,9 +350,18 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       for (int e = 0; e < 2; ++e)
 #pragma unroll
         for (int c = 0; c < SB; ++c) {
-          ksc[c][e] = scr[(g + 8 * e) * 2 * SB + c];
           vsc[c][e] = scr[(g + 8 * e) * 2 * SB + SB + c];
+          if constexpr (ROPE) ksc[0][e] = c == 0 ? scr[(g + 8 * e) * 2 * SB] : fmaxf(ksc[0][e], scr[(g + 8 * e) * 2 * SB + c]);
+          else ksc[c][e] = scr[(g + 8 * e) * 2 * SB + c];
         }
+      if constexpr (ROPE) {
+        const float* ks = scr + (lane & 15) * 2 * SB;
+        float ref = ks[0];
+#pragma unroll
+        for (int c = 1; c < SB; ++c) ref = fmaxf(ref, ks[c]);
+#pragma unroll
+        for (int c = 0; c < SB; ++c) ratio[c] = ref > 0.0f ? ks[c] / ref : 0.0f;
+      }
     }
     // ---- this thread's 2 tokens (fragment rows g, g + 8): live, position
     bool vis[2];
@@ -348,40 +376,27 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       kpos[e] = need_pos ? meta[kTile + r] - pos_off : 0;
     }
 
-    if constexpr (ROPE) {  // rotate the tile's K rows: lane -> row lane / 2, every other pair
-      unsigned char* klo = smem + S::kBaseBytes + warp * S::kTileBytes;
-      const float* freq = reinterpret_cast<const float*>(smem + S::kBaseBytes + kWarps * S::kTileBytes);
-      const int r = lane / 2;
-      if (meta[r] >= 0) {
-        const float pos = static_cast<float>(meta[kTile + r] - pos_off);
-        const float mag = p.rope.attention_factor;
-        const int n_pairs = p.rope.layout.n_pairs();
-        for (int pi = lane % 2; pi < n_pairs; pi += 2) {
-          const int o0 = elem_off<S::kChunks>(r, p.rope.layout.dim0(pi));
-          const int o1 = elem_off<S::kChunks>(r, p.rope.layout.dim1(pi));
-          const float x0 = ld16<kBf16>(st + o0), x1 = ld16<kBf16>(st + o1);
-          float sn, cs;
-          sincos_reduced(math::rope_angle(pos, freq[pi]), &sn, &cs);
-          cs *= mag;
-          sn *= mag;
-          st16_split<kBf16>(st + o0, klo + o0, x0 * cs - x1 * sn);
-          st16_split<kBf16>(st + o1, klo + o1, x0 * sn + x1 * cs);
-        }
-      }
+    // FP8 with rope on read: scores read the rotated f16 tile instead of the stage's codes
+    const unsigned k_tile = ROPE && kFp8 ? smem_addr(S::rope_hi(smem, warp)) : k_s;
+    if constexpr (ROPE) {
+      const int r = lane & 15;
+      rope_rotate_tile<HD, KV>(p.rope.layout, reinterpret_cast<const float*>(smem + S::kFreqOffset),
+                               static_cast<float>(meta[kTile + r] - pos_off), meta[r] >= 0, lane, st,
+                               kFp8 ? S::rope_hi(smem, warp) : st, S::rope_lo(smem, warp), ratio);
       __syncwarp();
     }
 
     // ---- S^T = K Q^T per scale block; hi and lo products in separate accumulators
     float s[NT][4];  // x: token g + 8 * (x >> 1), column 8j + 2t + (x & 1)
     {
-      float sh[SB][NT][4], sl[SB][NT][4];
+      float sh[KB][NT][4], sl[KB][NT][4];
 #pragma unroll
-      for (int c = 0; c < SB; ++c)
+      for (int c = 0; c < KB; ++c)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int x = 0; x < 4; ++x) sh[c][j][x] = sl[c][j][x] = 0.0f;
-      if constexpr (kFp8) {
+      if constexpr (kFp8K) {
         // matrices: (tokens 0-7, chunk ks), (tokens 8-15, ks), (tokens 0-7, ks+1), (tokens 8-15, ks+1)
 #pragma unroll
         for (int ks = 0; ks < S::kKSteps; ks += 2) {
@@ -404,8 +419,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
         for (int ks = 0; ks < S::kKSteps; ++ks) {
           uint32_t a[4];
-          const int off = swz<S::kChunks>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
-          ldsm_x4(a, k_s + off);
+          const int off = swz<HD / 8>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
+          ldsm_x4(a, k_tile + off);
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             mma16816<kBf16>(sh[0][j], a, qh[j][ks][0], qh[j][ks][1]);
@@ -413,7 +428,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
           }
           if constexpr (ROPE) {  // + K_lo q_hi: the rotated keys' rounding remainder
             uint32_t al[4];
-            ldsm_x4(al, smem_addr(smem + S::kBaseBytes + warp * S::kTileBytes) + off);
+            ldsm_x4(al, smem_addr(S::rope_lo(smem, warp)) + off);
 #pragma unroll
             for (int j = 0; j < NT; ++j) mma16816<kBf16>(sl[0][j], al, qh[j][ks][0], qh[j][ks][1]);
           }
@@ -426,7 +441,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
           const int e = x >> 1;  // which of the thread's tokens
           float v = 0.0f;
 #pragma unroll
-          for (int c = 0; c < SB; ++c) v = fmaf(sh[c][j][x] + sl[c][j][x], ksc[c][e], v);
+          for (int c = 0; c < KB; ++c) v = fmaf(sh[c][j][x] + sl[c][j][x], ksc[c][e], v);
           bool seen = vis[e];
           if (seen && need_pos) {
             const int qp = qpos[j][x & 1];

@@ -8,7 +8,8 @@ namespace kvcore::ops::cuda::mma_attn {
 
 // Head dims 64 / 128 with 16-bit or FP8 pages, kernel_variant 0 (automatic) or 3.
 bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant);
-// serves_shape, no rope-on-read for FP8 pages, metadata arrays word-aligned.
+// serves_shape, rope on read in whole 8-dim chunks (rope_chunk_aligned), metadata arrays
+// word-aligned.
 bool serves(const PagedAttentionParams& p);
 int heads_per_cta(int group);
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group);

@@ -137,7 +137,9 @@ TEST(AttnCuda, RopeOnReadEveryLayout) {
       s.head_dim = D;
       s.n_q_heads = D == 512 ? 2 : 8;
       s.n_kv_heads = D == 512 ? 1 : 2;
-      s.kv = seed == 5 ? DType::E4M3 : DType::BF16;
+      // FP8 pages (both scale layouts) rotate in the tensor-core kernel since session 6
+      s.kv = seed >= 5 ? DType::E4M3 : seed == 2 ? DType::F16 : DType::BF16;
+      s.f32_scales = seed == 6;
       s.seq_cells = {45, 333};
       s.dead_rate = 0.2;
       s.rope_on_read = true;
@@ -145,6 +147,24 @@ TEST(AttnCuda, RopeOnReadEveryLayout) {
       s.window = seed == 4 ? 30 : 0;
       s.seed = seed;
       check_case(s, {0, 2});
+    }
+}
+
+// Rotated dims that do not fill whole 8-dim chunks (24 of 64): the SIMT kernels rotate them
+// (the tensor-core kernel rotates 8 pairs a lane, so it turns such layouts away).
+TEST(AttnCuda, RopeOnReadUnalignedLayouts) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (uint64_t seed : {1, 2, 3})
+    for (DType kv : {DType::F16, DType::E4M3}) {
+      CaseSpec s;
+      s.kv = kv;
+      s.rope_dims = 24;
+      s.seq_cells = {70, 17};
+      s.dead_rate = 0.1;
+      s.rope_on_read = true;
+      s.rotate_query = seed == 3;
+      s.seed = seed;
+      check_case(s, {0, 3});
     }
 }
 
