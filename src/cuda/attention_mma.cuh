@@ -271,7 +271,13 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
           math::rotate_pair(qs[n * HD + p.rope.layout.dim0(pi)], qs[n * HD + p.rope.layout.dim1(pi)],
                             cs * p.rope.attention_factor, sn * p.rope.attention_factor);
         }
+        __syncthreads();
       }
+      // The keys' rotation magnitude, applied to the q dims they meet (once per CTA instead of
+      // twice per rotated pair of every key).
+      if (p.rope.attention_factor != 1.0f)
+        for (int i = tid; i < kN * HD; i += kThreads)
+          if (p.rope.layout.rotates(i % HD)) qs[i] *= p.rope.attention_factor;
     }
     __syncthreads();
 #pragma unroll
@@ -302,8 +308,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   float vinv[SB];  // 1 / vref (0 while vref is 0)
 #pragma unroll
   for (int c = 0; c < SB; ++c) vref[c] = 0.0f, vinv[c] = 0.0f;
-  // Rope on read: the rotation's magnitude scales every score of the call alike.
-  const float sl2 = p.softmax_scale * math::kLog2e * (ROPE ? p.rope.attention_factor : 1.0f);
+  const float sl2 = p.softmax_scale * math::kLog2e;
   const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, and its row
 
   // rd: the stage step i reads; wr: the stage its copies go to (the one step i - 1 read)

@@ -67,7 +67,8 @@ __device__ __forceinline__ void rope_store8(unsigned char* hi, unsigned char* lo
   *reinterpret_cast<uint4*>(lo + off) = l;
 }
 
-// Pairs (x0[k], x1[k]) rotated by angle pos * f[k] (the f32 angle of rope.hpp).
+// Pairs (x0[k], x1[k]) rotated by angle pos * f[k] (the f32 angle of rope.hpp). The
+// rotation's magnitude is applied to q instead (attention_mma.cuh).
 __device__ __forceinline__ void rope_rotate8(float pos, const float* f, float (&x0)[8], float (&x1)[8]) {
   const float4 fa = *reinterpret_cast<const float4*>(f), fb = *reinterpret_cast<const float4*>(f + 4);
   const float fr[8] = {fa.x, fa.y, fa.z, fa.w, fb.x, fb.y, fb.z, fb.w};
@@ -109,7 +110,7 @@ __device__ __forceinline__ void rope_rows_units(const math::RopeLayout& L, const
   }
 }
 
-// Rotates the warp's 16-row K tile: lane -> row lane % 16, every other unit. `src`: the
+// Rotates the warp's 16-row K tile: lane -> row lane % 16, every other unit (magnitude 1). `src`: the
 // stage's K tile; `hi`, `lo`: [16][HD] 16-bit tiles swizzled like a 16-bit stage tile (for
 // 16-bit pages hi == src). `ratio`: this row's FP8 block scales over its largest (unused
 // for 16-bit pages). Rows of no cell (live false) are left alone: their scores are masked.

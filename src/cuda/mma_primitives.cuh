@@ -110,16 +110,22 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t four) {
 // sin and cos of an f32 angle: Cody-Waite reduction by pi/2 in three f32 parts (FMA keeps
 // each step exact to ~1 ulp of the remainder for |a| < ~2^17 * pi), then the SFU on
 // |r| <= pi/4 (abs. error < 4e-7). The CPU reference rounds a double result (0.5 ulp).
+// The quadrant is read from the bits of the rounding sum (exact for |a| < 2^22) and applied
+// by a swap and two sign flips: the ternary chain compiled to an indexed constant load.
 __device__ __forceinline__ void sincos_reduced(float a, float* s, float* c) {
-  const float k = rintf(a * 0.636619772367581343f);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = fmaf(a, 0.636619772367581343f, kRound);
+  const float k = t - kRound;
+  const uint32_t q = __float_as_uint(t);  // low bits: k mod 4
   float r = fmaf(-k, 0x1.921fb6p+0f, a);
   r = fmaf(-k, -0x1.777a5cp-25f, r);
   r = fmaf(-k, -0x1.ee59dap-50f, r);
   float sr, cr;
   __sincosf(r, &sr, &cr);
-  const int q = static_cast<int>(k) & 3;
-  *s = q == 0 ? sr : q == 1 ? cr : q == 2 ? -sr : -cr;
-  *c = q == 0 ? cr : q == 1 ? -sr : q == 2 ? -cr : sr;
+  const bool swap = q & 1u;  // quadrants 1, 3: sin <- cos, cos <- sin
+  const float s0 = swap ? cr : sr, c0 = swap ? sr : cr;
+  *s = __uint_as_float(__float_as_uint(s0) ^ ((q & 2u) << 30));          // negative in quadrants 2, 3
+  *c = __uint_as_float(__float_as_uint(c0) ^ (((q + 1u) & 2u) << 30));   // negative in quadrants 1, 2
 }
 
 // 16-bit element d of tile row r (swizzled like the cp.async copies).
