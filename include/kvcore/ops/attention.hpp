@@ -70,7 +70,8 @@ struct AttentionOptions {
   // CUDA tuning and testing: 0 automatic (the tensor-core kernel where it is built, else the
   // SIMT kernel), 1 the SIMT register-load kernel, 2 the SIMT cp.async pipeline (head_dim 128
   // with 16-bit and FP8 pages; elsewhere 2 means 1), 3 the tensor-core kernel (head_dim 64 and
-  // 128, 16-bit and FP8 pages; rope-on-read with 16-bit pages only; elsewhere 3 means 0).
+  // 128, 16-bit and FP8 pages; rope-on-read where the rotated dims fill whole 8-dim chunks;
+  // elsewhere 3 means 0).
   int32_t kernel_variant = 0;
   Stream stream;
 };
