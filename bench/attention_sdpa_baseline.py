@@ -12,6 +12,9 @@ DeepSeek-V4 cases: q [batch, 64, 1, 512] against [batch, 1, 128 + k, 512]
 (K = V; "dense": rows already f16; "paged": index_select of packed rows +
 dequantization + concat with the window). SDPA has no sink and no inverse
 RoPE, so it does slightly less work than kvcore there.
+Prefill cases (`kvcore bench attention_prefill`): q [batch, 32, new, 128] f16
+against dense K/V [batch, 8, ctx, 128] f16, causal from the bottom right (query i
+of the chunk sees ctx - new + 1 + i keys) through torch.nn.attention.bias.causal_lower_right.
 Timing: CUDA events around each call, warm-up, median (and min) of >= 20
 reps, rotating among copies of the inputs so that each rep reads from DRAM,
 not from the 60 MB L2. Output: one JSON line per (case, variant) with bench,
@@ -199,6 +202,46 @@ def dsv4_case(args, out, batch, tokens, hca):
                    device_name=device_name()))
 
 
+def prefill_case(args, out, batch, ctx, n_new):
+    name = f"llama8b_prefill_f16_b{batch}_ctx{ctx}_new{n_new}"
+    if args.cases and not any(c in name for c in args.cases):
+        return
+    from torch.nn.attention.bias import causal_lower_right
+    dev = DEV
+    scale = 1.0 / math.sqrt(D)
+    q = torch.randn(batch, QH, n_new, D, device=dev, dtype=torch.float16)
+    k = torch.randn(batch, KVH, ctx, D, device=dev, dtype=torch.float16)
+    v = torch.randn(batch, KVH, ctx, D, device=dev, dtype=torch.float16)
+    mask = causal_lower_right(n_new, ctx)
+    # GQA through enable_gqa where the causal-bias path takes it; else K/V expanded to 32 heads
+    try:
+        fn = lambda i: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        got = fn(0)
+        variant = "dense_causal"
+    except (RuntimeError, TypeError, ValueError):
+        ke, ve = k.repeat_interleave(QH // KVH, 1), v.repeat_interleave(QH // KVH, 1)
+        fn = lambda i: F.scaled_dot_product_attention(q, ke, ve, attn_mask=mask, scale=scale)
+        got = fn(0)
+        variant = "dense_causal_expanded"
+    # check the chunk's last rows against float32 math
+    r = 16
+    qs = q[:, :, -r:].float()
+    kf, vf = k.float().repeat_interleave(QH // KVH, 1), v.float().repeat_interleave(QH // KVH, 1)
+    s_ = (qs @ kf.transpose(-1, -2)) * scale
+    keep = torch.arange(ctx, device=dev)[None, :] <= (ctx - r + torch.arange(r, device=dev))[:, None]
+    ref = torch.softmax(s_.masked_fill(~keep, float("-inf")), -1) @ vf
+    err = (got[:, :, -r:].float() - ref).abs().max().item()
+    assert err < 2e-2, f"{name}: SDPA causal check failed ({err})"
+    med, mn = time_fn(fn, args.reps, args.warmup)
+    pairs = n_new * (ctx - n_new + 1) + n_new * (n_new - 1) / 2
+    flops = 4.0 * D * QH * batch * pairs
+    kvb = 2.0 * batch * ctx * KVH * D * 2
+    emit(out, dict(bench="attention_sdpa", case=name, variant=variant, median_us=med, min_us=mn, bytes=kvb,
+                   bytes_read=kvb, gbps=kvb / med / 1e3, tflops=flops / med / 1e6, copies=1,
+                   device_name=device_name()))
+    del q, k, v
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default="")
@@ -231,6 +274,9 @@ def main():
         if not args.quick:
             for hca in (False, True):
                 dsv4_case(args, out, 16, 65536, hca)
+        for b, c, n in ([(1, 1024, 128)] if args.quick else [(1, 8192, 512), (1, 8192, 2048), (1, 32768, 2048),
+                                                              (4, 4096, 1024)]):
+            prefill_case(args, out, b, c, n)
     return 0
 
 

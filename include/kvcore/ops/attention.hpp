@@ -88,9 +88,9 @@ void attention_decode(const TensorRef& q, const PagedKV& kv, const BlockTable& t
 void attention_prefill(const TensorRef& q, const TensorRef& qo_indptr, const PagedKV& kv, const BlockTable& table,
                        const TensorRef& out, const AttentionOptions& opt);
 
-// Bytes of workspace a call with these sizes needs (num_splits as resolved: pass the same
-// value given in AttentionOptions, or 0 to get the bound for the automatic choice).
-size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits = 0);
+// Bytes of workspace a call with these sizes needs; num_splits >= 1 as the call resolves it:
+// the value given in AttentionOptions, or attention_auto_splits(...) for the automatic choice.
+size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits);
 
 // The split-K factor `num_splits = 0` resolves to (device-dependent: on CUDA it fills the
 // GPU in whole waves of the kernel chosen for this shape; max_seq_cells 0 = unknown).

@@ -1,0 +1,138 @@
+// `kvcore bench attention_prefill`: causal prefill over pages at Llama-3-8B geometry
+// (32 q heads, 8 kv heads, head_dim 128, blocks of 16, f16 pages, f16 q and out): each
+// sequence's chunk of `new` query tokens against its cached prefix plus the chunk itself
+// (the chunk's keys already stored, as an engine appends them before attention).
+// Prefill is bound by math, not bytes: the note gives TFLOP/s, counting 4 * head_dim flops
+// per (query head, visible key) pair (QK^T and PV, as FlashAttention counts them); bytes =
+// K/V read once. Case names match bench/attention_sdpa_baseline.py (SDPA, causal from the
+// bottom right, on dense K/V).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/harness.hpp"
+#include "kvcore/kvcore.hpp"
+#include "kvcore/math/half.hpp"
+#include "kvcore/ops/attention.hpp"
+#include "tools/registry.hpp"
+
+namespace {
+
+using namespace kvcore;
+
+constexpr int64_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+
+std::vector<uint16_t> random_f16(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = math::f32_to_f16_bits(u(rng));
+  return v;
+}
+
+// Visible (query, key) pairs of one sequence: query i of the chunk sees ctx - new + 1 + i keys.
+double visible_pairs(int64_t ctx, int64_t n_new) {
+  return double(n_new) * double(ctx - n_new + 1) + double(n_new) * double(n_new - 1) / 2.0;
+}
+
+void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n_new) {
+  const std::string name = "llama8b_prefill_f16_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_new" +
+                           std::to_string(n_new);
+  if (!opt.wants(name)) return;
+  const Device d = opt.device;
+  const int64_t nb = (ctx + kBlock - 1) / kBlock, n_blocks = batch * nb, rows = batch * n_new;
+  const size_t row_elems = size_t(n_blocks) * kBlock * kKvHeads * kHeadDim;
+  const std::vector<uint16_t> hk = random_f16(row_elems, 1), hv = random_f16(row_elems, 2);
+  const std::vector<uint16_t> hq = random_f16(size_t(rows) * kQHeads * kHeadDim, 3);
+  // A fragmented pool: sequence b's blocks are a shuffled slice; positions = index in the sequence.
+  std::vector<int32_t> perm(n_blocks), pos(n_blocks * kBlock), ip(batch + 1), lp(batch), qo(batch + 1), qp(rows);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(7));
+  for (int64_t b = 0; b < batch; ++b) {
+    ip[b + 1] = static_cast<int32_t>((b + 1) * nb);
+    lp[b] = static_cast<int32_t>(ctx - (nb - 1) * kBlock);
+    qo[b + 1] = static_cast<int32_t>((b + 1) * n_new);
+    for (int64_t i = 0; i < nb; ++i)
+      for (int64_t t = 0; t < kBlock; ++t) pos[perm[b * nb + i] * kBlock + t] = static_cast<int32_t>(i * kBlock + t);
+    for (int64_t i = 0; i < n_new; ++i) qp[b * n_new + i] = static_cast<int32_t>(ctx - n_new + i);
+  }
+  ip[0] = qo[0] = 0;
+  Buffer bk = Buffer::from_host(hk, d), bv = Buffer::from_host(hv, d), bq = Buffer::from_host(hq, d);
+  Buffer bpos = Buffer::from_host(pos, d), bperm = Buffer::from_host(perm, d), bip = Buffer::from_host(ip, d),
+         blp = Buffer::from_host(lp, d), bqo = Buffer::from_host(qo, d), bqp = Buffer::from_host(qp, d);
+  Buffer bout(size_t(rows) * kQHeads * kHeadDim * 2, d);
+  PagedKV kv;
+  kv.k = TensorRef(bk.data(), DType::F16, d, {n_blocks, kBlock, kKvHeads, kHeadDim});
+  kv.v = TensorRef(bv.data(), DType::F16, d, {n_blocks, kBlock, kKvHeads, kHeadDim});
+  kv.positions = TensorRef(bpos.data(), DType::I32, d, {n_blocks, kBlock});
+  const BlockTable table{TensorRef(bip.data(), DType::I32, d, {batch + 1}), TensorRef(bperm.data(), DType::I32, d, {n_blocks}),
+                         TensorRef(blp.data(), DType::I32, d, {batch}), TensorRef()};
+  const TensorRef q(bq.data(), DType::F16, d, {rows, kQHeads, kHeadDim});
+  const TensorRef qo_indptr(bqo.data(), DType::I32, d, {batch + 1});
+  const TensorRef out(bout.data(), DType::F16, d, {rows, kQHeads, kHeadDim});
+  AttentionOptions ao;
+  ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
+  ao.q_positions = TensorRef(bqp.data(), DType::I32, d, {rows});
+  ao.check_tables = false;
+  ao.max_seq_cells = ctx;
+  const int32_t splits = attention_auto_splits(d, rows, kKvHeads, kQHeads, kHeadDim, DType::F16, ctx);
+  Buffer ws(attention_workspace_bytes(rows, kQHeads, kHeadDim, splits), d, 256);
+  ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
+  attention_prefill(q, qo_indptr, kv, table, out, ao);
+  synchronize(d);
+
+  // Check the chunk's last 32 rows of sequence 0 (they see the most keys) against the CPU op.
+  {
+    const int64_t n_chk = std::min<int64_t>(32, n_new), r0 = n_new - n_chk;
+    const std::vector<uint16_t> got = bout.to_host<uint16_t>();
+    PagedKV hkv;
+    hkv.k = TensorRef(const_cast<uint16_t*>(hk.data()), DType::F16, Device::cpu(), {n_blocks, kBlock, kKvHeads, kHeadDim});
+    hkv.v = TensorRef(const_cast<uint16_t*>(hv.data()), DType::F16, Device::cpu(), {n_blocks, kBlock, kKvHeads, kHeadDim});
+    hkv.positions = TensorRef(pos.data(), DType::I32, Device::cpu(), {n_blocks, kBlock});
+    std::vector<int32_t> hip{0, static_cast<int32_t>(nb)}, hlp{lp[0]}, hqo{0, static_cast<int32_t>(n_chk)};
+    const BlockTable ht{TensorRef(hip.data(), DType::I32, Device::cpu(), {2}), TensorRef(perm.data(), DType::I32, Device::cpu(), {nb}),
+                        TensorRef(hlp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
+    std::vector<float> want(size_t(n_chk) * kQHeads * kHeadDim);
+    AttentionOptions ho;
+    ho.softmax_scale = ao.softmax_scale;
+    ho.q_positions = TensorRef(qp.data() + r0, DType::I32, Device::cpu(), {n_chk});
+    attention_prefill(TensorRef(const_cast<uint16_t*>(hq.data()) + r0 * kQHeads * kHeadDim, DType::F16, Device::cpu(),
+                                {n_chk, kQHeads, kHeadDim}),
+                      TensorRef(hqo.data(), DType::I32, Device::cpu(), {2}), hkv, ht,
+                      TensorRef(want.data(), DType::F32, Device::cpu(), {n_chk, kQHeads, kHeadDim}), ho);
+    double err = 0, mx = 1e-6;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double g = math::f16_bits_to_f32(got[size_t(r0) * kQHeads * kHeadDim + i]);
+      err = std::max(err, std::abs(g - want[i])), mx = std::max(mx, double(std::abs(want[i])));
+    }
+    if (!(err <= 2e-3 * std::max(1.0, mx))) {  // one f16 rounding of the output
+      opt.note(name + ": result check FAILED (max error " + std::to_string(err) + "), not timed");
+      return;
+    }
+  }
+  const cli::Timing tm = opt.time([&](int) { attention_prefill(q, qo_indptr, kv, table, out, ao); });
+  cli::BenchRecord r;
+  r.bench = "attention_prefill";
+  r.case_name = name;
+  r.bytes = 2.0 * batch * ctx * kKvHeads * kHeadDim * 2;
+  r.t = tm;
+  r.traffic = cli::Traffic::Read;
+  opt.report(r);
+  const double flops = 4.0 * kHeadDim * kQHeads * batch * visible_pairs(ctx, n_new);
+  opt.note(name + ": " + std::to_string(flops / tm.median_us / 1e6) + " TFLOP/s (" + std::to_string(flops / 1e9) +
+           " GFLOP a call), splits " + std::to_string(splits));
+}
+
+}  // namespace
+
+KVCORE_BENCH(attention_prefill, "causal paged prefill attention (Llama-3-8B, f16 pages): chunks against their prefix") {
+  struct Shape {
+    int64_t batch, ctx, n_new;
+  };
+  std::vector<Shape> shapes{{1, 8192, 512}, {1, 8192, 2048}, {1, 32768, 2048}, {4, 4096, 1024}};
+  if (opt.quick || opt.device.is_cpu()) shapes = {{1, 1024, 128}};
+  for (const Shape& s : shapes) bench_prefill(opt, s.batch, s.ctx, s.n_new);
+}
