@@ -11,6 +11,7 @@
 #include "cuda/cp_async.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/attention_mma.hpp"
+#include "cuda/attention_prefill.hpp"
 
 namespace kvcore::ops::cuda {
 
@@ -173,6 +174,7 @@ constexpr int kMaxSplitsChosen = 1024;
 int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
                                 int kernel_variant, int64_t max_seq_cells) {
   KVCORE_CUDA_CHECK(cudaSetDevice(device));
+  if (kernel_variant == 4) kernel_variant = 0;  // the prefill kernel has no splits; others plan as automatic
   const bool mma = mma_attn::serves_shape(head_dim, kv, kernel_variant);
   const int G = mma ? mma_attn::heads_per_cta(group) : heads_per_cta(head_dim, kv, group);
   const int chunks = (group + G - 1) / G;
@@ -229,9 +231,15 @@ void attention_paged(const PagedAttentionParams& p) {
               "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
   const int hd = p.layout.head_dim;
   cudaStream_t stream = kvcore::cuda::native(p.stream);
-  if (mma_attn::serves(p)) {
-    mma_attn::launch(p, stream);
-    if (mma_attn::writes_output_directly(p)) return;
+  if (prefill_attn::serves(p, sm_count(p.device))) {  // writes the output itself
+    prefill_attn::launch(p, stream);
+    return;
+  }
+  PagedAttentionParams pv = p;
+  if (pv.kernel_variant == 4) pv.kernel_variant = 0;  // asked for the prefill kernel where it does not serve
+  if (mma_attn::serves(pv)) {
+    mma_attn::launch(pv, stream);
+    if (mma_attn::writes_output_directly(pv)) return;
   } else {
     const int G = heads_per_cta(hd, p.kv_elem, p.group);
     const int chunks = (p.group + G - 1) / G;
@@ -240,7 +248,7 @@ void attention_paged(const PagedAttentionParams& p) {
     require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention: grid too large (rows x splits ", gx,
                 ", kv heads x chunks ", gy, ")");
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-    PagedAttentionParams simt = p;
+    PagedAttentionParams simt = pv;
     if (simt.kernel_variant == 3) simt.kernel_variant = 0;  // asked for mma where it is not built
     dispatch_hd(simt, G, chunks, grid, stream, nullptr);
   }

@@ -220,7 +220,7 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   p.out_head_stride = out.stride(1);
   p.stream = opt.stream;
   p.device = dev.index;
-  require_arg(opt.kernel_variant >= 0 && opt.kernel_variant <= 3, op, ": kernel_variant must be 0, 1, 2 or 3, got ",
+  require_arg(opt.kernel_variant >= 0 && opt.kernel_variant <= 4, op, ": kernel_variant must be 0 to 4, got ",
               opt.kernel_variant);
   p.kernel_variant = opt.kernel_variant;
   (void)num_blocks;

@@ -1,7 +1,7 @@
 // CUDA paged attention (decode and prefill) against the CPU op and the
 // float64 reference, on fresh random pages of awkward sizes; every case runs the
-// automatic kernel (the tensor-core one for head_dim 64/128 with 16-bit or FP8 pages)
-// and both SIMT kernels.
+// automatic kernel (the tensor-core one for head_dim 64/128 with 16-bit or FP8 pages),
+// both SIMT kernels and, for prefill, the tensor-core prefill kernel whatever the size.
 // Tolerances (relative to max(1, max |ref|)): f32 outputs 3e-5 (rope-on-read
 // 2e-4: f32 sincos of angles up to ~1e3 rad on both sides), f16 outputs 1e-3,
 // bf16 outputs 8e-3 (one output rounding).
@@ -31,11 +31,12 @@ void check_case(const CaseSpec& s, std::vector<int> splits = {0, 1, 5}) {
   const std::vector<double> ref = reference(c);
   EXPECT_LE(max_rel_err(cpu, ref), tol(s));
   const int n_split_runs = static_cast<int>(splits.size());
-  for (int run = 0; run < n_split_runs + 2; ++run) {
-    // every split count with the automatic kernel (tensor cores where built), then the two
-    // SIMT kernels once each (register loads, cp.async pipeline)
+  // every split count with the automatic kernel (tensor cores where built), then the two SIMT
+  // kernels once each (register loads, cp.async pipeline) and, for prefill, the prefill kernel
+  const std::vector<int> variants = s.q_tokens.empty() ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4};
+  for (int run = 0; run < n_split_runs + static_cast<int>(variants.size()); ++run) {
     const int sp = run < n_split_runs ? splits[run] : 0;
-    const int variant = run < n_split_runs ? 0 : run - n_split_runs + 1;
+    const int variant = run < n_split_runs ? 0 : variants[run - n_split_runs];
     const std::vector<float> gpu = run_op(c, Device::cuda(0), sp, nullptr, variant);
     const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
     worst_seen = std::max(worst_seen, e_ref);
@@ -220,6 +221,42 @@ TEST(AttnCuda, PrefillCausal) {
     s.window = 16;
     s.rope_on_read = true;
     s.rotate_query = true;
+    check_case(s, {0});
+  }
+}
+
+// The tensor-core prefill kernel (attention_prefill.cuh) on chunks of many 16-row blocks:
+// q exact in the page type or split (f16 / f32 q), P exact or split (f16 / f32 output), groups
+// of 1 to 8 (chunked at 4 heads a CTA), head_dim 64 and 128, dead cells, window, sinks, a
+// sequence whose chunk is one row; the automatic choice takes it here for the larger calls.
+TEST(AttnCuda, PrefillTensorCoreKernel) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  struct C {
+    int q, kv, d;
+    DType kv_t, q_t, out_t;
+    double dead;
+    int window;
+    bool sinks;
+  };
+  for (C c : {C{32, 8, 128, DType::F16, DType::F16, DType::F16, 0.0, 0, false},
+              C{32, 8, 128, DType::F16, DType::F32, DType::F32, 0.1, 0, true},
+              C{16, 2, 128, DType::BF16, DType::BF16, DType::BF16, 0.0, 100, false},
+              C{12, 2, 64, DType::F16, DType::BF16, DType::F32, 0.05, 0, true},
+              C{4, 4, 64, DType::BF16, DType::F32, DType::BF16, 0.0, 0, false},
+              C{8, 4, 128, DType::F16, DType::F16, DType::F32, 0.2, 37, true}}) {
+    CaseSpec s;
+    s.kv = c.kv_t;
+    s.q = c.q_t;
+    s.out = c.out_t;
+    s.head_dim = c.d;
+    s.n_q_heads = c.q;
+    s.n_kv_heads = c.kv;
+    s.seq_cells = {700, 290, 61};
+    s.q_tokens = {300, 290, 1};
+    s.dead_rate = c.dead;
+    s.window = c.window;
+    s.sinks = c.sinks;
+    s.seed = 40 + c.q + c.d;
     check_case(s, {0});
   }
 }

@@ -71,7 +71,8 @@ struct AttentionOptions {
   // SIMT kernel), 1 the SIMT register-load kernel, 2 the SIMT cp.async pipeline (head_dim 128
   // with 16-bit and FP8 pages; elsewhere 2 means 1), 3 the tensor-core kernel (head_dim 64 and
   // 128, 16-bit and FP8 pages; rope-on-read where the rotated dims fill whole 8-dim chunks;
-  // elsewhere 3 means 0).
+  // elsewhere 3 means 0), 4 the tensor-core prefill kernel whatever the call's size (prefill
+  // with 16-bit pages, head_dim 64 or 128, no rope on read; elsewhere 4 means 0).
   int32_t kernel_variant = 0;
   Stream stream;
 };

@@ -1,0 +1,292 @@
+// Tensor-core causal prefill over 16-bit pages, FlashAttention-2 style: a CTA takes 16 query
+// rows of one sequence and up to 4 query heads of one kv head (a warp per head); its K/V tiles
+// of 64 keys are copied once into shared memory (cp.async, 2 stages) and read by every warp.
+// The decode kernel (attention_mma.cuh) puts tokens on the mma's M side and serves prefill by
+// packing 16 / group rows per CTA, so each CTA re-read the whole prefix for a few rows: ~4x
+// slower than PyTorch's SDPA on a 2048-token chunk (GPU run L, 2026-12-03).
+//
+//   S = Q K^T   (A: q rows by ldmatrix, hi + lo halves unless q is exact in the page type;
+//                B: K rows by ldmatrix)
+//   O += P V    (A: P straight from S's accumulators, hi + lo when the output is f32;
+//                B: V rows by ldmatrix.trans)
+//
+// Masks per key: valid byte, causal by position (k_pos <= q_pos), sliding window; a tile no
+// row of the CTA can see is skipped. Sinks join the denominator at the end. The output is
+// written directly (no split-K: a prefill call has rows enough to fill the GPU; the launcher
+// leaves small calls to the split-K decode kernel).
+#pragma once
+#include <climits>
+
+#include "cuda/mma_primitives.cuh"
+#include "kvcore/math/softmax.hpp"
+#include "ops/attention_params.hpp"
+
+namespace kvcore::ops::cuda::prefill_attn {
+
+using namespace mma_attn;  // tiles, copies, ldmatrix, mma, hi/lo splits, Exp2Ftz
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 16;  // query rows per CTA: the mma's M
+constexpr int kKeys = 64;  // keys per tile
+constexpr int kStages = 2;
+
+template <int HD>
+struct Shape {
+  static constexpr int kChunks = HD * 2 / 16;  // 16-byte chunks per K or V row
+  static constexpr int kTileBytes = kKeys * HD * 2;
+  static constexpr int kMetaOffset = 2 * kTileBytes;  // per key: cell, position, valid word
+  static constexpr int kStageBytes = kMetaOffset + 3 * kKeys * 4;
+  // After the stages: each warp's q rows as 16-bit hi and lo tiles [16][HD] (A fragments by
+  // ldmatrix: held in registers they pushed the kernel past 255 and into spills).
+  static constexpr int kQTileBytes = kRows * HD * 2;
+  static constexpr int kQOffset = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kQOffset + kWarps * 2 * kQTileBytes;
+  static constexpr int kKSteps = HD / 16;   // k-steps of S over dims
+  static constexpr int kDTiles = HD / 8;    // n-tiles of O over dims
+  static constexpr int kNTiles = kKeys / 8; // n-tiles of S over keys
+  static constexpr int kRowsPerIt = kThreads / kChunks;
+};
+
+// QSPLIT: q is not exact in the page type (f32, or the other 16-bit type): hi + lo halves.
+// PSPLIT: f32 output: P as hi + lo halves (f32 accuracy); else one 16-bit P (2^-12 relative,
+// below a 16-bit output's own rounding).
+template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
+__global__ void __launch_bounds__(kThreads) prefill_kernel(const PagedAttentionParams p, int chunk_heads) {
+  using S = Shape<HD>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int row = blockIdx.x;
+  const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
+  const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  const int b = attention_row_seq(p, row);
+  const int first = p.maybe_qo_indptr[b], last = p.maybe_qo_indptr[b + 1];
+  if ((row - first) % kRows != 0) return;  // CTAs start at each 16-row block of a sequence
+  const int n_r = min(kRows, last - row);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int h0 = kvh * p.group + chunk * chunk_heads;
+  const int n_h = min(chunk_heads, p.group - chunk * chunk_heads);
+  const bool active = warp < n_h;
+  const int head = h0 + (active ? warp : 0);
+  const int bs = p.layout.block_size, n_kv = p.layout.n_kv_heads;
+  const int n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
+  const int32_t* blocks = p.indices + p.indptr[b];
+  const bool pow2_bs = (bs & (bs - 1)) == 0;
+  const int bs_shift = __ffs(bs) - 1;
+  const uint8_t* valid = p.maybe_valid;
+  const char* kbase = static_cast<const char*>(p.k);
+  const char* vbase = static_cast<const char*>(p.v);
+  const int n_tiles = (n_cells + kKeys - 1) / kKeys;
+
+  // Copy tile i (K rows, V rows, per-key cell / position / valid word) into stage s.
+  auto issue = [&](int i, int s) {
+    if (i < n_tiles) {
+      unsigned char* st = smem + s * S::kStageBytes;
+      int* meta = reinterpret_cast<int*>(st + S::kMetaOffset);
+      const int c = tid % S::kChunks;
+#pragma unroll 1
+      for (int it = 0; it < kKeys / S::kRowsPerIt; ++it) {
+        const int r = tid / S::kChunks + it * S::kRowsPerIt, j = i * kKeys + r;
+        const bool in = j < n_cells;
+        int cell = -1;
+        if (in) cell = __ldg(blocks + (pow2_bs ? j >> bs_shift : j / bs)) * bs + (pow2_bs ? (j & (bs - 1)) : j % bs);
+        const size_t off = in ? (size_t(cell) * n_kv + kvh) * (HD * 2) + c * 16 : 0;
+        cp_async16(smem_addr(st + swz<S::kChunks>(r, c)), kbase + off, in);
+        cp_async16(smem_addr(st + S::kTileBytes + swz<S::kChunks>(r, c)), vbase + off, in);
+        if (c == 0) {
+          meta[r] = cell;
+          if (in) {
+            cp_async4(smem_addr(meta + kKeys + r), p.maybe_positions + cell);
+            if (valid) cp_async4(smem_addr(meta + 2 * kKeys + r), valid + (cell & ~3));
+          }
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  issue(0, 0);
+
+  // ---- positions of this thread's rows (g, g + 8; INT_MIN past the chunk: sees nothing) and
+  // their range over the CTA
+  const int64_t pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
+  int qp[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) qp[e] = g + 8 * e < n_r ? p.maybe_q_positions[row + g + 8 * e] : INT_MIN;
+  int qmin = INT_MAX, qmax = INT_MIN;
+  for (int r = 0; r < n_r; ++r) {
+    const int x = p.maybe_q_positions[row + r];
+    qmin = min(qmin, x), qmax = max(qmax, x);
+  }
+  // Key at position kp (INT_MAX: no key) seen from position q.
+  auto sees = [&](int q, int kp) {
+    return kp != INT_MAX && kp <= q && (p.window <= 0 || int64_t{q} - kp < p.window);
+  };
+  unsigned char* q_hi = smem + S::kQOffset + warp * 2 * S::kQTileBytes;
+  unsigned char* q_lo = q_hi + S::kQTileBytes;
+  if (active) {
+    for (int i = lane; i < kRows * HD / 8; i += 32) {  // 8 dims (one 16-byte chunk) at a time
+      const int rr = i / (HD / 8), c = i % (HD / 8);
+      float x[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        x[k] = rr < n_r ? q_elem_to_f32(p.q, int64_t{row + rr} * p.q_row_stride + int64_t{head} * p.q_head_stride + 8 * c + k,
+                                        p.q_elem)
+                        : 0.0f;
+      uint4 h, l;
+      split2<BF16>(x[0], x[1], h.x, l.x);
+      split2<BF16>(x[2], x[3], h.y, l.y);
+      split2<BF16>(x[4], x[5], h.z, l.z);
+      split2<BF16>(x[6], x[7], h.w, l.w);
+      *reinterpret_cast<uint4*>(q_hi + swz<S::kChunks>(rr, c)) = h;
+      *reinterpret_cast<uint4*>(q_lo + swz<S::kChunks>(rr, c)) = l;
+    }
+    __syncwarp();
+  }
+  const unsigned qh_s = smem_addr(q_hi), ql_s = smem_addr(q_lo);
+
+  float o[S::kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < S::kDTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  float m[2] = {math::neg_inf_f32(), math::neg_inf_f32()}, l[2] = {0.0f, 0.0f};
+  const float sl2 = p.softmax_scale * math::kLog2e;
+  const int mi = lane / 8, mr = lane % 8;
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int s = i & 1;
+    issue(i + 1, s ^ 1);  // the stage tile i - 1 read (every thread passed the barrier below)
+    cp_async_wait<1>();
+    __syncthreads();
+    unsigned char* st = smem + s * S::kStageBytes;
+    int* meta = reinterpret_cast<int*>(st + S::kMetaOffset);
+    int* kpos = meta + kKeys;
+    // Each key once: its position as rows compare it (stored - offset; INT_MAX for no key or a
+    // dead cell, so the mask below is one load and two compares an element). Dead cells' V
+    // bytes may be anything (NaN): their weight is 0, but 0 * NaN is not, so they are zeroed.
+    if (tid < kKeys) {
+      const int cell = meta[tid];
+      bool live = cell >= 0;
+      if (live && valid) live = ((static_cast<uint32_t>(meta[2 * kKeys + tid]) >> (8 * (cell & 3))) & 0xffu) != 0;
+      const int64_t kp = int64_t{kpos[tid]} - pos_off;
+      const int64_t lo = INT_MIN, hi = INT_MAX - 1;
+      kpos[tid] = live ? static_cast<int>(kp < lo ? lo : kp > hi ? hi : kp) : INT_MAX;
+      if (cell >= 0 && !live)
+        for (int c = 0; c < S::kChunks; ++c)
+          *reinterpret_cast<uint4*>(st + S::kTileBytes + swz<S::kChunks>(tid, c)) = make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    // Can any row of the CTA see any key of the tile? (CTA-uniform; else the tile is skipped)
+    bool any = false;
+    for (int r = lane; r < kKeys; r += 32) {
+      const int kp = kpos[r];
+      any = any || (kp != INT_MAX && kp <= qmax && (p.window <= 0 || int64_t{qmin} - kp < p.window));
+    }
+    any = __any_sync(0xffffffffu, any);
+    if (active && any) {
+      const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
+      // Two halves of 32 keys: S, softmax and PV of one half at a time keep the registers of
+      // the q halves and the output without spilling.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        constexpr int kN = S::kNTiles / 2;  // n-tiles of 8 keys in a half
+        float sc[kN][4];
+#pragma unroll
+        for (int j = 0; j < kN; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < S::kKSteps; ++ks) {
+          // q: (rows 0-7, dims 0-7), (rows 8-15, dims 0-7), (rows 0-7, dims 8-15), (rows 8-15, dims 8-15)
+          uint32_t qa[4], qb[4];
+          const int qoff = swz<S::kChunks>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
+          ldsm_x4(qa, qh_s + qoff);
+          if constexpr (QSPLIT) ldsm_x4(qb, ql_s + qoff);
+#pragma unroll
+          for (int jj = 0; jj < kN / 2; ++jj) {
+            // K: (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7), (keys 8-15, dims 8-15)
+            uint32_t kb[4];
+            ldsm_x4(kb, k_s + swz<S::kChunks>(half * 32 + jj * 16 + (mi / 2) * 8 + mr, 2 * ks + (mi & 1)));
+            mma16816<BF16>(sc[2 * jj], qa, kb[0], kb[1]);
+            mma16816<BF16>(sc[2 * jj + 1], qa, kb[2], kb[3]);
+            if constexpr (QSPLIT) {
+              mma16816<BF16>(sc[2 * jj], qb, kb[0], kb[1]);
+              mma16816<BF16>(sc[2 * jj + 1], qb, kb[2], kb[3]);
+            }
+          }
+        }
+        // masks and scale; x: row g + 8 * (x >> 1), key half * 32 + 8j + 2t + (x & 1)
+#pragma unroll
+        for (int j = 0; j < kN; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const int r = half * 32 + 8 * j + 2 * t + (x & 1);
+            sc[j][x] = sees(qp[x >> 1], kpos[r]) ? sc[j][x] * sl2 : math::neg_inf_f32();
+          }
+        // online softmax per row (the 4 lanes of a row hold its keys)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float mx = math::neg_inf_f32();
+#pragma unroll
+          for (int j = 0; j < kN; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * e], sc[j][2 * e + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float mn = fmaxf(m[e], mx);
+          const float rs = math::softmax_rescale(m[e], mn, Exp2Ftz{});
+          m[e] = mn;
+          float sum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kN; ++j) {
+            sc[j][2 * e] = math::softmax_weight(sc[j][2 * e], mn, Exp2Ftz{});
+            sc[j][2 * e + 1] = math::softmax_weight(sc[j][2 * e + 1], mn, Exp2Ftz{});
+            sum += sc[j][2 * e] + sc[j][2 * e + 1];
+          }
+          l[e] = l[e] * rs + sum;
+          if (rs != 1.0f)
+#pragma unroll
+            for (int dt = 0; dt < S::kDTiles; ++dt) o[dt][2 * e] *= rs, o[dt][2 * e + 1] *= rs;
+        }
+        // O += P V: P's A fragment for 16 keys is S's accumulators of two n-tiles
+#pragma unroll
+        for (int kk = 0; kk < kN / 2; ++kk) {
+          uint32_t ph[4], pl[4];
+          split2<BF16>(sc[2 * kk][0], sc[2 * kk][1], ph[0], pl[0]);
+          split2<BF16>(sc[2 * kk][2], sc[2 * kk][3], ph[1], pl[1]);
+          split2<BF16>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], ph[2], pl[2]);
+          split2<BF16>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ph[3], pl[3]);
+#pragma unroll
+          for (int dp = 0; dp < S::kDTiles / 2; ++dp) {
+            // matrices: (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 8-15)
+            uint32_t vb[4];
+            ldsm_x4_t(vb, v_s + swz<S::kChunks>(half * 32 + kk * 16 + (mi & 1) * 8 + mr, 2 * dp + mi / 2));
+            mma16816<BF16>(o[2 * dp], ph, vb[0], vb[1]);
+            mma16816<BF16>(o[2 * dp + 1], ph, vb[2], vb[3]);
+            if constexpr (PSPLIT) {
+              mma16816<BF16>(o[2 * dp], pl, vb[0], vb[1]);
+              mma16816<BF16>(o[2 * dp + 1], pl, vb[2], vb[3]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with stage s before the next issue overwrites it
+  }
+  cp_async_wait<0>();
+
+  if (!active) return;
+  // ---- normalize (sinks join the denominator) and store rows g, g + 8
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 1);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 2);
+    const int rr = g + 8 * e;
+    if (rr >= n_r) continue;
+    float den = l[e];
+    if (p.maybe_sinks && !math::is_neg_inf(m[e])) den += math::exp2_f32(p.maybe_sinks[head] * math::kLog2e - m[e]);
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    const int64_t base = int64_t{row + rr} * p.out_row_stride + int64_t{head} * p.out_head_stride;
+#pragma unroll
+    for (int dt = 0; dt < S::kDTiles; ++dt) {
+      const int d = dt * 8 + 2 * t;
+      store_q_elem(p.out, base + d, p.out_elem, o[dt][2 * e] * inv);
+      store_q_elem(p.out, base + d + 1, p.out_elem, o[dt][2 * e + 1] * inv);
+    }
+  }
+}
+
+}  // namespace kvcore::ops::cuda::prefill_attn
