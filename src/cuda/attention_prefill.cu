@@ -1,4 +1,6 @@
 // Launcher of the tensor-core prefill kernel (attention_prefill.cuh): which calls it serves.
+#include <cstdlib>
+
 #include "cuda/attention_prefill.cuh"
 #include "cuda/attention_prefill.hpp"
 #include "cuda/check.cuh"
@@ -7,20 +9,31 @@ namespace kvcore::ops::cuda::prefill_attn {
 
 namespace {
 
-template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
-void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
-  constexpr int kSmem = Shape<HD>::kSmemBytes;
+template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int RB>
+void launch_rb(const PagedAttentionParams& p, cudaStream_t stream) {
+  using S = Shape<HD, QSPLIT, RB>;
   static const bool attr_set = [] {
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, BF16, QSPLIT, PSPLIT>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
     return true;
   }();
   (void)attr_set;
   const int chunk_heads = heads_per_cta(p.group);
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
-  prefill_kernel<HD, BF16, QSPLIT, PSPLIT><<<grid, kThreads, kSmem, stream>>>(p, chunk_heads);
+  prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("prefill_kernel");
+}
+
+// 16-row blocks per CTA: KVCORE_PREFILL_ROW_BLOCKS=1 or 2 (A/B benchmarks); default 2.
+template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
+void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
+  static const int rb = [] {
+    const char* v = std::getenv("KVCORE_PREFILL_ROW_BLOCKS");
+    return v && std::atoi(v) == 1 ? 1 : 2;
+  }();
+  if (rb == 1) return launch_rb<HD, BF16, QSPLIT, PSPLIT, 1>(p, stream);
+  launch_rb<HD, BF16, QSPLIT, PSPLIT, 2>(p, stream);
 }
 
 // q exact in the page type: f16 q with f16 pages, bf16 q with bf16 pages.
@@ -36,7 +49,7 @@ bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 
 
 }  // namespace
 
-int heads_per_cta(int group) { return group < kWarps ? group : kWarps; }
+int heads_per_cta(int group) { return group < kHeads ? group : kHeads; }
 
 bool serves(const PagedAttentionParams& p, int sm_count) {
   if (!p.maybe_qo_indptr || !p.causal || p.rope_on_read || !p.maybe_positions || !p.maybe_q_positions) return false;
@@ -47,10 +60,11 @@ bool serves(const PagedAttentionParams& p, int sm_count) {
   const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
   if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
   if (p.kernel_variant == 4) return true;  // asked for (tests): whatever the size
-  // Without split-K the kernel needs rows to fill the GPU: ~16 rows x heads per CTA.
+  // Without split-K the kernel needs rows to fill the GPU: a warp per 16 rows and head, 2 CTAs
+  // an SM.
   const int chunk_heads = heads_per_cta(p.group);
-  const int64_t ctas = int64_t{p.n_rows} / kRows * p.layout.n_kv_heads * ((p.group + chunk_heads - 1) / chunk_heads);
-  return ctas >= sm_count;
+  const int64_t blocks16 = int64_t{p.n_rows} / 16 * p.layout.n_kv_heads * ((p.group + chunk_heads - 1) / chunk_heads);
+  return blocks16 >= sm_count;
 }
 
 void launch(const PagedAttentionParams& p, cudaStream_t stream) {

@@ -1,6 +1,7 @@
-// Tensor-core causal prefill over 16-bit pages, FlashAttention-2 style: a CTA takes 16 query
-// rows of one sequence and up to 4 query heads of one kv head (a warp per head); its K/V tiles
-// of 64 keys are copied once into shared memory (cp.async, 2 stages) and read by every warp.
+// Tensor-core causal prefill over 16-bit pages, FlashAttention-2 style: a CTA takes 32 query
+// rows of one sequence and up to 4 query heads of one kv head (a warp per head and 16-row
+// block); its K/V tiles of 64 keys are copied once into shared memory (cp.async, 2 stages)
+// and read by all 8 warps.
 // The decode kernel (attention_mma.cuh) puts tokens on the mma's M side and serves prefill by
 // packing 16 / group rows per CTA, so each CTA re-read the whole prefix for a few rows: ~4x
 // slower than PyTorch's SDPA on a 2048-token chunk (GPU run L, 2026-12-03).
@@ -25,23 +26,26 @@ namespace kvcore::ops::cuda::prefill_attn {
 
 using namespace mma_attn;  // tiles, copies, ldmatrix, mma, hi/lo splits, Exp2Ftz
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 16;  // query rows per CTA: the mma's M
+constexpr int kHeads = 4;  // query heads per CTA (of one kv head)
 constexpr int kKeys = 64;  // keys per tile
 constexpr int kStages = 2;
 
-template <int HD>
+// RB: 16-row blocks per CTA (1 or 2); warp w takes head w % 4 and rows 16 * (w / 4) ..
+template <int HD, bool QSPLIT, int RB>
 struct Shape {
+  static constexpr int kWarps = kHeads * RB;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = 16 * RB;
   static constexpr int kChunks = HD * 2 / 16;  // 16-byte chunks per K or V row
   static constexpr int kTileBytes = kKeys * HD * 2;
   static constexpr int kMetaOffset = 2 * kTileBytes;  // per key: cell, position, valid word
   static constexpr int kStageBytes = kMetaOffset + 3 * kKeys * 4;
   // After the stages: each warp's q rows as 16-bit hi and lo tiles [16][HD] (A fragments by
   // ldmatrix: held in registers they pushed the kernel past 255 and into spills).
-  static constexpr int kQTileBytes = kRows * HD * 2;
+  static constexpr int kQTileBytes = 16 * HD * 2;
+  static constexpr int kQTiles = QSPLIT ? 2 : 1;
   static constexpr int kQOffset = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kQOffset + kWarps * 2 * kQTileBytes;
+  static constexpr int kSmemBytes = kQOffset + kWarps * kQTiles * kQTileBytes;
   static constexpr int kKSteps = HD / 16;   // k-steps of S over dims
   static constexpr int kDTiles = HD / 8;    // n-tiles of O over dims
   static constexpr int kNTiles = kKeys / 8; // n-tiles of S over keys
@@ -51,22 +55,25 @@ struct Shape {
 // QSPLIT: q is not exact in the page type (f32, or the other 16-bit type): hi + lo halves.
 // PSPLIT: f32 output: P as hi + lo halves (f32 accuracy); else one 16-bit P (2^-12 relative,
 // below a 16-bit output's own rounding).
-template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
-__global__ void __launch_bounds__(kThreads) prefill_kernel(const PagedAttentionParams p, int chunk_heads) {
-  using S = Shape<HD>;
+template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int RB>
+__global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
+    prefill_kernel(const PagedAttentionParams p, int chunk_heads) {
+  using S = Shape<HD, QSPLIT, RB>;
+  constexpr int kRows = S::kRows, kWarps = S::kWarps, kThreads = S::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   const int row = blockIdx.x;
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
   const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
   const int b = attention_row_seq(p, row);
   const int first = p.maybe_qo_indptr[b], last = p.maybe_qo_indptr[b + 1];
-  if ((row - first) % kRows != 0) return;  // CTAs start at each 16-row block of a sequence
+  if ((row - first) % kRows != 0) return;  // CTAs start at each kRows-row block of a sequence
   const int n_r = min(kRows, last - row);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int h0 = kvh * p.group + chunk * chunk_heads;
   const int n_h = min(chunk_heads, p.group - chunk * chunk_heads);
-  const bool active = warp < n_h;
-  const int head = h0 + (active ? warp : 0);
+  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);  // this warp's head and first row
+  const bool active = hw < n_h && r0 < n_r;
+  const int head = h0 + (active ? hw : 0);
   const int bs = p.layout.block_size, n_kv = p.layout.n_kv_heads;
   const int n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
   const int32_t* blocks = p.indices + p.indptr[b];
@@ -110,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PagedAttentionP
   const int64_t pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
   int qp[2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) qp[e] = g + 8 * e < n_r ? p.maybe_q_positions[row + g + 8 * e] : INT_MIN;
+  for (int e = 0; e < 2; ++e) qp[e] = r0 + g + 8 * e < n_r ? p.maybe_q_positions[row + r0 + g + 8 * e] : INT_MIN;
   int qmin = INT_MAX, qmax = INT_MIN;
   for (int r = 0; r < n_r; ++r) {
     const int x = p.maybe_q_positions[row + r];
@@ -120,24 +127,25 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PagedAttentionP
   auto sees = [&](int q, int kp) {
     return kp != INT_MAX && kp <= q && (p.window <= 0 || int64_t{q} - kp < p.window);
   };
-  unsigned char* q_hi = smem + S::kQOffset + warp * 2 * S::kQTileBytes;
-  unsigned char* q_lo = q_hi + S::kQTileBytes;
+  unsigned char* q_hi = smem + S::kQOffset + warp * S::kQTiles * S::kQTileBytes;
+  unsigned char* q_lo = q_hi + (QSPLIT ? S::kQTileBytes : 0);
   if (active) {
-    for (int i = lane; i < kRows * HD / 8; i += 32) {  // 8 dims (one 16-byte chunk) at a time
+    for (int i = lane; i < 16 * HD / 8; i += 32) {  // 8 dims (one 16-byte chunk) at a time
       const int rr = i / (HD / 8), c = i % (HD / 8);
       float x[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        x[k] = rr < n_r ? q_elem_to_f32(p.q, int64_t{row + rr} * p.q_row_stride + int64_t{head} * p.q_head_stride + 8 * c + k,
-                                        p.q_elem)
-                        : 0.0f;
+        x[k] = r0 + rr < n_r ? q_elem_to_f32(p.q, int64_t{row + r0 + rr} * p.q_row_stride + int64_t{head} * p.q_head_stride +
+                                                      8 * c + k,
+                                                  p.q_elem)
+                             : 0.0f;
       uint4 h, l;
       split2<BF16>(x[0], x[1], h.x, l.x);
       split2<BF16>(x[2], x[3], h.y, l.y);
       split2<BF16>(x[4], x[5], h.z, l.z);
       split2<BF16>(x[6], x[7], h.w, l.w);
       *reinterpret_cast<uint4*>(q_hi + swz<S::kChunks>(rr, c)) = h;
-      *reinterpret_cast<uint4*>(q_lo + swz<S::kChunks>(rr, c)) = l;
+      if constexpr (QSPLIT) *reinterpret_cast<uint4*>(q_lo + swz<S::kChunks>(rr, c)) = l;
     }
     __syncwarp();
   }
@@ -190,23 +198,31 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PagedAttentionP
         float sc[kN][4];
 #pragma unroll
         for (int j = 0; j < kN; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+        // Fragments of k-step ks + 1 are loaded before the mma of ks (double buffer), so the
+        // shared-memory latency hides behind the tensor cores.
+        // q: (rows 0-7, dims 0-7), (rows 8-15, dims 0-7), (rows 0-7, dims 8-15), (rows 8-15, dims 8-15)
+        // K: (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7), (keys 8-15, dims 8-15)
+        uint32_t qa[2][4], qb[2][4], kb[2][kN / 2][4];
+        auto load_s = [&](int ks, int buf) {
+          const int qoff = swz<S::kChunks>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
+          ldsm_x4(qa[buf], qh_s + qoff);
+          if constexpr (QSPLIT) ldsm_x4(qb[buf], ql_s + qoff);
+#pragma unroll
+          for (int jj = 0; jj < kN / 2; ++jj)
+            ldsm_x4(kb[buf][jj], k_s + swz<S::kChunks>(half * 32 + jj * 16 + (mi / 2) * 8 + mr, 2 * ks + (mi & 1)));
+        };
+        load_s(0, 0);
 #pragma unroll
         for (int ks = 0; ks < S::kKSteps; ++ks) {
-          // q: (rows 0-7, dims 0-7), (rows 8-15, dims 0-7), (rows 0-7, dims 8-15), (rows 8-15, dims 8-15)
-          uint32_t qa[4], qb[4];
-          const int qoff = swz<S::kChunks>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
-          ldsm_x4(qa, qh_s + qoff);
-          if constexpr (QSPLIT) ldsm_x4(qb, ql_s + qoff);
+          const int cur = ks & 1;
+          if (ks + 1 < S::kKSteps) load_s(ks + 1, cur ^ 1);
 #pragma unroll
           for (int jj = 0; jj < kN / 2; ++jj) {
-            // K: (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7), (keys 8-15, dims 8-15)
-            uint32_t kb[4];
-            ldsm_x4(kb, k_s + swz<S::kChunks>(half * 32 + jj * 16 + (mi / 2) * 8 + mr, 2 * ks + (mi & 1)));
-            mma16816<BF16>(sc[2 * jj], qa, kb[0], kb[1]);
-            mma16816<BF16>(sc[2 * jj + 1], qa, kb[2], kb[3]);
+            mma16816<BF16>(sc[2 * jj], qa[cur], kb[cur][jj][0], kb[cur][jj][1]);
+            mma16816<BF16>(sc[2 * jj + 1], qa[cur], kb[cur][jj][2], kb[cur][jj][3]);
             if constexpr (QSPLIT) {
-              mma16816<BF16>(sc[2 * jj], qb, kb[0], kb[1]);
-              mma16816<BF16>(sc[2 * jj + 1], qb, kb[2], kb[3]);
+              mma16816<BF16>(sc[2 * jj], qb[cur], kb[cur][jj][0], kb[cur][jj][1]);
+              mma16816<BF16>(sc[2 * jj + 1], qb[cur], kb[cur][jj][2], kb[cur][jj][3]);
             }
           }
         }
@@ -249,16 +265,22 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PagedAttentionP
           split2<BF16>(sc[2 * kk][2], sc[2 * kk][3], ph[1], pl[1]);
           split2<BF16>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], ph[2], pl[2]);
           split2<BF16>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ph[3], pl[3]);
+          // V: (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 8-15);
+          // the next 16 dims' fragments load before this 16's mma
+          uint32_t vb[2][4];
+          auto load_v = [&](int dp, int buf) {
+            ldsm_x4_t(vb[buf], v_s + swz<S::kChunks>(half * 32 + kk * 16 + (mi & 1) * 8 + mr, 2 * dp + mi / 2));
+          };
+          load_v(0, 0);
 #pragma unroll
           for (int dp = 0; dp < S::kDTiles / 2; ++dp) {
-            // matrices: (keys 0-7, dims 0-7), (keys 8-15, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 8-15)
-            uint32_t vb[4];
-            ldsm_x4_t(vb, v_s + swz<S::kChunks>(half * 32 + kk * 16 + (mi & 1) * 8 + mr, 2 * dp + mi / 2));
-            mma16816<BF16>(o[2 * dp], ph, vb[0], vb[1]);
-            mma16816<BF16>(o[2 * dp + 1], ph, vb[2], vb[3]);
+            const int cur = dp & 1;
+            if (dp + 1 < S::kDTiles / 2) load_v(dp + 1, cur ^ 1);
+            mma16816<BF16>(o[2 * dp], ph, vb[cur][0], vb[cur][1]);
+            mma16816<BF16>(o[2 * dp + 1], ph, vb[cur][2], vb[cur][3]);
             if constexpr (PSPLIT) {
-              mma16816<BF16>(o[2 * dp], pl, vb[0], vb[1]);
-              mma16816<BF16>(o[2 * dp + 1], pl, vb[2], vb[3]);
+              mma16816<BF16>(o[2 * dp], pl, vb[cur][0], vb[cur][1]);
+              mma16816<BF16>(o[2 * dp + 1], pl, vb[cur][2], vb[cur][3]);
             }
           }
         }
@@ -274,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PagedAttentionP
   for (int e = 0; e < 2; ++e) {
     l[e] += __shfl_xor_sync(0xffffffffu, l[e], 1);
     l[e] += __shfl_xor_sync(0xffffffffu, l[e], 2);
-    const int rr = g + 8 * e;
+    const int rr = r0 + g + 8 * e;
     if (rr >= n_r) continue;
     float den = l[e];
     if (p.maybe_sinks && !math::is_neg_inf(m[e])) den += math::exp2_f32(p.maybe_sinks[head] * math::kLog2e - m[e]);
