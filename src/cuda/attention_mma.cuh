@@ -1,5 +1,6 @@
-// Tensor-core paged attention (decode, and prefill rows packed per CTA): head_dim 64 /
-// 128; f16, bf16 and FP8 pages; K stored rotated, or (16-bit pages) rotated while read.
+// Tensor-core paged attention (decode, and prefill calls too small for the prefill kernel of
+// attention_prefill.cuh, rows packed per CTA): head_dim 64 / 128; f16, bf16 and FP8 pages; K
+// stored rotated, or rotated while read.
 // The SIMT kernel (attention_decode.cuh) spends ~80 instructions per cached row on dot
 // products and shuffles and tops out at ~35% of the read bandwidth; here a warp handles a
 // 16-token tile of K and V with ~40 mma.sync, so the kernel is bound by memory again.
