@@ -59,7 +59,7 @@ template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int RB>
 __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
     prefill_kernel(const PagedAttentionParams p, int chunk_heads) {
   using S = Shape<HD, QSPLIT, RB>;
-  constexpr int kRows = S::kRows, kWarps = S::kWarps, kThreads = S::kThreads;
+  constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
   const int row = blockIdx.x;
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
