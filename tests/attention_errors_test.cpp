@@ -115,4 +115,21 @@ TEST(AttentionErrors, ShapesDtypesAndOptions) {
   o.workspace = TensorRef(small.data(), DType::U8, Device::cpu(), {16});
   o.num_splits = 4;
   f.expect(f.g.kv, f.g.table, o, "workspace holds 16 bytes");
+  o = f.g.opt;
+  o.kernel_variant = 5;
+  f.expect(f.g.kv, f.g.table, o, "kernel_variant must be 0 to 4, got 5");
+  o = f.g.opt;
+  o.num_splits = -1;
+  f.expect(f.g.kv, f.g.table, o, "num_splits must be in [0, 1024], got -1");
+}
+
+// The workspace size needs the split count the call resolves (0 is not a count).
+TEST(AttentionErrors, WorkspaceBytesNeedsASplitCount) {
+  EXPECT_EQ(attention_workspace_bytes(3, 8, 64, 2), size_t{3 * 8 * 2 * (64 + 1)} * 4);
+  try {
+    (void)attention_workspace_bytes(3, 8, 64, 0);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_splits must be >= 1"), std::string::npos) << e.what();
+  }
 }
