@@ -20,7 +20,9 @@ void launch_rb(const PagedAttentionParams& p, cudaStream_t stream) {
   (void)attr_set;
   const int chunk_heads = heads_per_cta(p.group);
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
-  const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
+  // Row blocks, then one CTA a sequence for rows before its first block boundary (see row_block).
+  const int64_t n_blocks = (int64_t{p.n_rows} + S::kRows - 1) / S::kRows;
+  const dim3 grid(static_cast<unsigned>(n_blocks + p.batch), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
   prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("prefill_kernel");
 }
@@ -60,15 +62,14 @@ bool serves(const PagedAttentionParams& p, int sm_count) {
   const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
   if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
   if (p.kernel_variant == 4) return true;  // asked for (tests): whatever the size
-  // Without split-K the kernel needs rows to fill the GPU: a warp per 16 rows and head, 2 CTAs
-  // an SM.
+  // Without split-K the kernel needs rows to fill the GPU: a warp per 16 rows and head.
   const int chunk_heads = heads_per_cta(p.group);
   const int64_t blocks16 = int64_t{p.n_rows} / 16 * p.layout.n_kv_heads * ((p.group + chunk_heads - 1) / chunk_heads);
   return blocks16 >= sm_count;
 }
 
 void launch(const PagedAttentionParams& p, cudaStream_t stream) {
-  require_arg(p.n_rows < 2147483647 && p.layout.n_kv_heads * p.group < 65536, "attention prefill: grid too large");
+  require_arg(int64_t{p.n_rows} + p.batch < 2147483647 && p.layout.n_kv_heads * p.group < 65536, "attention prefill: grid too large");
   const bool bf16 = p.kv_elem == math::KvElem::BF16;
   if (p.layout.head_dim == 64) return bf16 ? launch_q<64, true>(p, stream) : launch_q<64, false>(p, stream);
   return bf16 ? launch_q<128, true>(p, stream) : launch_q<128, false>(p, stream);

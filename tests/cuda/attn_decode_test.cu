@@ -259,6 +259,20 @@ TEST(AttnCuda, PrefillTensorCoreKernel) {
     s.seed = 40 + c.q + c.d;
     check_case(s, {0});
   }
+  // Sequences starting on and between 32-row blocks, an empty one, a one-row one: every row
+  // belongs to exactly one CTA (row blocks plus a CTA per unaligned sequence start).
+  CaseSpec s;
+  s.kv = DType::F16;
+  s.q = DType::F16;
+  s.out = DType::F32;
+  s.head_dim = 128;
+  s.n_q_heads = 8;
+  s.n_kv_heads = 2;
+  s.seq_cells = {100, 40, 200, 64, 50, 31};
+  s.q_tokens = {0, 32, 33, 64, 1, 31};
+  s.dead_rate = 0.05;
+  s.seed = 77;
+  check_case(s, {0});
 }
 
 TEST(AttnCuda, PositionOffsets) {
