@@ -26,7 +26,7 @@ size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head
 }
 
 int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
-                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant) {
+                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant, bool rope_on_read) {
   const int64_t group = n_kv_heads > 0 ? std::max<int64_t>(1, n_q_heads / n_kv_heads) : 1;
 #if KVCORE_WITH_CUDA
   if (device.is_cuda() && (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512)) {
@@ -35,12 +35,14 @@ int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads,
                             : kv_dtype == DType::BF16 ? math::KvElem::BF16
                                                       : math::KvElem::E4M3;
     return ops::cuda::attention_choose_splits(device.index, n_rows, static_cast<int>(n_kv_heads), static_cast<int>(group),
-                                              static_cast<int>(head_dim), kv, kernel_variant, max_seq_cells);
+                                              static_cast<int>(head_dim), kv, kernel_variant, max_seq_cells,
+                                              rope_on_read);
   }
 #endif
   (void)head_dim;
   (void)kv_dtype;
   (void)kernel_variant;
+  (void)rope_on_read;
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * ((group + 7) / 8));
   int64_t target;
   int64_t min_chunk;
@@ -246,7 +248,7 @@ void run(const char* op, Validated& v, const TensorRef& q, const AttentionOption
   int64_t cells_for_split = v.max_seq_cells > 0 ? v.max_seq_cells : opt.max_seq_cells;
   if (automatic)
     splits = attention_auto_splits(dev, p.n_rows, p.layout.n_kv_heads, p.n_q_heads, head_dim, q_kv_dtype(p),
-                                   cells_for_split, p.kernel_variant);
+                                   cells_for_split, p.kernel_variant, p.rope_on_read);
   Buffer owned;
   std::byte* ws = nullptr;
   if (!opt.workspace.empty()) {

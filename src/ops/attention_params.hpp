@@ -174,7 +174,7 @@ void attention_dsv4(const Dsv4AttentionParams& p);
 int sm_count(int device);
 // Split-K factor that fills the device in whole waves (uses the kernel's occupancy).
 int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
-                                int kernel_variant, int64_t max_seq_cells);
+                                int kernel_variant, int64_t max_seq_cells, bool rope_on_read);
 }  // namespace cuda
 
 }  // namespace kvcore::ops

@@ -94,9 +94,11 @@ void attention_prefill(const TensorRef& q, const TensorRef& qo_indptr, const Pag
 size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits);
 
 // The split-K factor `num_splits = 0` resolves to (device-dependent: on CUDA it fills the
-// GPU in whole waves of the kernel chosen for this shape; max_seq_cells 0 = unknown).
+// GPU in whole waves of the kernel chosen for this shape; max_seq_cells 0 = unknown;
+// rope_on_read as the call's AttentionOptions::rope_on_read is set).
 int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
-                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant = 0);
+                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant = 0,
+                              bool rope_on_read = false);
 
 // ---- DeepSeek-V4 sparse decode attention ----------------------------------------------
 // MQA with 64 query heads of 512 dims (any n_heads works); the key and the value are the same row.
