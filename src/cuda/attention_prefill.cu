@@ -9,11 +9,12 @@ namespace kvcore::ops::cuda::prefill_attn {
 
 namespace {
 
-template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int RB>
-void launch_rb(const PagedAttentionParams& p, cudaStream_t stream) {
+template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int PASSES>
+void launch_passes(const PagedAttentionParams& p, cudaStream_t stream) {
+  constexpr int RB = 2;  // 32 rows a CTA (16 rows: ~2x slower, GPU run Q of 2026-12-04)
   using S = Shape<HD, QSPLIT, RB>;
   static const bool attr_set = [] {
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB>,
+    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB, PASSES>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
     return true;
   }();
@@ -23,19 +24,19 @@ void launch_rb(const PagedAttentionParams& p, cudaStream_t stream) {
   // Row blocks, then one CTA a sequence for rows before its first block boundary (see row_block).
   const int64_t n_blocks = (int64_t{p.n_rows} + S::kRows - 1) / S::kRows;
   const dim3 grid(static_cast<unsigned>(n_blocks + p.batch), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
-  prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
+  prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB, PASSES><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("prefill_kernel");
 }
 
-// 16-row blocks per CTA: KVCORE_PREFILL_ROW_BLOCKS=1 or 2 (A/B benchmarks); default 2.
+// Key passes a tile: KVCORE_PREFILL_PASSES=1 or 2 (A/B benchmarks); default 2.
 template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
 void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
-  static const int rb = [] {
-    const char* v = std::getenv("KVCORE_PREFILL_ROW_BLOCKS");
+  static const int passes = [] {
+    const char* v = std::getenv("KVCORE_PREFILL_PASSES");
     return v && std::atoi(v) == 1 ? 1 : 2;
   }();
-  if (rb == 1) return launch_rb<HD, BF16, QSPLIT, PSPLIT, 1>(p, stream);
-  launch_rb<HD, BF16, QSPLIT, PSPLIT, 2>(p, stream);
+  if (passes == 1) return launch_passes<HD, BF16, QSPLIT, PSPLIT, 1>(p, stream);
+  launch_passes<HD, BF16, QSPLIT, PSPLIT, 2>(p, stream);
 }
 
 // q exact in the page type: f16 q with f16 pages, bf16 q with bf16 pages.

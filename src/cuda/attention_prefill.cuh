@@ -87,7 +87,9 @@ __device__ __forceinline__ RowBlock row_block(const PagedAttentionParams& p, int
 // QSPLIT: q is not exact in the page type (f32, or the other 16-bit type): hi + lo halves.
 // PSPLIT: f32 output: P as hi + lo halves (f32 accuracy); else one 16-bit P (2^-12 relative,
 // below a 16-bit output's own rounding).
-template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int RB>
+// PASSES: a tile's 64 keys go through S, softmax and PV in 1 pass or 2 of 32 keys (fewer
+// registers, shorter dependency chains per pass).
+template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int RB, int PASSES>
 __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
     prefill_kernel(const PagedAttentionParams p, int chunk_heads) {
   using S = Shape<HD, QSPLIT, RB>;
@@ -269,11 +271,11 @@ __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
     const bool full = meta[3 * kKeys + 2] != 0 && kmax <= qmin && (p.window <= 0 || int64_t{qmax} - kmin < p.window);
     if (active && !none) {
       const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
-      // Two halves of 32 keys: S, softmax and PV of one half at a time keep the registers of
-      // the q halves and the output without spilling.
+      // PASSES passes of kPassKeys keys: S, softmax and PV of one pass at a time.
+      constexpr int kPassKeys = kKeys / PASSES;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        constexpr int kN = S::kNTiles / 2;  // n-tiles of 8 keys in a half
+      for (int half = 0; half < PASSES; ++half) {
+        constexpr int kN = S::kNTiles / PASSES;  // n-tiles of 8 keys in a pass
         float sc[kN][4];
 #pragma unroll
         for (int j = 0; j < kN; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
@@ -288,7 +290,7 @@ __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
           if constexpr (QSPLIT) ldsm_x4(qb[buf], ql_s + qoff);
 #pragma unroll
           for (int jj = 0; jj < kN / 2; ++jj)
-            ldsm_x4(kb[buf][jj], k_s + swz<S::kChunks>(half * 32 + jj * 16 + (mi / 2) * 8 + mr, 2 * ks + (mi & 1)));
+            ldsm_x4(kb[buf][jj], k_s + swz<S::kChunks>(half * kPassKeys + jj * 16 + (mi / 2) * 8 + mr, 2 * ks + (mi & 1)));
         };
         load_s(0, 0);
 #pragma unroll
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
             }
           }
         }
-        // masks and scale; x: row g + 8 * (x >> 1), key half * 32 + 8j + 2t + (x & 1)
+        // masks and scale; x: row g + 8 * (x >> 1), key half * kPassKeys + 8j + 2t + (x & 1)
         if (full) {
 #pragma unroll
           for (int j = 0; j < kN; ++j)
@@ -316,7 +318,7 @@ __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
           for (int j = 0; j < kN; ++j)
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
-              const int r = half * 32 + 8 * j + 2 * t + (x & 1);
+              const int r = half * kPassKeys + 8 * j + 2 * t + (x & 1);
               sc[j][x] = sees(qp[x >> 1], kpos[r]) ? sc[j][x] * sl2 : math::neg_inf_f32();
             }
         }
@@ -355,7 +357,7 @@ __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
           // the next 16 dims' fragments load before this 16's mma
           uint32_t vb[2][4];
           auto load_v = [&](int dp, int buf) {
-            ldsm_x4_t(vb[buf], v_s + swz<S::kChunks>(half * 32 + kk * 16 + (mi & 1) * 8 + mr, 2 * dp + mi / 2));
+            ldsm_x4_t(vb[buf], v_s + swz<S::kChunks>(half * kPassKeys + kk * 16 + (mi & 1) * 8 + mr, 2 * dp + mi / 2));
           };
           load_v(0, 0);
 #pragma unroll
