@@ -14,8 +14,8 @@
 // Masks per key: valid byte, causal by position (k_pos <= q_pos), sliding window. A warp skips
 // a tile none of its rows can see and drops the masks of a tile all its rows see whole (most
 // tiles of a long prefix), from a per-tile summary of the key positions. Sinks join the
-// denominator at the end. GPU run of 2026-12-04: these, the row-block grid and block ids loaded
-// a tile ahead took b1 8k / 2048 new tokens from 1919 to 1498 us. The output is
+// denominator at the end. GPU runs Q and R of 2026-12-04: these, the row-block grid, block ids
+// loaded a tile ahead and one key pass a tile took b1 8k / 2048 new tokens from 1919 to 1361 us. The output is
 // written directly (no split-K: a prefill call has rows enough to fill the GPU; the launcher
 // leaves small calls to the split-K decode kernel).
 #pragma once
