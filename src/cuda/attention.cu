@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -38,25 +39,32 @@ constexpr int kMaxSplits = 1024;
 // batch 1 / 32k, profile F).
 constexpr int kStageFloats = 8192;
 
-template <int HD>
+// DS: dims a CTA merges (HD, or 32 when few (row, head) pairs would leave most SMs idle: at
+// batch 1, 32 CTAs of 66 splits each waited on two stages of copies in turn).
+template <int HD, int DS>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a) {
-  constexpr int kStageSplits = kStageFloats / HD;
-  constexpr int kParts = HD >= kMergeThreads ? 1 : kMergeThreads / HD;  // threads sharing a dim (split subsets)
-  constexpr int kDims = HD >= kMergeThreads ? HD / kMergeThreads : 1;   // dims a thread sums
+  static_assert(HD % DS == 0 && DS % 4 == 0, "whole 16-byte chunks of a split's slice");
+  constexpr int kSlices = HD / DS;
+  constexpr int kStageSplits = kStageFloats / DS;
+  constexpr int kParts = DS >= kMergeThreads ? 1 : kMergeThreads / DS;  // threads sharing a dim (split subsets)
+  constexpr int kDims = DS >= kMergeThreads ? DS / kMergeThreads : 1;   // dims a thread sums
   __shared__ __align__(16) float stage[kStageFloats];
   __shared__ float w[kMaxSplits];
-  __shared__ float part[kParts][HD];
+  __shared__ float part[kParts][DS];
   __shared__ float inv_s;
   // Launched as a programmatic dependent of the decode kernel: its partials complete and visible.
   kvcore::cuda::pdl_wait();
-  const int rh = blockIdx.x;
+  const int rh = blockIdx.x / kSlices, d_off = blockIdx.x % kSlices * DS;
   const int r = rh / a.n_heads, h = rh % a.n_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const float* lse = a.lse_part + int64_t{rh} * a.splits;
-  const float* o = a.o_part + int64_t{rh} * a.splits * HD;
+  const float* o = a.o_part + int64_t{rh} * a.splits * HD + d_off;
   auto copy_stage = [&](int s0) {
     const int n = min(kStageSplits, a.splits - s0);
-    for (int e = tid; e < n * HD / 4; e += kMergeThreads) kvcore::cuda::cp_async<16>(stage + 4 * e, o + int64_t{s0} * HD + 4 * e);
+    for (int e = tid; e < n * DS / 4; e += kMergeThreads) {
+      const int i = e / (DS / 4), c = e % (DS / 4);  // split s0 + i, chunk c of its slice
+      kvcore::cuda::cp_async<16>(stage + i * DS + 4 * c, o + int64_t{s0 + i} * HD + 4 * c);
+    }
     kvcore::cuda::cp_async_commit();
   };
   copy_stage(0);
@@ -80,7 +88,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   }
   // Thread (q, d0): dims d0 + kMergeThreads * k of the splits q, q + kParts, ... of each stage,
   // in split order; the kParts sums are added in order at the end.
-  const int q = HD >= kMergeThreads ? 0 : tid / HD, d0 = HD >= kMergeThreads ? tid : tid % HD;
+  const int q = DS >= kMergeThreads ? 0 : tid / DS, d0 = DS >= kMergeThreads ? tid : tid % DS;
   float acc[kDims];
 #pragma unroll
   for (int k = 0; k < kDims; ++k) acc[k] = 0.0f;
@@ -93,7 +101,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
       const float wi = w[s0 + i] * inv;
       if (wi != 0.0f)  // an empty split's partial is never read (0 * inf)
 #pragma unroll
-        for (int k = 0; k < kDims; ++k) acc[k] += wi * stage[i * HD + d0 + kMergeThreads * k];
+        for (int k = 0; k < kDims; ++k) acc[k] += wi * stage[i * DS + d0 + kMergeThreads * k];
     }
     if (s0 + kStageSplits < a.splits) {
       __syncthreads();  // every thread is done with the stage before it is overwritten
@@ -104,14 +112,14 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   for (int k = 0; k < kDims; ++k) part[q][d0 + kMergeThreads * k] = acc[k];
   __syncthreads();
   float* row = stage;  // the stage is free now
-  for (int d = tid; d < HD; d += kMergeThreads) {
+  for (int d = tid; d < DS; d += kMergeThreads) {
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < kParts; ++k) s += part[k][d];
     row[d] = s;
   }
   __syncthreads();
-  if (a.maybe_inverse_rope_pos) {
+  if (kSlices == 1 && a.maybe_inverse_rope_pos) {  // (the launcher slices no rotated output)
     const float pos = -static_cast<float>(a.maybe_inverse_rope_pos[r]);
     for (int i = threadIdx.x; i < a.rope.layout.n_pairs(); i += kMergeThreads) {
       float sn, cs;
@@ -120,8 +128,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
     }
     __syncthreads();
   }
-  const int64_t off = int64_t{r} * a.out_row_stride + int64_t{h} * a.out_head_stride;
-  for (int d = threadIdx.x; d < HD; d += kMergeThreads) store_q_elem(a.out, off + d, a.out_elem, row[d]);
+  const int64_t off = int64_t{r} * a.out_row_stride + int64_t{h} * a.out_head_stride + d_off;
+  for (int d = threadIdx.x; d < DS; d += kMergeThreads) store_q_elem(a.out, off + d, a.out_elem, row[d]);
 }
 
 }  // namespace
@@ -133,14 +141,22 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
                                                            " beyond the kernel's limits (1024 / 64, 128, 256 or 512)"));
   const int64_t blocks = int64_t{a.n_rows} * a.n_heads;
   if (blocks == 0) return;
+  // Fewer (row, head) pairs than SMs: a CTA per 32 dims, so more SMs share the copies.
+  // KVCORE_ATTN_MERGE_SLICES=0 turns that off (A/B benchmarks).
+  static const bool slices_on = [] {
+    const char* v = std::getenv("KVCORE_ATTN_MERGE_SLICES");
+    return !(v && std::string(v) == "0");
+  }();
+  const bool sliced = slices_on && a.sm_count > 0 && !a.maybe_inverse_rope_pos && blocks < a.sm_count;
   // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
   // kernel drains, instead of after it (the launch latency leaves the critical path).
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kMergeThreads);
+  const dim3 grid(static_cast<unsigned>(sliced ? blocks * (hd / 32) : blocks)), block(kMergeThreads);
+  auto go = [&](auto kernel) { kvcore::cuda::launch_dependent(kernel, grid, block, 0, stream, a); };
   switch (hd) {
-    case 64: kvcore::cuda::launch_dependent(merge_kernel<64>, grid, block, 0, stream, a); break;
-    case 128: kvcore::cuda::launch_dependent(merge_kernel<128>, grid, block, 0, stream, a); break;
-    case 256: kvcore::cuda::launch_dependent(merge_kernel<256>, grid, block, 0, stream, a); break;
-    default: kvcore::cuda::launch_dependent(merge_kernel<512>, grid, block, 0, stream, a); break;
+    case 64: return sliced ? go(merge_kernel<64, 32>) : go(merge_kernel<64, 64>);
+    case 128: return sliced ? go(merge_kernel<128, 32>) : go(merge_kernel<128, 128>);
+    case 256: return sliced ? go(merge_kernel<256, 32>) : go(merge_kernel<256, 256>);
+    default: return sliced ? go(merge_kernel<512, 32>) : go(merge_kernel<512, 512>);
   }
 }
 
@@ -273,6 +289,7 @@ void attention_paged(const PagedAttentionParams& p) {
   m.out_row_stride = p.out_row_stride;
   m.out_head_stride = p.out_head_stride;
   m.maybe_inverse_rope_pos = nullptr;
+  m.sm_count = sm_count(p.device);
   attn::launch_merge(m, stream);
 }
 

@@ -20,6 +20,7 @@ struct MergeArgs {
   int64_t out_row_stride, out_head_stride;
   const int32_t* maybe_inverse_rope_pos;  // [n_rows]: rotate the output by -pos with `rope`
   math::RopeTable rope;
+  int32_t sm_count = 0;  // > 0 (and no inverse rope): few (row, head) pairs take a CTA per 32 dims
 };
 
 void launch_merge(const MergeArgs& a, cudaStream_t stream);
