@@ -21,9 +21,9 @@ void launch_passes(const PagedAttentionParams& p, cudaStream_t stream) {
   (void)attr_set;
   const int chunk_heads = heads_per_cta(p.group);
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
-  // Row blocks, then one CTA a sequence for rows before its first block boundary (see row_block).
-  const int64_t n_blocks = (int64_t{p.n_rows} + S::kRows - 1) / S::kRows;
-  const dim3 grid(static_cast<unsigned>(n_blocks + p.batch), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
+  // Row blocks, then one CTA a sequence for rows before its first block boundary.
+  const int64_t ctas = prefill_row_block_ctas(p.n_rows, p.batch, S::kRows);
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
   prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB, PASSES><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("prefill_kernel");
 }

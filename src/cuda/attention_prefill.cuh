@@ -24,6 +24,7 @@
 #include "cuda/mma_primitives.cuh"
 #include "kvcore/math/softmax.hpp"
 #include "ops/attention_params.hpp"
+#include "ops/prefill_row_blocks.hpp"
 
 namespace kvcore::ops::cuda::prefill_attn {
 
@@ -59,31 +60,6 @@ struct Shape {
   static constexpr int kCopyIts = kKeys / kRowsPerIt;  // rows a thread copies per tile
 };
 
-// CTA x < n_blocks takes rows [x * kRows, x * kRows + kRows) of the sequence holding row x * kRows
-// (clipped at its end); CTA n_blocks + b takes sequence b's first rows up to the next multiple
-// of kRows when it starts between two. A grid of one CTA per row (31 of 32 exiting at once)
-// spent ~1 us of an SM per empty CTA at one CTA an SM.
-struct RowBlock {
-  int b = 0, row = 0, n_r = 0;  // n_r <= 0: nothing to do
-};
-template <int kRows>
-__device__ __forceinline__ RowBlock row_block(const PagedAttentionParams& p, int x) {
-  const int n_blocks = (p.n_rows + kRows - 1) / kRows;
-  RowBlock rb;
-  if (x < n_blocks) {
-    rb.row = x * kRows;
-    rb.b = attention_row_seq(p, rb.row);
-    rb.n_r = min(kRows, p.maybe_qo_indptr[rb.b + 1] - rb.row);
-  } else {
-    rb.b = x - n_blocks;
-    if (rb.b >= p.batch) return rb;
-    const int first = p.maybe_qo_indptr[rb.b], last = p.maybe_qo_indptr[rb.b + 1];
-    rb.row = first;
-    if (first % kRows != 0) rb.n_r = min((first / kRows + 1) * kRows, last) - first;
-  }
-  return rb;
-}
-
 // QSPLIT: q is not exact in the page type (f32, or the other 16-bit type): hi + lo halves.
 // PSPLIT: f32 output: P as hi + lo halves (f32 accuracy); else one 16-bit P (2^-12 relative,
 // below a 16-bit output's own rounding).
@@ -95,7 +71,7 @@ __global__ void __launch_bounds__(Shape<HD, QSPLIT, RB>::kThreads, 1)
   using S = Shape<HD, QSPLIT, RB>;
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
-  const RowBlock rb = row_block<kRows>(p, static_cast<int>(blockIdx.x));
+  const PrefillRowBlock rb = prefill_row_block<kRows>(p, static_cast<int>(blockIdx.x));
   if (rb.n_r <= 0) return;
   const int row = rb.row, b = rb.b, n_r = rb.n_r;
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
