@@ -226,6 +226,15 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   const int sms = sm_count(device);
   const int64_t slots = int64_t{std::max(per_sm, 1)} * sms;
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
+  // At least 128 cells per split; at most 1024 splits.
+  const int64_t s_max = std::clamp<int64_t>(max_seq_cells > 0 ? (max_seq_cells + 127) / 128 : 1024, 1, 1024);
+  // FP8: one fat CTA an SM where that is a single wave of long enough CTAs (mma_attn::fat_decode;
+  // GPU A/B of 2026-12-04: batch 16 / 8k 85 -> 78 us, 32k 280 -> 262, batch 1 / 128k -3%).
+  if (mma && base <= sms) {
+    const int64_t s = std::clamp<int64_t>(sms / base, 1, s_max);
+    if (mma_attn::fat_decode(kv, rope_on_read, group, base * s, sms, max_seq_cells, static_cast<int>(s)))
+      return static_cast<int32_t>(s);
+  }
   // One CTA an SM already covers >= 90% of the SMs in one wave and the contexts are long: no
   // split, so no partials and no merge (16-bit pages, tensor-core kernel, GPU A/B of 2026-12-04:
   // batch 16 / 32k f16 518 -> 507 us, 128k equal; FP8 and rope on read are bound by instruction
@@ -233,8 +242,6 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   if (mma && !rope_on_read && kv != math::KvElem::E4M3 && base <= sms && base * 10 >= int64_t{sms} * 9 &&
       max_seq_cells >= 16384)
     return 1;
-  // At least 128 cells per split; at most 1024 splits.
-  const int64_t s_max = std::clamp<int64_t>(max_seq_cells > 0 ? (max_seq_cells + 127) / 128 : 1024, 1, 1024);
   if (base < slots) return static_cast<int32_t>(std::clamp<int64_t>(slots / base, 1, s_max));  // one full wave
   // Enough CTAs already: the fewest splits whose last wave is >= 90% full (CTAs of one
   // batch take about the same time, so they run in waves).

@@ -10,33 +10,36 @@ namespace kvcore::ops::cuda::mma_attn {
 
 namespace {
 
-template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH = Path::General>
+template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH = Path::General, int W = kWarpsDefault>
 void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
                int* blocks_per_sm) {
-  constexpr int kSmem = Shape<HD, KV, ROPE, NT>::kSmemBytes;
+  using K = Shape<HD, KV, ROPE, NT, W>;
+  constexpr auto kernel = mma_decode_kernel<HD, KV, ROPE, NT, PATH, W>;
   static const bool attr_set = [] {
-    KVCORE_CUDA_CHECK(
-        cudaFuncSetAttribute(mma_decode_kernel<HD, KV, ROPE, NT, PATH>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes));
     return true;
   }();
   (void)attr_set;
   if (blocks_per_sm) {
-    KVCORE_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mma_decode_kernel<HD, KV, ROPE, NT, PATH>, kThreads, kSmem));
+    KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, K::kThreads, K::kSmemBytes));
     return;
   }
   const unsigned n_ctas = static_cast<unsigned>(int64_t{grid.gx} * grid.gy);
-  mma_decode_kernel<HD, KV, ROPE, NT, PATH><<<n_ctas, kThreads, kSmem, stream>>>(p, chunks, chunk_heads, grid);
+  kernel<<<n_ctas, K::kThreads, K::kSmemBytes, stream>>>(p, chunks, chunk_heads, grid);
   KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");
 }
 
 // 8 query columns per CTA for decode with up to 8 heads per kv head; else 16 (prefill packs
-// 16 / heads rows).
+// 16 / heads rows). FP8 decode without rope on read runs fat CTAs when the launch asks
+// (grid.fat, from fat_decode).
 template <int HD, math::KvElem KV, bool ROPE, Path PATH = Path::General>
 void launch_one(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
                 int* blocks_per_sm) {
-  if (chunk_heads <= 8 && !p.maybe_qo_indptr)
+  if (chunk_heads <= 8 && !p.maybe_qo_indptr) {
+    if constexpr (KV == math::KvElem::E4M3 && !ROPE)
+      if (grid.fat) return launch_nt<HD, KV, ROPE, 1, PATH, kFatWarps>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
     return launch_nt<HD, KV, ROPE, 1, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+  }
   launch_nt<HD, KV, ROPE, 2, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
 }
 
@@ -96,13 +99,24 @@ bool serves(const PagedAttentionParams& p) {
 
 int heads_per_cta(int group) { return group < 16 ? group : 16; }
 
+bool fat_decode(math::KvElem kv, bool rope_on_read, int group, int64_t ctas, int sms, int64_t max_seq_cells,
+                int splits) {
+  // KVCORE_ATTN_FAT_CTAS=0 keeps 4-warp CTAs (A/B benchmarks).
+  static const bool on = [] {
+    const char* v = std::getenv("KVCORE_ATTN_FAT_CTAS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on && kv == math::KvElem::E4M3 && !rope_on_read && heads_per_cta(group) <= 8 && ctas <= sms &&
+         max_seq_cells > 0 && splits > 0 && max_seq_cells / splits >= kFatMinCells;
+}
+
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
   PagedAttentionParams q{};
   q.layout.head_dim = head_dim;
   q.kv_elem = kv;
   q.rope_on_read = rope_on_read;
   int n = 0;
-  dispatch(q, CtaOrder{}, 1, heads_per_cta(group), nullptr, &n);
+  dispatch(q, CtaOrder{}, 1, heads_per_cta(group), nullptr, &n);  // (4-warp CTAs: CtaOrder::fat is off)
   return n;
 }
 
@@ -118,7 +132,9 @@ void launch(const PagedAttentionParams& p, cudaStream_t stream) {
     const char* v = std::getenv("KVCORE_ATTN_CTA_ORDER");
     return !(v && std::string(v) == "split");
   }();
-  const CtaOrder order{static_cast<int>(gx), static_cast<int>(gy), head_major};
+  CtaOrder order{static_cast<int>(gx), static_cast<int>(gy), head_major};
+  order.fat = !p.maybe_qo_indptr && fat_decode(p.kv_elem, p.rope_on_read != 0, p.group, gx * gy, sm_count(p.device),
+                                               p.max_seq_cells, p.num_splits);
   dispatch(p, order, chunks, chunk_heads, stream, nullptr);
 }
 

@@ -35,8 +35,6 @@
 
 namespace kvcore::ops::cuda::mma_attn {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 constexpr int kTile = 16;      // tokens per warp step: the M of S^T, the K of O^T
 constexpr int kMetaWords = 5;  // per token of a stage: cell, position, valid word, K scale word, V scale word
 
@@ -48,10 +46,43 @@ constexpr int kMetaWords = 5;  // per token of a stage: cell, position, valid wo
 // ~87% of the read bandwidth (GPU run A, 2026-12-03); short 16-bit calls are bound by the
 // loop's latency and take the lean loop too. Rounding P to f16 (one PV mma instead of hi + lo)
 // was measured too and gained nothing once the loop was lean, so P stays exact.
-enum class Path { General, Lean };
+// LeanTrace: the lean path plus trace stamps (bench/decode_trace.cu only; see trace_mark).
+enum class Path { General, Lean, LeanTrace };
 
-template <int HD, math::KvElem KV, bool ROPE, int NT>
+// Warps a CTA. FP8 decode may run one fat CTA an SM (kFatWarps = 16, as many warps as the
+// 4-warp CTAs that used to share an SM; attention_mma.hpp says when): the warp schedulers
+// favour the oldest CTA of an SM, so its 4-warp CTAs finished up to 13% apart and the SM
+// drained with few warps (decode_trace, 2026-12-04), while the warps of one CTA share their
+// tiles through a counter (see decode_body) and finish together.
+constexpr int kWarpsDefault = 4;
+
+// Path::LeanTrace: lane 0 of each warp stamps %globaltimer at kTraceStamps points of the warp's
+// life (entry, prologue issued, q ready, first tile ready, loop done, partial written) and its SM
+// id, at trace[(cta * kWarps + warp) * kTraceSlots + point]: a timeline of where CTAs spend time.
+constexpr int kTraceStamps = 6;
+constexpr int kTraceSlots = 8;  // the stamps, the SM id, a spare
+template <Path PATH, int W>
+__device__ __forceinline__ void trace_mark(unsigned long long* trace, int point) {
+  if constexpr (PATH == Path::LeanTrace) {
+    if (threadIdx.x % 32 != 0) return;
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns)::"memory");
+    unsigned long long* w = trace + (int64_t{blockIdx.x} * W + threadIdx.x / 32) * kTraceSlots;
+    w[point] = ns;
+    if (point == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      w[kTraceStamps] = sm;
+    }
+  } else {
+    (void)trace, (void)point;
+  }
+}
+
+template <int HD, math::KvElem KV, bool ROPE, int NT, int W = kWarpsDefault>
 struct Shape {
+  static constexpr int kWarps = W;
+  static constexpr int kThreads = 32 * W;
   static constexpr bool kFp8 = KV == math::KvElem::E4M3;
   static constexpr int kN = 8 * NT;               // query columns per CTA
   static constexpr int kRowBytes = HD * (kFp8 ? 1 : 2);
@@ -61,13 +92,13 @@ struct Shape {
   static constexpr int kScaleBlocks = kFp8 ? HD / 64 : 1;
   // Ring depth per warp: rope on read needs room for the lo tiles, and 2 CTAs per SM matter
   // more than a third stage. FP8 decode is bound by instruction latency, not bytes in
-  // flight: 3 stages let 4 CTAs (16 warps) share an SM (see kMinBlocks).
+  // flight: 3 stages let 16 warps share an SM (see kMinBlocks).
   static constexpr int kStages = ROPE ? 2 : 3;
-  // CTAs per SM the registers are budgeted for (__launch_bounds__).
-  static constexpr int kMinBlocks = NT == 1 ? (kFp8 && !ROPE ? 4 : 3) : 2;
+  // CTAs per SM the registers are budgeted for (__launch_bounds__); a fat CTA fills the SM.
+  static constexpr int kMinBlocks = W > 4 ? 1 : NT == 1 ? (kFp8 && !ROPE ? 4 : 3) : 2;
   static constexpr int kStageBytes = 2 * kTileBytes + kTile * kMetaWords * 4;
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
-  static constexpr int kMergeBytes = kWarps * kN * (HD + 2) * 4;
+  static constexpr int kMergeBytes = (kWarps * kN * (HD + 2) + (kWarps + 1) * kN) * 4;  // o, (m, l), factors, l
   static constexpr int kQBytes = kN * HD * 4;
   static constexpr int kBaseBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
   // Rope on read: after the base area, each warp's rotated K tiles (lo; FP8 also hi: 16-bit
@@ -83,7 +114,8 @@ struct Shape {
   // The queries get their own area (last), so the first tiles' copies can start before q
   // is read: the CTA's start-up latencies overlap (short CTAs of small batches feel them).
   static constexpr int kQOffset = kBaseBytes + kRopeBytes;
-  static constexpr int kSmemBytes = kQOffset + kQBytes;
+  static constexpr int kCounterOffset = kQOffset + kQBytes;  // the CTA's next free tile (int)
+  static constexpr int kSmemBytes = kCounterOffset + 16;
   static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "swizzle and copy lanes need 4, 8 or 16 chunks per row");
   static_assert(!kFp8 || kQBytes >= kWarps * kTile * 2 * kScaleBlocks * 4, "FP8 scale scratch lives in the q area");
   static_assert(kBaseBytes % 16 == 0 && kFreqOffset % 16 == 0, "16-byte aligned tiles and frequencies");
@@ -107,7 +139,7 @@ __device__ __forceinline__ int small_div_inverse(int c) { return (65536 + c - 1)
 // column n = that / HD, dim that % HD; column n = query row row + n / chunk_heads, head h0 +
 // n % chunk_heads; columns past the rows or heads are zero). Every load is issued before any
 // value is used.
-template <int kN, int HD, class Load>
+template <int kN, int HD, int kThreads, class Load>
 __device__ __forceinline__ void load_q_columns(const PagedAttentionParams& p, int row, int h0, int chunk_heads, int n_r,
                                                int n_h, float (&qv)[kN * HD / kThreads], const Load& load) {
   const int inv = small_div_inverse(chunk_heads);
@@ -119,10 +151,12 @@ __device__ __forceinline__ void load_q_columns(const PagedAttentionParams& p, in
   }
 }
 
-template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH>
+template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
-                                            int chunk, int chunk_heads) {
-  using S = Shape<HD, KV, ROPE, NT>;
+                                            int chunk, int chunk_heads, unsigned long long* trace) {
+  trace_mark<PATH, W>(trace, 0);
+  using S = Shape<HD, KV, ROPE, NT, W>;
+  constexpr int kWarps = S::kWarps, kThreads = S::kThreads;
   constexpr bool kFp8 = S::kFp8;
   constexpr bool kBf16 = KV == math::KvElem::BF16;
   constexpr int kN = S::kN;
@@ -171,24 +205,34 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const uint8_t* valid = kLean ? nullptr : p.maybe_valid;  // (folds the lean path's checks away)
 
   unsigned char* wbase = smem + warp * S::kStages * S::kStageBytes;
-  const int span = range.end - range.begin - warp * kTile;
-  const int n_steps = span > 0 ? (span + kWarps * kTile - 1) / (kWarps * kTile) : 0;
-
-  // The block id of this lane's token in step i (-1 past the range). The main loop loads
-  // it one step ahead, so the load's latency hides behind a step of math instead of
-  // stalling the copies that need it.
-  auto token_of = [&](int i) { return range.begin + (i * kWarps + warp) * kTile + (lane & 15); };
-  auto block_of = [&](int i) {
-    const int j = token_of(i);
-    return i < n_steps && j < range.end ? __ldg(blocks + (pow2_bs ? j >> bs_shift : j / bs)) : -1;
+  // The range's tiles of kTile cells. A warp's first kStages steps take tiles warp, warp + W,
+  // ...; each later step takes the CTA's next free tile from a shared counter (starting past
+  // those), so the warps the schedulers favour take more tiles and all finish together. A
+  // warp's tiles only grow, so its steps inside the range are a prefix (n_steps, counted as
+  // tiles are taken).
+  const int n_tiles = (range.end - range.begin + kTile - 1) / kTile;
+  int* free_tile = reinterpret_cast<int*>(smem + S::kCounterOffset);
+  if (tid == 0) *free_tile = kWarps * S::kStages;  // first read after the barrier of the q block
+  auto take_tile = [&] {
+    int x = 0;
+    if (lane == 0) x = atomicAdd(free_tile, 1);
+    return __shfl_sync(0xffffffffu, x, 0);
   };
-  // Copy step i's tile (K rows, V rows, metadata words) into stage `slot` (= i % kStages,
-  // tracked by the caller: a modulo by 3 costs several instructions a step).
-  auto issue = [&](int i, int slot, int blk) {
-    if (i < n_steps) {
+  auto token_of = [&](int tile) { return range.begin + tile * kTile + (lane & 15); };
+  // The block id of this lane's token in `tile` (-1 past the range). The main loop loads it
+  // one step ahead, so the load's latency hides behind a step of math instead of stalling
+  // the copies that need it.
+  auto block_of = [&](int tile) {
+    const int j = token_of(tile);
+    return tile < n_tiles && j < range.end ? __ldg(blocks + (pow2_bs ? j >> bs_shift : j / bs)) : -1;
+  };
+  // Copy `tile` (K rows, V rows, metadata words) into stage `slot` (the step's index modulo
+  // kStages, tracked by the caller: a modulo by 3 costs several instructions a step).
+  auto issue = [&](int tile, int slot, int blk) {
+    if (tile < n_tiles) {
       unsigned char* st = wbase + slot * S::kStageBytes;
       int* meta = reinterpret_cast<int*>(st + 2 * S::kTileBytes);
-      const int j = token_of(i);
+      const int j = token_of(tile);
       int cell = -1;
       if (j < range.end) cell = blk * bs + (pow2_bs ? (j & (bs - 1)) : j % bs);
       // 32-bit indices: serves() keeps each pool under 2^32 16-byte chunks.
@@ -229,30 +273,38 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     cp_async_commit();  // one group per step, empty or not, so the wait counts stay exact
   };
 
+  // ---- queries: every load of a thread is issued first, before the block-table chain and the
+  // first tiles' copies, and stored once those are issued. Issued after the copies, they queued
+  // behind every CTA's first tiles (~4 us at batch 1: decode_trace); a loop that stored after
+  // each load waited one memory round trip per element (GPU profile F).
+  float qv[kElemsPerThread];
+  switch (p.q_elem) {  // uniform: one unrolled loop of loads per q type
+    case QElem::F32:
+      load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv, [&](int64_t i) { return static_cast<const float*>(p.q)[i]; });
+      break;
+    case QElem::F16:
+      load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv,
+                             [&](int64_t i) { return math::f16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
+      break;
+    case QElem::BF16:
+      load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv,
+                             [&](int64_t i) { return math::bf16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
+      break;
+  }
+
+  int n_steps = 0;
 #pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) issue(i, i, block_of(i));
-  int next_blk = block_of(S::kStages - 1);
+  for (int i = 0; i < S::kStages; ++i) n_steps += warp + kWarps * i < n_tiles;
+#pragma unroll
+  for (int i = 0; i < S::kStages - 1; ++i) issue(warp + kWarps * i, i, block_of(warp + kWarps * i));
+  int next_tile = warp + kWarps * (S::kStages - 1);
+  int next_blk = block_of(next_tile);
+  trace_mark<PATH, W>(trace, 1);
 
   // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments.
-  // Every q load of a thread is issued before the first store: a loop that stored after each
-  // load waited one memory round trip per element (~12% of a batch-1 CTA, GPU profile F).
   uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
   {
     float* qs = reinterpret_cast<float*>(smem + S::kQOffset);
-    float qv[kElemsPerThread];
-    switch (p.q_elem) {  // uniform: one unrolled loop of loads per q type
-      case QElem::F32:
-        load_q_columns<kN, HD>(p, row, h0, chunk_heads, n_r, n_h, qv, [&](int64_t i) { return static_cast<const float*>(p.q)[i]; });
-        break;
-      case QElem::F16:
-        load_q_columns<kN, HD>(p, row, h0, chunk_heads, n_r, n_h, qv,
-                               [&](int64_t i) { return math::f16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
-        break;
-      case QElem::BF16:
-        load_q_columns<kN, HD>(p, row, h0, chunk_heads, n_r, n_h, qv,
-                               [&](int64_t i) { return math::bf16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
-        break;
-    }
 #pragma unroll
     for (int u = 0; u < kElemsPerThread; ++u) qs[tid + u * kThreads] = qv[u];
     if constexpr (ROPE) {
@@ -295,6 +347,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       }
     if constexpr (kFp8) __syncthreads();  // the q area becomes the warps' scale scratch
   }
+  trace_mark<PATH, W>(trace, 2);
 
 
   float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
@@ -315,10 +368,13 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   // rd: the stage step i reads; wr: the stage its copies go to (the one step i - 1 read)
   for (int i = 0, rd = 0, wr = S::kStages - 1; i < n_steps; ++i, wr = rd, rd = rd + 1 == S::kStages ? 0 : rd + 1) {
     __syncwarp();  // every lane is done reading the stage the next issue overwrites
-    issue(i + S::kStages - 1, wr, next_blk);
-    next_blk = block_of(i + S::kStages);
+    issue(next_tile, wr, next_blk);  // step i + kStages - 1
+    next_tile = take_tile();         // step i + kStages
+    n_steps += next_tile < n_tiles;
+    next_blk = block_of(next_tile);
     cp_async_wait<S::kStages - 1>();
     __syncwarp();  // step i's copies of every lane are visible
+    if (i == 0) trace_mark<PATH, W>(trace, 3);
     unsigned char* st = wbase + rd * S::kStageBytes;
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
@@ -586,6 +642,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     }
   }
   cp_async_wait<0>();
+  trace_mark<PATH, W>(trace, 4);
 
   // ---- merge the 4 warps in shared memory and write the normalized partial
 #pragma unroll
@@ -619,30 +676,46 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   __syncthreads();
   const bool direct = writes_output_directly(p);
   const int inv = small_div_inverse(chunk_heads);
+  // Per column, once: the warps' rescale factors and the summed l (and the partial's lse). Every
+  // thread computed them for each of its elements before: ~2 us of a batch-1 CTA's epilogue
+  // while 3 other CTAs of the SM still issue (decode_trace).
+  float* fw = ml + kWarps * kN * 2;  // [kWarps][kN] factors, then [kN] l
+  if (tid < kN) {
+    const int n = tid;
+    float mx = ml[n * 2];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mx = math::max_f32(mx, ml[(w * kN + n) * 2]);
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = math::softmax_rescale(ml[(w * kN + n) * 2], mx);
+      l += ml[(w * kN + n) * 2 + 1] * f;
+      fw[w * kN + n] = f;
+    }
+    fw[kWarps * kN + n] = l;
+    const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
+    if (!direct && rr < n_r && gg < n_h)
+      p.lse_part[(int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split] =
+          l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
+  }
+  __syncthreads();
 #pragma unroll
   for (int u = 0; u < kElemsPerThread; ++u) {
     const int i = tid + u * kThreads, n = i / HD, d = i % HD;
     const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
     if (!(rr < n_r && gg < n_h)) continue;
-    float mx = ml[n * 2];
+    float acc = 0.0f;
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) mx = math::max_f32(mx, ml[(w * kN + n) * 2]);
-    float l = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = math::softmax_rescale(ml[(w * kN + n) * 2], mx);
-      l += ml[(w * kN + n) * 2 + 1] * f;
-      acc += red[(w * kN + n) * HD + d] * f;
-    }
+    for (int w = 0; w < kWarps; ++w) acc += red[(w * kN + n) * HD + d] * fw[w * kN + n];
+    const float l = fw[kWarps * kN + n];
     const float val = l > 0.0f ? acc / l : 0.0f;
     if (direct) {  // one split, no sinks: the merge would copy val unchanged (weight exactly 1)
       store_q_elem(p.out, int64_t{row + rr} * p.out_row_stride + int64_t{h0 + gg} * p.out_head_stride + d, p.out_elem, val);
       continue;
     }
-    const int64_t part = (int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split;
-    p.o_part[part * HD + d] = val;
-    if (d == 0) p.lse_part[part] = l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
+    p.o_part[((int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split) * HD + d] = val;
   }
+  trace_mark<PATH, W>(trace, 5);
 }
 
 // CTA numbering. Head-major: the kv heads (and chunks) of one (row, split) get consecutive
@@ -652,10 +725,12 @@ struct CtaOrder {
   int gx = 1;  // rows x splits
   int gy = 1;  // kv heads x chunks
   bool head_major = true;
+  bool fat = false;                     // launch kFatWarps-warp CTAs where built (fat_decode)
+  unsigned long long* trace = nullptr;  // Path::LeanTrace only
 };
 
-template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH>
-__global__ void __launch_bounds__(kThreads, (Shape<HD, KV, ROPE, NT>::kMinBlocks))
+template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W = kWarpsDefault>
+__global__ void __launch_bounds__(32 * W, (Shape<HD, KV, ROPE, NT, W>::kMinBlocks))
     mma_decode_kernel(const PagedAttentionParams p, int chunks, int chunk_heads, CtaOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
   // One flat grid of (row x split) x (kv head x chunk) CTAs; see CtaOrder for the order.
@@ -664,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, (Shape<HD, KV, ROPE, NT>::kMinBlocks
   const int y = static_cast<int>(order.head_major ? idx % order.gy : idx / order.gx);
   const int row = x / p.num_splits, split = x % p.num_splits;
   const int kvh = y / chunks, chunk = y % chunks;
-  decode_body<HD, KV, ROPE, NT, PATH>(p, smem, row, split, kvh, chunk, chunk_heads);
+  decode_body<HD, KV, ROPE, NT, PATH, W>(p, smem, row, split, kvh, chunk, chunk_heads, order.trace);
   // This CTA's partials are written: the merge kernel (a programmatic dependent) may launch.
   kvcore::cuda::pdl_allow_dependents();
 }

@@ -12,6 +12,15 @@ bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant);
 // word-aligned.
 bool serves(const PagedAttentionParams& p);
 int heads_per_cta(int group);
+// Fat CTAs (kFatWarps warps, one an SM; see kWarpsDefault in attention_mma.cuh) for FP8 decode
+// without rope on read, up to 8 heads a kv head, when the grid is one wave of them (ctas <= sms)
+// and each CTA gets >= kFatMinCells cells (max_seq_cells / splits): the fat CTA's start-up is
+// not hidden behind other CTAs of its SM. The split choice (attention_choose_splits) plans
+// for it.
+constexpr int kFatWarps = 16;
+constexpr int64_t kFatMinCells = 2048;
+bool fat_decode(math::KvElem kv, bool rope_on_read, int group, int64_t ctas, int sms, int64_t max_seq_cells,
+                int splits);
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group);
 void launch(const PagedAttentionParams& p, cudaStream_t stream);
 // With one split and no sink logits the kernel writes the output itself (the merge would

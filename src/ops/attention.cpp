@@ -267,6 +267,7 @@ void run(const char* op, Validated& v, const TensorRef& q, const AttentionOption
     ws = static_cast<std::byte*>(owned.data());
   }
   p.num_splits = splits;
+  p.max_seq_cells = cells_for_split;
   p.o_part = reinterpret_cast<float*>(ws);
   p.lse_part = p.o_part + int64_t{p.n_rows} * p.n_q_heads * splits * head_dim;
   if (dev.is_cpu()) {

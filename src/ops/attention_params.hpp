@@ -60,6 +60,7 @@ struct PagedAttentionParams {
   QElem out_elem;
   int64_t out_row_stride, out_head_stride;
   int32_t num_splits;                 // >= 1
+  int64_t max_seq_cells;              // planning hint: cells of the longest sequence (0: unknown)
   int32_t kernel_variant;             // CUDA: 0 auto, 1 register loads only, 2 cp.async pipeline where built
   float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial

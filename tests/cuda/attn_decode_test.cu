@@ -198,6 +198,34 @@ TEST(AttnCuda, LongContextSplitK) {
   check_case(s, {0, 17});
 }
 
+// FP8 decode in one 16-warp CTA an SM (mma_attn::fat_decode: one wave of CTAs with >= 2048
+// cells each; here with 1 and 2 splits), warps taking tiles from a shared counter: the general
+// kernel (dead cells, window, f32 scales, sinks) and the lean one, groups of 1 to 8.
+TEST(AttnCuda, FatCtasFp8) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  int n = 0;
+  for (bool general : {true, false})
+    for (int D : {64, 128})
+      for (int group : {1, 4, 8}) {
+        CaseSpec s;
+        s.kv = DType::E4M3;
+        s.head_dim = D;
+        s.n_kv_heads = 2;
+        s.n_q_heads = 2 * group;
+        s.seq_cells = {5000, 2100, 37, 0};
+        s.seed = 900 + n++;
+        if (general) {
+          s.dead_rate = 0.2;
+          s.window = 3000;
+          s.f32_scales = group != 4;
+          s.sinks = true;
+        } else {
+          s.bare = true;
+        }
+        check_case(s, {1, 2});
+      }
+}
+
 TEST(AttnCuda, PrefillCausal) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   // group 4: 4 query rows per tensor-core CTA; group 1: 16 rows; group 16: one row.
