@@ -106,8 +106,10 @@ bool fat_decode(math::KvElem kv, bool rope_on_read, int group, int64_t ctas, int
     const char* v = std::getenv("KVCORE_ATTN_FAT_CTAS");
     return !(v && std::string(v) == "0");
   }();
-  return on && kv == math::KvElem::E4M3 && !rope_on_read && heads_per_cta(group) <= 8 && ctas <= sms &&
-         max_seq_cells > 0 && splits > 0 && max_seq_cells / splits >= kFatMinCells;
+  if (!(on && kv == math::KvElem::E4M3 && !rope_on_read && heads_per_cta(group) <= 8 && max_seq_cells > 0 && splits > 0))
+    return false;
+  const int64_t cells = max_seq_cells / splits;
+  return cells >= kFatMinCells && (ctas <= sms || cells >= kFatWaveCells);
 }
 
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {

@@ -13,12 +13,15 @@ bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant);
 bool serves(const PagedAttentionParams& p);
 int heads_per_cta(int group);
 // Fat CTAs (kFatWarps warps, one an SM; see kWarpsDefault in attention_mma.cuh) for FP8 decode
-// without rope on read, up to 8 heads a kv head, when the grid is one wave of them (ctas <= sms)
-// and each CTA gets >= kFatMinCells cells (max_seq_cells / splits): the fat CTA's start-up is
-// not hidden behind other CTAs of its SM. The split choice (attention_choose_splits) plans
-// for it.
+// without rope on read, up to 8 heads a kv head, when each CTA gets >= kFatMinCells cells
+// (max_seq_cells / splits) and the grid is one wave of them (ctas <= sms) or the CTAs are
+// so long (>= kFatWaveCells) that a wave's start-up is noise: a fat CTA's start-up is not
+// hidden behind other CTAs of its SM (GPU A/B runs X, Y of 2026-12-04: batch 16 / 8k -7.5%,
+// batch 64 / 128k -3 to -8%; batch 64 / 8k +3%, batch 1 / 8k +4%). The split choice
+// (attention_choose_splits) plans for it.
 constexpr int kFatWarps = 16;
 constexpr int64_t kFatMinCells = 2048;
+constexpr int64_t kFatWaveCells = 65536;
 bool fat_decode(math::KvElem kv, bool rope_on_read, int group, int64_t ctas, int sms, int64_t max_seq_cells,
                 int splits);
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group);
