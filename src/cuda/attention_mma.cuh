@@ -27,6 +27,7 @@
 #include "cuda/attention_mma.hpp"
 #include "cuda/attention_mma_rope.cuh"
 #include "cuda/check.cuh"
+#include "cuda/decode_trace_marks.cuh"
 #include "cuda/mma_primitives.cuh"
 #include "cuda/pdl.cuh"
 #include "kvcore/math/fp8.hpp"
@@ -55,29 +56,6 @@ enum class Path { General, Lean, LeanTrace };
 // drained with few warps (decode_trace, 2026-12-04), while the warps of one CTA share their
 // tiles through a counter (see decode_body) and finish together.
 constexpr int kWarpsDefault = 4;
-
-// Path::LeanTrace: lane 0 of each warp stamps %globaltimer at kTraceStamps points of the warp's
-// life (entry, prologue issued, q ready, first tile ready, loop done, partial written) and its SM
-// id, at trace[(cta * kWarps + warp) * kTraceSlots + point]: a timeline of where CTAs spend time.
-constexpr int kTraceStamps = 6;
-constexpr int kTraceSlots = 8;  // the stamps, the SM id, a spare
-template <Path PATH, int W>
-__device__ __forceinline__ void trace_mark(unsigned long long* trace, int point) {
-  if constexpr (PATH == Path::LeanTrace) {
-    if (threadIdx.x % 32 != 0) return;
-    unsigned long long ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns)::"memory");
-    unsigned long long* w = trace + (int64_t{blockIdx.x} * W + threadIdx.x / 32) * kTraceSlots;
-    w[point] = ns;
-    if (point == 0) {
-      unsigned sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      w[kTraceStamps] = sm;
-    }
-  } else {
-    (void)trace, (void)point;
-  }
-}
 
 template <int HD, math::KvElem KV, bool ROPE, int NT, int W = kWarpsDefault>
 struct Shape {
@@ -154,7 +132,8 @@ __device__ __forceinline__ void load_q_columns(const PagedAttentionParams& p, in
 template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
                                             int chunk, int chunk_heads, unsigned long long* trace) {
-  trace_mark<PATH, W>(trace, 0);
+  constexpr bool kTrace = PATH == Path::LeanTrace;
+  trace_mark<kTrace, W>(trace, 0);
   using S = Shape<HD, KV, ROPE, NT, W>;
   constexpr int kWarps = S::kWarps, kThreads = S::kThreads;
   constexpr bool kFp8 = S::kFp8;
@@ -299,7 +278,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   for (int i = 0; i < S::kStages - 1; ++i) issue(warp + kWarps * i, i, block_of(warp + kWarps * i));
   int next_tile = warp + kWarps * (S::kStages - 1);
   int next_blk = block_of(next_tile);
-  trace_mark<PATH, W>(trace, 1);
+  trace_mark<kTrace, W>(trace, 1);
 
   // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments.
   uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
@@ -347,7 +326,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       }
     if constexpr (kFp8) __syncthreads();  // the q area becomes the warps' scale scratch
   }
-  trace_mark<PATH, W>(trace, 2);
+  trace_mark<kTrace, W>(trace, 2);
 
 
   float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
@@ -374,7 +353,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     next_blk = block_of(next_tile);
     cp_async_wait<S::kStages - 1>();
     __syncwarp();  // step i's copies of every lane are visible
-    if (i == 0) trace_mark<PATH, W>(trace, 3);
+    if (i == 0) trace_mark<kTrace, W>(trace, 3);
     unsigned char* st = wbase + rd * S::kStageBytes;
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
@@ -642,7 +621,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     }
   }
   cp_async_wait<0>();
-  trace_mark<PATH, W>(trace, 4);
+  trace_mark<kTrace, W>(trace, 4);
 
   // ---- merge the 4 warps in shared memory and write the normalized partial
 #pragma unroll
@@ -715,7 +694,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     }
     p.o_part[((int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split) * HD + d] = val;
   }
-  trace_mark<PATH, W>(trace, 5);
+  trace_mark<kTrace, W>(trace, 5);
 }
 
 // CTA numbering. Head-major: the kv heads (and chunks) of one (row, split) get consecutive
