@@ -59,11 +59,11 @@ void launch_traced_w(const ops::PagedAttentionParams& p, mma::CtaOrder order, un
   KVCORE_CUDA_CHECK_LAUNCH("traced decode kernel");
 }
 
-// The CTA size the library launches for this grid (mma::fat_decode).
+// The CTA size the library launches for this grid (src/ops/decode_fat_ctas.hpp).
 template <math::KvElem KV>
 void launch_traced(const ops::PagedAttentionParams& p, mma::CtaOrder order, unsigned long long* trace, cudaStream_t s) {
   if constexpr (KV == math::KvElem::E4M3)
-    if (order.fat) return launch_traced_w<KV, mma::kFatWarps>(p, order, trace, s);
+    if (order.fat) return launch_traced_w<KV, ops::kFatWarps>(p, order, trace, s);
   launch_traced_w<KV, 4>(p, order, trace, s);
 }
 
@@ -172,9 +172,9 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   p.lse_part = p.o_part + int64_t{c.batch} * kQHeads * splits * kHeadDim;
   p.device = d.index;
   mma::CtaOrder order{c.batch * splits, kKvHeads, true};
-  order.fat = mma::fat_decode(p.kv_elem, false, p.group, int64_t{order.gx} * order.gy, ops::cuda::sm_count(d.index),
-                              p.max_seq_cells, splits);
-  const int warps = order.fat ? mma::kFatWarps : 4;
+  order.fat = mma::fat_decode_allowed(p.kv_elem, false, p.group) &&
+              ops::fat_decode_grid(int64_t{order.gx} * order.gy, ops::cuda::sm_count(d.index), p.max_seq_cells, splits);
+  const int warps = order.fat ? ops::kFatWarps : 4;
   const int ctas = order.gx * order.gy;
   Buffer tr(size_t(ctas) * warps * mma::kTraceSlots * 8, d);
   auto* trace = static_cast<unsigned long long*>(tr.data());

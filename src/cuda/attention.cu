@@ -228,13 +228,10 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
   // At least 128 cells per split; at most 1024 splits.
   const int64_t s_max = std::clamp<int64_t>(max_seq_cells > 0 ? (max_seq_cells + 127) / 128 : 1024, 1, 1024);
-  // FP8: one fat CTA an SM where that is a single wave of long enough CTAs (mma_attn::fat_decode;
+  // FP8: one fat CTA an SM where that is a single wave of long enough CTAs (decode_fat_ctas.hpp;
   // GPU A/B of 2026-12-04: batch 16 / 8k 85 -> 78 us, 32k 280 -> 262, batch 1 / 128k -3%).
-  if (mma && base <= sms) {
-    const int64_t s = std::clamp<int64_t>(sms / base, 1, s_max);
-    if (mma_attn::fat_decode(kv, rope_on_read, group, base * s, sms, max_seq_cells, static_cast<int>(s)))
-      return static_cast<int32_t>(s);
-  }
+  if (mma && mma_attn::fat_decode_allowed(kv, rope_on_read, group))
+    if (const int64_t s = fat_decode_splits(base, sms, max_seq_cells, s_max)) return static_cast<int32_t>(s);
   // One CTA an SM already covers >= 90% of the SMs in one wave and the contexts are long: no
   // split, so no partials and no merge (16-bit pages, tensor-core kernel, GPU A/B of 2026-12-04:
   // batch 16 / 32k f16 518 -> 507 us, 128k equal; FP8 and rope on read are bound by instruction

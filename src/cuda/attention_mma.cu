@@ -31,13 +31,13 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
 
 // 8 query columns per CTA for decode with up to 8 heads per kv head; else 16 (prefill packs
 // 16 / heads rows). FP8 decode without rope on read runs fat CTAs when the launch asks
-// (grid.fat, from fat_decode).
+// (grid.fat: fat_decode_allowed and ops::fat_decode_grid).
 template <int HD, math::KvElem KV, bool ROPE, Path PATH = Path::General>
 void launch_one(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
                 int* blocks_per_sm) {
   if (chunk_heads <= 8 && !p.maybe_qo_indptr) {
     if constexpr (KV == math::KvElem::E4M3 && !ROPE)
-      if (grid.fat) return launch_nt<HD, KV, ROPE, 1, PATH, kFatWarps>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+      if (grid.fat) return launch_nt<HD, KV, ROPE, 1, PATH, ops::kFatWarps>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
     return launch_nt<HD, KV, ROPE, 1, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
   }
   launch_nt<HD, KV, ROPE, 2, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
@@ -99,17 +99,13 @@ bool serves(const PagedAttentionParams& p) {
 
 int heads_per_cta(int group) { return group < 16 ? group : 16; }
 
-bool fat_decode(math::KvElem kv, bool rope_on_read, int group, int64_t ctas, int sms, int64_t max_seq_cells,
-                int splits) {
+bool fat_decode_allowed(math::KvElem kv, bool rope_on_read, int group) {
   // KVCORE_ATTN_FAT_CTAS=0 keeps 4-warp CTAs (A/B benchmarks).
   static const bool on = [] {
     const char* v = std::getenv("KVCORE_ATTN_FAT_CTAS");
     return !(v && std::string(v) == "0");
   }();
-  if (!(on && kv == math::KvElem::E4M3 && !rope_on_read && heads_per_cta(group) <= 8 && max_seq_cells > 0 && splits > 0))
-    return false;
-  const int64_t cells = max_seq_cells / splits;
-  return cells >= kFatMinCells && (ctas <= sms || cells >= kFatWaveCells);
+  return on && ops::fat_decode_shape(kv == math::KvElem::E4M3, rope_on_read, heads_per_cta(group));
 }
 
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
@@ -135,8 +131,8 @@ void launch(const PagedAttentionParams& p, cudaStream_t stream) {
     return !(v && std::string(v) == "split");
   }();
   CtaOrder order{static_cast<int>(gx), static_cast<int>(gy), head_major};
-  order.fat = !p.maybe_qo_indptr && fat_decode(p.kv_elem, p.rope_on_read != 0, p.group, gx * gy, sm_count(p.device),
-                                               p.max_seq_cells, p.num_splits);
+  order.fat = !p.maybe_qo_indptr && fat_decode_allowed(p.kv_elem, p.rope_on_read != 0, p.group) &&
+              fat_decode_grid(gx * gy, sm_count(p.device), p.max_seq_cells, p.num_splits);
   dispatch(p, order, chunks, chunk_heads, stream, nullptr);
 }
 

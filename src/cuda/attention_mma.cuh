@@ -704,7 +704,7 @@ struct CtaOrder {
   int gx = 1;  // rows x splits
   int gy = 1;  // kv heads x chunks
   bool head_major = true;
-  bool fat = false;                     // launch kFatWarps-warp CTAs where built (fat_decode)
+  bool fat = false;                     // launch ops::kFatWarps-warp CTAs where built (decode_fat_ctas.hpp)
   unsigned long long* trace = nullptr;  // Path::LeanTrace only
 };
 

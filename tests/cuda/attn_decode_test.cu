@@ -198,7 +198,7 @@ TEST(AttnCuda, LongContextSplitK) {
   check_case(s, {0, 17});
 }
 
-// FP8 decode in one 16-warp CTA an SM (mma_attn::fat_decode: one wave of CTAs with >= 2048
+// FP8 decode in one 16-warp CTA an SM (src/ops/decode_fat_ctas.hpp: one wave of CTAs with >= 2048
 // cells each; here with 1 and 2 splits), warps taking tiles from a shared counter: the general
 // kernel (dead cells, window, f32 scales, sinks) and the lean one, groups of 1 to 8.
 TEST(AttnCuda, FatCtasFp8) {
