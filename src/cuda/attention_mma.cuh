@@ -9,9 +9,10 @@
 // or (row, head) in prefill) are N = 8 or 16, so GQA groups of 4-8 waste little:
 //   S^T = K Q^T      (A: K rows by ldmatrix; FP8 codes converted in registers; B: q in registers)
 //   O^T += V^T P^T   (A: V rows by ldmatrix.trans; B: P moved across lanes by 8 shuffles)
-// CTA = 4 warps for one (block of query rows, split, kv head, chunk of <= 16 columns). Each
-// warp owns every 4th tile of the split and a private cp.async ring of kStages tiles (K, V
-// and the tile's metadata words), so the main loop needs only __syncwarp. Online softmax per
+// CTA = 4 warps (16 for fat FP8 CTAs) for one (block of query rows, split, kv head, chunk of
+// <= 16 columns). Each warp takes tiles of the split (its first ones fixed, then the CTA's next
+// free one) into a private cp.async ring of kStages tiles (K, V and the tile's metadata
+// words), so the main loop needs only __syncwarp and a shared counter. Online softmax per
 // column; the warps' states are merged in shared memory into one normalized partial
 // (o, lse) per split, combined by attention_merge like the SIMT kernel's.
 //
@@ -89,8 +90,8 @@ struct Shape {
   __device__ static unsigned char* rope_hi(unsigned char* smem, int warp) {
     return smem + kBaseBytes + (kWarps + warp) * kRopeTileBytes;
   }
-  // The queries get their own area (last), so the first tiles' copies can start before q
-  // is read: the CTA's start-up latencies overlap (short CTAs of small batches feel them).
+  // The queries get their own area (after the stages), so the first tiles' copies are in
+  // flight while q is stored: the CTA's start-up latencies overlap (short CTAs feel them).
   static constexpr int kQOffset = kBaseBytes + kRopeBytes;
   static constexpr int kCounterOffset = kQOffset + kQBytes;  // the CTA's next free tile (int)
   static constexpr int kSmemBytes = kCounterOffset + 16;
@@ -623,7 +624,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   cp_async_wait<0>();
   trace_mark<kTrace, W>(trace, 4);
 
-  // ---- merge the 4 warps in shared memory and write the normalized partial
+  // ---- merge the warps in shared memory and write the normalized partial
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
