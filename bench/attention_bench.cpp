@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/harness.hpp"
+#include "bench/llama8b_pages.hpp"
 #include "kvcore/kvcore.hpp"
 #include "kvcore/math/dsv4_row.hpp"
 #include "kvcore/math/half.hpp"
@@ -24,52 +25,11 @@ namespace {
 
 using namespace kvcore;
 
-constexpr int64_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+using namespace kvcore::cli::llama8b;
 constexpr double kL2Bytes = 60e6;
 
-// Random pattern R (host) tiled over a device buffer: block b's content is R at
-// (b * block_bytes) mod |R|, which lets the check rebuild any sequence on the host.
-struct Tiled {
-  std::vector<uint8_t> pattern;
-  Buffer dev;
-};
-
-void fill_tiled(Tiled& t, size_t bytes, Device d, bool fp8, uint64_t seed, size_t unit) {
-  const size_t pat = std::min<size_t>(bytes, (size_t{32} << 20) / unit * unit);
-  t.pattern.resize(pat);
-  std::mt19937_64 rng(seed);
-  if (fp8) {
-    for (auto& b : t.pattern) b = static_cast<uint8_t>((rng() % 0x58) | (rng() & 0x80));  // finite, |x| <= 20
-  } else {
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (size_t i = 0; i + 1 < pat; i += 2) {
-      const uint16_t h = math::f32_to_f16_bits(u(rng));
-      std::memcpy(&t.pattern[i], &h, 2);
-    }
-  }
-  t.dev = Buffer(bytes, d);
-  Buffer src = Buffer::from_host(t.pattern, d);
-  for (size_t off = 0; off < bytes; off += pat)
-    copy_bytes(static_cast<uint8_t*>(t.dev.data()) + off, d, src.data(), d, std::min(pat, bytes - off));
-}
-
-struct PagedSetup {
-  int64_t batch, ctx, copies, blocks_per_seq, num_blocks;
-  bool fp8, rope;
-  Tiled k, v, ks, vs;
-  Buffer pos, valid;  // rope-on-read cases: positions = index in the sequence, every cell live
-  std::vector<std::vector<int32_t>> indices;  // per copy: [batch * blocks_per_seq]
-  std::vector<Buffer> indices_dev;
-  Buffer indptr, lpl, q, out, ws;
-};
-
-double kv_bytes(int64_t batch, int64_t ctx, bool fp8) {
-  const double rows = double(batch) * ctx * kKvHeads;
-  return 2.0 * rows * (fp8 ? kHeadDim + kHeadDim / 64 : kHeadDim * 2);
-}
-
 // Check sequence 0 of copy 0 against the CPU op on a host rebuild of its blocks.
-bool check_paged(PagedSetup& s, Device d, const PagedKV& kv, const BlockTable& table, AttentionOptions opt,
+bool check_paged(const Pages& s, Device d, const PagedKV& kv, const BlockTable& table, AttentionOptions opt,
                  const TensorRef& q, const TensorRef& out) {
   attention_decode(q, kv, table, out, opt);
   synchronize(d);
@@ -126,75 +86,13 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
                            std::to_string(batch) + "_ctx" + std::to_string(ctx);
   if (!opt.wants(name)) return;
   const Device d = opt.device;
-  PagedSetup s;
-  s.batch = batch;
-  s.ctx = ctx;
-  s.fp8 = fp8;
-  s.rope = rope;
-  s.blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   const double bytes = kv_bytes(batch, ctx, fp8);
-  s.copies = d.is_cuda() ? std::clamp<int64_t>(static_cast<int64_t>(std::ceil(4 * kL2Bytes / bytes)), 1, 64) : 1;
-  s.num_blocks = s.copies * batch * s.blocks_per_seq;
-  const size_t elem = fp8 ? 1 : 2;
-  const size_t blk_bytes = kBlock * kKvHeads * kHeadDim * elem, blk_scales = kBlock * kKvHeads * (kHeadDim / 64);
-  fill_tiled(s.k, s.num_blocks * blk_bytes, d, fp8, 1, blk_bytes);
-  fill_tiled(s.v, s.num_blocks * blk_bytes, d, fp8, 2, blk_bytes);
-  if (fp8) {
-    // scale bytes 2^-6 .. 2^-3
-    fill_tiled(s.ks, s.num_blocks * blk_scales, d, true, 3, blk_scales);
-    fill_tiled(s.vs, s.num_blocks * blk_scales, d, true, 4, blk_scales);
-    for (Tiled* t : {&s.ks, &s.vs}) {
-      for (auto& b : t->pattern) b = static_cast<uint8_t>(121 + b % 4);
-      Buffer src = Buffer::from_host(t->pattern, d);
-      for (size_t off = 0; off < t->dev.size(); off += t->pattern.size())
-        copy_bytes(static_cast<uint8_t*>(t->dev.data()) + off, d, src.data(), d, std::min(t->pattern.size(), t->dev.size() - off));
-    }
-  }
-  // Each copy's sequences get a shuffled set of blocks (a fragmented pool).
-  std::vector<int32_t> perm(s.num_blocks);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(7));
-  const int64_t per_copy = batch * s.blocks_per_seq;
-  for (int64_t c = 0; c < s.copies; ++c) {
-    s.indices.emplace_back(perm.begin() + c * per_copy, perm.begin() + (c + 1) * per_copy);
-    s.indices_dev.push_back(Buffer::from_host(s.indices.back(), d));
-  }
-  std::vector<int32_t> ip(batch + 1), lp(batch, static_cast<int32_t>(ctx - (s.blocks_per_seq - 1) * kBlock));
-  for (int64_t b = 0; b <= batch; ++b) ip[b] = static_cast<int32_t>(b * s.blocks_per_seq);
-  s.indptr = Buffer::from_host(ip, d);
-  s.lpl = Buffer::from_host(lp, d);
-  std::vector<float> hq(batch * kQHeads * kHeadDim);
-  std::mt19937_64 rng(9);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& x : hq) x = u(rng);
-  s.q = Buffer::from_host(hq, d);
-  s.out = Buffer(hq.size() * 4, d);
+  const int64_t copies = d.is_cuda() ? std::clamp<int64_t>(static_cast<int64_t>(std::ceil(4 * kL2Bytes / bytes)), 1, 64) : 1;
+  const Pages s = make_pages(d, batch, ctx, fp8, rope, copies);
+  const PagedKV& kv = s.kv;
+  const std::vector<BlockTable>& tables = s.tables;
+  const TensorRef q = s.q_ref, out = s.out_ref;
   const DType t = fp8 ? DType::E4M3 : DType::F16;
-  PagedKV kv;
-  kv.k = TensorRef(s.k.dev.data(), t, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim});
-  kv.v = TensorRef(s.v.dev.data(), t, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim});
-  if (fp8) {
-    kv.k_scale = TensorRef(s.ks.dev.data(), DType::UE8M0, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim / 64});
-    kv.v_scale = TensorRef(s.vs.dev.data(), DType::UE8M0, d, {s.num_blocks, kBlock, kKvHeads, kHeadDim / 64});
-  }
-  if (rope) {  // block i of every sequence holds positions i * 16 .. i * 16 + 15
-    std::vector<int32_t> pos(s.num_blocks * kBlock);
-    for (int64_t c = 0; c < s.copies; ++c)
-      for (int64_t i = 0; i < per_copy; ++i)
-        for (int64_t t = 0; t < kBlock; ++t)
-          pos[s.indices[c][i] * kBlock + t] = static_cast<int32_t>((i % s.blocks_per_seq) * kBlock + t);
-    s.pos = Buffer::from_host(pos, d);
-    s.valid = Buffer::from_host(std::vector<uint8_t>(pos.size(), 1), d);
-    kv.positions = TensorRef(s.pos.data(), DType::I32, d, {s.num_blocks, kBlock});
-    kv.valid = TensorRef(s.valid.data(), DType::U8, d, {s.num_blocks, kBlock});
-  }
-  std::vector<BlockTable> tables;
-  for (int64_t c = 0; c < s.copies; ++c)
-    tables.push_back({TensorRef(s.indptr.data(), DType::I32, d, {batch + 1}),
-                      TensorRef(s.indices_dev[c].data(), DType::I32, d, {per_copy}),
-                      TensorRef(s.lpl.data(), DType::I32, d, {batch}), TensorRef()});
-  const TensorRef q(s.q.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
-  const TensorRef out(s.out.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
   AttentionOptions ao;
   ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
   ao.check_tables = false;
@@ -202,8 +100,8 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
   if (rope) ao.rope_on_read = RopeSpec::llama3_8b();
   const int32_t splits = std::max(attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 0),
                                   attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 2));
-  s.ws = Buffer(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
-  ao.workspace = TensorRef(s.ws.data(), DType::U8, d, {static_cast<int64_t>(s.ws.size())});
+  Buffer ws(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
+  ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
   // The automatic kernel (tensor cores at this shape on CUDA) and, for comparison, the SIMT
   // cp.async kernel ("_simt"; not for FP8 with rope on read: ~2.6 ms a call, GPU run I).
   for (int variant : {0, 2}) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/harness.hpp"
+#include "bench/llama8b_pages.hpp"
 #include "cuda/attention_mma.cuh"
 #include "kvcore/kvcore.hpp"
 #include "kvcore/ops/attention.hpp"
@@ -25,9 +26,8 @@
 namespace {
 
 using namespace kvcore;
+using namespace kvcore::cli::llama8b;
 namespace mma = kvcore::ops::cuda::mma_attn;
-
-constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
 
 struct TraceCase {
   int batch, ctx;
@@ -55,7 +55,7 @@ void launch_traced_w(const ops::PagedAttentionParams& p, mma::CtaOrder order, un
   }();
   (void)attr;
   order.trace = trace;
-  kernel<<<order.gx * order.gy, S::kThreads, S::kSmemBytes, s>>>(p, 1, kQHeads / kKvHeads, order);
+  kernel<<<order.gx * order.gy, S::kThreads, S::kSmemBytes, s>>>(p, 1, mma::heads_per_cta(p.group), order);
   KVCORE_CUDA_CHECK_LAUNCH("traced decode kernel");
 }
 
@@ -71,63 +71,17 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   const std::string name = std::string(c.fp8 ? "fp8" : "f16") + "_b" + std::to_string(c.batch) + "_ctx" + std::to_string(c.ctx);
   if (!opt.wants(name)) return;
   const Device d = opt.device;
-  const int nb = (c.ctx + kBlock - 1) / kBlock;
-  const double bytes = 2.0 * c.batch * c.ctx * kKvHeads * (c.fp8 ? kHeadDim + 2 : 2 * kHeadDim);
+  const double bytes = kv_bytes(c.batch, c.ctx, c.fp8);
   const int copies = std::clamp(static_cast<int>(std::ceil(240e6 / bytes)), 1, 16);
-  const int64_t blocks = int64_t{copies} * c.batch * nb;
-  const size_t row = c.fp8 ? kHeadDim : 2 * kHeadDim, blk = size_t{kBlock} * kKvHeads * row;
-  const size_t blk_scales = size_t{kBlock} * kKvHeads * (kHeadDim / 64);
-  // Contents do not matter for timing as long as they are finite: small codes / halves, scales 2^-6.
-  std::vector<uint8_t> fill(blk);
-  std::mt19937_64 rng(5);
-  for (size_t i = 0; i < blk; ++i) fill[i] = c.fp8 ? static_cast<uint8_t>(rng() % 0x58) : (i % 2 ? 0x38 : rng() & 0xff);
-  Buffer k(blocks * blk, d), v(blocks * blk, d), ks, vs;
-  {
-    Buffer src = Buffer::from_host(fill, d);
-    for (int64_t b = 0; b < blocks; ++b) {
-      copy_bytes(static_cast<uint8_t*>(k.data()) + b * blk, d, src.data(), d, blk);
-      copy_bytes(static_cast<uint8_t*>(v.data()) + b * blk, d, src.data(), d, blk);
-    }
-  }
-  if (c.fp8) {
-    ks = Buffer::from_host(std::vector<uint8_t>(blocks * blk_scales, 121), d);
-    vs = Buffer::from_host(std::vector<uint8_t>(blocks * blk_scales, 121), d);
-  }
-  std::vector<int32_t> perm(blocks);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(7));
-  std::vector<Buffer> idx;
-  for (int cp = 0; cp < copies; ++cp)
-    idx.push_back(Buffer::from_host(std::vector<int32_t>(perm.begin() + int64_t{cp} * c.batch * nb,
-                                                         perm.begin() + int64_t{cp + 1} * c.batch * nb),
-                                    d));
-  std::vector<int32_t> ip(c.batch + 1), lp(c.batch, c.ctx - (nb - 1) * kBlock);
-  for (int b = 0; b <= c.batch; ++b) ip[b] = b * nb;
-  Buffer indptr = Buffer::from_host(ip, d), lpl = Buffer::from_host(lp, d);
-  std::vector<float> hq(static_cast<size_t>(c.batch) * kQHeads * kHeadDim);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& x : hq) x = u(rng);
-  Buffer q = Buffer::from_host(hq, d), out(hq.size() * 4, d);
-
+  const Pages pages = make_pages(d, c.batch, c.ctx, c.fp8, false, copies);
   const DType t = c.fp8 ? DType::E4M3 : DType::F16;
   const int32_t splits = attention_auto_splits(d, c.batch, kKvHeads, kQHeads, kHeadDim, t, c.ctx);
   Buffer ws(attention_workspace_bytes(c.batch, kQHeads, kHeadDim, splits), d, 256);
 
   // The public call (eager and from a graph): what the attention bench times.
-  PagedKV kv;
-  kv.k = TensorRef(k.data(), t, d, {blocks, kBlock, kKvHeads, kHeadDim});
-  kv.v = TensorRef(v.data(), t, d, {blocks, kBlock, kKvHeads, kHeadDim});
-  if (c.fp8) {
-    kv.k_scale = TensorRef(ks.data(), DType::UE8M0, d, {blocks, kBlock, kKvHeads, kHeadDim / 64});
-    kv.v_scale = TensorRef(vs.data(), DType::UE8M0, d, {blocks, kBlock, kKvHeads, kHeadDim / 64});
-  }
-  std::vector<BlockTable> tables;
-  for (int cp = 0; cp < copies; ++cp)
-    tables.push_back({TensorRef(indptr.data(), DType::I32, d, {c.batch + 1}),
-                      TensorRef(idx[cp].data(), DType::I32, d, {int64_t{c.batch} * nb}),
-                      TensorRef(lpl.data(), DType::I32, d, {c.batch}), TensorRef()});
-  const TensorRef tq(q.data(), DType::F32, d, {c.batch, kQHeads, kHeadDim});
-  const TensorRef to(out.data(), DType::F32, d, {c.batch, kQHeads, kHeadDim});
+  const PagedKV& kv = pages.kv;
+  const std::vector<BlockTable>& tables = pages.tables;
+  const TensorRef tq = pages.q_ref, to = pages.out_ref;
   AttentionOptions ao;
   ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
   ao.check_tables = false;
@@ -143,18 +97,18 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
 
   // The kernel alone: the parameters validate_and_fill would produce for this lean call.
   ops::PagedAttentionParams p{};
-  p.k = k.data();
-  p.v = v.data();
+  p.k = pages.k.dev.data();
+  p.v = pages.v.dev.data();
   p.kv_elem = c.fp8 ? math::KvElem::E4M3 : math::KvElem::F16;
   p.scale_mode = c.fp8 ? math::KvScaleMode::Ue8m0Per64 : math::KvScaleMode::None;
-  p.maybe_k_scale_u8 = c.fp8 ? static_cast<const uint8_t*>(ks.data()) : nullptr;
-  p.maybe_v_scale_u8 = c.fp8 ? static_cast<const uint8_t*>(vs.data()) : nullptr;
-  p.layout = PagedLayout{kBlock, kKvHeads, kHeadDim};
-  p.num_blocks = static_cast<int32_t>(blocks);
-  p.indptr = static_cast<const int32_t*>(indptr.data());
-  p.last_page_len = static_cast<const int32_t*>(lpl.data());
+  p.maybe_k_scale_u8 = c.fp8 ? static_cast<const uint8_t*>(pages.ks.dev.data()) : nullptr;
+  p.maybe_v_scale_u8 = c.fp8 ? static_cast<const uint8_t*>(pages.vs.dev.data()) : nullptr;
+  p.layout = PagedLayout{static_cast<int32_t>(kBlock), static_cast<int32_t>(kKvHeads), static_cast<int32_t>(kHeadDim)};
+  p.num_blocks = static_cast<int32_t>(pages.num_blocks);
+  p.indptr = static_cast<const int32_t*>(pages.indptr.data());
+  p.last_page_len = static_cast<const int32_t*>(pages.lpl.data());
   p.batch = c.batch;
-  p.q = q.data();
+  p.q = pages.q.data();
   p.q_elem = ops::QElem::F32;
   p.q_row_stride = kQHeads * kHeadDim;
   p.q_head_stride = kHeadDim;
@@ -162,7 +116,7 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   p.n_q_heads = kQHeads;
   p.group = kQHeads / kKvHeads;
   p.softmax_scale = ao.softmax_scale;
-  p.out = out.data();
+  p.out = pages.out.data();
   p.out_elem = ops::QElem::F32;
   p.out_row_stride = kQHeads * kHeadDim;
   p.out_head_stride = kHeadDim;
@@ -171,16 +125,14 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   p.o_part = static_cast<float*>(ws.data());
   p.lse_part = p.o_part + int64_t{c.batch} * kQHeads * splits * kHeadDim;
   p.device = d.index;
-  mma::CtaOrder order{c.batch * splits, kKvHeads, true};
-  order.fat = mma::fat_decode_allowed(p.kv_elem, false, p.group) &&
-              ops::fat_decode_grid(int64_t{order.gx} * order.gy, ops::cuda::sm_count(d.index), p.max_seq_cells, splits);
+  const mma::CtaOrder order = mma::cta_order_for(p, 1);  // what mma::launch runs
   const int warps = order.fat ? ops::kFatWarps : 4;
   const int ctas = order.gx * order.gy;
   Buffer tr(size_t(ctas) * warps * mma::kTraceSlots * 8, d);
   auto* trace = static_cast<unsigned long long*>(tr.data());
   auto with_table = [&](int rep) {
     ops::PagedAttentionParams pr = p;
-    pr.indices = static_cast<const int32_t*>(idx[rep % copies].data());
+    pr.indices = static_cast<const int32_t*>(pages.indices_dev[rep % copies].data());
     return pr;
   };
   const cli::Timing kernel = opt.time([&](int rep) { mma::launch(with_table(rep), nullptr); });

@@ -118,9 +118,7 @@ int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
   return n;
 }
 
-void launch(const PagedAttentionParams& p, cudaStream_t stream) {
-  const int chunk_heads = heads_per_cta(p.group);
-  const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
+CtaOrder cta_order_for(const PagedAttentionParams& p, int chunks) {
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
   require_arg(gx * gy < (int64_t{1} << 31), "attention: grid too large (rows x splits ", gx, ", kv heads x chunks ",
@@ -133,7 +131,13 @@ void launch(const PagedAttentionParams& p, cudaStream_t stream) {
   CtaOrder order{static_cast<int>(gx), static_cast<int>(gy), head_major};
   order.fat = !p.maybe_qo_indptr && fat_decode_allowed(p.kv_elem, p.rope_on_read != 0, p.group) &&
               fat_decode_grid(gx * gy, sm_count(p.device), p.max_seq_cells, p.num_splits);
-  dispatch(p, order, chunks, chunk_heads, stream, nullptr);
+  return order;
+}
+
+void launch(const PagedAttentionParams& p, cudaStream_t stream) {
+  const int chunk_heads = heads_per_cta(p.group);
+  const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
+  dispatch(p, cta_order_for(p, chunks), chunks, chunk_heads, stream, nullptr);
 }
 
 }  // namespace kvcore::ops::cuda::mma_attn
