@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +44,21 @@ double pct(std::vector<double> v, double q) {
 void print_dist(const char* what, const std::vector<double>& v) {
   std::printf("    %-34s p10 %7.2f  p50 %7.2f  p90 %7.2f  max %7.2f us\n", what, pct(v, 0.1), pct(v, 0.5), pct(v, 0.9),
               pct(v, 1.0));
+}
+
+__global__ void empty_kernel() {}
+
+// Host microseconds per call of fn, over back-to-back calls (the GPU queue absorbs the launches).
+template <class F>
+double host_us_per_call(F&& fn) {
+  constexpr int kCalls = 200;
+  for (int i = 0; i < 20; ++i) fn(i);
+  KVCORE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) fn(i);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kCalls;
+  KVCORE_CUDA_CHECK(cudaDeviceSynchronize());
+  return us;
 }
 
 template <math::KvElem KV, int W>
@@ -94,6 +110,16 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
     for (int cp = 0; cp < copies; ++cp) attention_decode(tq, kv, tables[cp], to, go);
   });
   graph.median_us /= copies;
+  // Where the eager call's host time goes: the whole call back to back, the split choice alone,
+  // and a plain launch of an empty kernel (the driver's share).
+  const double host_call = host_us_per_call([&](int i) { attention_decode(tq, kv, tables[i % copies], to, ao); });
+  const double host_splits = host_us_per_call([&](int) {
+    (void)attention_auto_splits(d, c.batch, kKvHeads, kQHeads, kHeadDim, t, c.ctx);
+  });
+  const double host_launch = host_us_per_call([&](int) {
+    empty_kernel<<<1, 32>>>();
+    KVCORE_CUDA_CHECK_LAUNCH("empty kernel");
+  });
 
   // The kernel alone: the parameters validate_and_fill would produce for this lean call.
   ops::PagedAttentionParams p{};
@@ -141,7 +167,7 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
     else launch_traced<math::KvElem::F16>(with_table(rep), order, trace, nullptr);
   };
   const cli::Timing traced_t = opt.time(traced);
-  KVCORE_CUDA_CHECK(cudaMemset(trace, 0, tr.size()));  // warps with no tile leave stamp 3 at 0
+  KVCORE_CUDA_CHECK(cudaMemset(trace, 0, tr.size()));  // warps with no tile leave the first-tile stamp at 0
   traced(1);
   KVCORE_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<unsigned long long> h(size_t(ctas) * warps * mma::kTraceSlots);
@@ -152,11 +178,11 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
     unsigned long long first = ~0ull;
     for (size_t i = 0; i < h.size(); i += mma::kTraceSlots) first = std::min(first, h[i]);
     if (FILE* f = std::fopen((std::string(dir) + "/" + name + ".csv").c_str(), "w")) {
-      std::fprintf(f, "cta,warp,sm,entry,prologue,q_ready,first_tile,loop_done,written\n");
+      std::fprintf(f, "cta,warp,sm,entry,seq_known,prologue,q_ready,first_tile,loop_done,merged,written\n");
       for (int i = 0; i < ctas; ++i)
         for (int w = 0; w < warps; ++w) {
           const unsigned long long* r = &h[(size_t(i) * warps + w) * mma::kTraceSlots];
-          std::fprintf(f, "%d,%d,%llu", i, w, r[mma::kTraceStamps]);
+          std::fprintf(f, "%d,%d,%llu", i, w, r[mma::kTraceSmSlot]);
           for (int pt = 0; pt < mma::kTraceStamps; ++pt) std::fprintf(f, ",%lld", static_cast<long long>(r[pt] - first));
           std::fprintf(f, "\n");
         }
@@ -165,33 +191,38 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   }
 
   // ---- the timeline, relative to the first stamp
+  using P = mma::TracePoint;
   auto at = [&](int cta, int w, int point) { return h[(size_t(cta) * warps + w) * mma::kTraceSlots + point]; };
   unsigned long long t0 = ~0ull, t_end = 0;
   for (int i = 0; i < ctas; ++i)
-    for (int w = 0; w < warps; ++w) t0 = std::min(t0, at(i, w, 0)), t_end = std::max(t_end, at(i, w, 5));
+    for (int w = 0; w < warps; ++w) t0 = std::min(t0, at(i, w, P::kTraceEntry)), t_end = std::max(t_end, at(i, w, P::kTraceWritten));
   auto us = [](unsigned long long a, unsigned long long b) { return (double(b) - double(a)) * 1e-3; };
-  std::vector<double> start, prologue, qready, first, loop, epi, finish, cta_len;
+  std::vector<double> start, seq, prologue, qready, first, loop, merged, epi, finish, cta_len;
   std::vector<int> per_sm(1024, 0);
   std::vector<double> sm_finish(1024, 0);
   for (int i = 0; i < ctas; ++i) {
-    const unsigned long long s0 = at(i, 0, 0);
+    const unsigned long long s0 = at(i, 0, P::kTraceEntry);
     unsigned long long last = 0;
     for (int w = 0; w < warps; ++w) {
-      if (at(i, w, 3) == 0) continue;  // an empty split (or warp): no loop
-      prologue.push_back(us(at(i, w, 0), at(i, w, 1)));
-      qready.push_back(us(at(i, w, 0), at(i, w, 2)));
-      first.push_back(us(at(i, w, 0), at(i, w, 3)));
-      loop.push_back(us(at(i, w, 3), at(i, w, 4)));
-      last = std::max(last, at(i, w, 4));
+      if (at(i, w, P::kTraceFirstTile) == 0) continue;  // an empty split (or warp): no loop
+      const unsigned long long e = at(i, w, P::kTraceEntry);
+      seq.push_back(us(e, at(i, w, P::kTraceSeqKnown)));
+      prologue.push_back(us(e, at(i, w, P::kTracePrologueIssued)));
+      qready.push_back(us(e, at(i, w, P::kTraceQReady)));
+      first.push_back(us(e, at(i, w, P::kTraceFirstTile)));
+      loop.push_back(us(at(i, w, P::kTraceFirstTile), at(i, w, P::kTraceLoopDone)));
+      last = std::max(last, at(i, w, P::kTraceLoopDone));
     }
     if (last == 0) continue;
     start.push_back(us(t0, s0));
-    epi.push_back(us(last, at(i, 0, 5)));
-    finish.push_back(us(t0, at(i, 0, 5)));
-    cta_len.push_back(us(s0, at(i, 0, 5)));
-    const int sm = static_cast<int>(at(i, 0, 6)) & 1023;
+    const unsigned long long done = at(i, 0, P::kTraceWritten);
+    merged.push_back(us(last, at(i, 0, P::kTraceWarpsMerged)));
+    epi.push_back(us(last, done));
+    finish.push_back(us(t0, done));
+    cta_len.push_back(us(s0, done));
+    const int sm = static_cast<int>(at(i, 0, mma::kTraceSmSlot)) & 1023;
     ++per_sm[sm];
-    sm_finish[sm] = std::max(sm_finish[sm], us(t0, at(i, 0, 5)));
+    sm_finish[sm] = std::max(sm_finish[sm], us(t0, done));
   }
   int sms = 0, max_per = 0;
   std::vector<double> fin;
@@ -203,11 +234,16 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
               "stamped span %.1f us\n",
               eager.median_us, graph.median_us, kernel.median_us, traced_t.median_us, us(t0, t_end));
   std::printf("    read at %.0f GB/s over the decode kernel's event time\n", bytes / kernel.median_us / 1e3);
+  std::printf("    host per call, back to back: attention_decode %.2f us, attention_auto_splits %.2f us, "
+              "empty kernel launch %.2f us\n",
+              host_call, host_splits, host_launch);
   print_dist("CTA start after the first", start);
+  print_dist("warp: entry -> sequence known", seq);
   print_dist("warp: entry -> prologue issued", prologue);
   print_dist("warp: entry -> q fragments ready", qready);
   print_dist("warp: entry -> first tile ready", first);
   print_dist("warp: first tile -> loop done", loop);
+  print_dist("CTA: last warp done -> factors ready", merged);
   print_dist("CTA: last warp done -> partial written", epi);
   print_dist("CTA: entry -> partial written", cta_len);
   print_dist("CTA finish after the first start", finish);
@@ -217,8 +253,8 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   std::vector<double> busy(bins, 0.0);
   for (int i = 0; i < ctas; ++i)
     for (int w = 0; w < warps; ++w) {
-      if (at(i, w, 3) == 0) continue;
-      const double a = us(t0, at(i, w, 3)), b = us(t0, at(i, w, 4));
+      if (at(i, w, P::kTraceFirstTile) == 0) continue;
+      const double a = us(t0, at(i, w, P::kTraceFirstTile)), b = us(t0, at(i, w, P::kTraceLoopDone));
       for (int x = std::max(0, int(a)); x < bins && x <= int(b); ++x)
         busy[x] += std::max(0.0, std::min(b, x + 1.0) - std::max(a, double(x)));
     }

@@ -77,7 +77,11 @@ struct Shape {
   static constexpr int kMinBlocks = W > 4 ? 1 : NT == 1 ? (kFp8 && !ROPE ? 4 : 3) : 2;
   static constexpr int kStageBytes = 2 * kTileBytes + kTile * kMetaWords * 4;
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
-  static constexpr int kMergeBytes = (kWarps * kN * (HD + 2) + (kWarps + 1) * kN) * 4;  // o, (m, l), factors, l
+  // The warps' merge: o [kWarps][kN][kRedStride], (m, l) [kWarps][kN][2], factors [kWarps][kN], l [kN].
+  // 4 floats of padding a column: the o stores of a warp's 4 column pairs (t) land in different
+  // banks instead of one (a 4-way conflict on every store: ~1 us of a 16-warp epilogue).
+  static constexpr int kRedStride = HD + 4;
+  static constexpr int kMergeBytes = (kWarps * kN * (kRedStride + 2) + (kWarps + 1) * kN) * 4;
   static constexpr int kQBytes = kN * HD * 4;
   static constexpr int kBaseBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
   // Rope on read: after the base area, each warp's rotated K tiles (lo; FP8 also hi: 16-bit
@@ -134,7 +138,7 @@ template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
                                             int chunk, int chunk_heads, unsigned long long* trace) {
   constexpr bool kTrace = PATH == Path::LeanTrace;
-  trace_mark<kTrace, W>(trace, 0);
+  trace_mark<kTrace, W>(trace, kTraceEntry);
   using S = Shape<HD, KV, ROPE, NT, W>;
   constexpr int kWarps = S::kWarps, kThreads = S::kThreads;
   constexpr bool kFp8 = S::kFp8;
@@ -272,6 +276,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       break;
   }
 
+  trace_mark<kTrace, W>(trace, kTraceSeqKnown, n_cells);  // (after the q loads: a mark orders memory)
   int n_steps = 0;
 #pragma unroll
   for (int i = 0; i < S::kStages; ++i) n_steps += warp + kWarps * i < n_tiles;
@@ -279,7 +284,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   for (int i = 0; i < S::kStages - 1; ++i) issue(warp + kWarps * i, i, block_of(warp + kWarps * i));
   int next_tile = warp + kWarps * (S::kStages - 1);
   int next_blk = block_of(next_tile);
-  trace_mark<kTrace, W>(trace, 1);
+  trace_mark<kTrace, W>(trace, kTracePrologueIssued);
 
   // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments.
   uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
@@ -327,7 +332,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       }
     if constexpr (kFp8) __syncthreads();  // the q area becomes the warps' scale scratch
   }
-  trace_mark<kTrace, W>(trace, 2);
+  trace_mark<kTrace, W>(trace, kTraceQReady);
 
 
   float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
@@ -354,7 +359,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     next_blk = block_of(next_tile);
     cp_async_wait<S::kStages - 1>();
     __syncwarp();  // step i's copies of every lane are visible
-    if (i == 0) trace_mark<kTrace, W>(trace, 3);
+    if (i == 0) trace_mark<kTrace, W>(trace, kTraceFirstTile);
     unsigned char* st = wbase + rd * S::kStageBytes;
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
@@ -622,7 +627,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     }
   }
   cp_async_wait<0>();
-  trace_mark<kTrace, W>(trace, 4);
+  trace_mark<kTrace, W>(trace, kTraceLoopDone);
 
   // ---- merge the warps in shared memory and write the normalized partial
 #pragma unroll
@@ -634,17 +639,24 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 16);
     }
   __syncthreads();  // every warp is done with its pipeline stages
-  float* red = reinterpret_cast<float*>(smem);  // [kWarps][kN][HD]
-  float* ml = red + kWarps * kN * HD;           // [kWarps][kN][2]: m, l
+  constexpr int kRS = S::kRedStride;
+  float* red = reinterpret_cast<float*>(smem);  // [kWarps][kN][kRS]
+  float* ml = red + kWarps * kN * kRS;          // [kWarps][kN][2]: m, l
 #pragma unroll
   for (int mt = 0; mt < S::kKSteps; ++mt)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j) {
+      float* col = red + (warp * kN + 8 * j + 2 * t) * kRS;  // column 8j + 2t; + kRS: 8j + 2t + 1
+      if constexpr (kFp8) {  // elements x and x + 2 hold dims 2g and 2g + 1 of m-tile mt: one 8-byte store
+        const float f = vref[mt / 4 % SB];
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const float v = kFp8 ? o[mt][j][x] * vref[mt / 4 % SB] : o[mt][j][x];
-        red[(warp * kN + 8 * j + 2 * t + (x & 1)) * HD + out_dim<kFp8>(mt, x, g)] = v;
+        for (int e = 0; e < 2; ++e)
+          *reinterpret_cast<float2*>(col + e * kRS + mt * 16 + 2 * g) = make_float2(o[mt][j][e] * f, o[mt][j][e + 2] * f);
+      } else {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) col[(x & 1) * kRS + out_dim<false>(mt, x, g)] = o[mt][j][x];
       }
+    }
   if (g == 0)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -656,29 +668,33 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   __syncthreads();
   const bool direct = writes_output_directly(p);
   const int inv = small_div_inverse(chunk_heads);
-  // Per column, once: the warps' rescale factors and the summed l (and the partial's lse). Every
-  // thread computed them for each of its elements before: ~2 us of a batch-1 CTA's epilogue
-  // while 3 other CTAs of the SM still issue (decode_trace).
+  // Per column, once: the warps' rescale factors and the summed l (and the partial's lse), by
+  // kWarps lanes a column (thread n * kWarps + w: warp w's state), reduced by shuffles. One
+  // thread a column looping over the warps took ~0.5 us of a 16-warp CTA's epilogue, and every
+  // thread per element ~2 us before that (decode_trace).
+  static_assert(kN * kWarps % 32 == 0 && 32 % kWarps == 0, "whole warps of whole column groups");
   float* fw = ml + kWarps * kN * 2;  // [kWarps][kN] factors, then [kN] l
-  if (tid < kN) {
-    const int n = tid;
-    float mx = ml[n * 2];
+  if (tid < kN * kWarps) {
+    const int n = tid / kWarps, w = tid % kWarps;
+    const float m_w = ml[(w * kN + n) * 2];
+    float mx = m_w;
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) mx = math::max_f32(mx, ml[(w * kN + n) * 2]);
-    float l = 0.0f;
+    for (int x = kWarps / 2; x > 0; x >>= 1) mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+    const float f = math::softmax_rescale(m_w, mx);
+    fw[w * kN + n] = f;
+    float l = ml[(w * kN + n) * 2 + 1] * f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = math::softmax_rescale(ml[(w * kN + n) * 2], mx);
-      l += ml[(w * kN + n) * 2 + 1] * f;
-      fw[w * kN + n] = f;
+    for (int x = kWarps / 2; x > 0; x >>= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
+    if (w == 0) {
+      fw[kWarps * kN + n] = l;
+      const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
+      if (!direct && rr < n_r && gg < n_h)
+        p.lse_part[(int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split] =
+            l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
     }
-    fw[kWarps * kN + n] = l;
-    const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
-    if (!direct && rr < n_r && gg < n_h)
-      p.lse_part[(int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split] =
-          l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
   }
   __syncthreads();
+  trace_mark<kTrace, W>(trace, kTraceWarpsMerged);
 #pragma unroll
   for (int u = 0; u < kElemsPerThread; ++u) {
     const int i = tid + u * kThreads, n = i / HD, d = i % HD;
@@ -686,7 +702,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     if (!(rr < n_r && gg < n_h)) continue;
     float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) acc += red[(w * kN + n) * HD + d] * fw[w * kN + n];
+    for (int w = 0; w < kWarps; ++w) acc += red[(w * kN + n) * kRS + d] * fw[w * kN + n];
     const float l = fw[kWarps * kN + n];
     const float val = l > 0.0f ? acc / l : 0.0f;
     if (direct) {  // one split, no sinks: the merge would copy val unchanged (weight exactly 1)
@@ -695,7 +711,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     }
     p.o_part[((int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split) * HD + d] = val;
   }
-  trace_mark<kTrace, W>(trace, 5);
+  trace_mark<kTrace, W>(trace, kTraceWritten);
 }
 
 // CTA numbering. Head-major: the kv heads (and chunks) of one (row, split) get consecutive
