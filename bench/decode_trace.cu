@@ -103,6 +103,8 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   ao.check_tables = false;
   ao.max_seq_cells = c.ctx;
   ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
+  const Buffer counters = split_counters(d, c.batch);
+  if (!counters.empty()) ao.split_counters = TensorRef(counters.data(), DType::I32, d, {c.batch * kQHeads});
   const cli::Timing eager = opt.time([&](int rep) { attention_decode(tq, kv, tables[rep % copies], to, ao); });
   cli::Timing graph = cli::time_graph(d.index, opt.reps, opt.warmup, [&](Stream st) {
     AttentionOptions go = ao;
@@ -159,6 +161,7 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   auto with_table = [&](int rep) {
     ops::PagedAttentionParams pr = p;
     pr.indices = static_cast<const int32_t*>(pages.indices_dev[rep % copies].data());
+    pr.n_indices = static_cast<int64_t>(pages.indices[rep % copies].size());
     return pr;
   };
   const cli::Timing kernel = opt.time([&](int rep) { mma::launch(with_table(rep), nullptr); });

@@ -31,6 +31,7 @@ struct PagedAttentionParams {
   // ---- block tables (CSR)
   const int32_t* indptr;              // [batch + 1]
   const int32_t* indices;             // [indptr[batch]]
+  int64_t n_indices;                  // entries of indices (>= indptr[batch]); 0: unknown
   const int32_t* last_page_len;       // [batch]
   int32_t batch;
   // [batch] or null (= all 0): the key position of sequence b's cell is maybe_positions[cell] -
@@ -64,6 +65,9 @@ struct PagedAttentionParams {
   int32_t kernel_variant;             // CUDA: 0 auto, 1 register loads only, 2 cp.async pipeline where built
   float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial
+  // [n_rows * n_q_heads] zeros (AttentionOptions::split_counters), or null. CUDA sets it only where
+  // the tensor-core decode kernel merges the splits itself (mma_attn::merges_in_kernel).
+  int32_t* maybe_split_counters;
   int32_t device;                     // CUDA device index of every tensor
   Stream stream;
 };
