@@ -102,8 +102,6 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
                                   attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 2));
   Buffer ws(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
   ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
-  const Buffer counters = split_counters(d, batch);
-  if (!counters.empty()) ao.split_counters = TensorRef(counters.data(), DType::I32, d, {batch * kQHeads});
   // The automatic kernel (tensor cores at this shape on CUDA) and, for comparison, the SIMT
   // cp.async kernel ("_simt"; not for FP8 with rope on read: ~2.6 ms a call, GPU run I).
   for (int variant : {0, 2}) {

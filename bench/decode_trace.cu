@@ -103,8 +103,6 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   ao.check_tables = false;
   ao.max_seq_cells = c.ctx;
   ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
-  const Buffer counters = split_counters(d, c.batch);
-  if (!counters.empty()) ao.split_counters = TensorRef(counters.data(), DType::I32, d, {c.batch * kQHeads});
   const cli::Timing eager = opt.time([&](int rep) { attention_decode(tq, kv, tables[rep % copies], to, ao); });
   cli::Timing graph = cli::time_graph(d.index, opt.reps, opt.warmup, [&](Stream st) {
     AttentionOptions go = ao;

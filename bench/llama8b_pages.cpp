@@ -2,11 +2,9 @@
 #include "bench/llama8b_pages.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
-#include <string>
 
 #include "kvcore/math/half.hpp"
 
@@ -108,12 +106,6 @@ Pages make_pages(Device d, int64_t batch, int64_t ctx, bool fp8, bool rope, int6
   s.q_ref = TensorRef(s.q.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
   s.out_ref = TensorRef(s.out.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
   return s;
-}
-
-Buffer split_counters(Device d, int64_t batch) {
-  const char* v = std::getenv("KVCORE_BENCH_MERGE_KERNEL");
-  if (v && std::string(v) == "1") return Buffer();
-  return Buffer::from_host(std::vector<int32_t>(static_cast<size_t>(attention_split_counter_count(batch, kQHeads)), 0), d);
 }
 
 }  // namespace kvcore::cli::llama8b

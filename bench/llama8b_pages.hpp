@@ -39,9 +39,4 @@ struct Pages {
 
 Pages make_pages(Device d, int64_t batch, int64_t ctx, bool fp8, bool rope, int64_t copies);
 
-// Zeroed AttentionOptions::split_counters for `batch` rows, as an engine keeps them (the splits
-// merge in the decode kernel); empty with KVCORE_BENCH_MERGE_KERNEL=1, so a merge kernel runs
-// (A/B benchmarks).
-Buffer split_counters(Device d, int64_t batch);
-
 }  // namespace kvcore::cli::llama8b

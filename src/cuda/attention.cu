@@ -265,7 +265,6 @@ void attention_paged(const PagedAttentionParams& p) {
   }
   PagedAttentionParams pv = p;
   if (pv.kernel_variant == 4) pv.kernel_variant = 0;  // asked for the prefill kernel where it does not serve
-  if (!(mma_attn::serves(pv) && mma_attn::merges_in_kernel(pv))) pv.maybe_split_counters = nullptr;
   // KVCORE_ATTN_GUESS_BLOCKS=0: no guessed first block ids at batch row 0 (A/B benchmarks; the
   // kernel guesses only below n_indices).
   static const bool guess_on = [] {
@@ -275,7 +274,7 @@ void attention_paged(const PagedAttentionParams& p) {
   if (!guess_on) pv.n_indices = 0;
   if (mma_attn::serves(pv)) {
     mma_attn::launch(pv, stream);
-    if (mma_attn::writes_output_directly(pv) || pv.maybe_split_counters) return;
+    if (mma_attn::writes_output_directly(pv)) return;
   } else {
     const int G = heads_per_cta(hd, p.kv_elem, p.group);
     const int chunks = (p.group + G - 1) / G;

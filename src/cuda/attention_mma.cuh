@@ -102,7 +102,6 @@ struct Shape {
   static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16, "swizzle and copy lanes need 4, 8 or 16 chunks per row");
   static_assert(!kFp8 || kQBytes >= kWarps * kTile * 2 * kScaleBlocks * 4, "FP8 scale scratch lives in the q area");
   static_assert(kBaseBytes % 16 == 0 && kFreqOffset % 16 == 0, "16-byte aligned tiles and frequencies");
-  static_assert(16 + kN * kMaxSplitsMergedInKernel * 4 <= kBaseBytes, "merge_splits_if_last's weights fit");
 };
 
 // Dim held by O^T accumulator element x of m-tile mt in a thread of fragment row g. FP8 V
@@ -135,61 +134,6 @@ __device__ __forceinline__ void load_q_columns(const PagedAttentionParams& p, in
   }
 }
 
-// Split-K merged in the kernel (merges_in_kernel): the CTA that finishes a (row, head group)
-// last, as counted in p.maybe_split_counters, combines every split's partial of the group's n_h
-// heads exactly as the merge kernel does, writes the output and puts the counter back to zero.
-// The partials are read from L2 (__ldcg): other CTAs wrote them. Saves the merge kernel's launch
-// and its wait for the whole grid (~2-3 us at batch 1, decode_trace).
-template <int HD, int W>
-__device__ __forceinline__ void merge_splits_if_last(const PagedAttentionParams& p, unsigned char* smem, int row, int h0,
-                                                     int n_h) {
-  constexpr int kThreads = 32 * W;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int S = p.num_splits;
-  int* ctr = p.maybe_split_counters + int64_t{row} * p.n_q_heads + h0;
-  int* last = reinterpret_cast<int*>(smem);
-  __threadfence();  // this CTA's partials are visible device-wide before it is counted
-  __syncthreads();  // (also: every thread is done with the merge area the weights reuse)
-  if (tid == 0) *last = atomicAdd(ctr, 1) == S - 1;
-  __syncthreads();
-  if (!*last) return;
-  __threadfence();  // the other CTAs' partials, counted before this CTA's increment, are seen
-  float* wts = reinterpret_cast<float*>(smem + 16);  // [n_h][S]: weight / denominator
-  for (int n = warp; n < n_h; n += W) {
-    const int h = h0 + n;
-    const float* lse = p.lse_part + (int64_t{row} * p.n_q_heads + h) * S;
-    const float sink = p.maybe_sinks ? p.maybe_sinks[h] * math::kLog2e : math::neg_inf_f32();
-    float m = sink;
-    for (int i = lane; i < S; i += 32) m = math::max_f32(m, __ldcg(lse + i));
-#pragma unroll
-    for (int x = 16; x > 0; x >>= 1) m = math::max_f32(m, __shfl_xor_sync(0xffffffffu, m, x));
-    float sum = 0.0f;
-    for (int i = lane; i < S; i += 32) {
-      const float w = math::partials_weight(__ldcg(lse + i), m);
-      wts[n * S + i] = w;
-      sum += w;
-    }
-#pragma unroll
-    for (int x = 16; x > 0; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
-    const float inv = math::partials_inv_denominator(sum, sink, m);
-    __syncwarp();
-    for (int i = lane; i < S; i += 32) wts[n * S + i] *= inv;
-  }
-  __syncthreads();
-  for (int i = tid; i < n_h * HD; i += kThreads) {
-    const int n = i / HD, d = i % HD;
-    const float* o = p.o_part + (int64_t{row} * p.n_q_heads + h0 + n) * S * HD + d;
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int sp = 0; sp < S; ++sp) {
-      const float w = wts[n * S + sp], v = __ldcg(o + int64_t{sp} * HD);
-      acc += w != 0.0f ? w * v : 0.0f;  // an empty split's partial is never used (0 * inf)
-    }
-    store_q_elem(p.out, int64_t{row} * p.out_row_stride + int64_t{h0 + n} * p.out_head_stride + d, p.out_elem, acc);
-  }
-  if (tid == 0) *ctr = 0;  // for the next call
-}
-
 template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W>
 __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
                                             int chunk, int chunk_heads, unsigned long long* trace) {
@@ -217,8 +161,9 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   // Batch row 0 of a decode call: indptr[0] is 0 (a table invariant), so its block ids start at
   // indices[0]; with the planning hint max_seq_cells as the guess of its cell count, the first
   // tiles' block ids load in the same round trip as indptr / last_page_len instead of after
-  // them, and serve when the guess was right (batch 1, decode_trace: ~1.3 us of start-up).
-  // Only entries below n_indices are read.
+  // them, and serve when the guess was right (checked). Only entries below n_indices are read.
+  // Batch 1 (decode_trace, 2026-12-04): first tile 7.9 -> 5.1 us after entry; calls 1.4-2 us
+  // shorter at 32k-128k tokens.
   const bool guess = !p.maybe_qo_indptr && b == 0 && p.max_seq_cells > 0 &&
                      p.max_seq_cells <= min(p.n_indices * bs, int64_t{0x7fffffff});
   int guessed_blk[S::kStages];
@@ -788,7 +733,6 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     p.o_part[((int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split) * HD + d] = val;
   }
   trace_mark<kTrace, W>(trace, kTraceWritten);
-  if (p.maybe_split_counters && !direct) merge_splits_if_last<HD, W>(p, smem, row, h0, n_h);
 }
 
 // CTA numbering. Head-major: the kv heads (and chunks) of one (row, split) get consecutive

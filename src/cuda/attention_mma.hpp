@@ -25,15 +25,4 @@ KVCORE_HD bool writes_output_directly(const PagedAttentionParams& p) {
   return p.num_splits == 1 && p.maybe_sinks == nullptr;
 }
 
-// Split counts the kernel merges itself (its weights live in shared memory: [columns][splits]).
-constexpr int kMaxSplitsMergedInKernel = 256;
-
-// The kernel merges the splits itself (no merge kernel): the caller gave split counters, the
-// call is decode (prefill CTAs are not grouped by head), it does not write the output directly
-// and its splits' weights fit.
-inline bool merges_in_kernel(const PagedAttentionParams& p) {
-  return p.maybe_split_counters && !p.maybe_qo_indptr && !writes_output_directly(p) &&
-         p.num_splits <= kMaxSplitsMergedInKernel;
-}
-
 }  // namespace kvcore::ops::cuda::mma_attn

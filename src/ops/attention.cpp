@@ -25,12 +25,6 @@ size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head
   return static_cast<size_t>(parts * head_dim + parts) * sizeof(float);
 }
 
-int64_t attention_split_counter_count(int64_t n_rows, int64_t n_q_heads) {
-  require_arg(n_rows >= 0 && n_q_heads >= 0, "attention_split_counter_count: sizes must be >= 0, got n_rows ", n_rows,
-              ", n_q_heads ", n_q_heads);
-  return n_rows * n_q_heads;  // one per (row, first head of a kernel's head group)
-}
-
 int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
                               DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant, bool rope_on_read) {
   const int64_t group = n_kv_heads > 0 ? std::max<int64_t>(1, n_q_heads / n_kv_heads) : 1;
@@ -181,24 +175,6 @@ void validate_and_fill(const char* op, const TensorRef& q, const TensorRef& out,
   if (opt.rope_on_read) v.p.rope = make_rope_table(*opt.rope_on_read, static_cast<int>(head_dim));  // validates
   require_arg(opt.num_splits >= 0 && opt.num_splits <= 1024, op, ": num_splits must be in [0, 1024], got ",
               opt.num_splits);
-  if (!opt.split_counters.empty()) {
-    const TensorRef& c = opt.split_counters;
-    checks::not_null(op, "split_counters", c);
-    checks::ndim_is(op, "split_counters", c, 1);
-    checks::dtype_is(op, "split_counters", c, DType::I32);
-    checks::same_device(op, "q", q, "split_counters", c);
-    require_arg(c.is_contiguous(), op, ": split_counters must be contiguous");
-    const int64_t need = attention_split_counter_count(n_rows, n_q_heads);
-    require_arg(c.size(0) >= need, op, ": split_counters holds ", c.size(0), " entries, ", need,
-                " needed (attention_split_counter_count)");
-    if (opt.check_tables) {  // every call leaves them zero: anything else is memory the caller reused
-      const std::vector<int32_t> h = host_i32(c);
-      for (int64_t i = 0; i < need; ++i)
-        require_arg(h[i] == 0, op, ": split_counters must hold zeros (every call leaves them so), entry ", i, " is ",
-                    h[i]);
-    }
-    v.p.maybe_split_counters = c.data_as<int32_t>();
-  }
 
   // ---- prefill rows
   if (prefill) {

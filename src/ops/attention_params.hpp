@@ -65,9 +65,6 @@ struct PagedAttentionParams {
   int32_t kernel_variant;             // CUDA: 0 auto, 1 register loads only, 2 cp.async pipeline where built
   float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial
-  // [n_rows * n_q_heads] zeros (AttentionOptions::split_counters), or null. CUDA sets it only where
-  // the tensor-core decode kernel merges the splits itself (mma_attn::merges_in_kernel).
-  int32_t* maybe_split_counters;
   int32_t device;                     // CUDA device index of every tensor
   Stream stream;
 };

@@ -7,7 +7,6 @@
 // bf16 outputs 8e-3 (one output rounding).
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 
 #include "attention_test_util.hpp"
@@ -225,61 +224,6 @@ TEST(AttnCuda, FatCtasFp8) {
         }
         check_case(s, {1, 2});
       }
-}
-
-// Split counters: the decode kernel's last CTA of each head group merges the splits (no merge
-// kernel). Against the CPU op and float64 at 1, a few and many splits (1 with sinks: merged by
-// the CTA itself; 300: past kMaxSplitsMergedInKernel, so the merge kernel runs), fat and 4-warp
-// CTAs, 16-bit and FP8 pages, the general path (dead cells, window, sinks) and the lean one;
-// three calls in a row on the same counters, which must be zero after each.
-TEST(AttnCuda, SplitCountersMergeInKernel) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  int n = 0;
-  for (DType kv : {DType::E4M3, DType::F16, DType::BF16})
-    for (int D : {64, 128})
-      for (int group : {1, 4, 8})
-        for (bool general : {true, false}) {
-          CaseSpec s;
-          s.kv = kv;
-          s.head_dim = D;
-          s.n_kv_heads = 2;
-          s.n_q_heads = 2 * group;
-          s.seq_cells = {5000, 2100, 37, 0};
-          s.seed = 1300 + n++;
-          if (general) {
-            s.dead_rate = 0.2;
-            s.window = 3000;
-            s.sinks = true;
-            s.f32_scales = kv == DType::E4M3 && group == 8;
-          } else {
-            s.bare = true;
-          }
-          const HostCase c = make_case(s);
-          const std::vector<float> cpu = run_op(c, Device::cpu());
-          const std::vector<double> ref = reference(c);
-          DeviceCase g;
-          make_device_case(c, Device::cuda(0), g);
-          const int64_t need = attention_split_counter_count(c.rows, s.n_q_heads);
-          Buffer ctr = Buffer::from_host(std::vector<int32_t>(static_cast<size_t>(need), 0), Device::cuda(0));
-          g.opt.split_counters = TensorRef(ctr.data(), DType::I32, Device::cuda(0), {need});
-          const int64_t n_out = int64_t{c.rows} * s.n_q_heads * D;
-          Buffer out(n_out * 4, Device::cuda(0));
-          const TensorRef o(out.data(), DType::F32, Device::cuda(0), {c.rows, s.n_q_heads, D});
-          for (int sp : {0, 1, 7, 300}) {
-            g.opt.num_splits = sp;
-            for (int call = 0; call < 3; ++call) {
-              g.opt.check_tables = call == 0;  // (also checks the counters are zero going in)
-              attention_decode(g.q_ref, g.kv, g.table, o, g.opt);
-              const std::vector<float> gpu = out.to_host<float>();
-              EXPECT_LE(max_rel_err(gpu, cpu), tol(s)) << "vs CPU: kv " << dtype_name(kv) << " D " << D << " group "
-                                                       << group << " general " << general << " splits " << sp;
-              EXPECT_LE(max_rel_err(gpu, ref), tol(s)) << "vs f64: splits " << sp;
-              const std::vector<int32_t> left = ctr.to_host<int32_t>();
-              ASSERT_TRUE(std::all_of(left.begin(), left.end(), [](int32_t x) { return x == 0; }))
-                  << "counters not left zero: kv " << dtype_name(kv) << " D " << D << " splits " << sp;
-            }
-          }
-        }
 }
 
 TEST(AttnCuda, PrefillCausal) {

@@ -63,14 +63,6 @@ struct AttentionOptions {
   // Scratch for split-K partials (attention_workspace_bytes). Empty: the op allocates one per call
   // (a synchronous allocation on CUDA: pass one when timing matters).
   TensorRef workspace;
-  // Split-K merged inside the decode kernel (CUDA): i32 [attention_split_counter_count(n_rows,
-  // n_q_heads)] zeros, which every completed call leaves zero again (cudaMemset them once, at
-  // allocation). The last CTA of each head group to finish merges the group's splits, so no
-  // merge kernel runs: one launch a call instead of two, and ~2 us less at batch 1. Calls
-  // sharing the counters must not overlap (keep one set per stream, or per captured graph, like
-  // the workspace). Empty: a merge kernel combines the splits. The CPU backend merges in place
-  // and only validates them.
-  TensorRef split_counters;
   // Check table contents (indices in range, indptr monotone, last_page_len in range). On CUDA
   // this copies the tables to the host (a synchronization); engines that trust their tables
   // may turn it off. Shapes and dtypes are always checked.
@@ -100,9 +92,6 @@ void attention_prefill(const TensorRef& q, const TensorRef& qo_indptr, const Pag
 // Bytes of workspace a call with these sizes needs; num_splits >= 1 as the call resolves it:
 // the value given in AttentionOptions, or attention_auto_splits(...) for the automatic choice.
 size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits);
-
-// Entries of AttentionOptions::split_counters a call with these sizes needs.
-int64_t attention_split_counter_count(int64_t n_rows, int64_t n_q_heads);
 
 // The split-K factor `num_splits = 0` resolves to (device-dependent: on CUDA it fills the
 // GPU in whole waves of the kernel chosen for this shape; max_seq_cells 0 = unknown;
