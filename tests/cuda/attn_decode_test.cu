@@ -226,6 +226,41 @@ TEST(AttnCuda, FatCtasFp8) {
       }
 }
 
+// Batch row 0 guesses its first block ids from the max_seq_cells hint (attention_mma.cuh):
+// right, too large (other sequences' entries, or past the table: not guessed), too small, with
+// and without rows after it; every result must match the CPU op.
+TEST(AttnCuda, GuessedFirstBlocksAnyHint) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  int n = 0;
+  for (DType kv : {DType::E4M3, DType::F16})
+    for (std::vector<int> cells : {std::vector<int>{3000}, std::vector<int>{1000, 2600}, std::vector<int>{2600, 1000, 17}}) {
+      CaseSpec s;
+      s.kv = kv;
+      s.head_dim = 128;
+      s.n_kv_heads = 2;
+      s.n_q_heads = 8;
+      s.seq_cells = cells;
+      s.bare = true;
+      s.seed = 1500 + n++;
+      const HostCase c = make_case(s);
+      const std::vector<float> cpu = run_op(c, Device::cpu());
+      DeviceCase g;
+      make_device_case(c, Device::cuda(0), g);
+      const int64_t n_out = int64_t{c.rows} * s.n_q_heads * s.head_dim;
+      Buffer out(n_out * 4, Device::cuda(0));
+      const TensorRef o(out.data(), DType::F32, Device::cuda(0), {c.rows, s.n_q_heads, s.head_dim});
+      g.opt.check_tables = false;
+      for (int64_t hint : {int64_t{cells[0]}, int64_t{cells[0]} + 16, int64_t{cells[0]} - 5, int64_t{4000}, int64_t{1} << 40})
+        for (int sp : {0, 3}) {
+          g.opt.max_seq_cells = hint;
+          g.opt.num_splits = sp;
+          attention_decode(g.q_ref, g.kv, g.table, o, g.opt);
+          EXPECT_LE(max_rel_err(out.to_host<float>(), cpu), tol(s))
+              << "kv " << dtype_name(kv) << " rows " << cells.size() << " hint " << hint << " splits " << sp;
+        }
+    }
+}
+
 TEST(AttnCuda, PrefillCausal) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   // group 4: 4 query rows per tensor-core CTA; group 1: 16 rows; group 16: one row.
