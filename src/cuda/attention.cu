@@ -130,6 +130,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   }
   const int64_t off = int64_t{r} * a.out_row_stride + int64_t{h} * a.out_head_stride + d_off;
   for (int d = threadIdx.x; d < DS; d += kMergeThreads) store_q_elem(a.out, off + d, a.out_elem, row[d]);
+  // The next decode call's kernel (a programmatic dependent) may launch once every merge CTA is
+  // here; it waits for this grid's completion before reading anything.
+  kvcore::cuda::pdl_allow_dependents();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "cuda/attention_mma.cuh"
 #include "cuda/attention_mma.hpp"
+#include "cuda/pdl.cuh"
 
 namespace kvcore::ops::cuda::mma_attn {
 
@@ -25,8 +26,19 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
     return;
   }
   const unsigned n_ctas = static_cast<unsigned>(int64_t{grid.gx} * grid.gy);
-  kernel<<<n_ctas, K::kThreads, K::kSmemBytes, stream>>>(p, chunks, chunk_heads, grid);
-  KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");
+  // A programmatic dependent of the stream's previous kernel (the kernel waits for it before any
+  // global read): its launch and CTA set-up overlap that kernel's drain. KVCORE_ATTN_PDL=0: a
+  // plain launch (A/B benchmarks).
+  static const bool pdl = [] {
+    const char* v = std::getenv("KVCORE_ATTN_PDL");
+    return !(v && std::string(v) == "0");
+  }();
+  if (pdl) {
+    kvcore::cuda::launch_dependent(kernel, dim3(n_ctas), dim3(K::kThreads), K::kSmemBytes, stream, p, chunks, chunk_heads, grid);
+  } else {
+    kernel<<<n_ctas, K::kThreads, K::kSmemBytes, stream>>>(p, chunks, chunk_heads, grid);
+    KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");
+  }
 }
 
 // 8 query columns per CTA for decode with up to 8 heads per kv head; else 16 (prefill packs

@@ -158,13 +158,13 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   const int bs = p.layout.block_size;
   const bool pow2_bs = (bs & (bs - 1)) == 0;
   const int bs_shift = __ffs(bs) - 1;
-  // Batch row 0 of a decode call: indptr[0] is 0 (a table invariant), so its block ids start at
-  // indices[0]; with the planning hint max_seq_cells as the guess of its cell count, the first
-  // tiles' block ids load in the same round trip as indptr / last_page_len instead of after
-  // them, and serve when the guess was right (checked). Only entries below n_indices are read.
-  // Batch 1 (decode_trace, 2026-12-04): first tile 7.9 -> 5.1 us after entry; calls 1.4-2 us
-  // shorter at 32k-128k tokens.
-  const bool guess = !p.maybe_qo_indptr && b == 0 && p.max_seq_cells > 0 &&
+  // Batch row 0 of a decode call in fat CTAs: indptr[0] is 0 (a table invariant), so its block
+  // ids start at indices[0]; with the planning hint max_seq_cells as the guess of its cell count,
+  // the first tiles' block ids load in the same round trip as indptr / last_page_len instead of
+  // after them, and serve when the guess was right (checked). Only entries below n_indices are
+  // read. Batch 1, FP8 (run AE, 2026-12-04): first tile 7.9 -> 5.1 us after entry, calls 1.4 us
+  // (32k) and 1.9 us (128k) shorter; in 4-warp CTAs (FP8 <= 8k) 0.1-0.3 us longer, so not there.
+  const bool guess = W > kWarpsDefault && !p.maybe_qo_indptr && b == 0 && p.max_seq_cells > 0 &&
                      p.max_seq_cells <= min(p.n_indices * bs, int64_t{0x7fffffff});
   int guessed_blk[S::kStages];
 #pragma unroll
@@ -753,6 +753,9 @@ template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W = kWarpsD
 __global__ void __launch_bounds__(32 * W, (Shape<HD, KV, ROPE, NT, W>::kMinBlocks))
     mma_decode_kernel(const PagedAttentionParams p, int chunks, int chunk_heads, CtaOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
+  // Launched as a programmatic dependent (launch_nt): CTAs may start while the stream's previous
+  // kernel drains; nothing global is read before that kernel is complete and visible.
+  kvcore::cuda::pdl_wait();
   // One flat grid of (row x split) x (kv head x chunk) CTAs; see CtaOrder for the order.
   const int64_t idx = blockIdx.x;
   const int x = static_cast<int>(order.head_major ? idx / order.gy : idx % order.gx);

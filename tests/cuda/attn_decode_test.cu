@@ -226,14 +226,15 @@ TEST(AttnCuda, FatCtasFp8) {
       }
 }
 
-// Batch row 0 guesses its first block ids from the max_seq_cells hint (attention_mma.cuh):
-// right, too large (other sequences' entries, or past the table: not guessed), too small, with
-// and without rows after it; every result must match the CPU op.
+// Batch row 0 guesses its first block ids from the max_seq_cells hint in fat CTAs (FP8, >= 2048
+// cells a CTA; attention_mma.cuh): right, too large (other sequences' entries, or past the
+// table: not guessed), too small, with and without rows after it; 1 and 2 splits (fat) and the
+// automatic count; every result must match the CPU op.
 TEST(AttnCuda, GuessedFirstBlocksAnyHint) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   int n = 0;
   for (DType kv : {DType::E4M3, DType::F16})
-    for (std::vector<int> cells : {std::vector<int>{3000}, std::vector<int>{1000, 2600}, std::vector<int>{2600, 1000, 17}}) {
+    for (std::vector<int> cells : {std::vector<int>{9000}, std::vector<int>{4200, 9000}, std::vector<int>{9000, 4200, 17}}) {
       CaseSpec s;
       s.kv = kv;
       s.head_dim = 128;
@@ -250,8 +251,8 @@ TEST(AttnCuda, GuessedFirstBlocksAnyHint) {
       Buffer out(n_out * 4, Device::cuda(0));
       const TensorRef o(out.data(), DType::F32, Device::cuda(0), {c.rows, s.n_q_heads, s.head_dim});
       g.opt.check_tables = false;
-      for (int64_t hint : {int64_t{cells[0]}, int64_t{cells[0]} + 16, int64_t{cells[0]} - 5, int64_t{4000}, int64_t{1} << 40})
-        for (int sp : {0, 3}) {
+      for (int64_t hint : {int64_t{cells[0]}, int64_t{cells[0]} + 16, int64_t{cells[0]} - 5, int64_t{20000}, int64_t{1} << 40})
+        for (int sp : {0, 1, 2}) {
           g.opt.max_seq_cells = hint;
           g.opt.num_splits = sp;
           attention_decode(g.q_ref, g.kv, g.table, o, g.opt);
