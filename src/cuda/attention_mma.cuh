@@ -14,7 +14,11 @@
 // free one) into a private cp.async ring of kStages tiles (K, V and the tile's metadata
 // words), so the main loop needs only __syncwarp and a shared counter. Online softmax per
 // column; the warps' states are merged in shared memory into one normalized partial
-// (o, lse) per split, combined by attention_merge like the SIMT kernel's.
+// (o, lse) per split, combined by attention_merge like the SIMT kernel's (a merge inside this
+// kernel, by the last CTA of a head group, was measured slower: run AD, 2026-12-04).
+// Start-up: the kernel is a programmatic dependent of the stream's previous kernel (its launch
+// overlaps that kernel's drain), and fat CTAs of batch row 0 load their first block ids
+// together with indptr (see `guess` in decode_body).
 //
 // Precision: q and P are split into hi + lo halves of the mma type (two mma each), so
 // scores and outputs keep ~f32 accuracy and match the CPU op at the f32 tolerances.
@@ -668,7 +672,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       float* col = red + (warp * kN + 8 * j + 2 * t) * kRS;  // column 8j + 2t; + kRS: 8j + 2t + 1
-      if constexpr (kFp8) {  // elements x and x + 2 hold dims 2g and 2g + 1 of m-tile mt: one 8-byte store
+      if constexpr (kFp8) {  // elements x, x + 2 hold dims 2g, 2g + 1 of m-tile mt (out_dim<true>): one 8-byte store
         const float f = vref[mt / 4 % SB];
 #pragma unroll
         for (int e = 0; e < 2; ++e)
