@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "ops/attention_params.hpp"
 #include "ops/decode_fat_ctas.hpp"
 
 namespace kvcore::ops {
@@ -12,10 +13,8 @@ namespace {
 
 constexpr int64_t kSms = 132, kKvHeads = 8;
 
-int64_t s_max_for(int64_t cells) { return std::clamp<int64_t>((cells + 127) / 128, 1, 1024); }  // as the planner
-
 // The fat split count at (batch, context), 0 when 4-warp CTAs are planned.
-int64_t planned(int64_t batch, int64_t ctx) { return fat_decode_splits(batch * kKvHeads, kSms, ctx, s_max_for(ctx)); }
+int64_t planned(int64_t batch, int64_t ctx) { return fat_decode_splits(batch * kKvHeads, kSms, ctx, attention_split_limit(ctx)); }
 
 TEST(DecodeFatCtas, BenchmarkShapes) {
   // Fat, one wave: batch 1 from 32k (16 splits of >= 2048 cells), batch 16 from 4k (one split).
@@ -58,7 +57,7 @@ TEST(DecodeFatCtas, PlanAndLaunchAgree) {
     const int64_t sms = 1 + static_cast<int64_t>(rng() % 200);
     const int64_t base = 1 + static_cast<int64_t>(rng() % 300);
     const int64_t cells = static_cast<int64_t>(rng() % 300000);
-    const int64_t s_max = s_max_for(cells);
+    const int64_t s_max = attention_split_limit(cells);
     const int64_t s = fat_decode_splits(base, sms, cells, s_max);
     if (s > 0) {
       ASSERT_LE(s, s_max);

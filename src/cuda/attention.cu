@@ -229,8 +229,7 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   const int sms = sm_count(device);
   const int64_t slots = int64_t{std::max(per_sm, 1)} * sms;
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
-  // At least 128 cells per split; at most 1024 splits.
-  const int64_t s_max = std::clamp<int64_t>(max_seq_cells > 0 ? (max_seq_cells + 127) / 128 : 1024, 1, 1024);
+  const int64_t s_max = attention_split_limit(max_seq_cells);
   // FP8: one fat CTA an SM where that is a single wave of long enough CTAs (decode_fat_ctas.hpp;
   // GPU A/B of 2026-12-04: batch 16 / 8k 85 -> 78 us, 32k 280 -> 262, batch 1 / 128k -3%).
   if (mma && mma_attn::fat_decode_allowed(kv, rope_on_read, group))

@@ -204,7 +204,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
   for (int j = 0; j < NT; ++j) qpos[j][0] = n_qpos(8 * j + 2 * t), qpos[j][1] = n_qpos(8 * j + 2 * t + 1);
 
-  const int32_t* blocks = p.indices + p.indptr[b];
+  const int seq_first_block = p.indptr[b];  // (read once: the guess below checks it too)
+  const int32_t* blocks = p.indices + seq_first_block;
   const int n_kv = p.layout.n_kv_heads;
   const char* kbase = static_cast<const char*>(p.k);
   const char* vbase = static_cast<const char*>(p.v);
@@ -304,7 +305,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   int n_steps = 0;
 #pragma unroll
   for (int i = 0; i < S::kStages; ++i) n_steps += warp + kWarps * i < n_tiles;
-  const bool guessed = guess && n_cells == p.max_seq_cells && p.indptr[b] == 0;  // (uniform in the CTA)
+  const bool guessed = guess && n_cells == p.max_seq_cells && seq_first_block == 0;  // (uniform in the CTA)
 #pragma unroll
   for (int i = 0; i < S::kStages - 1; ++i) issue(warp + kWarps * i, i, guessed ? guessed_blk[i] : block_of(warp + kWarps * i));
   int next_tile = warp + kWarps * (S::kStages - 1);
@@ -672,11 +673,11 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       float* col = red + (warp * kN + 8 * j + 2 * t) * kRS;  // column 8j + 2t; + kRS: 8j + 2t + 1
-      if constexpr (kFp8) {  // elements x, x + 2 hold dims 2g, 2g + 1 of m-tile mt (out_dim<true>): one 8-byte store
+      if constexpr (kFp8) {  // elements e, e + 2 hold adjacent dims (out_dim<true>): one 8-byte store
         const float f = vref[mt / 4 % SB];
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          *reinterpret_cast<float2*>(col + e * kRS + mt * 16 + 2 * g) = make_float2(o[mt][j][e] * f, o[mt][j][e + 2] * f);
+          *reinterpret_cast<float2*>(col + e * kRS + out_dim<true>(mt, e, g)) = make_float2(o[mt][j][e] * f, o[mt][j][e + 2] * f);
       } else {
 #pragma unroll
         for (int x = 0; x < 4; ++x) col[(x & 1) * kRS + out_dim<false>(mt, x, g)] = o[mt][j][x];

@@ -81,6 +81,13 @@ KVCORE_HD int32_t attention_row_seq(const PagedAttentionParams& p, int32_t r) {
   return lo;
 }
 
+// The most splits the CUDA planner gives a decode call: at least 128 cells a split and at most
+// 1024 splits (1024 when the length is unknown, max_seq_cells 0).
+inline int64_t attention_split_limit(int64_t max_seq_cells) {
+  const int64_t s = max_seq_cells > 0 ? (max_seq_cells + 127) / 128 : 1024;
+  return s < 1 ? 1 : s > 1024 ? 1024 : s;
+}
+
 // Cells [begin, end) of split `s` out of `n_splits` over `n_cells` (chunks rounded to 16 cells).
 struct CellRange {
   int32_t begin, end;
