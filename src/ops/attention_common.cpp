@@ -55,15 +55,11 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
                     t.dtype() == DType::E4M3,
                 op, ": ", name, " must be f32, f16, bf16 or e4m3, got ", dtype_name(t.dtype()));
   }
-  require_arg(kv.k.dtype() == kv.v.dtype(), op, ": pages.k is ", dtype_name(kv.k.dtype()), " but pages.v is ",
-              dtype_name(kv.v.dtype()));
   for (int d = 0; d < 4; ++d)
     require_arg(kv.k.size(d) == kv.v.size(d), op, ": pages.k ", shape_of(kv.k), " and pages.v ", shape_of(kv.v),
                 " must have one shape");
   const int64_t num_blocks = kv.k.size(0), block_size = kv.k.size(1), n_kv = kv.k.size(2);
   require_arg(kv.k.size(3) == head_dim, op, ": q has head_dim ", head_dim, " but the pools have ", kv.k.size(3));
-  require_arg(head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512, op,
-              ": head_dim must be 64, 128, 256 or 512, got ", head_dim);
   require_arg(block_size >= 1 && n_kv >= 1 && num_blocks >= 1, op, ": pools must be non-empty, got ", described(kv.k));
   require_arg(num_blocks * block_size < (int64_t{1} << 31), op, ": pools hold more than 2^31 cells");
   require_arg(n_q_heads % n_kv == 0, op, ": n_q_heads = ", n_q_heads, " must be a multiple of n_kv_heads = ", n_kv);
