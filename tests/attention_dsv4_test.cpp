@@ -162,3 +162,27 @@ TEST(AttentionDsv4, WindowRingsFromAPoolByIndex) {
     EXPECT_NE(std::string(e.what()).find("window_index[1] = 5"), std::string::npos) << e.what();
   }
 }
+
+// One plan serves every layer of a step: two layers with their own window rows, picks and
+// sinks run through one plan equal their own float64 references.
+TEST(AttentionDsv4, OnePlanServesEveryLayer) {
+  Case c0, c1;
+  for (Case* c : {&c0, &c1}) {
+    c->rows = 2;
+    c->heads = 8;
+    c->k = 24;
+    c->seed = c == &c0 ? 31 : 32;
+    fill(*c);
+  }
+  c1.wlen = c0.wlen;  // step data the layers share
+  c1.qpos = c0.qpos;
+  Dev g0, g1;
+  upload(c0, Device::cpu(), g0);
+  upload(c1, Device::cpu(), g1);
+  g0.sched.num_splits = 3;
+  const Dsv4AttentionPlan plan = Dsv4AttentionPlan::decode(g0.layer, c0.heads, g0.step, g0.sched);
+  plan.run(g0.q_ref, g0.layer, g0.out_ref);
+  plan.run(g1.q_ref, g1.layer, g1.out_ref);
+  EXPECT_LE(attn_test::max_rel_err(g0.out.to_host<float>(), reference(c0)), 1e-5);
+  EXPECT_LE(attn_test::max_rel_err(g1.out.to_host<float>(), reference(c1)), 1e-5);
+}
