@@ -108,7 +108,7 @@ void check_rope_layout(const char* op, const math::RopeTable& t, int64_t head_di
 
 // Tables: shapes always; contents (and the longest sequence) when read on the host.
 int64_t check_tables(const char* op, const BlockTable& table, Device dev, int64_t num_blocks, int64_t block_size,
-                     bool read_contents, bool has_positions) {
+                     bool read_contents, bool has_positions, Stream stream) {
   checks::not_null(op, "table.indptr", table.indptr);
   checks::ndim_is(op, "table.indptr", table.indptr, 1);
   const int64_t batch = table.indptr.size(0) - 1;
@@ -122,8 +122,8 @@ int64_t check_tables(const char* op, const BlockTable& table, Device dev, int64_
   }
   if (!read_contents) return 0;
   int64_t max_cells = 0;
-  const std::vector<int32_t> ip = host_i32(table.indptr);
-  const std::vector<int32_t> lp = host_i32(table.last_page_len);
+  const std::vector<int32_t> ip = host_i32(table.indptr, stream);
+  const std::vector<int32_t> lp = host_i32(table.last_page_len, stream);
   require_arg(ip[0] == 0, op, ": table.indptr[0] must be 0, got ", ip[0]);
   for (int64_t b = 0; b < batch; ++b) {
     require_arg(ip[b + 1] >= ip[b], op, ": table.indptr must be non-decreasing, indptr[", b + 1, "] = ", ip[b + 1],
@@ -136,7 +136,7 @@ int64_t check_tables(const char* op, const BlockTable& table, Device dev, int64_
   }
   require_arg(table.indices.size(0) >= ip[batch], op, ": table.indices has ", table.indices.size(0),
               " entries but indptr[batch] = ", ip[batch]);
-  const std::vector<int32_t> ix = host_i32(table.indices);
+  const std::vector<int32_t> ix = host_i32(table.indices, stream);
   for (int64_t i = 0; i < ip[batch]; ++i)
     require_arg(ix[i] >= 0 && ix[i] < num_blocks, op, ": table.indices[", i, "] = ", ix[i],
                 " is not a block id in [0, ", num_blocks, ")");
@@ -271,7 +271,7 @@ AttentionPlan plan_paged(bool prefill, const PagedKV& pages, int32_t n_q_heads, 
   // ---- tables and rows
   const bool read_tables = schedule.check_tables || dev.is_cpu();
   const int64_t measured =
-      check_tables(op, step.table, dev, p.num_blocks, p.layout.block_size, read_tables, has_positions);
+      check_tables(op, step.table, dev, p.num_blocks, p.layout.block_size, read_tables, has_positions, schedule.stream);
   const int64_t batch = step.table.indptr.size(0) - 1;
   int64_t n_rows = batch;
   if (prefill) {
@@ -282,7 +282,7 @@ AttentionPlan plan_paged(bool prefill, const PagedKV& pages, int32_t n_q_heads, 
                 described(step.q_positions));
     check_i32_vector(op, "step.qo_indptr", step.qo_indptr, batch + 1, dev);
     if (read_tables) {
-      const std::vector<int32_t> h = host_i32(step.qo_indptr);
+      const std::vector<int32_t> h = host_i32(step.qo_indptr, schedule.stream);
       require_arg(h[0] == 0 && h[batch] == n_rows, op, ": step.qo_indptr must run from 0 to n_rows = ", n_rows,
                   " (step.q_positions' length), got ", h[0], " .. ", h[batch]);
       for (int64_t b = 0; b < batch; ++b)

@@ -7,9 +7,9 @@
 
 namespace kvcore::ops::attn {
 
-std::vector<int32_t> host_i32(const TensorRef& t) {
+std::vector<int32_t> host_i32(const TensorRef& t, Stream stream) {
   std::vector<int32_t> h(static_cast<size_t>(t.numel()));
-  if (!h.empty()) copy_bytes(h.data(), Device::cpu(), t.data(), t.device(), h.size() * sizeof(int32_t));
+  if (!h.empty()) copy_bytes(h.data(), Device::cpu(), t.data(), t.device(), h.size() * sizeof(int32_t), stream);
   return h;
 }
 

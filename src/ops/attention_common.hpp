@@ -7,8 +7,8 @@
 
 namespace kvcore::ops::attn {
 
-// Copy a contiguous i32 tensor (host or device) into a host vector.
-std::vector<int32_t> host_i32(const TensorRef& t);
+// Copy a contiguous i32 tensor (host or device) into a host vector, ordered on `stream`.
+std::vector<int32_t> host_i32(const TensorRef& t, Stream stream = {});
 QElem q_elem_of(DType t);
 int cpu_threads();
 // f32/f16/bf16 tensor of `ndim` dims with a contiguous last dim and non-negative strides.

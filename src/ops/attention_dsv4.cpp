@@ -105,12 +105,12 @@ Dsv4AttentionPlan Dsv4AttentionPlan::decode(const Dsv4AttentionLayer& like, int3
   }
   if (dev.is_cpu() || schedule.check_tables) {
     if (!step.maybe_window_index.empty()) {
-      const std::vector<int32_t> wi = ops::attn::host_i32(step.maybe_window_index);
+      const std::vector<int32_t> wi = ops::attn::host_i32(step.maybe_window_index, schedule.stream);
       for (int64_t r = 0; r < n_rows; ++r)
         require_arg(wi[r] >= 0 && wi[r] < n_rings, kOp, ": step.maybe_window_index[", r, "] = ", wi[r],
                     " must be in [0, ", n_rings, ")");
     }
-    const std::vector<int32_t> wl = ops::attn::host_i32(step.window_len);
+    const std::vector<int32_t> wl = ops::attn::host_i32(step.window_len, schedule.stream);
     for (int64_t r = 0; r < n_rows; ++r)
       require_arg(wl[r] >= 0 && wl[r] <= n_window, kOp, ": step.window_len[", r, "] = ", wl[r], " must be in [0, ",
                   n_window, "]");
@@ -223,7 +223,7 @@ void Dsv4AttentionPlan::run(const TensorRef& q, const Dsv4AttentionLayer& a, con
     std::vector<int32_t> row(static_cast<size_t>(k));
     for (int64_t r = 0; r < n_rows; ++r) {
       copy_bytes(row.data(), Device::cpu(), a.comp_idx.data_as<const int32_t>() + r * a.comp_idx.stride(0), dev,
-                 row.size() * sizeof(int32_t));
+                 row.size() * sizeof(int32_t), stream);
       for (int64_t i = 0; i < k; ++i)
         require_arg(row[i] >= -1 && row[i] < n_comp, kOp, ": layer.comp_idx[", r, ", ", i, "] = ", row[i],
                     " must be -1 or a row in [0, ", n_comp, ")");

@@ -93,7 +93,7 @@ struct AttentionSchedule {
   // Scratch for split-K partials, at least attention_workspace_bytes(...) for the splits wanted
   // (an automatic split count shrinks to what it holds). Empty: the plan allocates its own once.
   TensorRef maybe_workspace;
-  Stream stream;               // the stream the planning copies run on
+  Stream stream;               // the stream the planning's table copies are ordered on (the tables' writer's)
 };
 
 // What the model fixes for a layer (it may differ between layers of one plan).
