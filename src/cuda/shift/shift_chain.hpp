@@ -83,8 +83,7 @@ struct Item {
 };
 
 // Where unit u (< units_per_row) of a row lies: its byte offset in the row, the distance to
-// its rotation partner (0: not rotated) and its first pair (-1: none). Shared by the chain
-// and flat kernels.
+// its rotation partner (0: not rotated) and its first pair (-1: none).
 struct UnitPlace {
   int64_t off = 0;
   int32_t partner = 0;
