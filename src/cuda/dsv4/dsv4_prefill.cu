@@ -20,12 +20,9 @@
 // (a launch of their own cost several microseconds each, against ~40 for all 16k indexer windows).
 // Same arithmetic as emission from the state (dsv4_pool_fixed<8> / Dsv4OnlineFold, and
 // dsv4_quad.cuh's finishing): prefill stays bit-identical to token-by-token emission.
-// KVCORE_DSV4_PREFILL=generic turns the fast path off (A/B runs).
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cuda/common/check.cuh"
@@ -305,12 +302,6 @@ FastShape fast_shape(const CompressorParams& p) {
   return FastShape::None;
 }
 
-// KVCORE_DSV4_PREFILL=generic turns the fast path off (the general kernel alone, for A/B runs).
-bool fast_path_enabled() {
-  const char* v = std::getenv("KVCORE_DSV4_PREFILL");
-  return v == nullptr || std::strcmp(v, "generic") != 0;
-}
-
 constexpr int64_t kMaxGrid = 65535LL * 1024;  // far below grid.x's 2^31 - 1
 
 }  // namespace
@@ -318,7 +309,7 @@ constexpr int64_t kMaxGrid = 65535LL * 1024;  // far below grid.x's 2^31 - 1
 bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
   *state_done = false;
   const FastShape shape = fast_shape(p);
-  if (!fast_path_enabled() || shape == FastShape::None) return false;
+  if (shape == FastShape::None) return false;
   const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
   // The first window whose candidates (and, with overlap, the previous window's) are all in the chunk.
   const int64_t first = (p.pos + p.ratio - 1) / p.ratio + (p.overlap ? 1 : 0);

@@ -10,8 +10,8 @@
 
 namespace kvcore::dsv4::cuda {
 
-// false: the fast path does not apply (another shape, unaligned inputs, no window that it
-// would take, or KVCORE_DSV4_PREFILL=generic): nothing was launched. true: every window was
+// false: the fast path does not apply (another shape, unaligned inputs, or no window that it
+// would take): nothing was launched. true: every window was
 // launched, and *state_done says whether the state update was too (else it is the caller's).
 bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done);
 
