@@ -279,9 +279,9 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
           for (int i = 0; i < tokens_per_rep; ++i) {
             if (half == 0) {
-              dsv4::cuda::indexer_scores(ip, s);
+              ops::cuda::dsv4::indexer_scores(ip, s);
             } else {
-              dsv4::cuda::indexer_select(ip, s);
+              ops::cuda::dsv4::indexer_select(ip, s);
             }
           }
         });
@@ -299,8 +299,8 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         synchronize(dev);
         const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
           for (int i = 0; i < tokens_per_rep; ++i) {
-            dsv4::cuda::indexer_scores(ip, s);
-            dsv4::cuda::indexer_select(ip, s);
+            ops::cuda::dsv4::indexer_scores(ip, s);
+            ops::cuda::dsv4::indexer_select(ip, s);
           }
         });
         BenchRecord y = x;

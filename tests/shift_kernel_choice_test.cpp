@@ -3,7 +3,7 @@
 
 #include "cuda/shift/shift_kernel_choice.hpp"
 
-using namespace kvcore::cuda;
+using namespace kvcore::ops::cuda;
 
 TEST(ShiftKernelChoice, RuleWithoutForcing) {
   for (bool overlap : {false, true})

@@ -17,7 +17,7 @@
 #include "kvcore/math/half.hpp"
 
 using namespace kvcore;
-using namespace kvcore::cuda;
+using namespace kvcore::ops::cuda;
 
 namespace {
 

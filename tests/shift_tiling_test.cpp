@@ -13,7 +13,7 @@
 #include "cuda/shift/shift_tiling.hpp"
 
 using namespace kvcore;
-using namespace kvcore::cuda::shift_plan;
+using namespace kvcore::ops::cuda::shift_plan;
 
 namespace {
 

@@ -246,7 +246,7 @@ void ops::shift_dense(std::span<const ShiftDenseLayer> layers, int64_t length, i
     kvcore::cpu::shift_dense(p);
   } else {
 #if KVCORE_WITH_CUDA
-    kvcore::cuda::shift_dense(p, stream);
+    kvcore::ops::cuda::shift_dense(p, stream);
 #endif
   }
   (void)stream;
@@ -278,7 +278,7 @@ void rope_shift_rows(const TensorRef& k, const TensorRef& maybe_k_scales, const 
     cpu::rope_shift_rows(p);
   } else {
 #if KVCORE_WITH_CUDA
-    cuda::rope_shift_rows(p, stream);
+    ops::cuda::rope_shift_rows(p, stream);
 #endif
   }
   (void)stream;

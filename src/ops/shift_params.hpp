@@ -81,7 +81,7 @@ void shift_dense(const ops::ShiftDenseParams& p);
 void rope_shift_rows(const ops::RopeShiftRowsParams& p);
 }  // namespace kvcore::cpu
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 void shift_dense(const ops::ShiftDenseParams& p, Stream stream);
 void rope_shift_rows(const ops::RopeShiftRowsParams& p, Stream stream);
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

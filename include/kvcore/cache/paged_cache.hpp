@@ -1,6 +1,6 @@
 // PagedCache: a multi-sequence paged KV cache on the CPU or one CUDA device.
 //
-// Per layer a K pool and a V pool of fixed-size blocks (cache/paged_layout.hpp);
+// Per layer a K pool and a V pool of fixed-size blocks (kvcore/paged_layout.hpp);
 // sequences own lists of blocks; blocks are reference counted, so fork() shares
 // a whole sequence and the partly filled tail block is copied on the first write
 // (copy on write; so is any block a shift must edit while it is shared).
@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "kvcore/buffer.hpp"
-#include "kvcore/cache/paged_layout.hpp"
+#include "kvcore/paged_layout.hpp"
 #include "kvcore/device.hpp"
 #include "kvcore/math/rope_spec.hpp"
 #include "kvcore/ops/kv_store.hpp"
@@ -109,7 +109,7 @@ struct SeqInfo {
   int32_t last_position = -1;  // position of the last token (-1: empty)
 };
 
-// Block tables of a batch in CSR form (cache/paged_layout.hpp), in buffers the cache owns
+// Block tables of a batch in CSR form (kvcore/paged_layout.hpp), in buffers the cache owns
 // (valid until the next block_tables() call or until the cache changes).
 struct PagedCsr {
   TensorRef indptr;         // i32 [batch + 1]

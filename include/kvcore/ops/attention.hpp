@@ -3,7 +3,7 @@
 // DeepSeek-V4's sparse decode attention over raw window rows plus selected
 // packed compressed rows.
 //
-// The cache is read through the memory contract of cache/paged_layout.hpp
+// The cache is read through the memory contract of kvcore/paged_layout.hpp
 // (raw TensorRefs), so the ops work with PagedCache and with an engine's own
 // pages alike. Every op validates all arguments before writing anything and
 // throws kvcore::Error naming the bad one; the output is then untouched.
@@ -29,7 +29,7 @@
 
 namespace kvcore {
 
-// One layer's pages (cache/paged_layout.hpp).
+// One layer's pages (kvcore/paged_layout.hpp).
 struct PagedKV {
   TensorRef k, v;              // [num_blocks, block_size, n_kv_heads, head_dim]: f32, f16, bf16 or e4m3
   TensorRef k_scale, v_scale;  // e4m3 only: UE8M0 (or u8) [num_blocks, block_size, n_kv_heads, head_dim / 64]

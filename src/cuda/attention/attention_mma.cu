@@ -5,6 +5,7 @@
 
 #include "cuda/attention/attention_mma.cuh"
 #include "cuda/attention/attention_mma.hpp"
+#include "cuda/common/device.hpp"
 #include "cuda/common/pdl.cuh"
 
 namespace kvcore::ops::cuda::mma_attn {
@@ -16,11 +17,7 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
                int* blocks_per_sm) {
   using K = Shape<HD, KV, ROPE, NT, W>;
   constexpr auto kernel = mma_decode_kernel<HD, KV, ROPE, NT, PATH, W>;
-  static const bool attr_set = [] {
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes));
-    return true;
-  }();
-  (void)attr_set;
+  smem_opt_in(kernel, K::kSmemBytes, p.device);
   if (blocks_per_sm) {
     KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, K::kThreads, K::kSmemBytes));
     return;
@@ -34,7 +31,7 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
     return !(v && std::string(v) == "0");
   }();
   if (pdl) {
-    kvcore::cuda::launch_dependent(kernel, dim3(n_ctas), dim3(K::kThreads), K::kSmemBytes, stream, p, chunks, chunk_heads, grid);
+    kvcore::ops::cuda::launch_dependent(kernel, dim3(n_ctas), dim3(K::kThreads), K::kSmemBytes, stream, p, chunks, chunk_heads, grid);
   } else {
     kernel<<<n_ctas, K::kThreads, K::kSmemBytes, stream>>>(p, chunks, chunk_heads, grid);
     KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");

@@ -12,57 +12,20 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/dsv4/dsv4_common.cuh"
 #include "kvcore/error.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
 #include "ops/dsv4_backends.hpp"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
 
-using kvcore::cuda::native;
+using kvcore::ops::cuda::native;
 
-namespace {
-
-int current_device() {
-  int dev = 0;
-  KVCORE_CUDA_CHECK(cudaGetDevice(&dev));
-  return dev;
-}
-
-int sm_count_of(int dev) {
-  static std::atomic<int> cache[64] = {};
-  if (dev < 0 || dev >= 64) {
-    int n = 0;
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }
-  int n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-// Raises a kernel's dynamic shared memory limit to `bytes` once per device (a driver call per
-// launch would cost more than the decode kernels themselves).
-struct SmemOptIn {
-  std::atomic<int> set[64] = {};
-  void ensure(const void* fn, size_t bytes, int dev) {
-    if (bytes == 0) return;  // (static + dynamic > 48 KB needs the opt-in too, so any size is set)
-    const int b = static_cast<int>(bytes);
-    if (dev >= 0 && dev < 64 && set[dev].load(std::memory_order_relaxed) >= b) return;
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, b));
-    if (dev >= 0 && dev < 64) set[dev].store(b, std::memory_order_relaxed);
-  }
-};
-
-}  // namespace
 
 constexpr int kRowsPerBlock = 128;  // score rows per block of the general kernel (16 per warp)
 constexpr int kMaxPerLane = 32;     // dim <= 1024
@@ -638,12 +601,10 @@ static void indexer_check(const IndexerParams& p) {
 
 void launch_tiled(int per_thread, dim3 grid, size_t bytes, int dev, const IndexerParams& p, Stream s) {
   if (per_thread == 4) {
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<4>), bytes, dev);
+    smem_opt_in(score_tiled_kernel<4>, bytes, dev);
     score_tiled_kernel<4><<<grid, kThreads, bytes, native(s)>>>(p);
   } else {
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<8>), bytes, dev);
+    smem_opt_in(score_tiled_kernel<8>, bytes, dev);
     score_tiled_kernel<8><<<grid, kThreads, bytes, native(s)>>>(p);
   }
 }
@@ -653,7 +614,7 @@ void indexer_scores(const IndexerParams& p, Stream s) {
   const int dev = current_device();
   const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);
   if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
-    const int64_t sms = sm_count_of(dev), rows = std::min(p.n_rows, p.cap);
+    const int64_t sms = sm_count(dev), rows = std::min(p.n_rows, p.cap);
     const int64_t want = std::max<int64_t>(1, 2 * sms / p.n_q);  // ~2 CTAs an SM in all
     // Few rows (fewer 64-row tiles than SMs): 32-row tiles, twice the CTAs.
     const bool small = (rows + kMaxTileRows - 1) / kMaxTileRows * p.n_q < sms;
@@ -668,8 +629,7 @@ void indexer_scores(const IndexerParams& p, Stream s) {
     const size_t q_smem = static_cast<size_t>(p.n_heads) * p.dim * sizeof(float);
     require(q_smem <= 200 * 1024, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: heads x dim = ", p.n_heads, " x ",
             p.dim, " exceeds the shared memory of one block");
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_kernel), q_smem, dev);
+    smem_opt_in(score_kernel, q_smem, dev);
     const dim3 grid(static_cast<unsigned>((p.cap + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(p.n_q));
     score_kernel<<<grid, kThreads, q_smem, native(s)>>>(p);
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_kernel");
@@ -684,13 +644,12 @@ void launch_topk(const IndexerParams& p, int dev, Stream s) {
     // The kernel's static shared memory (32 KB) counts against the same limit: raise the dynamic
     // limit to the most this kernel ever takes, once per device (an opt-in smaller than static +
     // dynamic makes a launch with more keys fail with cudaErrorInvalidValue).
-    static SmemOptIn opt_in;
     const size_t bytes = cand_bytes + static_cast<size_t>(max_vis) * sizeof(uint32_t);
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true>), cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
+    smem_opt_in(topk_kernel<true>, cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
     topk_kernel<true><<<p.n_q, kTopkThreads, bytes, native(s)>>>(p);
   } else {
-    static SmemOptIn opt_in;  // static 32 KB + dynamic 32 KB: over the 48 KB default
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<false>), cand_bytes, dev);
+    // static 32 KB + dynamic 32 KB: over the 48 KB default
+    smem_opt_in(topk_kernel<false>, cand_bytes, dev);
     topk_kernel<false><<<p.n_q, kTopkThreads, cand_bytes, native(s)>>>(p);
   }
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
@@ -707,4 +666,4 @@ void indexer_topk(const IndexerParams& p, Stream s) {
   indexer_select(p, s);
 }
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

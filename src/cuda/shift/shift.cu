@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/shift/shift_chain.hpp"
 #include "cuda/shift/shift_kernel_choice.hpp"
 #include "cuda/shift/shift_sweep.hpp"
@@ -54,7 +55,7 @@
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 namespace {
 
 using math::RopeLayout;
@@ -236,8 +237,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
 }
 
 
-int sm_count(int device);
-
 template <class Kernel>
 int resident_blocks(Kernel* k, int device) {
   // Ask for the largest shared-memory carveout: the occupancy below is what the launch gets.
@@ -312,12 +311,6 @@ int* workspace(int device, cudaStream_t s, size_t bytes) {
   return e.first;
 }
 
-int sm_count(int device) {
-  int n = 0;
-  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  return n;
-}
-
 }  // namespace
 
 void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
@@ -369,4 +362,4 @@ void rope_shift_rows(const ops::RopeShiftRowsParams& p, Stream stream) {
   KVCORE_CUDA_CHECK_LAUNCH("rope_shift_rows_kernel");
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

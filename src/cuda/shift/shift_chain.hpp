@@ -32,7 +32,7 @@
 #include "kvcore/math/rope.hpp"
 #include "ops/shift_params.hpp"
 
-namespace kvcore::cuda::shift_chain {
+namespace kvcore::ops::cuda::shift_chain {
 
 inline constexpr int kItems = 4;  // (unit, step) items a thread loads before it stores
 #if defined(__CUDA_ARCH__)
@@ -471,4 +471,4 @@ inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan
 // nothing queued, when some tensor is not handled (src/cuda/shift/shift_chain.cu).
 bool launch(const shift_plan::Plan& plan, int device, void* stream);
 
-}  // namespace kvcore::cuda::shift_chain
+}  // namespace kvcore::ops::cuda::shift_chain

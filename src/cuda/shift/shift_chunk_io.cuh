@@ -8,7 +8,7 @@
 
 #include "cuda/shift/shift_chain.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 using shift_chain::Chunk;
 
@@ -40,4 +40,4 @@ __device__ __forceinline__ void store_chunk(uint8_t* g, const Chunk& c, int vec)
   }
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -18,7 +18,7 @@
 #pragma once
 #include "ops/shift_params.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 using ops::ShiftKernel;
 
@@ -36,4 +36,4 @@ inline ShiftKernel choose_shift_kernel(ShiftKernel requested, const ShiftCall& c
   return ShiftKernel::Sweep;
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -12,9 +12,10 @@
 #include <mutex>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/shift/shift_sweep.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 namespace {
 
 using shift_chain::Chunk;
@@ -130,10 +131,9 @@ int64_t resident_blocks(const void* kernel, int device) {
   const std::lock_guard<std::mutex> lock(m);
   int64_t& n = cache[{kernel, device}];
   if (n == 0) {
-    int per_sm = 0, sms = 0;
+    int per_sm = 0;
     KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSweepThreads, 0));
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    n = int64_t{std::max(per_sm, 1)} * sms;
+    n = int64_t{std::max(per_sm, 1)} * sm_count(device);
   }
   return n;
 }
@@ -159,4 +159,4 @@ bool shift_sweep::launch(const shift_plan::Plan& plan, int device, void* stream,
   return true;
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

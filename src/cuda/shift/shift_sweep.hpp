@@ -36,7 +36,7 @@
 #include "cuda/shift/shift_chain.hpp"
 #include "kvcore/math/dsv4_row.hpp"
 
-namespace kvcore::cuda::shift_sweep {
+namespace kvcore::ops::cuda::shift_sweep {
 
 inline constexpr int kMaxPairs = 1024;  // cos/sin entries per launch (layers sharing a table share entries)
 // The kernel (shift_sweep.cu): a ticket is kDynBatch chunk positions for
@@ -333,4 +333,4 @@ inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan
 // nothing queued, when it does not apply: overlap, no counters, or a layout it does not take.
 bool launch(const shift_plan::Plan& plan, int device, void* stream, int* counters);
 
-}  // namespace kvcore::cuda::shift_sweep
+}  // namespace kvcore::ops::cuda::shift_sweep
