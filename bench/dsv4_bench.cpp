@@ -15,8 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -281,9 +279,9 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
           for (int i = 0; i < tokens_per_rep; ++i) {
             if (half == 0) {
-              dsv4::cuda::indexer_scores(ip, s);
+              ops::cuda::dsv4::indexer_scores(ip, s);
             } else {
-              dsv4::cuda::indexer_select(ip, s);
+              ops::cuda::dsv4::indexer_select(ip, s);
             }
           }
         });
@@ -296,61 +294,20 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         y.t = per(th, tokens_per_rep);
         opt.report(y);
       }
-      // The A/B variants of src/cuda/dsv4/dsv4_indexer.cu (KVCORE_DSV4_INDEXER), each half timed apart
-      // and its scores and picks checked bit for bit against the default's on the same inputs.
-      if (!std::getenv("KVCORE_DSV4_INDEXER")) {
-        const auto run_both = [&] {
-          const std::vector<float> junk(static_cast<size_t>(cap), 7.0f);
-          const std::vector<int32_t> junk_picks(static_cast<size_t>(cfg.index_topk), -7);
-          scores.copy_from_host(junk.data(), junk.size() * 4);  // a variant that wrote nothing cannot pass
-          picks.copy_from_host(junk_picks.data(), junk_picks.size() * 4);
-          dsv4::cuda::indexer_scores(ip, {});
-          dsv4::cuda::indexer_select(ip, {});
-          synchronize(dev);
-        };
-        run_both();
-        const std::vector<float> scores_ref = scores.to_host<float>();
-        const std::vector<int32_t> picks_ref = picks.to_host<int32_t>();
-        const auto bits = [](const std::vector<float>& v) {
-          std::vector<uint32_t> b(v.size());
-          std::memcpy(b.data(), v.data(), v.size() * 4);
-          return b;
-        };
-        // mode 0: the scores alone, 1: the top-k alone, 2: both (the backend calls of the op).
-        const auto time_mode = [&](int mode) {
-          synchronize(dev);
-          const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
-            for (int i = 0; i < tokens_per_rep; ++i) {
-              if (mode != 1) dsv4::cuda::indexer_scores(ip, s);
-              if (mode != 0) dsv4::cuda::indexer_select(ip, s);
-            }
-          });
-          return per(th, tokens_per_rep);
-        };
-        const char* const mode_names[3] = {"indexer scores only", "indexer top-k only", "indexer scores+top-k backend calls"};
-        const auto mode_record = [&](int mode, const std::string& suffix) {
-          BenchRecord y = x;
-          y.case_name = std::string(mode_names[mode]) + fmt(" one CSA layer ctx=%lld (CUDA graph replay)", context) + suffix;
-          y.bytes = mode == 1 ? static_cast<double>(cache.indexer_rows(0, csa)) * 4
-                              : static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
-          y.t = time_mode(mode);
-          return y;
-        };
-        opt.report(mode_record(2, ""));
-        for (const char* name : {"scores16", "prefetch", "scores16,prefetch", "topk512", "topk256", "pdl",
-                                 "scores16,prefetch,topk256,pdl", "scores16,prefetch,topk512,pdl"}) {
-          setenv("KVCORE_DSV4_INDEXER", name, 1);
-          run_both();
-          const bool same = bits(scores.to_host<float>()) == bits(scores_ref) && picks.to_host<int32_t>() == picks_ref;
-          const std::string n(name);
-          for (int mode = 0; mode < 3; ++mode) {
-            if ((mode == 0 && n.find("scores") == std::string::npos && n.find("prefetch") == std::string::npos) || (mode == 1 && n.find("topk") == std::string::npos)) continue;
-            const BenchRecord y = mode_record(mode, " variant " + n);
-            opt.note(y.case_name + (same ? ": scores and picks identical to the default's" : ": MISMATCH with the default's scores or picks"));
-            opt.report(y);
+      // Both backend calls of the op in one graph.
+      {
+        synchronize(dev);
+        const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+          for (int i = 0; i < tokens_per_rep; ++i) {
+            ops::cuda::dsv4::indexer_scores(ip, s);
+            ops::cuda::dsv4::indexer_select(ip, s);
           }
-          unsetenv("KVCORE_DSV4_INDEXER");
-        }
+        });
+        BenchRecord y = x;
+        y.case_name = fmt("indexer scores+top-k backend calls one CSA layer ctx=%lld (CUDA graph replay)", context);
+        y.bytes = static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
+        y.t = per(th, tokens_per_rep);
+        opt.report(y);
       }
     }
   }
@@ -508,19 +465,6 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
     opt.report(rg);
   };
   graph_row(r.case_name);
-  // The general one-window-a-block kernel alone on the same data (KVCORE_DSV4_PREFILL=generic: the
-  // fast path of src/cuda/dsv4/dsv4_prefill.cu off), its rows and state checked equal to the default's.
-  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL")) {
-    setenv("KVCORE_DSV4_PREFILL", "generic", 1);
-    clear_outputs(false);
-    run();
-    BenchRecord rv = r;
-    rv.case_name = r.case_name + " generic kernel";
-    opt.note(rv.case_name + (same_as_ref() ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
-    rv.t = opt.time([&](int) { prefill({}); });
-    unsetenv("KVCORE_DSV4_PREFILL");
-    opt.report(rv);
-  }
 #endif
 }
 

@@ -42,6 +42,7 @@ struct BenchOptions {
   bool quick = false;              // small sizes: a smoke run, not a measurement
   std::string json_path;           // append JSON lines here when not empty
   std::vector<std::string> cases;  // optional filter on case names (substring match)
+  std::string trace_dir;           // decode_trace: write raw per-warp stamps here when not empty
   bool wants(const std::string& case_name) const;
 
   // Time fn(rep) `reps` times after `warmup` calls; fn may rotate among inputs by rep.

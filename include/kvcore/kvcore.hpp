@@ -3,7 +3,7 @@
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
 #include "kvcore/cache/paged_cache.hpp"
-#include "kvcore/cache/paged_layout.hpp"
+#include "kvcore/paged_layout.hpp"
 #include "kvcore/device.hpp"
 #include "kvcore/dtype.hpp"
 #include "kvcore/error.hpp"

@@ -2,7 +2,6 @@
 #include "kvcore/cache/paged_cache.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 
 #include "cache/paged_impl.hpp"
@@ -74,43 +73,42 @@ TensorRef PagedCache::Impl::pending_view() const {
   return TensorRef(p, DType::I32, dev, {cfg.num_blocks, cfg.block_size});
 }
 
+ops::PagedCellArrays PagedCache::Impl::cell_arrays() {
+  return {pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), cfg.block_size};
+}
+
 void PagedCache::Impl::mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta,
                                    bool clear_pending, const int32_t* maybe_block_delta) {
-  if (dev.is_cpu()) {
-    cpu::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
-                          cfg.block_size, delta, pending_delta, clear_pending, maybe_block_delta);
-    return;
-  }
-#if KVCORE_WITH_CUDA
-  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
-                         cfg.block_size, delta, pending_delta, clear_pending, cfg.stream, maybe_block_delta);
-  synchronize(dev, cfg.stream);  // lists come from `scratch`, reused by the next call; also surfaces faults here
-#endif
+  ops::PagedEditCellsParams p;
+  p.cells = cell_arrays();
+  p.blocks = blocks;
+  p.n_blocks = n_blocks;
+  p.delta = delta;
+  p.pending_delta = pending_delta;
+  p.clear_pending = clear_pending;
+  p.maybe_block_delta = maybe_block_delta;
+  ops::paged_edit_cells(p, dev, cfg.stream);
+  // lists come from `scratch`, reused by the next call; also surfaces faults here
+  if (dev.is_cuda()) synchronize(dev, cfg.stream);
 }
 
 void PagedCache::Impl::mirror_scatter(const int32_t* packed, int32_t n_blocks) {
-  if (dev.is_cpu()) {
-    cpu::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
-                             cfg.block_size);
-    return;
-  }
-#if KVCORE_WITH_CUDA
-  cuda::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
-                            cfg.block_size, cfg.stream);
-  synchronize(dev, cfg.stream);
-#endif
+  ops::PagedScatterCellsParams p;
+  p.cells = cell_arrays();
+  p.packed = packed;
+  p.n_blocks = n_blocks;
+  ops::paged_scatter_cells(p, dev, cfg.stream);
+  if (dev.is_cuda()) synchronize(dev, cfg.stream);
 }
 
 void PagedCache::Impl::mirror_set_cells(const int32_t* slots, const int32_t* stored, int32_t n) {
   if (!mirrored() || n == 0) return;
-  if (dev.is_cpu()) {
-    cpu::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n);
-    return;
-  }
-#if KVCORE_WITH_CUDA
-  cuda::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n,
-                        cfg.stream);
-#endif
+  ops::PagedSetCellsParams p;
+  p.cells = cell_arrays();
+  p.slots = slots;
+  p.stored = stored;
+  p.n = n;
+  ops::paged_set_cells(p, dev, cfg.stream);
 }
 
 void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
@@ -153,19 +151,19 @@ void PagedCache::Impl::sync_blocks(const std::vector<int32_t>& blocks) {
 
 void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
   if (pairs.empty()) return;
-  const int32_t n_pairs = static_cast<int32_t>(pairs.size() / 2);
+  ops::PagedCopyBlocksParams p;
+  p.n_arrays = static_cast<int32_t>(arrays.size());
+  p.n_pairs = static_cast<int32_t>(pairs.size() / 2);
   if (dev.is_cpu()) {
-    for (const PagedPoolArray& a : arrays)
-      for (int32_t i = 0; i < n_pairs; ++i)
-        std::memcpy(a.base + pairs[2 * i + 1] * a.block_bytes, a.base + pairs[2 * i] * a.block_bytes, a.block_bytes);
+    p.arrays = arrays.data();
+    p.pairs = pairs.data();
+    ops::paged_copy_blocks(p, dev, cfg.stream);
     return;
   }
-#if KVCORE_WITH_CUDA
-  int32_t* dev_pairs = upload_list(pairs);
-  cuda::paged_copy_blocks(arrays_dev.as<PagedPoolArray>(), static_cast<int32_t>(arrays.size()), dev_pairs, n_pairs,
-                          cfg.stream);
+  p.arrays = arrays_dev.as<PagedPoolArray>();
+  p.pairs = upload_list(pairs);
+  ops::paged_copy_blocks(p, dev, cfg.stream);
   synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
-#endif
 }
 
 PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make_unique<Impl>()) {

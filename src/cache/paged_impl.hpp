@@ -2,9 +2,9 @@
 #pragma once
 #include <vector>
 
-#include "cache/paged_blocks.hpp"
 #include "cache/paged_meta.hpp"
 #include "kvcore/cache/paged_cache.hpp"
+#include "ops/paged_blocks_params.hpp"
 
 namespace kvcore {
 
@@ -33,7 +33,8 @@ struct PagedCache::Impl {
   bool has_v() const { return cfg.v_head_dim > 0; }
   // Are the contract's cell arrays separate mirrors of the host metadata (CUDA, or debug_mirror)?
   bool mirrored() const { return dev.is_cuda() || cfg.debug_mirror; }
-  // The mirror kernels (paged_blocks.hpp) on this cache's device; lists live in device memory.
+  // The mirror kernels (ops/paged_blocks_params.hpp) on this cache's device; lists live in device memory.
+  ops::PagedCellArrays cell_arrays();
   void mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta, bool clear_pending,
                    const int32_t* maybe_block_delta = nullptr);
   void mirror_scatter(const int32_t* packed, int32_t n_blocks);

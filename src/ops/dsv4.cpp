@@ -61,7 +61,7 @@ void dsv4_kv_finalize(const TensorRef& kv, const TensorRef& raw_ring, int64_t fi
   if (p.n_rows == 0) return;
   dispatch(op, kv.device(), [&] { dsv4::cpu::finalize(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::finalize(p, stream);
+    ops::cuda::dsv4::finalize(p, stream);
 #endif
   });
   (void)stream;
@@ -86,7 +86,7 @@ void dsv4_compressor_store_one(const TensorRef& c, const TensorRef& z, const Ten
   p.n_tokens = 1;
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::store_one(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::store_one(p, stream);
+    ops::cuda::dsv4::store_one(p, stream);
 #endif
   });
   (void)stream;
@@ -101,7 +101,7 @@ void dsv4_compressor_shift(const TensorRef& state_kv, const TensorRef& state_sco
   const dsv4::CompressorParams p = make_params(comp, state_kv, state_score, Dsv4Quant::Off);
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::shift(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::shift(p, stream);
+    ops::cuda::dsv4::shift(p, stream);
 #endif
   });
   (void)stream;
@@ -115,7 +115,7 @@ void dsv4_compressor_reset(const TensorRef& state_kv, const TensorRef& state_sco
   const dsv4::CompressorParams p = make_params(comp, state_kv, state_score, Dsv4Quant::Off);
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::reset(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::reset(p, stream);
+    ops::cuda::dsv4::reset(p, stream);
 #endif
   });
   (void)stream;
@@ -138,7 +138,7 @@ void dsv4_compressor_emit(const TensorRef& state_kv, const TensorRef& state_scor
   p.window = window;
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::emit(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::emit(p, stream);
+    ops::cuda::dsv4::emit(p, stream);
 #endif
   });
   (void)stream;
@@ -177,7 +177,7 @@ void dsv4_compress_prefill(const TensorRef& c, const TensorRef& z, const TensorR
   if (n == 0) return;
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::prefill(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::prefill(p, stream);
+    ops::cuda::dsv4::prefill(p, stream);
 #endif
   });
   (void)stream;
@@ -245,7 +245,7 @@ void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const Tenso
   if (n_q == 0) return;
   dispatch(op, q.device(), [&] { dsv4::cpu::indexer_topk(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::indexer_topk(p, stream);
+    ops::cuda::dsv4::indexer_topk(p, stream);
 #endif
   });
   (void)stream;

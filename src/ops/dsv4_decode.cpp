@@ -76,7 +76,7 @@ void dsv4_decode_layer(const TensorRef& kv, const TensorRef& raw_ring, int32_t n
   }
   dispatch(op, kv.device(), [&] { dsv4::cpu::decode_layer(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::decode_layer(p, stream);
+    ops::cuda::dsv4::decode_layer(p, stream);
 #endif
   });
   (void)stream;

@@ -149,7 +149,7 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::kv_store(p, stream);
+  ops::cuda::kv_store(p, stream);
 #else
   (void)stream;
 #endif
@@ -186,7 +186,7 @@ void kv_rope_angles(const TensorRef& positions, const math::RopeTable& rope, con
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::kv_rope_angles(p, stream);
+  ops::cuda::kv_rope_angles(p, stream);
 #else
   (void)stream;
 #endif
@@ -223,7 +223,7 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::kv_rotate_blocks(p, stream);
+  ops::cuda::kv_rotate_blocks(p, stream);
 #else
   (void)stream;
 #endif

@@ -117,7 +117,7 @@ void run(const TensorRef& x, const TensorRef& positions, const math::RopeTable& 
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::rope_apply(p, x.device().index, stream);
+  ops::cuda::rope_apply(p, x.device().index, stream);
 #else
   (void)stream;
   throw Error(ErrorCode::NotSupported, "rope_apply: no CUDA backend in this build");

@@ -1,6 +1,6 @@
 // PagedCache: a multi-sequence paged KV cache on the CPU or one CUDA device.
 //
-// Per layer a K pool and a V pool of fixed-size blocks (cache/paged_layout.hpp);
+// Per layer a K pool and a V pool of fixed-size blocks (kvcore/paged_layout.hpp);
 // sequences own lists of blocks; blocks are reference counted, so fork() shares
 // a whole sequence and the partly filled tail block is copied on the first write
 // (copy on write; so is any block a shift must edit while it is shared).
@@ -56,7 +56,7 @@
 #include <vector>
 
 #include "kvcore/buffer.hpp"
-#include "kvcore/cache/paged_layout.hpp"
+#include "kvcore/paged_layout.hpp"
 #include "kvcore/device.hpp"
 #include "kvcore/math/rope_spec.hpp"
 #include "kvcore/ops/attention.hpp"
@@ -186,7 +186,7 @@ class PagedCache {
 
   // ---- reading ---------------------------------------------------------------------
   PagedReadBack read(SeqId seq, int32_t layer);  // calls prepare()
-  // Block tables of seqs (CSR, cache/paged_layout.hpp); pos_offset is always set (zeros when
+  // Block tables of seqs (CSR, kvcore/paged_layout.hpp); pos_offset is always set (zeros when
   // Materialized). Materialized: calls prepare(). Offsets: applies pending rotations only.
   // In buffers the cache owns: valid until the next block_tables() call or until the cache changes.
   BlockTable block_tables(std::span<const SeqId> seqs, PagedPositions positions = PagedPositions::Materialized);
