@@ -17,6 +17,11 @@
 namespace kvcore {
 
 void PagedCacheConfig::validate() const {
+  auto format_ok = [](KvFormat f) { return static_cast<uint8_t>(f) <= static_cast<uint8_t>(KvFormat::Dsv4Row); };
+  require_arg(format_ok(k_format), "PagedCacheConfig.k_format must be a KvFormat, got ", static_cast<int>(k_format));
+  require_arg(format_ok(v_format), "PagedCacheConfig.v_format must be a KvFormat, got ", static_cast<int>(v_format));
+  require_arg(rope_mode == RopeMode::RopeStored || rope_mode == RopeMode::RopeOnRead,
+              "PagedCacheConfig.rope_mode must be RopeStored or RopeOnRead, got ", static_cast<int>(rope_mode));
   require_arg(n_layers > 0, "PagedCacheConfig.n_layers must be > 0, got ", n_layers);
   require_arg(n_kv_heads > 0, "PagedCacheConfig.n_kv_heads must be > 0, got ", n_kv_heads);
   require_arg(head_dim > 0 && head_dim <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.head_dim must be in [1, ",

@@ -1,9 +1,11 @@
 // Argument checks shared by every op entry point. Each throws
 // kvcore::Error(InvalidArgument) with a message that names the argument.
 #pragma once
+#include <cmath>
 #include <string_view>
 
 #include "kvcore/error.hpp"
+#include "kvcore/math/rope.hpp"
 #include "kvcore/tensor.hpp"
 
 namespace kvcore::checks {
@@ -39,6 +41,15 @@ inline void innermost_contiguous(std::string_view op, std::string_view name, con
 inline void non_negative_strides(std::string_view op, std::string_view name, const TensorRef& t) {
   for (int d = 0; d < t.ndim(); ++d)
     require_arg(t.stride(d) >= 0, op, ": ", name, ".stride[", d, "] must be >= 0, got ", t.stride(d));
+}
+
+// A RoPE table built by hand (math::RopeTable is plain data): finite frequencies and a finite,
+// positive attention factor. make_rope_table() only builds such tables.
+inline void rope_table_finite(std::string_view op, std::string_view name, const math::RopeTable& t) {
+  require_arg(std::isfinite(t.attention_factor) && t.attention_factor > 0, op, ": ", name,
+              ".attention_factor must be finite and > 0, got ", t.attention_factor);
+  for (int i = 0; i < t.layout.n_pairs() && i < math::RopeTable::kMaxPairs; ++i)
+    if (!std::isfinite(t.freq[i])) require_arg(false, op, ": ", name, ".freq[", i, "] must be finite, got ", t.freq[i]);
 }
 
 // Throws NotSupported when a CUDA tensor reaches a build without the CUDA backend.
