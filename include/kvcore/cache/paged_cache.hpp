@@ -44,6 +44,16 @@
 // to cells no sequence uses, and the host commit is undone if mirroring fails.
 // (prepare() is the one exception: a device fault in the middle of its rotations
 // cannot be undone; the cache then refuses further calls with Corrupt.)
+//
+// Conventions, the same as Dsv4Cache's: sequences are SeqId values from create() until
+// erase(); positions and counts are int32_t; every device operation runs on the stream of
+// the config (PagedCacheConfig::stream); optional arguments are named maybe_*; every failing
+// call throws kvcore::Error naming the argument; a moved-from cache throws on every call.
+//
+// Thread safety: none inside. Calls that change the cache -- every non-const member, read()
+// and block_tables() included (they apply pending work) -- must not overlap any other call on
+// the same cache; const members may run concurrently with each other. A ticket belongs to one
+// thread at a time. Distinct caches share nothing.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -54,6 +64,7 @@
 
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/paged_layout.hpp"
+#include "kvcore/cache/seq_id.hpp"
 #include "kvcore/device.hpp"
 #include "kvcore/math/rope_spec.hpp"
 #include "kvcore/ops/kv_store.hpp"
@@ -61,8 +72,6 @@
 #include "kvcore/tensor.hpp"
 
 namespace kvcore {
-
-using SeqId = int64_t;
 
 enum class RopeMode : uint8_t { RopeStored, RopeOnRead };
 
