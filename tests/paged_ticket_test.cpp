@@ -9,19 +9,7 @@
 
 #include "paged_configs.hpp"
 #include "paged_model.hpp"
-
-namespace kvcore {
-// Test-only access to a ticket's private fields: edits them the way a caller holding a
-// writable struct could, to check that store() notices.
-struct AppendTicketAccess {
-  static int32_t& n_tokens(AppendTicket& t) { return t.n_tokens_; }
-  static std::vector<int32_t>& counts(AppendTicket& t) { return t.counts_; }
-  static std::vector<SeqId>& seqs(AppendTicket& t) { return t.seqs_; }
-  static std::vector<uint64_t>& versions(AppendTicket& t) { return t.versions_; }
-  static Buffer& slots(AppendTicket& t) { return t.slots_; }
-  static uint64_t& owner(AppendTicket& t) { return t.owner_; }
-};
-}  // namespace kvcore
+#include "paged_ticket_access.hpp"
 
 using namespace kvcore;
 using namespace paged_test;
