@@ -218,6 +218,7 @@ Dsv4Cache& Dsv4Cache::operator=(Dsv4Cache&&) noexcept = default;
 
 Dsv4Cache::Dsv4Cache(Dsv4CacheConfig config, Device device) {
   config.validate();
+  checks::device_known("Dsv4Cache", device);
   checks::backend_available("Dsv4Cache", device);
   auto m = std::make_unique<Impl>();
   m->cfg = std::move(config);

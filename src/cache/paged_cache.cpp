@@ -177,6 +177,7 @@ void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
 
 PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make_unique<Impl>()) {
   config.validate();
+  checks::device_known("PagedCache", device);
   checks::backend_available("PagedCache", device);
   Impl& m = impl();
   m.cfg = std::move(config);

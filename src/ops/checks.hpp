@@ -52,6 +52,13 @@ inline void rope_table_finite(std::string_view op, std::string_view name, const 
     if (!std::isfinite(t.freq[i])) require_arg(false, op, ": ", name, ".freq[", i, "] must be finite, got ", t.freq[i]);
 }
 
+// The device a cache or buffer is made for: a known kind, a CPU index of 0, a CUDA index >= 0.
+inline void device_known(std::string_view op, Device d) {
+  require_arg(d.is_cpu() || d.is_cuda(), op, ": device kind must be CPU or CUDA, got ", static_cast<int>(d.kind));
+  require_arg(d.is_cpu() ? d.index == 0 : d.index >= 0, op, ": device index ", d.index, " is not valid for ",
+              d.is_cpu() ? "the CPU" : "CUDA");
+}
+
 // Throws NotSupported when a CUDA tensor reaches a build without the CUDA backend.
 inline void backend_available(std::string_view op, Device d) {
 #if !KVCORE_WITH_CUDA
