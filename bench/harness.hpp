@@ -58,9 +58,15 @@ struct BenchOptions {
 
 // Backend hooks (bench/harness_cuda.cu when CUDA is built).
 Timing time_cuda(int device, int reps, int warmup, const std::function<void(int)>& fn);
-// Records record(stream) once into a CUDA graph (on a fresh stream), then times `reps` replays
-// (after `warmup`) with CUDA events: device time without host launch overhead.
-Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record);
+// Records record(stream) once into a CUDA graph (on a fresh stream, or on `capture` when given:
+// a cache records on the stream of its config), then times `reps` replays (after `warmup`) with
+// CUDA events: device time without host launch overhead.
+Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record, Stream capture = {});
+// A stream that synchronizes with the legacy default stream (so time_cuda's events on it
+// time work on this one too), for caches whose work a CUDA graph must capture; destroyed by
+// destroy_stream().
+Stream make_blocking_stream(int device);
+void destroy_stream(Stream s);
 // Host time of one call (validation, planning, enqueue): the median of 5 calls, each made on
 // an idle device. Event timings of a call include it up to its first launch.
 double host_time_us(int device, const std::function<void()>& call);

@@ -4,6 +4,7 @@
 #include "kvcore/cache/dsv4_cache.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/paged_layout.hpp"
+#include "kvcore/cache/seq_id.hpp"
 #include "kvcore/device.hpp"
 #include "kvcore/dtype.hpp"
 #include "kvcore/error.hpp"

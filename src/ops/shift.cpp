@@ -181,9 +181,13 @@ void ops::shift_dense(std::span<const ShiftDenseLayer> layers, int64_t length, i
   require_arg(length >= 0, "shift_dense: length must be >= 0, got ", length);
   require_arg(n_keep >= 0, "shift_dense: n_keep must be >= 0, got ", n_keep);
   require_arg(n_discard >= 0, "shift_dense: n_discard must be >= 0, got ", n_discard);
-  require_arg(n_keep + n_discard <= length, "shift_dense: n_keep + n_discard = ", n_keep, " + ", n_discard, " = ",
-              n_keep + n_discard, " exceeds the stored length ", length);
   require_arg(n_discard < kMaxDelta, "shift_dense: n_discard must be < 2^24, got ", n_discard);
+  if (n_keep > length - n_discard) {  // both >= 0, so their sum may overflow: computed checked
+    int64_t sum = 0;
+    const bool overflow = __builtin_add_overflow(n_keep, n_discard, &sum);
+    require_arg(false, "shift_dense: n_keep + n_discard = ", n_keep, " + ", n_discard, " = ",
+                overflow ? std::string("more than int64 holds") : std::to_string(sum), " exceeds the stored length ", length);
+  }
   require_arg(layers.size() < (size_t{1} << 20), "shift_dense: too many layers: ", layers.size());
 
   const Device dev = layers[0].k.device();

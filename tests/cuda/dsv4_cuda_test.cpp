@@ -620,6 +620,10 @@ void check_cache(Dsv4Quant quant) {
   cfg.max_context = 160;
   cfg.max_seqs = 2;
   Dsv4Cache gpu(cfg, kGpu), cpu(cfg, Device::cpu());
+  for (Dsv4Cache* cache : {&gpu, &cpu}) {  // sequences 0 and 1 of each
+    ASSERT_EQ(cache->create(), 0);
+    ASSERT_EQ(cache->create(), 1);
+  }
   for (int l = 1; l < 3; ++l) {
     const Dsv4Compressor c = cfg.compressor(cfg.layers[l]), ix = cfg.indexer();
     std::vector<float> ca = randn(static_cast<size_t>(c.ratio) * c.width(), 80 + l), cn = randn(c.head_dim, 90 + l, 0.2f);

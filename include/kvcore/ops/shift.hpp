@@ -49,6 +49,9 @@
 //   FP8 e4m3 keys (fully rotated): 0.027 as written, 0.035 after one shift
 //   (each shift requantizes: the error grows with every shift, so prefer
 //   formats that keep the rotated dims in 16 bits, like DeepSeek-V4's row).
+//
+// Thread safety: calls may come from several threads at once (what they cache per device is
+// guarded) as long as no call writes memory that another one reads or writes.
 #pragma once
 #include <cstdint>
 #include <span>
