@@ -15,6 +15,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 // clang-format on
+#include <hwy/cache_control.h>
 
 #include <algorithm>
 #include <vector>
@@ -61,11 +62,13 @@ HWY_INLINE float ChunkScale(const KvRow& row, int32_t d) {
   }
 }
 
+// The row's values at dims [off, off + Lanes(d)) times their scale. E4M3 multiplies the
+// widened byte by 256 * scale at once: the same value as the scalar path's
+// (value * 256) * scale unless 256 * scale overflows (scales of 2^120 and more).
 template <math::KvElem E, class D>
 HWY_INLINE hn::Vec<D> LoadScaled(D d, const KvRow& row, int32_t off) {
-  const auto x = LoadKv<E>(d, row.data, off);
-  if constexpr (E != math::KvElem::E4M3) return x;
-  else return hn::Mul(x, hn::Set(d, ChunkScale<E>(row, off)));  // e4m3 value times scale, as the scalar path
+  if constexpr (E != math::KvElem::E4M3) return LoadKv<E>(d, row.data, off);
+  else return hn::Mul(LoadE4m3Over256(d, row.data, off), hn::Set(d, 256.0f * ChunkScale<E>(row, off)));
 }
 
 template <math::KvElem E>
@@ -108,7 +111,13 @@ void Dots(const Task& t, int32_t g0, int32_t i) {
       a1[g] = hn::MulAdd(hn::LoadU(df, qg + N), k1, a1[g]);
     }
   }
-  for (int g = 0; g < kG; ++g) t.s[(g0 + g) * kTile + i] = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0[g], a1[g])));
+  if constexpr (kG == 4) {
+    float sums[4];
+    SumOfLanes4(df, hn::Add(a0[0], a1[0]), hn::Add(a0[1], a1[1]), hn::Add(a0[2], a1[2]), hn::Add(a0[3], a1[3]), sums);
+    for (int g = 0; g < 4; ++g) t.s[(g0 + g) * kTile + i] = sums[g];
+  } else {
+    for (int g = 0; g < kG; ++g) t.s[(g0 + g) * kTile + i] = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0[g], a1[g])));
+  }
 }
 
 // acc[g][d .. d + kU * Lanes) += sum over the visible cells j of w[g][j] * V_j, heads g0 .. g0 + kG.
@@ -189,6 +198,22 @@ void SoftmaxTile(const Task& t, math::OnlineSoftmax* sm) {
   }
 }
 
+// Asks for the K and V rows of cells [j0, j1) of sequence b ahead of their use:
+// rows of one kv head sit n_kv_heads rows apart and blocks anywhere, a pattern
+// the hardware prefetchers follow poorly.
+void PrefetchCells(const PagedAttentionParams& p, int32_t b, int32_t kvh, int32_t j0, int32_t j1, int64_t row_bytes) {
+  const int32_t bs = p.layout.block_size;
+  const auto* k = static_cast<const uint8_t*>(p.k);
+  const auto* v = static_cast<const uint8_t*>(p.v);
+  for (int32_t j = j0; j < j1; ++j) {
+    const int64_t row = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs) * p.layout.n_kv_heads + kvh;
+    for (int64_t off = 0; off < row_bytes; off += 64) {
+      hwy::Prefetch(k + row * row_bytes + off);
+      hwy::Prefetch(v + row * row_bytes + off);
+    }
+  }
+}
+
 struct Scratch {
   std::vector<float> f;
   std::vector<KvRow> rows;
@@ -227,8 +252,12 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spli
     for (int32_t d = 0; d < D; ++d) qg[d] *= scale;
   }
 
+  constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
+  const int64_t row_bytes = int64_t{D} * kBytes;
+  PrefetchCells(p, b, kvh, range.begin, std::min(range.begin + kTile, range.end), row_bytes);
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
+    PrefetchCells(p, b, kvh, t0 + kTile, std::min(t0 + 2 * kTile, range.end), row_bytes);
     int32_t n_vis = 0, vis[kTile];
     for (int32_t i = 0; i < kTile; ++i) {
       const int32_t j = t0 + i;

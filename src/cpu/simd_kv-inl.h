@@ -22,6 +22,20 @@ HWY_BEFORE_NAMESPACE();
 namespace kvcore::ops::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Lanes(df) e4m3 bytes at offset d of row, as f32 values 2^-8 times the e4m3
+// values (exact: the f16 with the byte's sign, exponent and mantissa bits).
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadE4m3Over256(DF df, const uint8_t* row, int64_t d) {
+  const hn::Rebind<uint8_t, DF> d8;
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto b = hn::PromoteTo(d16, hn::LoadU(d8, row + d));
+  const auto mag = hn::And(b, hn::Set(d16, 0x7f));
+  auto h = hn::Or(hn::ShiftLeft<7>(mag), hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80))));
+  h = hn::IfThenElse(hn::Eq(mag, hn::Set(d16, 0x7f)), hn::Or(h, hn::Set(d16, 0x7e00)), h);  // NaN codes
+  return hn::PromoteTo(df, hn::BitCast(dh, h));
+}
+
 // Lanes(df) elements of kind E at element offset d of row (bytes), as f32.
 template <math::KvElem E, class DF>
 HWY_INLINE hn::Vec<DF> LoadKv(DF df, const uint8_t* row, int64_t d) {
@@ -36,14 +50,7 @@ HWY_INLINE hn::Vec<DF> LoadKv(DF df, const uint8_t* row, int64_t d) {
     const auto bits = hn::PromoteTo(d32, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(row) + d));
     return hn::BitCast(df, hn::ShiftLeft<16>(bits));
   } else {
-    const hn::Rebind<uint8_t, DF> d8;
-    const hn::Rebind<uint16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto b = hn::PromoteTo(d16, hn::LoadU(d8, row + d));
-    const auto mag = hn::And(b, hn::Set(d16, 0x7f));
-    auto h = hn::Or(hn::ShiftLeft<7>(mag), hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80))));
-    h = hn::IfThenElse(hn::Eq(mag, hn::Set(d16, 0x7f)), hn::Or(h, hn::Set(d16, 0x7e00)), h);  // NaN codes
-    return hn::Mul(hn::PromoteTo(df, hn::BitCast(dh, h)), hn::Set(df, 256.0f));
+    return hn::Mul(LoadE4m3Over256(df, row, d), hn::Set(df, 256.0f));
   }
 }
 
@@ -66,6 +73,29 @@ HWY_INLINE hn::Vec<DF> Exp2NonPositive(DF df, hn::Vec<DF> x) {
   p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
   const auto pow2 = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, fl), hn::Set(di, 127))));
   return hn::IfThenElseZero(live, hn::Mul(p, pow2));
+}
+
+// out[0..4) = the lane sums of a, b, c and d: pairs of lanes added inside each
+// 128-bit block (a transposition of four vectors), then the blocks added, so the
+// four sums cost about what one SumOfLanes does.
+template <class DF>
+HWY_INLINE void SumOfLanes4(DF df, hn::Vec<DF> a, hn::Vec<DF> b, hn::Vec<DF> c, hn::Vec<DF> d, float* out) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)df;
+  out[0] = hn::GetLane(a), out[1] = hn::GetLane(b), out[2] = hn::GetLane(c), out[3] = hn::GetLane(d);
+#else
+  const hn::Repartition<uint64_t, DF> du;
+  const auto ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));  // a02 b02 a13 b13
+  const auto cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));  // c02 d02 c13 d13
+  const auto lo = hn::BitCast(df, hn::InterleaveLower(du, hn::BitCast(du, ab), hn::BitCast(du, cd)));
+  const auto hi = hn::BitCast(df, hn::InterleaveUpper(du, hn::BitCast(du, ab), hn::BitCast(du, cd)));
+  HWY_ALIGN float lanes[hn::MaxLanes(df)];
+  hn::Store(hn::Add(lo, hi), df, lanes);  // per block: partial sums of a, b, c, d
+  const hn::Full128<float> d4;
+  auto sum = hn::Load(d4, lanes);
+  for (size_t i = 4; i < hn::Lanes(df); i += 4) sum = hn::Add(sum, hn::Load(d4, lanes + i));
+  hn::StoreU(sum, d4, out);
+#endif
 }
 
 }  // namespace kvcore::ops::cpu::HWY_NAMESPACE
