@@ -22,6 +22,7 @@
 
 #include "cpu/attention_tasks.hpp"
 #include "cpu/simd_kv-inl.h"
+#include "cpu/simd_rope-inl.h"
 #include "kvcore/math/softmax.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -51,6 +52,9 @@ struct Task {
   float* s;          // [G][kTile] scores, then weights
   float* w;          // [G][kTile] weights of the visible cells, in order
   KvRow* vrows;      // [kTile] V rows of the visible cells
+  float* freq;       // rope-on-read: [padded pairs] frequencies, zero padded
+  float* cs;         // rope-on-read: [padded pairs] cos and sin at the current key's position
+  float* sn;
 };
 
 template <math::KvElem E>
@@ -226,13 +230,17 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spli
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
   const int32_t D = p.layout.head_dim, G = p.group, bs = p.layout.block_size;
   const int32_t Dp = (D + 2 * N - 1) / (2 * N) * (2 * N);
+  const int32_t n_pairs = p.rope_on_read ? p.rope.layout.n_pairs() : 0;
+  const int32_t pairs_p = (n_pairs + 15) / 16 * 16;
   thread_local Scratch scratch;
-  scratch.f.assign(static_cast<size_t>(2 * G * Dp + Dp + 2 * G * kTile), 0.0f);
+  scratch.f.assign(static_cast<size_t>(2 * G * Dp + Dp + 2 * G * kTile + 3 * pairs_p), 0.0f);
   scratch.rows.resize(kTile);
   scratch.sm.assign(static_cast<size_t>(G), math::OnlineSoftmax{});
   float* f = scratch.f.data();
-  const Task t{p, D, G, Dp, f, f + G * Dp, f + 2 * G * Dp, f + 2 * G * Dp + Dp, f + 2 * G * Dp + Dp + G * kTile,
-               scratch.rows.data()};
+  float* rope = f + 2 * G * Dp + Dp + 2 * G * kTile;
+  const Task t{p,    D,    G, Dp, f, f + G * Dp, f + 2 * G * Dp, f + 2 * G * Dp + Dp, f + 2 * G * Dp + Dp + G * kTile,
+               scratch.rows.data(), rope, rope + pairs_p, rope + 2 * pairs_p};
+  for (int32_t i = 0; i < n_pairs; ++i) t.freq[i] = p.rope.freq[i];
   math::OnlineSoftmax* sm = scratch.sm.data();
 
   const int32_t b = attention_row_seq(p, r);
@@ -271,9 +279,11 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spli
         continue;
       }
       DecodeRow<E>(t, RowOf<E>(p, true, cell, kvh));
-      if (p.rope_on_read)
-        math::rope_rotate_row(t.krow, p.rope, static_cast<float>(attention_key_position(p, cell, b)),
-                              p.rope.attention_factor);
+      if (p.rope_on_read) {  // math::rope_rotate_row's bits
+        RopeCosSinRow(t.freq, n_pairs, static_cast<float>(attention_key_position(p, cell, b)),
+                      p.rope.attention_factor, t.cs, t.sn);
+        RotatePairs(p.rope.layout, t.krow, t.krow, t.cs, t.sn);
+      }
       DotsAll(t, i);
       vis[n_vis] = i;
       t.vrows[n_vis++] = RowOf<E>(p, false, cell, kvh);

@@ -22,36 +22,6 @@ namespace kvcore::ops::cpu::HWY_NAMESPACE {
 namespace {
 
 template <class T>
-void RotateHead(const math::RopeLayout& l, const T* xr, T* orow, const float* cs, const float* sn) {
-  const int32_t n_pairs = l.n_pairs();
-  int32_t i = 0;
-  if (!l.interleaved) {
-    const hn::ScalableTag<float> df;
-    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-    const T* x0p = xr + l.first_dim;
-    const T* x1p = x0p + n_pairs;
-    T* y0p = orow + l.first_dim;
-    T* y1p = y0p + n_pairs;
-    for (; i + N <= n_pairs; i += N) {
-      const auto x0 = LoadAsF32(df, x0p + i), x1 = LoadAsF32(df, x1p + i);
-      const auto c = hn::LoadU(df, cs + i), s = hn::LoadU(df, sn + i);
-      // math::rotate_pair: y0 = x0 c - x1 s, y1 = x0 s + x1 c (two products, then the sum)
-      const auto y0 = hn::Sub(hn::Mul(x0, c), hn::Mul(x1, s));
-      const auto y1 = hn::Add(hn::Mul(x0, s), hn::Mul(x1, c));
-      StoreFromF32(df, y0, y0p + i);
-      StoreFromF32(df, y1, y1p + i);
-    }
-  }
-  for (; i < n_pairs; ++i) {
-    const int32_t d0 = l.dim0(i), d1 = l.dim1(i);
-    float x0 = to_f32(xr[d0]), x1 = to_f32(xr[d1]);
-    math::rotate_pair(x0, x1, cs[i], sn[i]);
-    orow[d0] = from_f32<T>(x0);
-    orow[d1] = from_f32<T>(x1);
-  }
-}
-
-template <class T>
 void RotateRows(const RopeApplyParams& p) {
   const math::RopeLayout& l = p.table.layout;
   const int32_t n_pairs = l.n_pairs();
@@ -75,7 +45,7 @@ void RotateRows(const RopeApplyParams& p) {
           std::memcpy(orow, xr, sizeof(T) * l.first_dim);
           std::memcpy(orow + rot_end, xr + rot_end, sizeof(T) * (p.head_dim - rot_end));
         }
-        RotateHead(l, xr, orow, cs.data(), sn.data());
+        RotatePairs(l, xr, orow, cs.data(), sn.data());
       }
     }
   }
