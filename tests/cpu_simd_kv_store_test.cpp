@@ -27,6 +27,7 @@ float value(std::mt19937_64& rng) {
     case 2: return 1.0f + 0x1p-11f;
     case 3: return std::numeric_limits<float>::infinity();
     case 4: return std::nanf("");
+    case 5: case 6: case 7: case 8: return std::ldexp(u(rng), static_cast<int>(rng() % 40) - 20);  // subnormal codes
     default: return u(rng);
   }
 }

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "cpu/kv_store_simd.hpp"
+#include "cpu/simd_kv-inl.h"
 #include "cpu/simd_rope-inl.h"
 #include "ops/kv_store_row.hpp"
 
@@ -56,7 +57,13 @@ void EncodeRow(KvFormat f, const float* row, void* dst, uint8_t* scales, int32_t
     case KvFormat::F32: return StoreRow(row, n, static_cast<float*>(dst));
     case KvFormat::F16: return StoreRow(row, n, static_cast<f16*>(dst));
     case KvFormat::BF16: return StoreRow(row, n, static_cast<bf16*>(dst));
-    default: return kvrow::encode_row(f, row, dst, scales, n);
+    default: {  // FP8 groups a vector at a time, then the plain tail (kvrow::encode_row's order)
+      const int32_t groups = kvrow::n_fp8_groups(f, n);
+      for (int32_t g = 0; g < groups; ++g)
+        EncodeFp8Group(row + g * math::kFp8Block, kvrow::group_codes(f, dst, g), kvrow::group_scale(f, dst, scales, g));
+      for (int32_t d = groups * math::kFp8Block; d < n; ++d) kvrow::encode_plain(f, dst, d, row[d]);
+      if (f == KvFormat::Dsv4Row) static_cast<uint8_t*>(dst)[kvrow::Dsv4::kPadOffset] = 0;
+    }
   }
 }
 

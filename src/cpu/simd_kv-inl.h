@@ -75,6 +75,58 @@ HWY_INLINE hn::Vec<DF> Exp2NonPositive(DF df, hn::Vec<DF> x) {
   return hn::IfThenElseZero(live, hn::Mul(p, pow2));
 }
 
+// E4M3 codes (in u32 lanes) of already scaled values s, as math::e4m3_encode(
+// clamp(s, -448, 448)) computes them (math::e4m3_scaled's clamp included): the
+// same integer rounding on the float's bits, lane by lane.
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> E4m3EncodeScaled(DF df, hn::Vec<DF> s) {
+  const hn::RebindToSigned<DF> di;
+  s = hn::IfThenElse(hn::Gt(s, hn::Set(df, math::kE4M3Max)), hn::Set(df, math::kE4M3Max), s);
+  s = hn::IfThenElse(hn::Lt(s, hn::Set(df, -math::kE4M3Max)), hn::Set(df, -math::kE4M3Max), s);
+  const auto u = hn::BitCast(di, s);
+  const auto sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));  // arithmetic shift: the mask keeps bit 7
+  const auto a = hn::And(u, hn::Set(di, 0x7fffffff));
+  const auto nan = hn::Gt(a, hn::Set(di, 0x7f800000));
+  const auto sat = hn::Gt(a, hn::Set(di, 0x43dfffff));  // 448 (the clamp maps larger values and infinities here)
+  const auto e = hn::ShiftRight<23>(a);
+  const auto mant = hn::And(a, hn::Set(di, 0x7fffff));
+  const auto m = hn::IfThenElse(hn::Eq(e, hn::Zero(di)), mant, hn::Or(mant, hn::Set(di, 0x800000)));
+  const auto e_eff = hn::Max(e, hn::Set(di, 1));
+  const auto normal = hn::Gt(e_eff, hn::Set(di, 120));
+  // math::rne_shift(m, shift): shifts of 25 and more give 0 for m < 2^24, as 31 does
+  const auto shift = hn::IfThenElse(normal, hn::Set(di, 20), hn::Min(hn::Sub(hn::Set(di, 141), e_eff), hn::Set(di, 31)));
+  const auto q = hn::BitCast(di, hn::BitCast(hn::RebindToUnsigned<DF>(), m) >> hn::BitCast(hn::RebindToUnsigned<DF>(), shift));
+  const auto one = hn::Set(di, 1);
+  const auto rem = hn::And(m, hn::Sub(one << shift, one));
+  const auto half = one << hn::Sub(shift, one);
+  const auto up = hn::Or(hn::Gt(rem, half), hn::And(hn::Eq(rem, half), hn::Eq(hn::And(q, one), one)));
+  const auto r = hn::Add(q, hn::IfThenElseZero(up, one));
+  auto code = hn::IfThenElse(normal, hn::Add(hn::ShiftLeft<3>(hn::Sub(e_eff, hn::Set(di, 121))), r), r);
+  code = hn::Min(code, hn::Set(di, 0x7e));
+  code = hn::IfThenElse(sat, hn::Set(di, 0x7e), code);
+  return hn::IfThenElse(nan, hn::Set(di, 0x7f), hn::Or(sign, code));
+}
+
+// One FP8 group of 64 values: the UE8M0 scale from the finite amax and the 64
+// codes, as kvrow::encode_group / math::fp8_block_pack compute them.
+HWY_INLINE void EncodeFp8Group(const float* v, uint8_t* codes, uint8_t* scale) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  auto acc = hn::Zero(df);
+  for (int32_t i = 0; i < math::kFp8Block; i += N) {
+    const auto x = hn::LoadU(df, v + i);
+    acc = hn::Max(acc, hn::IfThenElseZero(hn::IsFinite(x), hn::Abs(x)));
+  }
+  const int k = math::e4m3_scale_exponent(hn::GetLane(hn::MaxOfLanes(df, acc)));
+  const auto inv = hn::Set(df, math::pow2f(-k));
+  for (int32_t i = 0; i < math::kFp8Block; i += N)
+    hn::StoreU(hn::DemoteTo(d8, E4m3EncodeScaled(df, hn::Mul(hn::LoadU(df, v + i), inv))), d8, codes + i);
+  (void)di;
+  *scale = math::ue8m0_encode(k);
+}
+
 // out[0..4) = the lane sums of a, b, c and d: pairs of lanes added inside each
 // 128-bit block (a transposition of four vectors), then the blocks added, so the
 // four sums cost about what one SumOfLanes does.
