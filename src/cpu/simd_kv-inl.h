@@ -16,6 +16,8 @@
 
 #include <hwy/highway.h>
 
+#include <cmath>
+
 #include "kvcore/math/attention_rows.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -24,8 +26,20 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Lanes(df) e4m3 bytes at offset d of row, as f32 values 2^-8 times the e4m3
 // values (exact: the f16 with the byte's sign, exponent and mantissa bits).
+// Targets without hardware f16 conversions (F16C) build the f32 directly: the
+// byte's exponent and mantissa bits placed in an f32 (a subnormal f32 for the
+// e4m3 subnormals) times 2^112, exact; Highway's emulated f16 widening need not be.
 template <class DF>
 HWY_INLINE hn::Vec<DF> LoadE4m3Over256(DF df, const uint8_t* row, int64_t d) {
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  const hn::Rebind<uint8_t, DF> d8;
+  const hn::RebindToUnsigned<DF> du;
+  const auto b = hn::PromoteTo(du, hn::LoadU(d8, row + d));
+  const auto mag = hn::And(b, hn::Set(du, 0x7fu));
+  const auto bits = hn::Or(hn::ShiftLeft<20>(mag), hn::ShiftLeft<24>(hn::And(b, hn::Set(du, 0x80u))));
+  const auto v = hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p112f));
+  return hn::IfThenElse(hn::RebindMask(df, hn::Eq(mag, hn::Set(du, 0x7fu))), hn::Set(df, std::nanf("")), v);
+#else
   const hn::Rebind<uint8_t, DF> d8;
   const hn::Rebind<uint16_t, DF> d16;
   const hn::Rebind<hwy::float16_t, DF> dh;
@@ -34,6 +48,27 @@ HWY_INLINE hn::Vec<DF> LoadE4m3Over256(DF df, const uint8_t* row, int64_t d) {
   auto h = hn::Or(hn::ShiftLeft<7>(mag), hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80))));
   h = hn::IfThenElse(hn::Eq(mag, hn::Set(d16, 0x7f)), hn::Or(h, hn::Set(d16, 0x7e00)), h);  // NaN codes
   return hn::PromoteTo(df, hn::BitCast(dh, h));
+#endif
+}
+
+// Lanes(df) f16 values at p as f32, exactly (math::f16_bits_to_f32): the hardware
+// conversion where the target has one (F16C), else the bits placed in an f32
+// times 2^112 (exact for normals and subnormals), infinities and NaN by select.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF16(DF df, const uint16_t* p) {
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::RebindToUnsigned<DF> du;
+  const auto h = hn::PromoteTo(du, hn::LoadU(d16, p));
+  const auto mag = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
+  const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+  const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(df, mag), hn::Set(df, 0x1p112f)));
+  const auto special = hn::Eq(hn::And(h, hn::Set(du, 0x7c00u)), hn::Set(du, 0x7c00u));
+  return hn::BitCast(df, hn::Or(sign, hn::IfThenElse(special, hn::Or(mag, hn::Set(du, 0x7f800000u)), finite)));
+#else
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+#endif
 }
 
 // Lanes(df) elements of kind E at element offset d of row (bytes), as f32.
@@ -42,8 +77,7 @@ HWY_INLINE hn::Vec<DF> LoadKv(DF df, const uint8_t* row, int64_t d) {
   if constexpr (E == math::KvElem::F32) {
     return hn::LoadU(df, reinterpret_cast<const float*>(row) + d);
   } else if constexpr (E == math::KvElem::F16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + d));
+    return LoadF16(df, reinterpret_cast<const uint16_t*>(row) + d);
   } else if constexpr (E == math::KvElem::BF16) {
     const hn::Rebind<uint16_t, DF> d16;
     const hn::Rebind<uint32_t, DF> d32;

@@ -15,6 +15,7 @@
 
 #include <type_traits>
 
+#include "cpu/simd_kv-inl.h"
 #include "kvcore/math/half.hpp"
 #include "kvcore/math/rope.hpp"
 
@@ -92,9 +93,9 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToBf16BitsU32(DF /*df*/, hn::Vec
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Set(du, 0x7fc0u), r);
 }
 
-// Targets whose f16 conversions are hardware instructions (F16C on x86, with the
-// IEEE rounding math/half.hpp implements); the others convert f16 lane by lane
-// with math/half.hpp, as Highway's emulation need not round the same way.
+// Targets whose f32 -> f16 conversion is a hardware instruction (F16C on x86, with
+// the IEEE rounding math/half.hpp implements); the others round lane by lane with
+// math/half.hpp, as Highway's emulation need not round the same way.
 #undef KVCORE_SIMD_HW_F16  // per target
 #if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
 #define KVCORE_SIMD_HW_F16 0
@@ -108,14 +109,7 @@ HWY_INLINE hn::Vec<DF> LoadAsF32(DF df, const T* p) {
   if constexpr (std::is_same_v<T, float>) {
     return hn::LoadU(df, p);
   } else if constexpr (std::is_same_v<T, f16>) {
-#if KVCORE_SIMD_HW_F16
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
-#else
-    HWY_ALIGN float lanes[hn::MaxLanes(df)];
-    for (size_t i = 0; i < hn::Lanes(df); ++i) lanes[i] = math::f16_bits_to_f32(p[i].bits);
-    return hn::Load(df, lanes);
-#endif
+    return LoadF16(df, reinterpret_cast<const uint16_t*>(p));
   } else {
     const hn::Rebind<uint16_t, DF> d16;
     const hn::RebindToUnsigned<DF> du;
