@@ -4,7 +4,9 @@
 # build under test, of an older build (optional) and the ggml / NumPy baselines.
 # Usage: bench/cpu/compare.sh OUT_DIR AFTER_KVCORE [BEFORE_KVCORE]
 #   env ROUNDS (default 3), THREADS (default "1 2"), BENCHES (default "attention rope shift fp8"),
-#   PAGED_ARGS (default "--quick": the paged bench's small CPU sizes).
+#   PAGED_ARGS (default "--quick": the paged bench's small CPU sizes),
+#   NICE (default 0): run every timed command under `nice -n $NICE`; on a host shared with
+#   busy processes a negative value (root) keeps calls from being preempted mid-call.
 # Writes OUT_DIR/{after,before}-t{N}.jsonl, baselines-t{N}.jsonl, log.txt (lscpu, uptime per step).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,11 +23,11 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
       [ "$side" = before ] && bin=$before
       [ -n "$bin" ] || continue
       echo "round $round threads $t $side: $(uptime)" >>"$log"
-      OMP_NUM_THREADS=$t "$bin" bench ${BENCHES:-attention rope shift fp8} --device cpu --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
-      OMP_NUM_THREADS=$t "$bin" bench paged --device cpu ${PAGED_ARGS:---quick} --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
+      OMP_NUM_THREADS=$t nice -n "${NICE:-0}" "$bin" bench ${BENCHES:-attention rope shift fp8} --device cpu --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
+      OMP_NUM_THREADS=$t nice -n "${NICE:-0}" "$bin" bench paged --device cpu ${PAGED_ARGS:---quick} --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
     done
     echo "round $round threads $t baselines: $(uptime)" >>"$log"
-    "$root/bench/cpu/baselines.sh" "$out/baselines-t$t.jsonl" "$t" >>"$log" 2>&1
+    nice -n "${NICE:-0}" "$root/bench/cpu/baselines.sh" "$out/baselines-t$t.jsonl" "$t" >>"$log" 2>&1
   done
 done
 echo "done: $(uptime)" >>"$log"

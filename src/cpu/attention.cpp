@@ -2,6 +2,9 @@
 // by the SIMD kernel where it serves the shape and by the scalar path otherwise
 // (attention_tasks.hpp); a second pass merges the splits as the CUDA split-K
 // merge does, adds the sink and stores the output.
+#include <omp.h>
+
+#include <algorithm>
 #include <vector>
 
 #include "cpu/attention_merge.hpp"
@@ -22,13 +25,30 @@ void attention_paged(const PagedAttentionParams& p) {
     macs += int64_t{PagedLayout::seq_cells(p.indptr, p.last_page_len, attention_row_seq(p, r), p.layout.block_size)} *
             p.n_q_heads * p.layout.head_dim;
   const bool parallel = macs > (int64_t{1} << 20);
+  if (simd) {
+    // Tasks of several kv heads read a cell's heads as one contiguous run: as many heads per
+    // task as still leaves every thread a task (one task per thread when rows x splits are few).
+    const int64_t threads = parallel ? omp_get_max_threads() : 1;
+    const int64_t base = int64_t{p.n_rows} * p.num_splits;
+    const int64_t groups = std::clamp<int64_t>((threads + base - 1) / base, 1, n_kv);
+    const int64_t per = (n_kv + groups - 1) / groups;
+    const int64_t n_groups = (n_kv + per - 1) / per;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int32_t split = static_cast<int32_t>(t % p.num_splits);
-    const int32_t kvh = static_cast<int32_t>((t / p.num_splits) % n_kv);
-    const int32_t r = static_cast<int32_t>(t / (p.num_splits * n_kv));
-    if (simd) attention_task_simd(p, r, kvh, split);
-    else attention_task_scalar(p, r, kvh, split);
+    for (int64_t t = 0; t < base * n_groups; ++t) {
+      const int32_t split = static_cast<int32_t>(t % p.num_splits);
+      const int64_t grp = (t / p.num_splits) % n_groups;
+      const int32_t r = static_cast<int32_t>(t / (p.num_splits * n_groups));
+      const int32_t h0 = static_cast<int32_t>(grp * per), h1 = static_cast<int32_t>(std::min(n_kv, (grp + 1) * per));
+      attention_task_simd(p, r, h0, h1, split);
+    }
+  } else {
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int32_t split = static_cast<int32_t>(t % p.num_splits);
+      const int32_t kvh = static_cast<int32_t>((t / p.num_splits) % n_kv);
+      const int32_t r = static_cast<int32_t>(t / (p.num_splits * n_kv));
+      attention_task_scalar(p, r, kvh, split);
+    }
   }
   const int64_t heads = int64_t{p.n_rows} * p.n_q_heads;
 #pragma omp parallel for schedule(static) if (heads * p.num_splits * p.layout.head_dim > (int64_t{1} << 18))

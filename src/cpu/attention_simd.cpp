@@ -15,7 +15,6 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 // clang-format on
-#include <hwy/cache_control.h>
 
 #include <algorithm>
 #include <vector>
@@ -48,7 +47,7 @@ struct Task {
   int32_t D, G, Dp;  // head dim, group size, head dim padded to two vectors (q, acc and krow strides)
   float* q;          // [G][Dp] scaled queries, zero padded
   float* acc;        // [G][Dp]
-  float* krow;       // [Dp] the current K row as f32, zero padded
+  float* krow;       // [Dp] the current K row as f32, zero padded (shared by the task's kv heads)
   float* s;          // [G][kTile] scores, then weights
   float* w;          // [G][kTile] weights of the visible cells, in order
   KvRow* vrows;      // [kTile] V rows of the visible cells
@@ -202,18 +201,30 @@ void SoftmaxTile(const Task& t, math::OnlineSoftmax* sm) {
   }
 }
 
-// Asks for the K and V rows of cells [j0, j1) of sequence b ahead of their use:
-// rows of one kv head sit n_kv_heads rows apart and blocks anywhere, a pattern
-// the hardware prefetchers follow poorly.
-void PrefetchCells(const PagedAttentionParams& p, int32_t b, int32_t kvh, int32_t j0, int32_t j1, int64_t row_bytes) {
+// One cache line toward L1. An asm statement on x86: GCC deletes loops whose only
+// effect is __builtin_prefetch (it assumes such loops finish without effects).
+HWY_INLINE void PrefetchLine(const uint8_t* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+// Asks for the K and V rows of cells [j0, j1) of sequence b, kv heads [h0, h1) (contiguous
+// in a cell), ahead of their use: blocks sit anywhere, which the hardware prefetchers
+// cannot follow.
+void PrefetchCells(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t h1, int32_t j0, int32_t j1,
+                   int64_t row_bytes) {
   const int32_t bs = p.layout.block_size;
   const auto* k = static_cast<const uint8_t*>(p.k);
   const auto* v = static_cast<const uint8_t*>(p.v);
+  const int64_t bytes = (h1 - h0) * row_bytes;
   for (int32_t j = j0; j < j1; ++j) {
-    const int64_t row = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs) * p.layout.n_kv_heads + kvh;
-    for (int64_t off = 0; off < row_bytes; off += 64) {
-      hwy::Prefetch(k + row * row_bytes + off);
-      hwy::Prefetch(v + row * row_bytes + off);
+    const int64_t first = (p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs) * p.layout.n_kv_heads + h0) * row_bytes;
+    for (int64_t off = 0; off < bytes; off += 64) {
+      PrefetchLine(k + first + off);
+      PrefetchLine(v + first + off);
     }
   }
 }
@@ -222,26 +233,35 @@ struct Scratch {
   std::vector<float> f;
   std::vector<KvRow> rows;
   std::vector<math::OnlineSoftmax> sm;
+  std::vector<Task> tasks;
 };
 
+// Kv heads [h0, h1) of row r, split `split`. Cells are walked in order and, per cell,
+// the heads in order, so K (and, prefetched, V) are read as contiguous runs of
+// (h1 - h0) rows: the pool keeps a cell's heads side by side.
 template <math::KvElem E>
-void RunTask(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t split) {
+void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-  const int32_t D = p.layout.head_dim, G = p.group, bs = p.layout.block_size;
+  const int32_t D = p.layout.head_dim, G = p.group, bs = p.layout.block_size, H = h1 - h0;
   const int32_t Dp = (D + 2 * N - 1) / (2 * N) * (2 * N);
   const int32_t n_pairs = p.rope_on_read ? p.rope.layout.n_pairs() : 0;
   const int32_t pairs_p = (n_pairs + 15) / 16 * 16;
+  const int64_t per_head = 2 * G * Dp + 2 * G * kTile;  // q, acc, s, w
   thread_local Scratch scratch;
-  scratch.f.assign(static_cast<size_t>(2 * G * Dp + Dp + 2 * G * kTile + 3 * pairs_p), 0.0f);
-  scratch.rows.resize(kTile);
-  scratch.sm.assign(static_cast<size_t>(G), math::OnlineSoftmax{});
-  float* f = scratch.f.data();
-  float* rope = f + 2 * G * Dp + Dp + 2 * G * kTile;
-  const Task t{p,    D,    G, Dp, f, f + G * Dp, f + 2 * G * Dp, f + 2 * G * Dp + Dp, f + 2 * G * Dp + Dp + G * kTile,
-               scratch.rows.data(), rope, rope + pairs_p, rope + 2 * pairs_p};
-  for (int32_t i = 0; i < n_pairs; ++i) t.freq[i] = p.rope.freq[i];
-  math::OnlineSoftmax* sm = scratch.sm.data();
+  scratch.f.assign(static_cast<size_t>(H * per_head + Dp + 3 * pairs_p), 0.0f);
+  scratch.rows.resize(static_cast<size_t>(H) * kTile);
+  scratch.sm.assign(static_cast<size_t>(H) * G, math::OnlineSoftmax{});
+  scratch.tasks.clear();
+  float* shared = scratch.f.data() + H * per_head;
+  float* rope = shared + Dp;
+  for (int32_t h = 0; h < H; ++h) {
+    float* f = scratch.f.data() + h * per_head;
+    scratch.tasks.push_back(Task{p, D, G, Dp, f, f + G * Dp, shared, f + 2 * G * Dp, f + 2 * G * Dp + G * kTile,
+                                 scratch.rows.data() + h * kTile, rope, rope + pairs_p, rope + 2 * pairs_p});
+  }
+  for (int32_t i = 0; i < n_pairs; ++i) rope[i] = p.rope.freq[i];
+  const Task* tasks = scratch.tasks.data();
 
   const int32_t b = attention_row_seq(p, r);
   const int32_t n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
@@ -249,23 +269,24 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spli
   const int32_t q_pos = p.maybe_q_positions ? p.maybe_q_positions[r] : 0;
   const int32_t pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
 
-  // Queries of this kv head's group, rotated if asked, scaled into the log2 domain (as the scalar path).
-  for (int32_t g = 0; g < G; ++g) {
-    const int32_t h = kvh * G + g;
-    float* qg = t.q + g * Dp;
-    const int64_t off = int64_t{r} * p.q_row_stride + int64_t{h} * p.q_head_stride;
-    for (int32_t d = 0; d < D; ++d) qg[d] = q_elem_to_f32(p.q, off + d, p.q_elem);
-    if (p.rotate_query) math::rope_rotate_row(qg, p.rope, static_cast<float>(q_pos), p.rope.attention_factor);
-    const float scale = p.softmax_scale * math::kLog2e;
-    for (int32_t d = 0; d < D; ++d) qg[d] *= scale;
-  }
+  // Queries of each kv head's group, rotated if asked, scaled into the log2 domain (as the scalar path).
+  for (int32_t kh = 0; kh < H; ++kh)
+    for (int32_t g = 0; g < G; ++g) {
+      const int32_t h = (h0 + kh) * G + g;
+      float* qg = tasks[kh].q + g * Dp;
+      const int64_t off = int64_t{r} * p.q_row_stride + int64_t{h} * p.q_head_stride;
+      for (int32_t d = 0; d < D; ++d) qg[d] = q_elem_to_f32(p.q, off + d, p.q_elem);
+      if (p.rotate_query) math::rope_rotate_row(qg, p.rope, static_cast<float>(q_pos), p.rope.attention_factor);
+      const float scale = p.softmax_scale * math::kLog2e;
+      for (int32_t d = 0; d < D; ++d) qg[d] *= scale;
+    }
 
   constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
   const int64_t row_bytes = int64_t{D} * kBytes;
-  PrefetchCells(p, b, kvh, range.begin, std::min(range.begin + kTile, range.end), row_bytes);
+  PrefetchCells(p, b, h0, h1, range.begin, std::min(range.begin + kTile, range.end), row_bytes);
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
-    PrefetchCells(p, b, kvh, t0 + kTile, std::min(t0 + 2 * kTile, range.end), row_bytes);
+    PrefetchCells(p, b, h0, h1, t0 + kTile, std::min(t0 + 2 * kTile, range.end), row_bytes);
     int32_t n_vis = 0, vis[kTile];
     for (int32_t i = 0; i < kTile; ++i) {
       const int32_t j = t0 + i;
@@ -275,43 +296,51 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t spli
         if (!attention_cell_visible(p, cell, q_pos + pos_off)) cell = -1;
       }
       if (cell < 0) {
-        for (int32_t g = 0; g < G; ++g) t.s[g * kTile + i] = math::neg_inf_f32();
+        for (int32_t kh = 0; kh < H; ++kh)
+          for (int32_t g = 0; g < G; ++g) tasks[kh].s[g * kTile + i] = math::neg_inf_f32();
         continue;
       }
-      DecodeRow<E>(t, RowOf<E>(p, true, cell, kvh));
-      if (p.rope_on_read) {  // math::rope_rotate_row's bits
-        RopeCosSinRow(t.freq, n_pairs, static_cast<float>(attention_key_position(p, cell, b)),
-                      p.rope.attention_factor, t.cs, t.sn);
-        RotatePairs(p.rope.layout, t.krow, t.krow, t.cs, t.sn);
+      if (p.rope_on_read)  // math::rope_rotate_row's cos and sin, once for every head of the cell
+        RopeCosSinRow(tasks[0].freq, n_pairs, static_cast<float>(attention_key_position(p, cell, b)),
+                      p.rope.attention_factor, tasks[0].cs, tasks[0].sn);
+      for (int32_t kh = 0; kh < H; ++kh) {
+        const Task& t = tasks[kh];
+        DecodeRow<E>(t, RowOf<E>(p, true, cell, h0 + kh));
+        if (p.rope_on_read) RotatePairs(p.rope.layout, t.krow, t.krow, t.cs, t.sn);
+        DotsAll(t, i);
+        t.vrows[n_vis] = RowOf<E>(p, false, cell, h0 + kh);
       }
-      DotsAll(t, i);
-      vis[n_vis] = i;
-      t.vrows[n_vis++] = RowOf<E>(p, false, cell, kvh);
+      vis[n_vis++] = i;
     }
-    SoftmaxTile(t, sm);
-    // The visible cells' weights, compacted in the order of t.vrows.
-    for (int32_t g = 0; g < G; ++g)
-      for (int32_t j = 0; j < n_vis; ++j) t.w[g * kTile + j] = t.s[g * kTile + vis[j]];
-    if (n_vis > 0) ValuePassAll<E>(t, n_vis);
+    for (int32_t kh = 0; kh < H; ++kh) {
+      const Task& t = tasks[kh];
+      SoftmaxTile(t, scratch.sm.data() + kh * G);
+      // The visible cells' weights, compacted in the order of t.vrows.
+      for (int32_t g = 0; g < G; ++g)
+        for (int32_t j = 0; j < n_vis; ++j) t.w[g * kTile + j] = t.s[g * kTile + vis[j]];
+      if (n_vis > 0) ValuePassAll<E>(t, n_vis);
+    }
   }
-  for (int32_t g = 0; g < G; ++g) {
-    const int32_t h = kvh * G + g;
-    const int64_t part = (int64_t{r} * p.n_q_heads + h) * p.num_splits + split;
-    const float inv = sm[g].l > 0.0f ? 1.0f / sm[g].l : 0.0f;
-    float* o = p.o_part + part * D;
-    for (int32_t d = 0; d < D; ++d) o[d] = t.acc[g * Dp + d] * inv;
-    p.lse_part[part] = sm[g].lse();
-  }
+  for (int32_t kh = 0; kh < H; ++kh)
+    for (int32_t g = 0; g < G; ++g) {
+      const math::OnlineSoftmax& sm = scratch.sm[kh * G + g];
+      const int32_t h = (h0 + kh) * G + g;
+      const int64_t part = (int64_t{r} * p.n_q_heads + h) * p.num_splits + split;
+      const float inv = sm.l > 0.0f ? 1.0f / sm.l : 0.0f;
+      float* o = p.o_part + part * D;
+      for (int32_t d = 0; d < D; ++d) o[d] = tasks[kh].acc[g * Dp + d] * inv;
+      p.lse_part[part] = sm.lse();
+    }
 }
 
 }  // namespace
 
-void AttentionTask(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t split) {
+void AttentionTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
   switch (p.kv_elem) {
-    case math::KvElem::F32: return RunTask<math::KvElem::F32>(p, r, kvh, split);
-    case math::KvElem::F16: return RunTask<math::KvElem::F16>(p, r, kvh, split);
-    case math::KvElem::BF16: return RunTask<math::KvElem::BF16>(p, r, kvh, split);
-    case math::KvElem::E4M3: return RunTask<math::KvElem::E4M3>(p, r, kvh, split);
+    case math::KvElem::F32: return RunTask<math::KvElem::F32>(p, r, h0, h1, split);
+    case math::KvElem::F16: return RunTask<math::KvElem::F16>(p, r, h0, h1, split);
+    case math::KvElem::BF16: return RunTask<math::KvElem::BF16>(p, r, h0, h1, split);
+    case math::KvElem::E4M3: return RunTask<math::KvElem::E4M3>(p, r, h0, h1, split);
   }
 }
 
@@ -325,8 +354,8 @@ HWY_EXPORT(AttentionTask);
 
 bool attention_simd_serves(const PagedAttentionParams& p) { return p.layout.head_dim % 8 == 0; }
 
-void attention_task_simd(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t split) {
-  HWY_DYNAMIC_DISPATCH(AttentionTask)(p, r, kvh, split);
+void attention_task_simd(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
+  HWY_DYNAMIC_DISPATCH(AttentionTask)(p, r, h0, h1, split);
 }
 
 }  // namespace kvcore::ops::cpu

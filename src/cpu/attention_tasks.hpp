@@ -16,9 +16,11 @@ void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh
 // (every pool format, scale mode, group size and option).
 bool attention_simd_serves(const PagedAttentionParams& p);
 
-// The SIMD kernel, on the target Highway dispatches to. Float sums (dot products,
-// exp2, the weighted sum of values) differ from the scalar path in rounding
-// only: documented tolerance in tests/cpu_simd_attention_test.cpp.
-void attention_task_simd(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t split);
+// The SIMD kernel, on the target Highway dispatches to, for kv heads [h0, h1) at
+// once (their rows lie side by side in a cell, so a task that takes several reads
+// longer contiguous runs). Float sums (dot products, exp2, the weighted sum of
+// values) differ from the scalar path in rounding only: documented tolerance in
+// tests/cpu_simd_attention_test.cpp.
+void attention_task_simd(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split);
 
 }  // namespace kvcore::ops::cpu
