@@ -5,8 +5,9 @@
 # Usage: bench/cpu/compare.sh OUT_DIR AFTER_KVCORE [BEFORE_KVCORE]
 #   env ROUNDS (default 3), THREADS (default "1 2"), BENCHES (default "attention rope shift fp8"),
 #   PAGED_ARGS (default "--quick": the paged bench's small CPU sizes),
-#   NICE (default 0): run every timed command under `nice -n $NICE`; on a host shared with
-#   busy processes a negative value (root) keeps calls from being preempted mid-call.
+#   PRIO (default empty): a command prefix for every timed command, e.g. "chrt -f 10": on a host
+#   shared with busy processes, calls longer than a scheduler slice are otherwise preempted
+#   mid-call and time the other processes too (SCHED_FIFO leaves them 5% of each core).
 # Writes OUT_DIR/{after,before}-t{N}.jsonl, baselines-t{N}.jsonl, log.txt (lscpu, uptime per step).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,11 +24,11 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
       [ "$side" = before ] && bin=$before
       [ -n "$bin" ] || continue
       echo "round $round threads $t $side: $(uptime)" >>"$log"
-      OMP_NUM_THREADS=$t nice -n "${NICE:-0}" "$bin" bench ${BENCHES:-attention rope shift fp8} --device cpu --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
-      OMP_NUM_THREADS=$t nice -n "${NICE:-0}" "$bin" bench paged --device cpu ${PAGED_ARGS:---quick} --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
+      OMP_NUM_THREADS=$t ${PRIO:-} "$bin" bench ${BENCHES:-attention rope shift fp8} --device cpu --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
+      OMP_NUM_THREADS=$t ${PRIO:-} "$bin" bench paged --device cpu ${PAGED_ARGS:---quick} --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
     done
     echo "round $round threads $t baselines: $(uptime)" >>"$log"
-    nice -n "${NICE:-0}" "$root/bench/cpu/baselines.sh" "$out/baselines-t$t.jsonl" "$t" >>"$log" 2>&1
+    ${PRIO:-} "$root/bench/cpu/baselines.sh" "$out/baselines-t$t.jsonl" "$t" >>"$log" 2>&1
   done
 done
 echo "done: $(uptime)" >>"$log"
