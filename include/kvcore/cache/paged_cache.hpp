@@ -209,6 +209,7 @@ class PagedCache {
   struct Impl;
 
  private:
+  friend struct PagedCacheAccess;  // the persistence hooks (src/cache/paged_export.cpp)
   std::unique_ptr<Impl> impl_;
 };
 
