@@ -8,6 +8,10 @@
 namespace kvcore::persist {
 
 uint64_t xxh3_64(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+Hash128 xxh3_128(const void* data, size_t bytes) {
+  const XXH128_hash_t h = XXH3_128bits(data, bytes);
+  return {h.high64, h.low64};
+}
 
 Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
   if (!state_) throw std::bad_alloc();

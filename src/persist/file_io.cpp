@@ -35,7 +35,7 @@ struct Fd {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, std::span<const std::span<const uint8_t>> pieces) {
+void write_file_atomic(const std::string& path, std::span<const std::span<const uint8_t>> pieces, bool durable) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = detail::concat(path, ".tmp.", ::getpid(), ".", counter++);
   Fd f;
@@ -51,7 +51,7 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
         done += static_cast<size_t>(n);
       }
     }
-    if (::fsync(f.fd) != 0) fail("cannot fsync", tmp, errno);
+    if (durable && ::fsync(f.fd) != 0) fail("cannot fsync", tmp, errno);
     const int fd = f.fd;
     f.fd = -1;
     if (::close(fd) != 0) fail("cannot close", tmp, errno);
@@ -60,6 +60,7 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
     ::unlink(tmp.c_str());
     throw;
   }
+  if (!durable) return;
   const std::string dir = dir_of(path);
   Fd d;
   d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
