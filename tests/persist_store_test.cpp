@@ -16,32 +16,14 @@
 #include "kvcore/persist/snapshot.hpp"
 #include "paged_configs.hpp"
 #include "paged_model.hpp"
+#include "persist_test_data.hpp"
 
 using namespace kvcore;
 using namespace paged_test;
+using namespace persist_test;
 namespace fs = std::filesystem;
 
 namespace {
-
-StoreKey key_n(int i) {
-  const int32_t t[2] = {i, 7 * i};
-  PagedCacheConfig c;
-  c.num_blocks = 1;
-  c.rope = {RopeSpec::plain(128, 10000.0)};
-  return store_key_for_tokens(t, "tenant-a", c);
-}
-
-std::vector<uint8_t> payload_n(int i, size_t bytes) {
-  std::vector<uint8_t> v(bytes);
-  uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<uint8_t>(x);
-  }
-  return v;
-}
 
 struct TempDir {
   fs::path path;
