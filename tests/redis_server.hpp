@@ -1,5 +1,5 @@
-// A redis-server of the test's own: a free loopback port, a password (requirepass), an
-// append-only file fsync'ed on every write (so what the server acknowledged survives a kill -9),
+// A redis-server of the test's (or bench's) own: a free loopback port, a password (requirepass),
+// an append-only file fsync'ed on every write (so what the server acknowledged survives a kill -9),
 // DEBUG enabled (DEBUG SLEEP slows it down). start() returns false when no server answers
 // within 10 s; the tests then fail, they do not skip.
 #pragma once
@@ -36,7 +36,9 @@ inline int free_loopback_port() {
 
 class RedisServer {
  public:
-  explicit RedisServer(std::string password = "kvcore-test-pw") : password_(std::move(password)) {
+  // durable false: no append-only file (benchmarks measure the server, not its disk).
+  explicit RedisServer(std::string password = "kvcore-test-pw", bool durable = true)
+      : password_(std::move(password)), durable_(durable) {
     port_ = free_loopback_port();
     dir_ = (std::filesystem::temp_directory_path() /
             ("kvcore_redis_" + std::to_string(::getpid()) + "_" + std::to_string(port_)))
@@ -78,7 +80,7 @@ class RedisServer {
     pid_ = ::fork();
     if (pid_ == 0) {
       ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--requirepass",
-               password_.c_str(), "--dir", dir_.c_str(), "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+               password_.c_str(), "--dir", dir_.c_str(), "--appendonly", durable_ ? "yes" : "no", "--appendfsync", "always", "--save", "",
                "--enable-debug-command", "yes", "--daemonize", "no", "--logfile", log.c_str(), "--maxmemory", "512mb",
                "--maxmemory-policy", "allkeys-lru", static_cast<char*>(nullptr));
       ::_exit(127);
@@ -143,6 +145,7 @@ class RedisServer {
 
  private:
   std::string password_;
+  bool durable_ = true;
   int port_ = -1;
   pid_t pid_ = -1;
   std::string dir_;
