@@ -200,3 +200,19 @@ std::vector<SeqId> paged_import(PagedCache& cache, const PagedExport& ex, int32_
 }
 
 }  // namespace kvcore
+
+namespace kvcore {
+
+int32_t paged_prefix_in_place(const PagedCache& cache, SeqId seq, int32_t n) {
+  const PagedCache::Impl& m = PagedCacheAccess::impl(cache);
+  const PagedSeq& s = m.meta.seq(seq);
+  n = std::min(std::max(n, 0), s.n_cells);
+  const int32_t bs = m.cfg.block_size;
+  for (int32_t c = 0; c < n; ++c) {
+    const int64_t cell = m.meta.cell(s.blocks[c / bs], c % bs);
+    if (!m.meta.valid[cell] || m.meta.pos(cell) - s.pos_offset != c) return c;
+  }
+  return n;
+}
+
+}  // namespace kvcore

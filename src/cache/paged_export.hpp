@@ -53,3 +53,9 @@ std::vector<SeqId> paged_import(PagedCache& cache, const PagedExport& ex, int32_
 void paged_export_check(const PagedExport& ex);
 
 }  // namespace kvcore
+
+namespace kvcore {
+// Prefix caching's check: the largest k <= n such that cells [0, k) of `seq`'s span are all live
+// at token positions 0 .. k-1 (offsets applied). Host metadata only, O(k).
+int32_t paged_prefix_in_place(const PagedCache& cache, SeqId seq, int32_t n);
+}  // namespace kvcore

@@ -8,8 +8,8 @@
 namespace kvcore::persist {
 
 uint64_t xxh3_64(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
-Hash128 xxh3_128(const void* data, size_t bytes) {
-  const XXH128_hash_t h = XXH3_128bits(data, bytes);
+Hash128 xxh3_128(const void* data, size_t bytes, uint64_t seed) {
+  const XXH128_hash_t h = XXH3_128bits_withSeed(data, bytes, seed);
   return {h.high64, h.low64};
 }
 

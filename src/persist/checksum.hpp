@@ -11,7 +11,7 @@ inline uint64_t xxh3_64(std::span<const uint8_t> s) { return xxh3_64(s.data(), s
 struct Hash128 {
   uint64_t hi = 0, lo = 0;
 };
-Hash128 xxh3_128(const void* data, size_t bytes);
+Hash128 xxh3_128(const void* data, size_t bytes, uint64_t seed = 0);
 
 // Incremental XXH3-64 over pieces; equals xxh3_64 of their concatenation.
 class Xxh3Stream {
