@@ -59,6 +59,10 @@ int run_demo(const std::string& device, bool quick, const std::vector<std::strin
 
 }  // namespace
 
+namespace kvcore::cli {
+int run_snapshot_inspect(const std::string& path);  // tools/snapshot_cmd.cpp
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"kvcore: the KV-cache layer of LLM inference engines"};
   app.require_subcommand(1);
@@ -86,9 +90,16 @@ int main(int argc, char** argv) {
   bench->add_flag("--quick", breq.quick, "small sizes: a smoke run, not a measurement");
   bench->add_option("--trace-dir", breq.trace_dir, "decode_trace: write each case's raw per-warp stamps to DIR/<case>.csv");
 
+  auto* snapshot = app.add_subcommand("snapshot", "snapshot files");
+  snapshot->require_subcommand(1);
+  auto* snapshot_inspect = snapshot->add_subcommand("inspect", "check a snapshot file and print what it holds");
+  std::string snapshot_path;
+  snapshot_inspect->add_option("file", snapshot_path, "the snapshot file")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("info")) return run_info();
+    if (app.got_subcommand("snapshot")) return cli::run_snapshot_inspect(snapshot_path);
     if (app.got_subcommand("demo")) return run_demo(demo_device, demo_quick, demo_only, demo_seed);
     if (app.got_subcommand("bench")) {
       breq.device = parse_device(bench_device);

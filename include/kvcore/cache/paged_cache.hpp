@@ -243,6 +243,7 @@ class PagedCache {
   // The implementation; throws InvalidArgument on a moved-from cache (every public call goes through it).
   Impl& impl();
   const Impl& impl() const;
+  friend struct PagedCacheAccess;  // the persistence hooks (src/cache/paged_export.cpp)
   std::unique_ptr<Impl> impl_;
 };
 
