@@ -2,8 +2,8 @@
 // count the automatic choice takes for it: plain host math, so a CPU test checks the rule at the
 // benchmark shapes and that the split choice and the launch agree. A fat CTA wins where it owns
 // its SM for a long time (the warps share their tiles and finish together) and loses where its
-// start-up is not hidden behind other CTAs of its SM (GPU A/B runs X, Y, Z of 2026-12-04: batch
-// 16 / 8k -7.5%, batch 64 / 128k -3 to -8%; batch 1 / 8k +4%, batch 64 / 8k +3%, 64 / 1k +50%).
+// start-up is not hidden behind other CTAs of its SM (short contexts, or more CTAs than one wave;
+// the A/B timings are in bench/results).
 #pragma once
 #include <algorithm>
 #include <cstdint>

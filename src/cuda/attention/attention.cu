@@ -11,8 +11,8 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/attention/attention_mma.hpp"
 #include "cuda/attention/attention_prefill.hpp"
-#include "ops/attention_tuning.hpp"
 #include "cuda/common/device.hpp"
+#include "ops/attention_tuning.hpp"
 
 namespace kvcore::ops::cuda {
 
@@ -25,9 +25,8 @@ constexpr int kMaxSplits = 1024;
 
 // Partials are staged in shared memory by cp.async, kStageFloats at a time (64 splits of 128
 // dims): every copy of a stage is in flight at once and needs no registers, and the lse loads
-// and weights overlap them. The earlier kernels held the partials in registers and the compiler
-// consumed each load before issuing the next few: ~3 round trips at 66 splits, 10.5 us (ncu,
-// batch 1 / 32k, profile F).
+// and weights overlap them. Held in registers instead, the partials' loads are consumed one
+// by one as the compiler issues them: a memory round trip per few splits.
 constexpr int kStageFloats = 8192;
 
 // DS: dims a CTA merges (HD, or 32 when few (row, head) pairs would leave most SMs idle: at
@@ -209,14 +208,12 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   const int64_t slots = int64_t{std::max(per_sm, 1)} * sms;
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
   const int64_t s_max = attention_split_limit(max_seq_cells);
-  // FP8: one fat CTA an SM where that is a single wave of long enough CTAs (decode_fat_ctas.hpp;
-  // GPU A/B of 2026-12-04: batch 16 / 8k 85 -> 78 us, 32k 280 -> 262, batch 1 / 128k -3%).
+  // FP8: one fat CTA an SM where that is a single wave of long enough CTAs (decode_fat_ctas.hpp).
   if (mma && fat_ctas && mma_attn::fat_decode_allowed(kv, rope_on_read, group))
     if (const int64_t s = fat_decode_splits(base, sms, max_seq_cells, s_max)) return static_cast<int32_t>(s);
   // One CTA an SM already covers >= 90% of the SMs in one wave and the contexts are long: no
-  // split, so no partials and no merge (16-bit pages, tensor-core kernel, GPU A/B of 2026-12-04:
-  // batch 16 / 32k f16 518 -> 507 us, 128k equal; FP8 and rope on read are bound by instruction
-  // issue and want the extra CTAs; short contexts by start-up latency).
+  // split, so no partials and no merge (16-bit pages, tensor-core kernel; FP8 and rope on read
+  // are bound by instruction issue and want the extra CTAs; short contexts by start-up latency).
   if (mma && !rope_on_read && kv != math::KvElem::E4M3 && base <= sms && base * 10 >= int64_t{sms} * 9 &&
       max_seq_cells >= 16384)
     return 1;

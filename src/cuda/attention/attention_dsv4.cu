@@ -7,8 +7,7 @@
 // Tile loads (rows 8-byte aligned, the common case): a warp brings in 2 rows, a lane 16
 // consecutive dims by 8-byte loads, and the next tile's bytes are loaded into registers while
 // this tile is scored (its row indices one tile earlier still). The element-by-element decode
-// (kept for unaligned rows) waited a global round trip per element and took ~85 us a call at
-// batch 1 whatever the context (GPU run C).
+// (kept for unaligned rows) waits a global round trip per element, whatever the context.
 #include "cuda/attention/attention_merge.cuh"
 #include "cuda/common/check.cuh"
 #include "kvcore/math/attention_rows.hpp"

@@ -12,7 +12,7 @@ namespace {
 template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
 void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   constexpr int PASSES = 1;
-  constexpr int RB = 2;  // 32 rows a CTA (16 rows: ~2x slower, GPU run Q of 2026-12-04)
+  constexpr int RB = 2;  // 32 rows a CTA: with 16, each K/V tile serves half the rows per load
   using S = Shape<HD, QSPLIT, RB>;
   smem_opt_in(prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB, PASSES>, S::kSmemBytes, p.device);
   const int chunk_heads = heads_per_cta(p.group);
