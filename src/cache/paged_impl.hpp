@@ -114,7 +114,8 @@ struct PagedCache::Impl {
   void edit_positions(std::string_view op, SeqId id, int32_t p0, int32_t p1, bool remove, int32_t delta);
   void fold_offsets();    // prepare()'s first step: every sequence's pos_offset into its cells
   void rotate_pending();  // prepare()'s second step (RopeStored)
-  PagedCsr tables(std::span<const SeqId> seqs, bool with_offsets);
+  // Writes the tables into `storage` (grown when too small) and returns views into it.
+  BlockTable tables(std::span<const SeqId> seqs, bool with_offsets, Buffer& storage);
 };
 
 }  // namespace kvcore
