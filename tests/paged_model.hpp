@@ -24,6 +24,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvcore/cache/paged_cache.hpp"
@@ -429,7 +430,8 @@ struct Driver {
       EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::InvalidArgument));
       return;
     }
-    const auto [p0, p1] = pick_range(s);
+    const std::pair<int32_t, int32_t> range = pick_range(s);  // named fields: lambdas below capture them
+    const int32_t p0 = range.first, p1 = range.second;
     if (!run(copies_may_fail(id), [&](PagedCache& c) { c.remove_positions(id, p0, p1); }, &code)) {
       EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::OutOfMemory));
       ++oom;
@@ -443,7 +445,8 @@ struct Driver {
     if (model.empty()) return;
     const SeqId id = pick();
     RefSeq& s = model[id];
-    const auto [p0, p1] = pick_range(s);
+    const std::pair<int32_t, int32_t> range = pick_range(s);  // named fields: lambdas below capture them
+    const int32_t p0 = range.first, p1 = range.second;
     const int32_t delta = coin(0.05) ? -rand(1000, 100000) : rand(-6, 6) + (coin(0.2) ? rand(10, 2000) : 0);
     // Valid when every new position is >= 0 and they still increase along the sequence.
     bool valid = true;
