@@ -1,13 +1,17 @@
 // The SIMD kernel of one CPU paged-attention task (attention_tasks.hpp), written
 // once with Highway and compiled for every target of simd_config.hpp.
 //
-// Per tile of kTile cells: each visible K row is decoded to f32 once (rotated
-// when rope-on-read asks), then dotted with every query head of the group (four
-// heads at a time, vectors over head dims); the tile's scores get one rescale
-// and exp2 per head (vectors over cells); then the value pass walks the head
-// dims in vector columns and, per column, every visible V row, so each group's
-// accumulators stay in registers while the rows stream by. Shapes: any head dim
-// that is a multiple of 8 (a column is a full vector, or 8 lanes at the end).
+// A task covers one query row, a range of kv heads and one split of the cells.
+// Per tile of kTile cells, cell by cell and within a cell head by head (a cell's
+// heads lie side by side, so the task reads contiguous runs): each visible K row
+// is decoded to f32 once (rotated when rope-on-read asks, with cos/sin computed
+// once per cell), then dotted with every query head of its group (four heads at
+// a time, vectors over head dims). Per kv head, the tile's scores get one rescale
+// and exp2 per query head (vectors over cells); then the value pass walks the
+// head dims in vector columns and, per column, every visible V row, so each
+// group's accumulators stay in registers while the rows stream by. The next
+// tile's rows are prefetched into L2. Shapes: any head dim that is a multiple of
+// 8 (a column is a full vector, or 8 lanes at the end).
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -201,13 +205,14 @@ void SoftmaxTile(const Task& t, math::OnlineSoftmax* sm) {
   }
 }
 
-// One cache line toward L1. An asm statement on x86: GCC deletes loops whose only
-// effect is __builtin_prefetch (it assumes such loops finish without effects).
+// One cache line toward L2 (a tile ahead is more than L1 holds). An asm statement on
+// x86: GCC deletes loops whose only effect is __builtin_prefetch (it assumes such
+// loops finish without effects).
 HWY_INLINE void PrefetchLine(const uint8_t* p) {
 #if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht0 %0" : : "m"(*p));
+  asm volatile("prefetcht1 %0" : : "m"(*p));
 #else
-  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p, 0, 2);
 #endif
 }
 
