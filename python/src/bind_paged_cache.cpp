@@ -85,78 +85,30 @@ std::vector<int32_t> copy_i32(const TensorRef& t) {
   return v;
 }
 
-// The plan of one step (see PyAttentionPlan). seqs: the batch; counts: query rows per sequence;
-// q_positions: one per row (host).
-PyAttentionPlan make_plan(CacheRef self, const std::vector<SeqId>& seqs, const std::vector<int32_t>& counts,
+PyAttentionPlan make_plan(CacheRef self, const AppendTicket* ticket, const std::vector<SeqId>& seqs,
                           const std::vector<int32_t>& q_positions, std::optional<float> softmax_scale, int32_t window,
                           nb::handle sinks, int32_t num_splits, bool check_tables) {
-  PagedCache& cache = self.p->cache;
-  const PagedCacheConfig& cfg = cache.config();
-  const Device dev = cache.device();
   PyAttentionPlan plan;
   plan.cache_obj = nb::borrow(self.h);
   plan.cache = self.p;
-  plan.batch = static_cast<int32_t>(seqs.size());
-  require_arg(counts.size() == seqs.size(), "plan: ", counts.size(), " counts for ", seqs.size(), " sequences");
-  std::vector<int32_t> qo(seqs.size() + 1, 0);
-  for (size_t b = 0; b < seqs.size(); ++b) {
-    require_arg(counts[b] >= 0, "plan: counts[", b, "] must be >= 0, got ", counts[b]);
-    qo[b + 1] = qo[b] + counts[b];
-  }
-  plan.n_rows = qo.back();
-  plan.prefill = std::any_of(counts.begin(), counts.end(), [](int32_t c) { return c != 1; });
-  require_arg(static_cast<int64_t>(q_positions.size()) == plan.n_rows, "plan: ", q_positions.size(),
-              " q_positions for ", plan.n_rows, " query rows");
   plan.sinks = to_optional_tensor(sinks, "sinks");
-
-  const PagedCsr csr = cache.block_tables(seqs, PagedPositions::Offsets);
-  std::vector<int32_t> indptr = copy_i32(csr.indptr), last = copy_i32(csr.last_page_len);
-  std::vector<int32_t> offs = copy_i32(csr.pos_offset);
-  const int64_t n_idx = csr.indices.numel(), B = plan.batch;
-  plan.seq_cells.resize(seqs.size());
-  int64_t max_cells = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    plan.seq_cells[b] = PagedLayout::seq_cells(indptr.data(), last.data(), static_cast<int32_t>(b), cfg.block_size);
-    max_cells = std::max(max_cells, plan.seq_cells[b]);
+  capi::PagedPlanOptions o;
+  o.softmax_scale = softmax_scale.value_or(0.0f);
+  require_arg(!softmax_scale || *softmax_scale > 0.0f, "plan: softmax_scale must be > 0, got ", o.softmax_scale);
+  o.window = window;
+  o.sinks = plan.sinks.ref;
+  o.num_splits = num_splits;
+  o.check_tables = check_tables;
+  PagedCache& cache = self.p->cache;
+  nb::gil_scoped_release g;
+  if (ticket && q_positions.empty()) {
+    plan.plan.emplace(capi::PagedPlan::of_ticket(cache, *ticket, o));
+  } else if (ticket) {
+    plan.plan.emplace(cache, ticket->seqs, ticket->counts, q_positions, o);
+  } else {
+    const std::vector<int32_t> ones(seqs.size(), 1);
+    plan.plan.emplace(cache, seqs, ones, q_positions, o);
   }
-  // One i32 buffer: indptr [B+1] | last [B] | offsets [B] | qo_indptr [B+1] | q_positions [rows] | indices [n].
-  std::vector<int32_t> host;
-  host.reserve(static_cast<size_t>(4 * B + 2 + plan.n_rows));
-  host.insert(host.end(), indptr.begin(), indptr.end());
-  host.insert(host.end(), last.begin(), last.end());
-  host.insert(host.end(), offs.begin(), offs.end());
-  host.insert(host.end(), qo.begin(), qo.end());
-  host.insert(host.end(), q_positions.begin(), q_positions.end());
-  const int64_t head = static_cast<int64_t>(host.size());
-  plan.tables = Buffer(static_cast<size_t>(head + n_idx) * 4 + 4, dev);
-  copy_bytes(plan.tables.data(), dev, host.data(), Device::cpu(), host.size() * 4);
-  int32_t* base = plan.tables.as<int32_t>();
-  if (n_idx) copy_bytes(base + head, dev, csr.indices.data(), csr.indices.device(), static_cast<size_t>(n_idx) * 4);
-  int64_t at = 0;
-  auto view = [&](int64_t n) {
-    TensorRef t(base + at, DType::I32, dev, {n});
-    at += n;
-    return t;
-  };
-  plan.table.indptr = view(B + 1);
-  plan.table.last_page_len = view(B);
-  plan.table.pos_offset = view(B);
-  plan.qo_indptr = view(B + 1);
-  plan.opt.q_positions = view(plan.n_rows);
-  plan.table.indices = TensorRef(base + head, DType::I32, dev, {n_idx});
-
-  plan.opt.softmax_scale = softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(cfg.head_dim)));
-  plan.opt.window = window;
-  plan.opt.sinks = plan.sinks.ref;
-  if (cfg.rope_mode == RopeMode::RopeOnRead) {
-    require_arg(cfg.rope.size() == 1, "plan: a rope-on-read cache with per-layer RoPE specs is not supported by "
-                                      "PagedCache.plan yet (", cfg.rope.size(), " specs)");
-    plan.opt.rope_on_read = cfg.rope[0];
-    plan.opt.rotate_query = true;
-  }
-  plan.opt.num_splits = num_splits;
-  plan.opt.max_seq_cells = max_cells;
-  plan.opt.check_tables = check_tables;
   plan.epoch = self.p->epoch;
   return plan;
 }
@@ -164,32 +116,13 @@ PyAttentionPlan make_plan(CacheRef self, const std::vector<SeqId>& seqs, const s
 nb::object plan_run(PyAttentionPlan& plan, int32_t layer, nb::handle q, nb::handle out, nb::handle stream) {
   require_arg(plan.epoch == plan.cache->epoch,
               "AttentionPlan.run: the plan is stale (the cache changed after plan(); make a new plan each step)");
-  PagedCache& cache = plan.cache->cache;
   Tensor tq = to_tensor(q, "q");
-  std::vector<int64_t> shape(tq.ref.shape_data(), tq.ref.shape_data() + tq.ref.ndim());
-  Output o = output(out, "out", q, shape, tq.ref.dtype());
-  const KvPool kp = cache.k_pool(layer), vp = cache.v_pool(layer);
-  PagedKV kv{kp.data, vp.data, kp.scales, vp.scales, cache.positions(), cache.valid()};
-  AttentionOptions opt = plan.opt;
-  opt.stream = resolve_stream(stream, cache.device());
-  if (tq.ref.ndim() == 3 && !plan.prefill) {
-    const int64_t hq = tq.ref.size(1), hd = tq.ref.size(2);
-    if (hq != plan.workspace_q_heads || hd != plan.workspace_head_dim) {  // first run of a shape
-      const int32_t splits =
-          opt.num_splits ? opt.num_splits
-                         : attention_auto_splits(cache.device(), plan.n_rows, cache.config().n_kv_heads, hq, hd,
-                                                 kp.data.dtype(), opt.max_seq_cells, 0, opt.rope_on_read.has_value());
-      plan.workspace = Buffer(attention_workspace_bytes(plan.n_rows, hq, hd, std::max(splits, 1)), cache.device(), 256);
-      plan.workspace_q_heads = hq;
-      plan.workspace_head_dim = hd;
-    }
-    opt.workspace = TensorRef(plan.workspace.data(), DType::U8, cache.device(),
-                              {static_cast<int64_t>(plan.workspace.size())});
-  }
+  Output o = output(out, "out", q, std::vector<int64_t>(tq.ref.shape_data(), tq.ref.shape_data() + tq.ref.ndim()),
+                    tq.ref.dtype());
+  const Stream s = resolve_stream(stream, plan.cache->cache.device());
   {
     nb::gil_scoped_release g;
-    if (plan.prefill) attention_prefill(tq.ref, plan.qo_indptr, kv, plan.table, o.t.ref, opt);
-    else attention_decode(tq.ref, kv, plan.table, o.t.ref, opt);
+    plan.plan->run(layer, tq.ref, o.t.ref, s);
   }
   return o.obj;
 }
@@ -246,10 +179,10 @@ void bind_paged_cache(nb::module_& m) {
            "Attention of q [n_rows, n_q_heads, head_dim] (f32/f16/bf16; rows in the plan's order, rotated\n"
            "already unless the cache is rope_mode='on_read', where kvcore rotates q at its position) over\n"
            "layer's pages. Writes out (same shape; any of f32/f16/bf16) or returns a new tensor like q.")
-      .def_ro("batch", &PyAttentionPlan::batch)
-      .def_ro("n_rows", &PyAttentionPlan::n_rows)
-      .def_ro("prefill", &PyAttentionPlan::prefill)
-      .def_prop_ro("softmax_scale", [](const PyAttentionPlan& p) { return p.opt.softmax_scale; })
+      .def_prop_ro("batch", [](const PyAttentionPlan& p) { return p.plan->batch(); })
+      .def_prop_ro("n_rows", [](const PyAttentionPlan& p) { return p.plan->n_rows(); })
+      .def_prop_ro("prefill", [](const PyAttentionPlan& p) { return p.plan->prefill(); })
+      .def_prop_ro("softmax_scale", [](const PyAttentionPlan& p) { return p.plan->softmax_scale(); })
       .def_prop_ro("is_stale", [](const PyAttentionPlan& p) { return p.epoch != p.cache->epoch; });
 
   nb::class_<PyPagedCache>(m, "PagedCache", kCacheDoc)
@@ -396,23 +329,17 @@ void bind_paged_cache(nb::module_& m) {
           "plan",
           [](CacheRef self, nb::handle what, nb::handle q_positions, std::optional<float> softmax_scale,
              int32_t window, nb::handle sinks, int32_t num_splits, bool check_tables) {
+            const bool is_ticket = nb::isinstance<AppendTicket>(what);
+            const AppendTicket* ticket = is_ticket ? &nb::cast<const AppendTicket&>(what) : nullptr;
             std::vector<SeqId> seqs;
-            std::vector<int32_t> counts, qpos;
-            if (nb::isinstance<AppendTicket>(what)) {
-              const AppendTicket& t = nb::cast<const AppendTicket&>(what);
-              seqs = t.seqs;
-              counts = t.counts;
-              qpos = q_positions.is_none() ? copy_i32(t.position_view()) : host_i32(q_positions, "q_positions");
-            } else {
+            std::vector<int32_t> qpos;
+            if (!is_ticket) {
               seqs = host_i64(what, "seqs");
-              counts.assign(seqs.size(), 1);
-              if (q_positions.is_none()) {
+              if (q_positions.is_none())
                 for (SeqId s : seqs) qpos.push_back(self.p->cache.info(s).last_position);
-              } else {
-                qpos = host_i32(q_positions, "q_positions");
-              }
             }
-            PyAttentionPlan plan = make_plan(self, seqs, counts, qpos, softmax_scale, window, sinks, num_splits,
+            if (!q_positions.is_none()) qpos = host_i32(q_positions, "q_positions");
+            PyAttentionPlan plan = make_plan(self, ticket, seqs, qpos, softmax_scale, window, sinks, num_splits,
                                              check_tables);
             return plan;
           },

@@ -9,6 +9,7 @@
 
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/paged_cache.hpp"
+#include "capi/paged_plan.hpp"
 #include "kvcore/ops/attention.hpp"
 #include "tensors.hpp"
 
@@ -19,24 +20,15 @@ struct PyPagedCache {
   uint64_t epoch = 0;  // bumped by every call that changes metadata
 };
 
-// Attention over one step's batch: the block tables (copied, so later block_tables() calls do
-// not disturb them), query positions, row layout and options, built once per step by
-// PagedCache.plan() and run once per layer. Holds a reference to its cache.
+// A step's attention plan (capi::PagedPlan) plus what Python needs around it: a reference to its
+// cache (kept alive), the cache's edit count when planned (a later edit makes it stale) and the
+// caller's sinks tensor.
 struct PyAttentionPlan {
   nb::object cache_obj;
   PyPagedCache* cache = nullptr;
   uint64_t epoch = 0;
-  int32_t batch = 0;
-  int64_t n_rows = 0;
-  bool prefill = false;
-  Buffer tables;  // i32: indptr | last_page_len | pos_offset | qo_indptr | q_positions | indices
-  BlockTable table;
-  TensorRef qo_indptr;
-  AttentionOptions opt;
-  Buffer workspace;
-  int64_t workspace_q_heads = -1, workspace_head_dim = -1;
   Tensor sinks;
-  std::vector<int64_t> seq_cells;  // host: cells each sequence spans
+  std::optional<capi::PagedPlan> plan;
 };
 
 }  // namespace kvcore::py
