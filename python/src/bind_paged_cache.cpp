@@ -316,11 +316,12 @@ void bind_paged_cache(nb::module_& m) {
       .def(
           "prepare",
           [](PyPagedCache& c) {
+            const bool pending = c.cache.needs_prepare();
             {
               nb::gil_scoped_release g;
               c.cache.prepare();
             }
-            bump(c);
+            if (pending) bump(c);
           },
           "Apply what shifts left pending (rotations, position offsets). plan() and read() need no call.")
       .def_prop_ro("needs_prepare", [](const PyPagedCache& c) { return c.cache.needs_prepare(); })
@@ -354,11 +355,12 @@ void bind_paged_cache(nb::module_& m) {
           "read",
           [](PyPagedCache& c, SeqId seq, int32_t layer) {
             PagedReadBack r;
+            const bool pending = c.cache.needs_prepare();
             {
               nb::gil_scoped_release g;
               r = c.cache.read(seq, layer);
             }
-            bump(c);  // read() runs prepare()
+            if (pending) bump(c);  // read() ran prepare(), which moved positions
             const PagedCacheConfig& cfg = c.cache.config();
             const size_t n = r.positions.size(), H = static_cast<size_t>(cfg.n_kv_heads);
             nb::object pos = numpy_from(std::move(r.positions), {n});
@@ -376,11 +378,12 @@ void bind_paged_cache(nb::module_& m) {
           [](PyPagedCache& c, nb::handle seqs, bool offsets) {
             const std::vector<SeqId> s = host_i64(seqs, "seqs");
             PagedCsr csr;
+            const bool pending = c.cache.needs_prepare();
             {
               nb::gil_scoped_release g;
               csr = c.cache.block_tables(s, offsets ? PagedPositions::Offsets : PagedPositions::Materialized);
             }
-            if (!offsets) bump(c);
+            if (!offsets && pending) bump(c);
             nb::dict d;
             for (auto [name, t] : {std::pair<const char*, const TensorRef*>{"indptr", &csr.indptr},
                                    {"indices", &csr.indices},

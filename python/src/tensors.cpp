@@ -53,6 +53,11 @@ nb::dlpack::dtype dl_dtype(DType t) {
 Tensor to_tensor(nb::handle obj, const char* name, DType u8_as) {
   Tensor t;
   if (obj.is_none() || !nb::try_cast(obj, t.held, /*convert=*/false)) {
+    if (!obj.is_none() && nb::hasattr(obj, "__dlpack__"))
+      throw Error(ErrorCode::InvalidArgument,
+                  detail::concat("argument '", name, "': this ", py_type_name(obj),
+                                 " could not be taken through DLPack (read-only arrays are refused: kvcore may "
+                                 "write)"));
     throw Error(ErrorCode::InvalidArgument,
                 detail::concat("argument '", name,
                                "' must be a tensor (an object with __dlpack__, such as a numpy array or a torch "
@@ -121,7 +126,8 @@ nb::object export_view(const TensorRef& t, nb::handle owner, const char* framewo
     return out;
   }
   require_arg(fw == "dlpack", "argument 'framework' must be 'numpy', 'torch' or 'dlpack', got '", fw, "'");
-  nb::ndarray<> a(t.data(), t.ndim(), shape, owner, t.strides_data(), dl_dtype(t.dtype()), dev_type, t.device().index);
+  nb::ndarray<nb::array_api> a(t.data(), t.ndim(), shape, owner, t.strides_data(), dl_dtype(t.dtype()), dev_type,
+                             t.device().index);
   return a.cast(nb::rv_policy::reference);
 }
 

@@ -156,8 +156,9 @@ kvc_status kvc_paged_seq_info(const kvc_paged_cache* cache, int64_t seq, kvc_seq
 
 kvc_status kvc_paged_prepare(kvc_paged_cache* cache) {
   return guard([&] {
-    need(cache, "kvc_paged_prepare", "cache")->cache.prepare();
-    ++cache->epoch;
+    const bool pending = need(cache, "kvc_paged_prepare", "cache")->cache.needs_prepare();
+    cache->cache.prepare();
+    if (pending) ++cache->epoch;
   });
 }
 
@@ -218,8 +219,9 @@ kvc_status kvc_paged_read(kvc_paged_cache* cache, int64_t seq, int32_t layer, in
     const int32_t n = cache->cache.info(seq).n_live;
     *n_live = n;
     require_arg(n <= cap, fn, ": sequence ", seq, " holds ", n, " tokens, cap is ", cap);
+    const bool pending = cache->cache.needs_prepare();
     const PagedReadBack r = cache->cache.read(seq, layer);
-    ++cache->epoch;  // read() runs prepare()
+    if (pending) ++cache->epoch;  // read() ran prepare(), which moved positions
     if (positions) std::copy(r.positions.begin(), r.positions.end(), positions);
     if (k) std::copy(r.k.begin(), r.k.end(), k);
     if (v) std::copy(r.v.begin(), r.v.end(), v);
