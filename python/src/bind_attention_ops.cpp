@@ -88,7 +88,7 @@ void bind_attention_ops(nb::module_& m) {
         }
         return o.obj;
       },
-      "q"_a, "k"_a, "v"_a, "indptr"_a, "indices"_a, "last_page_len"_a, nb::kw_only(), "out"_a = nb::none(),
+      "q"_a.none(), "k"_a.none(), "v"_a.none(), "indptr"_a.none(), "indices"_a.none(), "last_page_len"_a.none(), nb::kw_only(), "out"_a = nb::none(),
       "k_scale"_a = nb::none(), "v_scale"_a = nb::none(), "positions"_a = nb::none(), "valid"_a = nb::none(),
       "pos_offset"_a = nb::none(), "softmax_scale"_a, "sinks"_a = nb::none(), "window"_a = 0,
       "q_positions"_a = nb::none(), "rope_on_read"_a = nb::none(), "rotate_query"_a = false, "num_splits"_a = 0,
@@ -118,7 +118,7 @@ void bind_attention_ops(nb::module_& m) {
         }
         return o.obj;
       },
-      "q"_a, "qo_indptr"_a, "k"_a, "v"_a, "indptr"_a, "indices"_a, "last_page_len"_a, nb::kw_only(),
+      "q"_a.none(), "qo_indptr"_a.none(), "k"_a.none(), "v"_a.none(), "indptr"_a.none(), "indices"_a.none(), "last_page_len"_a.none(), nb::kw_only(),
       "out"_a = nb::none(), "k_scale"_a = nb::none(), "v_scale"_a = nb::none(), "positions"_a = nb::none(),
       "valid"_a = nb::none(), "pos_offset"_a = nb::none(), "softmax_scale"_a, "sinks"_a = nb::none(),
       "window"_a = 0, "q_positions"_a = nb::none(), "rope_on_read"_a = nb::none(), "rotate_query"_a = false,
@@ -162,7 +162,7 @@ void bind_attention_ops(nb::module_& m) {
         }
         return o.obj;
       },
-      "q"_a, "window_kv"_a, "window_len"_a, "q_positions"_a, "rope"_a, nb::kw_only(), "softmax_scale"_a,
+      "q"_a.none(), "window_kv"_a.none(), "window_len"_a.none(), "q_positions"_a.none(), "rope"_a, nb::kw_only(), "softmax_scale"_a,
       "comp_rows"_a = nb::none(), "comp_idx"_a = nb::none(), "window_index"_a = nb::none(), "sinks"_a = nb::none(),
       "num_splits"_a = 0, "workspace"_a = nb::none(), "check_indices"_a = true, "out"_a = nb::none(),
       "stream"_a = nb::none(),

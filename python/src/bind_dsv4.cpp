@@ -80,7 +80,7 @@ void bind_dsv4(nb::module_& m) {
         nb::gil_scoped_release g;
         dsv4_kv_finalize(a.ref, b.ref, first_raw_row, n_rot, parse_quant(quant), s);
       },
-      "kv"_a, "raw_ring"_a, "first_raw_row"_a, "n_rot"_a = 64, nb::kw_only(), "quant"_a = true,
+      "kv"_a.none(), "raw_ring"_a.none(), "first_raw_row"_a, "n_rot"_a = 64, nb::kw_only(), "quant"_a = true,
       "stream"_a = nb::none(),
       "Decode KV finalizer: kv [n, head_dim] f32 (RoPE applied) FP8-rounded in place on its nope dims\n"
       "(quant), row i stored into raw_ring [R, head_dim] (f32/f16) at (first_raw_row + i) % R.");
@@ -94,7 +94,7 @@ void bind_dsv4(nb::module_& m) {
         nb::gil_scoped_release g;
         dsv4_compressor_store_one(tc.ref, tz.ref, ta.ref, tk.ref, ts.ref, pos, comp, s);
       },
-      "c"_a, "z"_a, "ape"_a, "state_kv"_a, "state_score"_a, "pos"_a, "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
+      "c"_a.none(), "z"_a.none(), "ape"_a.none(), "state_kv"_a.none(), "state_score"_a.none(), "pos"_a, "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
       "Store token pos (c, z: [width] f32) into a compressor state [state_rows, width].");
   m.def(
       "dsv4_compressor_shift",
@@ -104,7 +104,7 @@ void bind_dsv4(nb::module_& m) {
         nb::gil_scoped_release g;
         dsv4_compressor_shift(tk.ref, ts.ref, comp, s);
       },
-      "state_kv"_a, "state_score"_a, "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
+      "state_kv"_a.none(), "state_score"_a.none(), "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
       "Overlapping compressors: rows m..2m-1 of the state become rows 0..m-1.");
   m.def(
       "dsv4_compressor_reset",
@@ -114,12 +114,12 @@ void bind_dsv4(nb::module_& m) {
         nb::gil_scoped_release g;
         dsv4_compressor_reset(tk.ref, ts.ref, comp, s);
       },
-      "state_kv"_a, "state_score"_a, "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
+      "state_kv"_a.none(), "state_score"_a.none(), "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
       "Reset a compressor state: kv 0, scores -inf.");
   m.def(
       "dsv4_compressor_emit",
       [](nb::handle state_kv, nb::handle state_score, const Dsv4Compressor& comp, nb::handle ape,
-         nb::handle norm_weight, const RopeSpec& rope, int64_t window, bool quant, nb::handle rows,
+         nb::handle norm_weight, const RopeSpec& rope, int64_t window, nb::handle rows, bool quant,
          nb::handle stream) {
         Tensor tk = to_tensor(state_kv, "state_kv"), ts = to_tensor(state_score, "state_score");
         Tensor tr = to_tensor(rows, "rows");
@@ -128,15 +128,15 @@ void bind_dsv4(nb::module_& m) {
         nb::gil_scoped_release g;
         dsv4_compressor_emit(tk.ref, ts.ref, comp, w.w, window, parse_quant(quant), tr.ref, s);
       },
-      "state_kv"_a, "state_score"_a, "comp"_a, "ape"_a, "norm_weight"_a, "rope"_a, "window"_a, "rows"_a,
+      "state_kv"_a.none(), "state_score"_a.none(), "comp"_a, "ape"_a.none(), "norm_weight"_a.none(), "rope"_a, "window"_a, "rows"_a.none(),
       nb::kw_only(), "quant"_a = true, "stream"_a = nb::none(),
       "Emit compressed row `window` into rows ([cap, head_dim] f32 or [cap, packed_row_bytes] uint8):\n"
       "softmax pool over the state, RMSNorm (norm_weight), RoPE at window * ratio, FP8 / FP4 when quant.");
   m.def(
       "dsv4_compress_prefill",
       [](nb::handle c, nb::handle z, nb::handle state_kv, nb::handle state_score, int64_t start_pos,
-         const Dsv4Compressor& comp, nb::handle ape, nb::handle norm_weight, const RopeSpec& rope, bool quant,
-         nb::handle rows, nb::handle stream) {
+         const Dsv4Compressor& comp, nb::handle ape, nb::handle norm_weight, const RopeSpec& rope, nb::handle rows,
+         bool quant, nb::handle stream) {
         Tensor tc = to_tensor(c, "c"), tz = to_tensor(z, "z");
         Tensor tk = to_tensor(state_kv, "state_kv"), ts = to_tensor(state_score, "state_score");
         Tensor tr = to_tensor(rows, "rows");
@@ -145,8 +145,8 @@ void bind_dsv4(nb::module_& m) {
         nb::gil_scoped_release g;
         dsv4_compress_prefill(tc.ref, tz.ref, tk.ref, ts.ref, start_pos, comp, w.w, parse_quant(quant), tr.ref, s);
       },
-      "c"_a, "z"_a, "state_kv"_a, "state_score"_a, "start_pos"_a, "comp"_a, "ape"_a, "norm_weight"_a, "rope"_a,
-      "rows"_a, nb::kw_only(), "quant"_a = true, "stream"_a = nb::none(),
+      "c"_a.none(), "z"_a.none(), "state_kv"_a.none(), "state_score"_a.none(), "start_pos"_a, "comp"_a, "ape"_a.none(), "norm_weight"_a.none(), "rope"_a,
+      "rows"_a.none(), nb::kw_only(), "quant"_a = true, "stream"_a = nb::none(),
       "Compress tokens start_pos .. start_pos + n - 1 (c, z: [n, width] f32): emit every window that\n"
       "completes into rows and leave the state as storing them one by one would.");
   m.def(
@@ -167,13 +167,13 @@ void bind_dsv4(nb::module_& m) {
         }
         return nb::make_tuple(oo.obj, os.obj);
       },
-      "q"_a, "weights"_a, "index_rows"_a, "n_rows"_a, "first_query_pos"_a, "ratio"_a, "k"_a, nb::kw_only(),
+      "q"_a.none(), "weights"_a.none(), "index_rows"_a.none(), "n_rows"_a, "first_query_pos"_a, "ratio"_a, "k"_a, nb::kw_only(),
       "quant"_a = true, "scores"_a = nb::none(), "out"_a = nb::none(), "stream"_a = nb::none(),
       "Lightning indexer: scores I(t, s) = sum_h w_h relu(q_h . k_s) over visible rows s < (t + 1) / ratio,\n"
       "and the k best rows per query (best first, -1 past the visible ones). Returns (top int32 [n_q, k],\n"
       "scores f32 [n_q, cap]).");
 
-  nb::class_<Dsv4Cache>(m, "Dsv4Cache",
+  nb::class_<Dsv4Cache>(m, "Dsv4Cache", nb::is_weak_referenceable(),
                         "The KV cache of DeepSeek-V4 attention, per sequence and layer: the raw window ring,\n"
                         "compressor and indexer states, compressed rows (packed 584-byte FP8) and indexer rows\n"
                         "(packed FP4). The engine computes the projections and hands them to append();\n"
@@ -256,7 +256,7 @@ void bind_dsv4(nb::module_& m) {
             nb::gil_scoped_release g;
             c.append(seq, layer, pos, Dsv4TokenInputs{a.ref, b.ref, d.ref, e.ref, f.ref}, s);
           },
-          "seq"_a, "layer"_a, "pos"_a, "kv"_a, "comp_c"_a = nb::none(), "comp_z"_a = nb::none(),
+          "seq"_a, "layer"_a, "pos"_a, "kv"_a.none(), "comp_c"_a = nb::none(), "comp_z"_a = nb::none(),
           "idx_c"_a = nb::none(), "idx_z"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
           "Append tokens pos .. pos + n - 1 (pos == length(seq, layer)): kv [n, head_dim] f32 (RoPE applied;\n"
           "FP8-rounded in place when quantized), comp_c / comp_z [n, width] (CSA/HCA), idx_c / idx_z\n"
@@ -305,7 +305,7 @@ void bind_dsv4(nb::module_& m) {
             nb::gil_scoped_release g;
             c.indexer_topk(seq, layer, tq.ref, tw.ref, first_query_pos, ts.ref, to.ref, s);
           },
-          "seq"_a, "layer"_a, "q"_a, "weights"_a, "first_query_pos"_a, "scores"_a, "out"_a, nb::kw_only(),
+          "seq"_a, "layer"_a, "q"_a.none(), "weights"_a.none(), "first_query_pos"_a, "scores"_a.none(), "out"_a.none(), nb::kw_only(),
           "stream"_a = nb::none(), "dsv4_indexer_topk over this sequence's indexer rows of a CSA layer.")
       .def(
           "reset",

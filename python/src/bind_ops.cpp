@@ -68,7 +68,7 @@ void bind_ops(nb::module_& m) {
         }
         return nb::borrow(out.is_none() ? x : out);
       },
-      "x"_a, "positions"_a, "rope"_a, nb::kw_only(), "apply_attention_factor"_a = true, "out"_a = nb::none(),
+      "x"_a.none(), "positions"_a.none(), "rope"_a, nb::kw_only(), "apply_attention_factor"_a = true, "out"_a = nb::none(),
       "stream"_a = nb::none(),
       "Rotate rows x [tokens, heads, head_dim] (f32/f16/bf16) at positions (int32/int64 [tokens]).\n"
       "In place unless out (same shape and dtype) is given; returns the tensor written.\n"
@@ -89,7 +89,7 @@ void bind_ops(nb::module_& m) {
         }
         return o.obj;
       },
-      "src"_a, "n_rot"_a = 0, nb::kw_only(), "out"_a = nb::none(), "stream"_a = nb::none(),
+      "src"_a.none(), "n_rot"_a = 0, nb::kw_only(), "out"_a = nb::none(), "stream"_a = nb::none(),
       "FP8-round the first cols - n_rot dims of each f32 row (E4M3 with one UE8M0 scale per 64),\n"
       "copy the n_rot tail. out=src runs in place; out=None returns a new f32 tensor.");
   m.def(
@@ -102,7 +102,7 @@ void bind_ops(nb::module_& m) {
         require_arg(n_rot >= 0 && n_nope >= 0, "argument 'n_rot' must be in [0, ", cols, "], got ", n_rot);
         Output oc = output(codes, "codes", src, shape_with_last(ts.ref, n_nope), DType::U8, DType::E4M3);
         Output os = output(scales, "scales", src, shape_with_last(ts.ref, (n_nope + 63) / 64), DType::U8, DType::UE8M0);
-        Output ot;
+        Output ot{nb::none(), {}};
         if (n_rot > 0 || !tail.is_none())
           ot = output(tail, "tail", src, shape_with_last(ts.ref, n_rot), parse_dtype(tail_dtype));
         const Stream s = resolve_stream(stream, ts.ref.device());
@@ -112,7 +112,7 @@ void bind_ops(nb::module_& m) {
         }
         return nb::make_tuple(oc.obj, os.obj, ot.obj);
       },
-      "src"_a, "n_rot"_a = 0, nb::kw_only(), "codes"_a = nb::none(), "scales"_a = nb::none(), "tail"_a = nb::none(),
+      "src"_a.none(), "n_rot"_a = 0, nb::kw_only(), "codes"_a = nb::none(), "scales"_a = nb::none(), "tail"_a = nb::none(),
       "tail_dtype"_a = "float16", "stream"_a = nb::none(),
       "Pack rows src [..., cols] (f32/f16/bf16) into FP8: returns (codes uint8 [..., n_nope],\n"
       "scales uint8 [..., ceil(n_nope/64)] UE8M0, tail [..., n_rot] f16/bf16 or None), n_nope = cols - n_rot.\n"
@@ -133,7 +133,7 @@ void bind_ops(nb::module_& m) {
         }
         return o.obj;
       },
-      "codes"_a, "scales"_a, "tail"_a = nb::none(), nb::kw_only(), "out"_a = nb::none(), "dtype"_a = "float32",
+      "codes"_a.none(), "scales"_a.none(), "tail"_a = nb::none(), nb::kw_only(), "out"_a = nb::none(), "dtype"_a = "float32",
       "stream"_a = nb::none(), "Decode fp8_pack_rows' output into rows [..., n_nope + n_rot] of dtype (or into out).");
   m.def(
       "dsv4_pack_rows",
@@ -147,7 +147,7 @@ void bind_ops(nb::module_& m) {
         }
         return o.obj;
       },
-      "src"_a, nb::kw_only(), "out"_a = nb::none(), "stream"_a = nb::none(),
+      "src"_a.none(), nb::kw_only(), "out"_a = nb::none(), "stream"_a = nb::none(),
       "Pack f32 rows [..., 512] into DeepSeek-V4's 584-byte rows (uint8 [..., 584]): 448 e4m3 codes,\n"
       "64 bf16 rope dims, 7 UE8M0 scales, 1 pad byte.");
   m.def(
@@ -162,7 +162,7 @@ void bind_ops(nb::module_& m) {
         }
         return o.obj;
       },
-      "packed"_a, nb::kw_only(), "out"_a = nb::none(), "dtype"_a = "float32", "stream"_a = nb::none(),
+      "packed"_a.none(), nb::kw_only(), "out"_a = nb::none(), "dtype"_a = "float32", "stream"_a = nb::none(),
       "Decode 584-byte DeepSeek-V4 rows into [..., 512] rows of dtype (or into out).");
 
   // ---- shift ----
@@ -202,7 +202,7 @@ void bind_ops(nb::module_& m) {
         nb::gil_scoped_release g;
         shift_dense(layers, length, n_keep, n_discard, s);
       },
-      "k"_a, "v"_a, "rope"_a, "length"_a, "n_keep"_a, "n_discard"_a, nb::kw_only(), "k_scales"_a = nb::none(),
+      "k"_a, "v"_a.none(), "rope"_a, "length"_a, "n_keep"_a, "n_discard"_a, nb::kw_only(), "k_scales"_a = nb::none(),
       "stream"_a = nb::none(),
       "Context shift of a dense cache you own, in place, every layer in one call: keep tokens\n"
       "[0, n_keep), drop [n_keep, n_keep + n_discard), move later tokens (< length) down by n_discard and\n"
@@ -219,7 +219,7 @@ void bind_ops(nb::module_& m) {
         nb::gil_scoped_release g;
         rope_shift_rows(tk.ref, ts.ref, rope, td.ref, s);
       },
-      "k"_a, "delta"_a, "rope"_a, nb::kw_only(), "k_scales"_a = nb::none(), "stream"_a = nb::none(),
+      "k"_a.none(), "delta"_a.none(), "rope"_a, nb::kw_only(), "k_scales"_a = nb::none(), "stream"_a = nb::none(),
       "Rotate K rows in place, row r by delta[r] (int32) positions (a pure rotation).");
 
   // ---- kv_store ----
@@ -242,7 +242,7 @@ void bind_ops(nb::module_& m) {
         nb::gil_scoped_release g;
         kv_store(tsrc.ref, tslots.ref, p, tpos.ref, rope ? &table : nullptr, s);
       },
-      "src"_a, "slots"_a, "pool"_a, nb::kw_only(), "scales"_a = nb::none(), "positions"_a = nb::none(),
+      "src"_a.none(), "slots"_a.none(), "pool"_a.none(), nb::kw_only(), "scales"_a = nb::none(), "positions"_a = nb::none(),
       "rope"_a = nb::none(), "stream"_a = nb::none(),
       "Write rows src [n_tokens, n_heads, head_dim] (f32/f16/bf16) into the cells slots (int32 [n_tokens],\n"
       "block * block_size + slot; negative skips) of a paged pool [num_blocks, block_size, n_heads, width].\n"

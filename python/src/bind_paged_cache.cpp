@@ -175,7 +175,7 @@ void bind_paged_cache(nb::module_& m) {
                               "Attention over one step's batch, made by PagedCache.plan(): block tables, query\n"
                               "positions and options computed once; run(layer, q) once per layer. Stale (run raises)\n"
                               "once the cache's sequences change; holds a reference to its cache.")
-      .def("run", &plan_run, "layer"_a, "q"_a, nb::kw_only(), "out"_a = nb::none(), "stream"_a = nb::none(),
+      .def("run", &plan_run, "layer"_a, "q"_a.none(), nb::kw_only(), "out"_a = nb::none(), "stream"_a = nb::none(),
            "Attention of q [n_rows, n_q_heads, head_dim] (f32/f16/bf16; rows in the plan's order, rotated\n"
            "already unless the cache is rope_mode='on_read', where kvcore rotates q at its position) over\n"
            "layer's pages. Writes out (same shape; any of f32/f16/bf16) or returns a new tensor like q.")
@@ -185,7 +185,7 @@ void bind_paged_cache(nb::module_& m) {
       .def_prop_ro("softmax_scale", [](const PyAttentionPlan& p) { return p.plan->softmax_scale(); })
       .def_prop_ro("is_stale", [](const PyAttentionPlan& p) { return p.epoch != p.cache->epoch; });
 
-  nb::class_<PyPagedCache>(m, "PagedCache", kCacheDoc)
+  nb::class_<PyPagedCache>(m, "PagedCache", kCacheDoc, nb::is_weak_referenceable())
       .def(
           "__init__",
           [](PyPagedCache* self, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
@@ -244,7 +244,7 @@ void bind_paged_cache(nb::module_& m) {
             }
             bump(c);
           },
-          "seq"_a, "positions"_a, "k"_a, "v"_a = nb::none(),
+          "seq"_a, "positions"_a.none(), "k"_a.none(), "v"_a = nb::none(),
           "Append n tokens to every layer at once: positions (n ints), k [n_layers, n, n_kv_heads, head_dim],\n"
           "v [n_layers, n, n_kv_heads, v_head_dim] (None without V), f32/f16/bf16 on the cache's device.")
       .def(
@@ -276,7 +276,7 @@ void bind_paged_cache(nb::module_& m) {
             bump(c);
             return nb::cast(std::move(t));
           },
-          "seqs"_a, "positions"_a, "counts"_a = nb::none(), nb::kw_only(), "reuse"_a = nb::none(),
+          "seqs"_a, "positions"_a.none(), "counts"_a = nb::none(), nb::kw_only(), "reuse"_a = nb::none(),
           "Reserve cells for new tokens: counts[i] tokens of seqs[i] (distinct ids; seqs may be one int,\n"
           "then counts defaults to len(positions)); positions concatenated in that order. The tokens are\n"
           "live at once; store() writes them layer by layer. reuse: refill this Ticket (no allocation).")
@@ -287,7 +287,7 @@ void bind_paged_cache(nb::module_& m) {
             nb::gil_scoped_release g;
             c.cache.store(ticket, layer, tk.ref, tv.ref);
           },
-          "ticket"_a, "layer"_a, "k"_a, "v"_a = nb::none(),
+          "ticket"_a, "layer"_a, "k"_a.none(), "v"_a = nb::none(),
           "Write one layer of the ticket's tokens: k [n_tokens, n_kv_heads, head_dim], v [n_tokens,\n"
           "n_kv_heads, v_head_dim] (f32/f16/bf16; rotated at their positions in rope_mode='stored').")
       .def(

@@ -137,11 +137,11 @@ class FakeCudaTensor:
     """Exports, through DLPack, a float32 tensor said to live on cuda:0 at an address nothing may
     touch: a CPU build must refuse it without reading it."""
 
-    def __init__(self, shape, code=2, bits=32):
+    def __init__(self, shape, code=2, bits=32, address=0x10000):
         self._shape = (ctypes.c_int64 * len(shape))(*shape)
         self._mt = _DLManagedTensor()
         t = self._mt.dl_tensor
-        t.data = 0x10
+        t.data = address
         t.device = _DLDevice(2, 0)
         t.ndim = len(shape)
         t.dtype = _DLDataType(code, bits, 1)
