@@ -1,6 +1,6 @@
 // `kvcore bench decode_trace` (CUDA only): where the tensor-core decode kernel's time goes.
 // Runs the lean kernel at Llama-3-8B geometry with trace stamps (Path::LeanTrace, see
-// trace_mark in src/cuda/attention_mma.cuh) and prints, per shape, a timeline: when CTAs
+// trace_mark in src/cuda/attention/attention_mma.cuh) and prints, per shape, a timeline: when CTAs
 // start, how long the prologue, the first tile, the loop and the epilogue take, how the warps
 // in their loop ramp up and drain, and how the event-timed kernel, the whole call (eager and
 // from a graph) and the traced kernel compare. A diagnostic for #6, not a benchmark with
@@ -19,7 +19,7 @@
 
 #include "bench/harness.hpp"
 #include "bench/llama8b_pages.hpp"
-#include "cuda/attention_mma.cuh"
+#include "cuda/attention/attention_mma.cuh"
 #include "kvcore/kvcore.hpp"
 #include "kvcore/ops/attention.hpp"
 #include "tools/registry.hpp"

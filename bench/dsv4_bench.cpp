@@ -296,7 +296,7 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         y.t = per(th, tokens_per_rep);
         opt.report(y);
       }
-      // The A/B variants of src/cuda/dsv4_indexer.cu (KVCORE_DSV4_INDEXER), each half timed apart
+      // The A/B variants of src/cuda/dsv4/dsv4_indexer.cu (KVCORE_DSV4_INDEXER), each half timed apart
       // and its scores and picks checked bit for bit against the default's on the same inputs.
       if (!std::getenv("KVCORE_DSV4_INDEXER")) {
         const auto run_both = [&] {
@@ -509,7 +509,7 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
   };
   graph_row(r.case_name);
   // The general one-window-a-block kernel alone on the same data (KVCORE_DSV4_PREFILL=generic: the
-  // fast path of src/cuda/dsv4_prefill.cu off), its rows and state checked equal to the default's.
+  // fast path of src/cuda/dsv4/dsv4_prefill.cu off), its rows and state checked equal to the default's.
   if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL")) {
     setenv("KVCORE_DSV4_PREFILL", "generic", 1);
     clear_outputs(false);

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "bench/harness.hpp"
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 
 namespace kvcore::cli {
 

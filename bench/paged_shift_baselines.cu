@@ -10,7 +10,7 @@
 
 #include "bench/baselines/seed_shift.hpp"
 #include "bench/paged_bench.hpp"
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 #include "kvcore/buffer.hpp"
 #include "kvcore/ops/shift.hpp"
 #include "kvcore/runtime.hpp"

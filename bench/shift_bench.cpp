@@ -271,7 +271,7 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
 #if KVCORE_WITH_CUDA
   if (seed_applies) seed_t = opt.time([&](int) { seed_run(); });
   // Other kernels on the same data in the same run, forced through KVCORE_SHIFT_KERNEL; each
-  // gets its own record, <case>_<kernel>_kernel. Default: src/cuda/shift_kernel_choice.hpp
+  // gets its own record, <case>_<kernel>_kernel. Default: src/cuda/shift/shift_kernel_choice.hpp
   // (run B: sweep_dyn for 16-bit rows without overlap, the single tile kernel with overlap and
   // for DeepSeek-V4 rows, the chain kernel for FP8 keys); the row next to it is the runner-up
   // (the chain and flat kernels lost in runs 4-9, sweep_cs and sweep_b8 in run B).

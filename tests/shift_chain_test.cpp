@@ -1,4 +1,4 @@
-// Runs the CUDA chain kernel's threads on the CPU (src/cuda/shift_chain.hpp):
+// Runs the CUDA chain kernel's threads on the CPU (src/cuda/shift/shift_chain.hpp):
 // the same unit decoding, the same item order (a group of kItems loads, then
 // its stores) and the same register rotation, with the threads' groups
 // interleaved at random. Because a thread only ever overwrites bytes it has
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/shift_chain.hpp"
+#include "cuda/shift/shift_chain.hpp"
 #include "kvcore/math/dsv4_row.hpp"
 #include "shift_replay_util.hpp"
 

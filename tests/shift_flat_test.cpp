@@ -1,4 +1,4 @@
-// Runs the CUDA flat kernel's items on the CPU (src/cuda/shift_flat.hpp): the same
+// Runs the CUDA flat kernel's items on the CPU (src/cuda/shift/shift_flat.hpp): the same
 // item decoding, batches of kFlatBatch loads before their stores, the same register
 // rotation, over random layouts (f16 / bf16 / f32 K, NeoX and interleaved, partial
 // rotary at head and tail, DeepSeek-V4 rows in 16-byte range chunks at both phases,
@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/shift_flat.hpp"
+#include "cuda/shift/shift_flat.hpp"
 #include "kvcore/math/dsv4_row.hpp"
 #include "shift_replay_util.hpp"
 #include "kvcore/math/half.hpp"

@@ -1,7 +1,7 @@
-// The rule that picks shift_dense's CUDA kernel (src/cuda/shift_kernel_choice.hpp).
+// The rule that picks shift_dense's CUDA kernel (src/cuda/shift/shift_kernel_choice.hpp).
 #include <gtest/gtest.h>
 
-#include "cuda/shift_kernel_choice.hpp"
+#include "cuda/shift/shift_kernel_choice.hpp"
 
 using namespace kvcore::cuda;
 

@@ -1,4 +1,4 @@
-// Runs the CUDA sweep kernel's warps on the CPU (src/cuda/shift_sweep.hpp): the
+// Runs the CUDA sweep kernel's warps on the CPU (src/cuda/shift/shift_sweep.hpp): the
 // same cursor, the same batches (every load before any store), the NeoX partner
 // taken from another lane's registers as a shuffle does, the same register
 // rotation, with the warps' batches interleaved at random. With or without
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/shift_sweep.hpp"
+#include "cuda/shift/shift_sweep.hpp"
 #include "kvcore/math/dsv4_row.hpp"
 #include "shift_replay_util.hpp"
 #include "kvcore/math/half.hpp"

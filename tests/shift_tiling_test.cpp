@@ -1,4 +1,4 @@
-// Replays the CUDA shift_dense kernel's protocol on the CPU (src/cuda/shift_tiling.hpp):
+// Replays the CUDA shift_dense kernel's protocol on the CPU (src/cuda/shift/shift_tiling.hpp):
 // tickets taken in order by a few "blocks" that a random scheduler interleaves;
 // a block reads its tile, counts it for its band, takes its next ticket, waits
 // until the previous band has been read, then writes. Checks that tiles cover every moved (tensor, token,
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/shift_tiling.hpp"
+#include "cuda/shift/shift_tiling.hpp"
 
 using namespace kvcore;
 using namespace kvcore::cuda::shift_plan;

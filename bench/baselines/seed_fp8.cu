@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "bench/baselines/seed_fp8.hpp"
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 
 namespace kvcore::baselines {
 namespace {

@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "bench/baselines/seed_rope.hpp"
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 
 namespace kvcore::bench {
 namespace {

@@ -5,7 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "seed_shift.hpp"
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 
 namespace kvcore::baselines {
 namespace {

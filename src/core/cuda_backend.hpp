@@ -1,5 +1,5 @@
 // The CUDA runtime calls the core needs, declared without CUDA headers.
-// Implemented in src/cuda/runtime.cu; only referenced when KVCORE_WITH_CUDA.
+// Implemented in src/cuda/common/runtime.cu; only referenced when KVCORE_WITH_CUDA.
 #pragma once
 #include <cstddef>
 #include <string>

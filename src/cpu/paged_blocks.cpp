@@ -1,4 +1,4 @@
-// Host versions of the PagedCache mirror kernels (src/cuda/paged_blocks.cu), used by
+// Host versions of the PagedCache mirror kernels (src/cuda/paged/paged_blocks.cu), used by
 // CPU caches built with PagedCacheConfig::debug_mirror: the same per-cell rules.
 #include "cache/paged_blocks.hpp"
 

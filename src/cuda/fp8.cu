@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "cuda/check.cuh"
-#include "cuda/fp8_hw.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/common/fp8_hw.cuh"
 #include "kvcore/math/fp8_block.hpp"
 #include "kvcore/math/half.hpp"
 #include "ops/fp8_params.hpp"

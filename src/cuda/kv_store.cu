@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 #include "ops/kv_store_params.hpp"
 #include "ops/kv_store_row.hpp"
 #include "ops/kv_store_vec.hpp"

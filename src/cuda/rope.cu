@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 #include "kvcore/math/half.hpp"
 #include "kvcore/math/rope.hpp"
 #include "ops/rope_params.hpp"

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda/attention_decode.cuh"
+#include "cuda/attention/attention_decode.cuh"
 #include "kvcore/kvcore.hpp"
 
 namespace {

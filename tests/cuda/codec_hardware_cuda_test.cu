@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/check.cuh"
-#include "cuda/fp8_hw.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/common/fp8_hw.cuh"
 #include "kvcore/math/fp4.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
 #include "kvcore/math/fp8.hpp"
@@ -76,7 +76,7 @@ __global__ void sweep_kernel(Counts* c) {
       const uint16_t hw = __bfloat16_as_ushort(__float2bfloat16_rn(x));
       if (hw != f32_to_bf16_bits(x)) note_first(c->first_bf16_bad, atomicAdd(&c->bf16_bad, 1ull), u);
     }
-    // the codec the fp8 kernels use (src/cuda/fp8_hw.cuh), NaN and inf included, scaled by 2^-3
+    // the codec the fp8 kernels use (src/cuda/common/fp8_hw.cuh), NaN and inf included, scaled by 2^-3
     const uint32_t w = kvcore::cuda_fp8::encode2_scaled(x, -x, 0.125f);
     const uint32_t want = uint32_t(e4m3_encode(e4m3_scaled(x, 0.125f))) | (uint32_t(e4m3_encode(e4m3_scaled(-x, 0.125f))) << 8);
     if (w != want) atomicAdd(&c->kernel_codec_bad, 1ull);

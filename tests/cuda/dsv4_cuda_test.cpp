@@ -340,7 +340,7 @@ TEST(Dsv4Cuda, LongPrefillMatchesTokenByToken) {
   check_long_prefill({Dsv4Compressor::csa(96, 16, 3), Dsv4Quant::Off, false}, 1000, seed++);      // one-pass pool with overlap
   check_long_prefill({Dsv4Compressor::hca(200, 8, 5), Dsv4Quant::Off, false}, 700, seed++);       // a partial batch of 5
   check_long_prefill({Dsv4Compressor::hca(300, 8, 16), Dsv4Quant::Off, false}, 400, seed++);      // 300 channels: 2 a thread
-  // The fast path's other row forms (src/cuda/dsv4_prefill.cu): f32 rows with and without the
+  // The fast path's other row forms (src/cuda/dsv4/dsv4_prefill.cu): f32 rows with and without the
   // round trip, f16 ape, and inputs it cannot load 16 bytes at a time (the general kernel then).
   for (Dsv4Quant q : {Dsv4Quant::On, Dsv4Quant::Off}) {
     check_long_prefill({Dsv4Compressor::csa(512, 64, 4), q, false}, 600, seed++);
@@ -486,7 +486,7 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   *picks = out_g;
 }
 
-// Every A/B variant of src/cuda/dsv4_indexer.cu (KVCORE_DSV4_INDEXER) against the CPU as above,
+// Every A/B variant of src/cuda/dsv4/dsv4_indexer.cu (KVCORE_DSV4_INDEXER) against the CPU as above,
 // and its scores (bit for bit) and picks against the default's. A variant set from outside: that one alone.
 void check_indexer(const IndexerCase& c) {
   std::vector<float> sc_ref, sc;

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cuda/check.cuh"
+#include "cuda/common/check.cuh"
 #include "kvcore/math/rope.hpp"
 
 namespace {

@@ -131,7 +131,7 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
   run_both({s}, 20011, 19999, 3, 255, 9);
 }
 
-// The default (src/cuda/shift_kernel_choice.hpp) is the chain kernel for FP8 keys, the
+// The default (src/cuda/shift/shift_kernel_choice.hpp) is the chain kernel for FP8 keys, the
 // dynamic sweep kernel for 16-bit rows without overlap and the single tile kernel otherwise.
 // Every kernel stays selectable (KVCORE_SHIFT_KERNEL=sweep_dyn|sweep|flat|chain|single|pipelined)
 // and must agree on every format.
@@ -177,7 +177,7 @@ TEST(ShiftCuda, PipelinedTileKernelAgrees) {
   tile_kernel_cases(110);
 }
 
-// The flat kernel (src/cuda/shift_flat.hpp), shifts without overlap: units of every
+// The flat kernel (src/cuda/shift/shift_flat.hpp), shifts without overlap: units of every
 // width, NeoX and interleaved, partial rotary, f32 / f16 / bf16 K, DeepSeek-V4 rows in
 // 16-byte range chunks (even n_discard: same phase) and in 8-byte units (odd n_discard);
 // with overlap it falls back to the single tile kernel.
@@ -205,7 +205,7 @@ TEST(ShiftCuda, FlatKernelAgrees) {
   run_both({llama}, 3001, 2999, 4, 1000, 308);  // overlap: the single tile kernel
 }
 
-// The sweep kernels (src/cuda/shift_sweep.hpp), static and dynamic: without overlap and with
+// The sweep kernels (src/cuda/shift/shift_sweep.hpp), static and dynamic: without overlap and with
 // bands of every width (forced, so narrow bands run it too; the dynamic one is the static
 // one with overlap), NeoX and interleaved, partial
 // rotary, f32 / f16 / bf16 K, strided rows, per-layer tables, several launches, DeepSeek-V4

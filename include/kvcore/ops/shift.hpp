@@ -33,7 +33,7 @@
 // copy, whatever the overlap; ordered on `stream`. 16-bit keys and DeepSeek-V4
 // rows use a band-ordered tile kernel (the fastest measured); FP8 keys use the
 // "chain" kernel, which needs no synchronization between threads
-// (src/cuda/shift_chain.hpp), except for layouts it does not take (partial rotary
+// (src/cuda/shift/shift_chain.hpp), except for layouts it does not take (partial rotary
 // or heads over 128 dims). Environment KVCORE_SHIFT_KERNEL=chain|single|pipelined
 // forces a kernel (for comparisons).
 // CPU: OpenMP, same bytes for moves.

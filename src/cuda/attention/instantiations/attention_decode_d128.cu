@@ -1,0 +1,11 @@
+// Paged attention kernels for head_dim 128 (one file per head_dim keeps builds parallel).
+#include "cuda/attention/attention_decode.cuh"
+
+namespace kvcore::ops::cuda::attn {
+
+template <>
+void launch_paged_hd<128>(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream, int* q) {
+  launch_paged_hd_all<128>(p, G, chunks, grid, stream, q);
+}
+
+}  // namespace kvcore::ops::cuda::attn

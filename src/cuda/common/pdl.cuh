@@ -1,0 +1,43 @@
+// Programmatic dependent launch (Hopper): a kernel launched as a dependent of the previous one in
+// its stream starts while that one drains; it waits (pdl_wait) before reading what that one wrote,
+// and a primary lets its dependents launch early (pdl_allow_dependents). Both are no-ops below
+// sm_90 or when the kernel was launched plainly. Used by the split-K merge and the indexer top-k.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/common/check.cuh"
+
+namespace kvcore::cuda {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent.
+template <class... KArgs, class... Args>
+void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace kvcore::cuda
