@@ -19,6 +19,7 @@
 #include "kvcore/math/dsv4_row.hpp"
 #include "kvcore/math/half.hpp"
 #include "kvcore/ops/attention.hpp"
+#include "ops/attention_plan_impl.hpp"
 #include "tools/registry.hpp"
 
 namespace {
@@ -29,9 +30,8 @@ using namespace kvcore::cli::llama8b;
 constexpr double kL2Bytes = 60e6;
 
 // Check sequence 0 of copy 0 against the CPU op on a host rebuild of its blocks.
-bool check_paged(const Pages& s, Device d, const PagedKV& kv, const BlockTable& table, AttentionOptions opt,
-                 const TensorRef& q, const TensorRef& out) {
-  attention_decode(q, kv, table, out, opt);
+bool check_paged(const Pages& s, Device d, const AttentionPlan& plan, const TensorRef& q, const TensorRef& out) {
+  plan.run(q, s.kv, out);
   synchronize(d);
   const int64_t nb = s.blocks_per_seq;
   const size_t row_elem = s.fp8 ? 1 : 2;
@@ -57,23 +57,25 @@ bool check_paged(const Pages& s, Device d, const PagedKV& kv, const BlockTable& 
   }
   std::vector<int32_t> ip{0, static_cast<int32_t>(nb)}, ix(nb), lp{static_cast<int32_t>(s.ctx - (nb - 1) * kBlock)};
   std::iota(ix.begin(), ix.end(), 0);
-  BlockTable ht{TensorRef(ip.data(), DType::I32, Device::cpu(), {2}), TensorRef(ix.data(), DType::I32, Device::cpu(), {nb}),
-                TensorRef(lp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
+  AttentionStep hs;
+  hs.table = BlockTable{TensorRef(ip.data(), DType::I32, Device::cpu(), {2}), TensorRef(ix.data(), DType::I32, Device::cpu(), {nb}),
+                        TensorRef(lp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
   std::vector<float> hq(kQHeads * kHeadDim), ho(kQHeads * kHeadDim), go(kQHeads * kHeadDim);
   copy_bytes(hq.data(), Device::cpu(), q.data(), d, hq.size() * 4);
   copy_bytes(go.data(), Device::cpu(), out.data(), d, go.size() * 4);
-  AttentionOptions ho_opt;
-  ho_opt.softmax_scale = opt.softmax_scale;
-  std::vector<int32_t> hpos(nb * kBlock);
+  std::vector<int32_t> hpos(nb * kBlock), hqpos{static_cast<int32_t>(s.ctx)};
   std::vector<uint8_t> hvalid(nb * kBlock, 1);
   if (s.rope) {
     std::iota(hpos.begin(), hpos.end(), 0);
     hkv.positions = TensorRef(hpos.data(), DType::I32, Device::cpu(), {nb, kBlock});
     hkv.valid = TensorRef(hvalid.data(), DType::U8, Device::cpu(), {nb, kBlock});
-    ho_opt.rope_on_read = opt.rope_on_read;
+    hkv.rope_mode = RopeMode::RopeOnRead;
+    hkv.maybe_rope = s.kv.maybe_rope;
+    hs.q_positions = TensorRef(hqpos.data(), DType::I32, Device::cpu(), {1});
   }
-  attention_decode(TensorRef(hq.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), hkv, ht,
-                   TensorRef(ho.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), ho_opt);
+  AttentionPlan::decode(hkv, kQHeads, hs)
+      .run(TensorRef(hq.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}), hkv,
+           TensorRef(ho.data(), DType::F32, Device::cpu(), {1, kQHeads, kHeadDim}));
   double err = 0, mx = 1e-6;
   for (size_t i = 0; i < ho.size(); ++i) err = std::max(err, double(std::abs(ho[i] - go[i]))), mx = std::max(mx, double(std::abs(ho[i])));
   const bool ok = err <= 1e-4 * std::max(1.0, mx) && std::isfinite(err);
@@ -90,29 +92,36 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
   const int64_t copies = d.is_cuda() ? std::clamp<int64_t>(static_cast<int64_t>(std::ceil(4 * kL2Bytes / bytes)), 1, 64) : 1;
   const Pages s = make_pages(d, batch, ctx, fp8, rope, copies);
   const PagedKV& kv = s.kv;
-  const std::vector<BlockTable>& tables = s.tables;
   const TensorRef q = s.q_ref, out = s.out_ref;
-  const DType t = fp8 ? DType::E4M3 : DType::F16;
-  AttentionOptions ao;
-  ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
-  ao.check_tables = false;
-  ao.max_seq_cells = ctx;
-  if (rope) ao.rope_on_read = RopeSpec::llama3_8b();
-  const int32_t splits = std::max(attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 0),
-                                  attention_auto_splits(d, batch, kKvHeads, kQHeads, kHeadDim, t, ctx, 2));
+  // A step's plan per copy (the tables differ), one workspace for all: plans are made once
+  // and every timed call is a run, as a decode step's layers are.
+  AttentionSchedule sc;
+  sc.check_tables = false;
+  sc.max_seq_cells = ctx;
+  const ops::AttentionKernel kernels[] = {ops::AttentionKernel::Auto, ops::AttentionKernel::SimtAsync};
+  int32_t splits = 1;
+  for (ops::AttentionKernel k : kernels) {
+    ops::AttentionTuning tu;
+    tu.kernel = k;
+    splits = std::max(splits, ops::attn::plan_paged(false, kv, kQHeads, s.steps[0], sc, tu).num_splits());
+  }
   Buffer ws(attention_workspace_bytes(batch, kQHeads, kHeadDim, splits), d, 256);
-  ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
+  sc.maybe_workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
   // The automatic kernel (tensor cores at this shape on CUDA) and, for comparison, the SIMT
-  // cp.async kernel ("_simt"; not for FP8 with rope on read: ~2.6 ms a call, GPU run I).
-  for (int variant : {0, 2}) {
-    if (variant == 2 && (!d.is_cuda() || (rope && fp8))) break;
-    ao.kernel_variant = variant;
-    const std::string cname = name + (variant ? "_simt" : "");
-    if (!check_paged(s, d, kv, tables[0], ao, q, out)) {
+  // cp.async kernel ("_simt"; not for FP8 with rope on read: ~2.6 ms a call).
+  for (ops::AttentionKernel kernel : kernels) {
+    const bool simt = kernel == ops::AttentionKernel::SimtAsync;
+    if (simt && (!d.is_cuda() || (rope && fp8))) break;
+    ops::AttentionTuning tu;
+    tu.kernel = kernel;
+    std::vector<AttentionPlan> plans;
+    for (int64_t c = 0; c < s.copies; ++c) plans.push_back(ops::attn::plan_paged(false, kv, kQHeads, s.steps[c], sc, tu));
+    const std::string cname = name + (simt ? "_simt" : "");
+    if (!check_paged(s, d, plans[0], q, out)) {
       opt.note(cname + ": result check FAILED, not timed");
       continue;
     }
-    const cli::Timing tm = opt.time([&](int rep) { attention_decode(q, kv, tables[rep % s.copies], out, ao); });
+    const cli::Timing tm = opt.time([&](int rep) { plans[rep % s.copies].run(q, kv, out); });
     cli::BenchRecord r;
     r.bench = "attention";
     r.case_name = cname;
@@ -121,21 +130,19 @@ void bench_paged(cli::BenchOptions& opt, int64_t batch, int64_t ctx, bool fp8, b
     r.traffic = cli::Traffic::Read;
     opt.report(r);
 #if KVCORE_WITH_CUDA
-    // Host time of one call (validation, split choice, launches): the timings above include it,
-    // as SDPA's include PyTorch's.
-    if (variant == 0 && d.is_cuda()) {
+    // Host time of one run (O(1) checks, launches): the timings above include it, as SDPA's
+    // include PyTorch's.
+    if (!simt && d.is_cuda()) {
       int i = 0;
-      const double host_us = cli::host_time_us(d.index, [&] { attention_decode(q, kv, tables[i++ % s.copies], out, ao); });
-      opt.note(cname + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us) + " us");
+      const double host_us = cli::host_time_us(d.index, [&] { plans[i++ % s.copies].run(q, kv, out); });
+      opt.note(cname + ": host time of one run (check, enqueue) " + std::to_string(host_us) + " us");
     }
-    // Small batches: the same calls replayed from a CUDA graph (one call per copy, so inputs
-    // still rotate) show the device time without the host's launch and validation overhead.
-    if (variant == 0 && (batch == 1 || (batch == 16 && ctx <= 8192)) && d.is_cuda()) {
+    // Small batches: the same runs replayed from a CUDA graph (one run per copy, so inputs
+    // still rotate) show the device time without the host's launch overhead.
+    if (!simt && (batch == 1 || (batch == 16 && ctx <= 8192)) && d.is_cuda()) {
       const int n = static_cast<int>(s.copies);
       cli::Timing tg = cli::time_graph(d.index, opt.reps, opt.warmup, [&](Stream st) {
-        AttentionOptions go = ao;
-        go.stream = st;
-        for (int c = 0; c < n; ++c) attention_decode(q, kv, tables[c], out, go);
+        for (int c = 0; c < n; ++c) plans[c].run(q, kv, out, {}, st);
       });
       tg.median_us /= n;
       tg.min_us /= n;
@@ -194,39 +201,42 @@ void bench_dsv4(cli::BenchOptions& opt, int64_t batch, int64_t tokens, bool hca)
   for (auto& v : idx) bidx.push_back(Buffer::from_host(v, d));
   std::vector<float> sinks(kHeads, 0.5f);
   Buffer bs = Buffer::from_host(sinks, d);
-  Dsv4AttentionArgs a;
-  a.q = TensorRef(bq.data(), DType::F32, d, {batch, kHeads, kD});
+  const math::RopeTable rope = make_rope_table(RopeSpec::deepseek_v4_compressed(), kD);
+  Dsv4AttentionLayer a;
+  Dsv4AttentionStep st;
+  const TensorRef tq(bq.data(), DType::F32, d, {batch, kHeads, kD});
   a.window_kv = TensorRef(bw.data(), DType::F16, d, {batch, kWin, kD});
-  a.window_len = TensorRef(bwl.data(), DType::I32, d, {batch});
-  a.q_positions = TensorRef(bqp.data(), DType::I32, d, {batch});
+  st.window_len = TensorRef(bwl.data(), DType::I32, d, {batch});
+  st.q_positions = TensorRef(bqp.data(), DType::I32, d, {batch});
   a.comp_rows = TensorRef(comp.data(), DType::U8, d, {copies * batch * n_comp, kRowB});
-  a.sinks = TensorRef(bs.data(), DType::F32, d, {kHeads});
-  a.rope = RopeSpec::deepseek_v4_compressed();
-  a.softmax_scale = 1.0f / std::sqrt(512.0f);
+  a.comp_idx = TensorRef(bidx[0].data(), DType::I32, d, {batch, k});
+  a.maybe_sinks = TensorRef(bs.data(), DType::F32, d, {kHeads});
+  a.rope = &rope;
   a.check_indices = false;
   Buffer ws(attention_workspace_bytes(batch, kHeads, kD, 128), d, 256);
-  a.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
+  AttentionSchedule sc;
+  sc.maybe_workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
+  const Dsv4AttentionPlan plan = Dsv4AttentionPlan::decode(a, kHeads, st, sc);
   const TensorRef out(bout.data(), DType::F32, d, {batch, kHeads, kD});
   // Check against the CPU op on copy 0 (the rows it reads are the pattern's).
   {
-    a.comp_idx = TensorRef(bidx[0].data(), DType::I32, d, {batch, k});
-    attention_dsv4_decode(a, out);
+    plan.run(tq, a, out);
     std::vector<float> got = bout.to_host<float>();
     std::vector<uint8_t> hrows(static_cast<size_t>(batch * n_comp * kRowB));
     for (size_t off = 0; off < hrows.size(); off += rows.size())
       std::memcpy(&hrows[off], rows.data(), std::min(rows.size(), hrows.size() - off));
-    Dsv4AttentionArgs h = a;
-    h.q = TensorRef(hq.data(), DType::F32, Device::cpu(), {batch, kHeads, kD});
+    Dsv4AttentionLayer h = a;
+    Dsv4AttentionStep hst;
     h.window_kv = TensorRef(win.data(), DType::F16, Device::cpu(), {batch, kWin, kD});
-    h.window_len = TensorRef(wl.data(), DType::I32, Device::cpu(), {batch});
-    h.q_positions = TensorRef(qp.data(), DType::I32, Device::cpu(), {batch});
+    hst.window_len = TensorRef(wl.data(), DType::I32, Device::cpu(), {batch});
+    hst.q_positions = TensorRef(qp.data(), DType::I32, Device::cpu(), {batch});
     h.comp_rows = TensorRef(hrows.data(), DType::U8, Device::cpu(), {batch * n_comp, kRowB});
     h.comp_idx = TensorRef(idx[0].data(), DType::I32, Device::cpu(), {batch, k});
-    h.sinks = TensorRef(sinks.data(), DType::F32, Device::cpu(), {kHeads});
-    h.workspace = TensorRef();
-    h.num_splits = 0;
+    h.maybe_sinks = TensorRef(sinks.data(), DType::F32, Device::cpu(), {kHeads});
     std::vector<float> want(hq.size());
-    attention_dsv4_decode(h, TensorRef(want.data(), DType::F32, Device::cpu(), {batch, kHeads, kD}));
+    Dsv4AttentionPlan::decode(h, kHeads, hst)
+        .run(TensorRef(hq.data(), DType::F32, Device::cpu(), {batch, kHeads, kD}), h,
+             TensorRef(want.data(), DType::F32, Device::cpu(), {batch, kHeads, kD}));
     double err = 0, mx = 1e-6;
     for (size_t i = 0; i < want.size(); ++i) err = std::max(err, double(std::abs(want[i] - got[i]))), mx = std::max(mx, double(std::abs(want[i])));
     if (!(err <= 1e-4 * std::max(1.0, mx))) {
@@ -236,7 +246,7 @@ void bench_dsv4(cli::BenchOptions& opt, int64_t batch, int64_t tokens, bool hca)
   }
   const cli::Timing tm = opt.time([&](int rep) {
     a.comp_idx = TensorRef(bidx[rep % copies].data(), DType::I32, d, {batch, k});
-    attention_dsv4_decode(a, out);
+    plan.run(tq, a, out);
   });
   cli::BenchRecord r;
   r.bench = "attention";

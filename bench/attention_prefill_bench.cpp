@@ -68,20 +68,19 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
   kv.k = TensorRef(bk.data(), DType::F16, d, {n_blocks, kBlock, kKvHeads, kHeadDim});
   kv.v = TensorRef(bv.data(), DType::F16, d, {n_blocks, kBlock, kKvHeads, kHeadDim});
   kv.positions = TensorRef(bpos.data(), DType::I32, d, {n_blocks, kBlock});
-  const BlockTable table{TensorRef(bip.data(), DType::I32, d, {batch + 1}), TensorRef(bperm.data(), DType::I32, d, {n_blocks}),
-                         TensorRef(blp.data(), DType::I32, d, {batch}), TensorRef()};
+  AttentionStep step;
+  step.table = BlockTable{TensorRef(bip.data(), DType::I32, d, {batch + 1}), TensorRef(bperm.data(), DType::I32, d, {n_blocks}),
+                          TensorRef(blp.data(), DType::I32, d, {batch}), TensorRef()};
+  step.qo_indptr = TensorRef(bqo.data(), DType::I32, d, {batch + 1});
+  step.q_positions = TensorRef(bqp.data(), DType::I32, d, {rows});
   const TensorRef q(bq.data(), DType::F16, d, {rows, kQHeads, kHeadDim});
-  const TensorRef qo_indptr(bqo.data(), DType::I32, d, {batch + 1});
   const TensorRef out(bout.data(), DType::F16, d, {rows, kQHeads, kHeadDim});
-  AttentionOptions ao;
-  ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
-  ao.q_positions = TensorRef(bqp.data(), DType::I32, d, {rows});
-  ao.check_tables = false;
-  ao.max_seq_cells = ctx;
-  const int32_t splits = attention_auto_splits(d, rows, kKvHeads, kQHeads, kHeadDim, DType::F16, ctx);
-  Buffer ws(attention_workspace_bytes(rows, kQHeads, kHeadDim, splits), d, 256);
-  ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
-  attention_prefill(q, qo_indptr, kv, table, out, ao);
+  AttentionSchedule sc;
+  sc.check_tables = false;
+  sc.max_seq_cells = ctx;
+  const AttentionPlan plan = AttentionPlan::prefill(kv, kQHeads, step, sc);  // owns its workspace
+  const int32_t splits = plan.num_splits();
+  plan.run(q, kv, out);
   synchronize(d);
 
   // Check the chunk's last 32 rows of sequence 0 (they see the most keys) against the CPU op.
@@ -93,16 +92,16 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
     hkv.v = TensorRef(const_cast<uint16_t*>(hv.data()), DType::F16, Device::cpu(), {n_blocks, kBlock, kKvHeads, kHeadDim});
     hkv.positions = TensorRef(pos.data(), DType::I32, Device::cpu(), {n_blocks, kBlock});
     std::vector<int32_t> hip{0, static_cast<int32_t>(nb)}, hlp{lp[0]}, hqo{0, static_cast<int32_t>(n_chk)};
-    const BlockTable ht{TensorRef(hip.data(), DType::I32, Device::cpu(), {2}), TensorRef(perm.data(), DType::I32, Device::cpu(), {nb}),
-                        TensorRef(hlp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
+    AttentionStep hs;
+    hs.table = BlockTable{TensorRef(hip.data(), DType::I32, Device::cpu(), {2}), TensorRef(perm.data(), DType::I32, Device::cpu(), {nb}),
+                          TensorRef(hlp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
+    hs.q_positions = TensorRef(qp.data() + r0, DType::I32, Device::cpu(), {n_chk});
+    hs.qo_indptr = TensorRef(hqo.data(), DType::I32, Device::cpu(), {2});
     std::vector<float> want(size_t(n_chk) * kQHeads * kHeadDim);
-    AttentionOptions ho;
-    ho.softmax_scale = ao.softmax_scale;
-    ho.q_positions = TensorRef(qp.data() + r0, DType::I32, Device::cpu(), {n_chk});
-    attention_prefill(TensorRef(const_cast<uint16_t*>(hq.data()) + r0 * kQHeads * kHeadDim, DType::F16, Device::cpu(),
-                                {n_chk, kQHeads, kHeadDim}),
-                      TensorRef(hqo.data(), DType::I32, Device::cpu(), {2}), hkv, ht,
-                      TensorRef(want.data(), DType::F32, Device::cpu(), {n_chk, kQHeads, kHeadDim}), ho);
+    AttentionPlan::prefill(hkv, kQHeads, hs)
+        .run(TensorRef(const_cast<uint16_t*>(hq.data()) + r0 * kQHeads * kHeadDim, DType::F16, Device::cpu(),
+                       {n_chk, kQHeads, kHeadDim}),
+             hkv, TensorRef(want.data(), DType::F32, Device::cpu(), {n_chk, kQHeads, kHeadDim}));
     double err = 0, mx = 1e-6;
     for (size_t i = 0; i < want.size(); ++i) {
       const double g = math::f16_bits_to_f32(got[size_t(r0) * kQHeads * kHeadDim + i]);
@@ -113,7 +112,7 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
       return;
     }
   }
-  const cli::Timing tm = opt.time([&](int) { attention_prefill(q, qo_indptr, kv, table, out, ao); });
+  const cli::Timing tm = opt.time([&](int) { plan.run(q, kv, out); });
   cli::BenchRecord r;
   r.bench = "attention_prefill";
   r.case_name = name;

@@ -22,6 +22,7 @@
 #include "cuda/attention/attention_mma.cuh"
 #include "kvcore/kvcore.hpp"
 #include "kvcore/ops/attention.hpp"
+#include "ops/attention_plan_impl.hpp"
 #include "tools/registry.hpp"
 
 namespace {
@@ -90,68 +91,37 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   const double bytes = kv_bytes(c.batch, c.ctx, c.fp8);
   const int copies = std::clamp(static_cast<int>(std::ceil(240e6 / bytes)), 1, 16);
   const Pages pages = make_pages(d, c.batch, c.ctx, c.fp8, false, copies);
-  const DType t = c.fp8 ? DType::E4M3 : DType::F16;
-  const int32_t splits = attention_auto_splits(d, c.batch, kKvHeads, kQHeads, kHeadDim, t, c.ctx);
-  Buffer ws(attention_workspace_bytes(c.batch, kQHeads, kHeadDim, splits), d, 256);
-
-  // The public call (eager and from a graph): what the attention bench times.
+  // The public calls (eager and from a graph): what the attention bench times. A plan per copy
+  // (its table), one workspace.
   const PagedKV& kv = pages.kv;
-  const std::vector<BlockTable>& tables = pages.tables;
   const TensorRef tq = pages.q_ref, to = pages.out_ref;
-  AttentionOptions ao;
-  ao.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
-  ao.check_tables = false;
-  ao.max_seq_cells = c.ctx;
-  ao.workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
-  const cli::Timing eager = opt.time([&](int rep) { attention_decode(tq, kv, tables[rep % copies], to, ao); });
+  AttentionSchedule sc;
+  sc.check_tables = false;
+  sc.max_seq_cells = c.ctx;
+  const int32_t splits = AttentionPlan::decode(kv, kQHeads, pages.steps[0], sc).num_splits();
+  Buffer ws(attention_workspace_bytes(c.batch, kQHeads, kHeadDim, splits), d, 256);
+  sc.maybe_workspace = TensorRef(ws.data(), DType::U8, d, {static_cast<int64_t>(ws.size())});
+  std::vector<AttentionPlan> plans;
+  for (int cp = 0; cp < copies; ++cp) plans.push_back(AttentionPlan::decode(kv, kQHeads, pages.steps[cp], sc));
+  const cli::Timing eager = opt.time([&](int rep) { plans[rep % copies].run(tq, kv, to); });
   cli::Timing graph = cli::time_graph(d.index, opt.reps, opt.warmup, [&](Stream st) {
-    AttentionOptions go = ao;
-    go.stream = st;
-    for (int cp = 0; cp < copies; ++cp) attention_decode(tq, kv, tables[cp], to, go);
+    for (int cp = 0; cp < copies; ++cp) plans[cp].run(tq, kv, to, {}, st);
   });
   graph.median_us /= copies;
-  // Where the eager call's host time goes: the whole call back to back, the split choice alone,
-  // and a plain launch of an empty kernel (the driver's share).
-  const double host_call = host_us_per_call([&](int i) { attention_decode(tq, kv, tables[i % copies], to, ao); });
-  const double host_splits = host_us_per_call([&](int) {
-    (void)attention_auto_splits(d, c.batch, kKvHeads, kQHeads, kHeadDim, t, c.ctx);
-  });
+  // Where the eager call's host time goes: the run back to back, planning alone (once per
+  // step, not per layer), and a plain launch of an empty kernel (the driver's share).
+  const double host_call = host_us_per_call([&](int i) { plans[i % copies].run(tq, kv, to); });
+  const double host_splits = host_us_per_call([&](int i) { (void)AttentionPlan::decode(kv, kQHeads, pages.steps[i % copies], sc); });
   const double host_launch = host_us_per_call([&](int) {
     empty_kernel<<<1, 32>>>();
     KVCORE_CUDA_CHECK_LAUNCH("empty kernel");
   });
 
-  // The kernel alone: the parameters validate_and_fill would produce for this lean call.
+  // The kernel alone: the parameters a run launches.
   ops::PagedAttentionParams p{};
-  p.k = pages.k.dev.data();
-  p.v = pages.v.dev.data();
-  p.kv_elem = c.fp8 ? math::KvElem::E4M3 : math::KvElem::F16;
-  p.scale_mode = c.fp8 ? math::KvScaleMode::Ue8m0Per64 : math::KvScaleMode::None;
-  p.maybe_k_scale_u8 = c.fp8 ? static_cast<const uint8_t*>(pages.ks.dev.data()) : nullptr;
-  p.maybe_v_scale_u8 = c.fp8 ? static_cast<const uint8_t*>(pages.vs.dev.data()) : nullptr;
-  p.layout = PagedLayout{static_cast<int32_t>(kBlock), static_cast<int32_t>(kKvHeads), static_cast<int32_t>(kHeadDim)};
-  p.num_blocks = static_cast<int32_t>(pages.num_blocks);
-  p.indptr = static_cast<const int32_t*>(pages.indptr.data());
-  p.last_page_len = static_cast<const int32_t*>(pages.lpl.data());
-  p.batch = c.batch;
-  p.q = pages.q.data();
-  p.q_elem = ops::QElem::F32;
-  p.q_row_stride = kQHeads * kHeadDim;
-  p.q_head_stride = kHeadDim;
-  p.n_rows = c.batch;
-  p.n_q_heads = kQHeads;
-  p.group = kQHeads / kKvHeads;
-  p.softmax_scale = ao.softmax_scale;
-  p.out = pages.out.data();
-  p.out_elem = ops::QElem::F32;
-  p.out_row_stride = kQHeads * kHeadDim;
-  p.out_head_stride = kHeadDim;
-  p.num_splits = splits;
-  p.max_seq_cells = c.ctx;
-  p.o_part = static_cast<float*>(ws.data());
-  p.lse_part = p.o_part + int64_t{c.batch} * kQHeads * splits * kHeadDim;
-  p.device = d.index;
-  const mma::CtaOrder order = mma::cta_order_for(p, 1);  // what mma::launch runs
+  ops::attn::run_params(plans[0], tq, kv, to, {}, {}, p);
+  const ops::AttentionTuning tuning;
+  const mma::CtaOrder order = mma::cta_order_for(p, 1, tuning.fat_ctas);  // what mma::launch runs
   const int warps = order.fat ? ops::kFatWarps : 4;
   const int ctas = order.gx * order.gy;
   Buffer tr(size_t(ctas) * warps * mma::kTraceSlots * 8, d);
@@ -162,7 +132,7 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
     pr.n_indices = static_cast<int64_t>(pages.indices[rep % copies].size());
     return pr;
   };
-  const cli::Timing kernel = opt.time([&](int rep) { mma::launch(with_table(rep), nullptr); });
+  const cli::Timing kernel = opt.time([&](int rep) { mma::launch(with_table(rep), tuning, nullptr); });
   auto traced = [&](int rep) {
     if (c.fp8) launch_traced<math::KvElem::E4M3>(with_table(rep), order, trace, nullptr);
     else launch_traced<math::KvElem::F16>(with_table(rep), order, trace, nullptr);
@@ -235,7 +205,7 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
               "stamped span %.1f us\n",
               eager.median_us, graph.median_us, kernel.median_us, traced_t.median_us, us(t0, t_end));
   std::printf("    read at %.0f GB/s over the decode kernel's event time\n", bytes / kernel.median_us / 1e3);
-  std::printf("    host per call, back to back: attention_decode %.2f us, attention_auto_splits %.2f us, "
+  std::printf("    host per call, back to back: plan.run %.2f us, AttentionPlan::decode (once a step) %.2f us, "
               "empty kernel launch %.2f us\n",
               host_call, host_splits, host_launch);
   print_dist("CTA start after the first", start);

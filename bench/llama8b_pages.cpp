@@ -98,11 +98,20 @@ Pages make_pages(Device d, int64_t batch, int64_t ctx, bool fp8, bool rope, int6
     s.valid = Buffer::from_host(std::vector<uint8_t>(pos.size(), 1), d);
     s.kv.positions = TensorRef(s.pos.data(), DType::I32, d, {s.num_blocks, kBlock});
     s.kv.valid = TensorRef(s.valid.data(), DType::U8, d, {s.num_blocks, kBlock});
+    s.rope_table = std::make_unique<math::RopeTable>(make_rope_table(RopeSpec::llama3_8b(), kHeadDim));
+    s.kv.rope_mode = RopeMode::RopeOnRead;
+    s.kv.maybe_rope = s.rope_table.get();
+    s.qpos = Buffer::from_host(std::vector<int32_t>(batch, static_cast<int32_t>(ctx)), d);
   }
-  for (int64_t c = 0; c < s.copies; ++c)
+  for (int64_t c = 0; c < s.copies; ++c) {
     s.tables.push_back({TensorRef(s.indptr.data(), DType::I32, d, {batch + 1}),
                         TensorRef(s.indices_dev[c].data(), DType::I32, d, {per_copy}),
                         TensorRef(s.lpl.data(), DType::I32, d, {batch}), TensorRef()});
+    AttentionStep st;
+    st.table = s.tables.back();
+    if (rope) st.q_positions = TensorRef(s.qpos.data(), DType::I32, d, {batch});
+    s.steps.push_back(st);
+  }
   s.q_ref = TensorRef(s.q.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
   s.out_ref = TensorRef(s.out.data(), DType::F32, d, {batch, kQHeads, kHeadDim});
   return s;

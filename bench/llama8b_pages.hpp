@@ -3,9 +3,10 @@
 // finite values tiled from a host pattern (block b holds the pattern at b * block bytes mod its
 // size, so a check can rebuild any sequence on the host), `copies` shuffled block tables over
 // disjoint blocks (a fragmented pool; calls rotate among them so no call finds the last one's
-// bytes in L2), rope-on-read positions when asked, and q / out.
+// bytes in L2), rope-on-read positions, table and query positions when asked, and q / out.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kvcore/kvcore.hpp"
@@ -29,11 +30,14 @@ struct Pages {
   bool fp8 = false, rope = false;
   Tiled k, v, ks, vs;
   Buffer pos, valid;                          // rope-on-read: positions = index in the sequence, every cell live
+  Buffer qpos;                                // rope-on-read: each query at position ctx
+  std::unique_ptr<math::RopeTable> rope_table;  // rope-on-read: Llama-3-8B's (kv.maybe_rope points here)
   std::vector<std::vector<int32_t>> indices;  // per copy: [batch * blocks_per_seq]
   std::vector<Buffer> indices_dev;
   Buffer indptr, lpl, q, out;
   PagedKV kv;                     // views of the buffers above
   std::vector<BlockTable> tables; // one per copy
+  std::vector<AttentionStep> steps;  // one per copy: its table (and query positions with rope on read)
   TensorRef q_ref, out_ref;       // f32 [batch, kQHeads, kHeadDim]
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Profile the tensor-core decode kernel with Nsight Compute on the device machine and time
-# the CTA orders against each other (A/B in one job). Needs a GPU; builds the kvcore tool (and the
+# Profile the tensor-core decode kernel with Nsight Compute on the device machine, after timing
+# the attention cases once. Needs a GPU; builds the kvcore tool (and the
 # CUDA tests when GPU_TEST_FILTER names some).
 #   OUT=<dir> bash bench/ncu-attention.sh [case names...]
 set -uo pipefail
@@ -20,12 +20,9 @@ if [ -n "${GPU_TEST_FILTER:-}" ]; then
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|tests ran" "$OUT/tests.log" | head -30
 fi
 ./build/kvcore bench ceilings --device cuda 2>&1 | grep -v "^\[bench\]" | tee -a "$OUT/ab.log"
-for order in head split; do
-  echo "== CTA order $order"
-  # shellcheck disable=SC2086
-  KVCORE_ATTN_CTA_ORDER=$order ./build/kvcore bench attention --device cuda --case ${ABCASES:-b16_ctx8192 b16_ctx32768 b64_ctx8192} \
-    2>&1 | grep -v "^\[bench\]" | grep -v _simt | tee -a "$OUT/ab.log"
-done
+# shellcheck disable=SC2086
+./build/kvcore bench attention --device cuda --case ${ABCASES:-b16_ctx8192 b16_ctx32768 b64_ctx8192} \
+  2>&1 | grep -v "^\[bench\]" | grep -v _simt | tee -a "$OUT/ab.log"
 for c in "${cases[@]}"; do
   echo "== ncu $c"
   ncu --clock-control none -k regex:mma_decode --launch-skip 2 --launch-count 1 \

@@ -101,7 +101,6 @@ TEST(AttentionDecode, RopeOnReadEveryLayout) {
       s.seq_cells = {45, 80};
       s.dead_rate = 0.2;
       s.rope_on_read = true;
-      s.rotate_query = seed > 2;
       s.window = seed == 4 ? 30 : 0;
       s.seed = seed;
       check(s);
@@ -152,7 +151,6 @@ TEST(AttentionPrefill, CausalChunkAgainstPrefixAndItself) {
     check(s);
     s.window = 8;
     s.rope_on_read = true;
-    s.rotate_query = true;
     s.seed = 12;
     check(s, 2);
   }
@@ -177,11 +175,10 @@ TEST(AttentionDecode, PositionOffsetOfTheWrongShapeThrows) {
   make_device_case(c, Device::cpu(), g);
   std::vector<float> out(static_cast<size_t>(c.rows) * s.n_q_heads * s.head_dim, 42.0f);
   const TensorRef o(out.data(), DType::F32, Device::cpu(), {c.rows, s.n_q_heads, s.head_dim});
-  BlockTable t = g.table;
   std::vector<int32_t> three{0, 0, 0};
-  t.pos_offset = TensorRef(three.data(), DType::I32, Device::cpu(), {3});
+  g.step.table.pos_offset = TensorRef(three.data(), DType::I32, Device::cpu(), {3});
   try {
-    attention_decode(g.q_ref, g.kv, t, o, g.opt);
+    g.run(o);
     ADD_FAILURE() << "no throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("pos_offset"), std::string::npos) << e.what();

@@ -54,9 +54,9 @@ TEST(AttentionDsv4, BadInputsThrowNamingTheValueAndLeaveOutputUntouched) {
   upload(c, Device::cpu(), g);
   float* o = g.out.as<float>();
   std::fill(o, o + g.out.size() / 4, 7.0f);
-  auto expect_error = [&](Dsv4AttentionArgs a, const char* needle) {
+  auto expect_error = [&](const Dsv4AttentionLayer& a, const char* needle, const TensorRef* q = nullptr) {
     try {
-      attention_dsv4_decode(a, g.out_ref);
+      Dsv4AttentionPlan::decode(a, c.heads, g.step).run(q ? *q : g.q_ref, a, g.out_ref);
       ADD_FAILURE() << "no throw for " << needle;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
@@ -64,22 +64,34 @@ TEST(AttentionDsv4, BadInputsThrowNamingTheValueAndLeaveOutputUntouched) {
     }
   };
   g.idx.as<int32_t>()[3] = 10;  // one past the last row
-  expect_error(g.args, "comp_idx[0, 3] = 10");
+  expect_error(g.layer, "comp_idx[0, 3] = 10");
   g.idx.as<int32_t>()[3] = -2;
-  expect_error(g.args, "= -2");
+  expect_error(g.layer, "= -2");
   g.idx.as<int32_t>()[3] = 0;
   g.wlen.as<int32_t>()[1] = 129;
-  expect_error(g.args, "window_len[1] = 129");
+  expect_error(g.layer, "window_len[1] = 129");
   g.wlen.as<int32_t>()[1] = 3;
-  Dsv4AttentionArgs a = g.args;
-  a.softmax_scale = 0;
+  Dsv4AttentionLayer a = g.layer;
+  a.softmax_scale = -1;
   expect_error(a, "softmax_scale");
-  a = g.args;
-  a.sinks = TensorRef(g.sink.data(), DType::F32, Device::cpu(), {7});
-  expect_error(a, "sinks");
-  a = g.args;
-  a.q = TensorRef(g.q.data(), DType::F32, Device::cpu(), {c.rows, c.heads, 256});
-  expect_error(a, "head_dim 512");
+  a = g.layer;
+  a.maybe_sinks = TensorRef(g.sink.data(), DType::F32, Device::cpu(), {7});
+  expect_error(a, "maybe_sinks");
+  a = g.layer;
+  a.rope = nullptr;
+  expect_error(a, "layer.rope is required");
+  const TensorRef q256(g.q.data(), DType::F32, Device::cpu(), {c.rows, c.heads, 256});
+  expect_error(g.layer, "512] on cpu", &q256);
+  // A layer whose window rows differ from the planned ones is refused by name.
+  const Dsv4AttentionPlan plan = Dsv4AttentionPlan::decode(g.layer, c.heads, g.step);
+  a = g.layer;
+  a.window_kv = TensorRef(g.win.data(), DType::F32, Device::cpu(), {c.rows, c.n_window - 1, kD});
+  try {
+    plan.run(g.q_ref, a, g.out_ref);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("but the plan was made for f32"), std::string::npos) << e.what();
+  }
   for (size_t i = 0; i < g.out.size() / 4; ++i) ASSERT_EQ(o[i], 7.0f);
 }
 
@@ -98,20 +110,23 @@ TEST(AttentionDsv4, MatchesHfTransformersFixture) {
     std::vector<int32_t> idx = row["idx"].get<std::vector<int32_t>>();
     std::vector<int32_t> wlen{row["window_len"].get<int32_t>()}, qpos{row["q_position"].get<int32_t>()};
     const int64_t n_window = row["n_window"], n_comp = row["n_comp"], k = static_cast<int64_t>(idx.size());
-    Dsv4AttentionArgs a;
+    Dsv4AttentionLayer a;
+    Dsv4AttentionStep st;
     const Device cpu = Device::cpu();
-    a.q = TensorRef(q.data(), DType::F32, cpu, {1, H, D});
+    const TensorRef tq(q.data(), DType::F32, cpu, {1, H, D});
     a.window_kv = TensorRef(win.data(), DType::F32, cpu, {1, n_window, D});
-    a.window_len = TensorRef(wlen.data(), DType::I32, cpu, {1});
+    st.window_len = TensorRef(wlen.data(), DType::I32, cpu, {1});
     a.comp_rows = TensorRef(packed.data(), DType::U8, cpu, {n_comp, 584});
     a.comp_idx = TensorRef(idx.data(), DType::I32, cpu, {1, k});
-    a.sinks = TensorRef(sinks.data(), DType::F32, cpu, {H});
-    a.q_positions = TensorRef(qpos.data(), DType::I32, cpu, {1});
-    a.rope = RopeSpec::plain(64, doc["rope_theta"].get<double>(), RopePairing::Interleaved);
-    a.rope.slice = RopeSlice::Tail;
+    a.maybe_sinks = TensorRef(sinks.data(), DType::F32, cpu, {H});
+    st.q_positions = TensorRef(qpos.data(), DType::I32, cpu, {1});
+    RopeSpec rope = RopeSpec::plain(64, doc["rope_theta"].get<double>(), RopePairing::Interleaved);
+    rope.slice = RopeSlice::Tail;
+    const math::RopeTable table = make_rope_table(rope, D);
+    a.rope = &table;
     a.softmax_scale = doc["softmax_scale"].get<float>();
     std::vector<float> got(want.size());
-    attention_dsv4_decode(a, TensorRef(got.data(), DType::F32, cpu, {1, H, D}));
+    Dsv4AttentionPlan::decode(a, H, st).run(tq, a, TensorRef(got.data(), DType::F32, cpu, {1, H, D}));
     worst = std::max(worst, attn_test::max_rel_err(got, want));
   }
   EXPECT_LE(worst, 2e-5);
@@ -135,15 +150,39 @@ TEST(AttentionDsv4, WindowRingsFromAPoolByIndex) {
   Dev g;
   upload(c, Device::cpu(), g);
   std::vector<int32_t> wi = idx;
-  g.args.window_kv = TensorRef(pool.data(), DType::F32, Device::cpu(), {5, c.n_window, kD});
-  g.args.window_index = TensorRef(wi.data(), DType::I32, Device::cpu(), {c.rows});
-  attention_dsv4_decode(g.args, g.out_ref);
+  g.layer.window_kv = TensorRef(pool.data(), DType::F32, Device::cpu(), {5, c.n_window, kD});
+  g.step.maybe_window_index = TensorRef(wi.data(), DType::I32, Device::cpu(), {c.rows});
+  g.run();
   EXPECT_LE(attn_test::max_rel_err(g.out.to_host<float>(), ref), 1e-5);
   wi[1] = 5;
   try {
-    attention_dsv4_decode(g.args, g.out_ref);
+    g.run();
     ADD_FAILURE() << "no throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("window_index[1] = 5"), std::string::npos) << e.what();
   }
+}
+
+// One plan serves every layer of a step: two layers with their own window rows, picks and
+// sinks run through one plan equal their own float64 references.
+TEST(AttentionDsv4, OnePlanServesEveryLayer) {
+  Case c0, c1;
+  for (Case* c : {&c0, &c1}) {
+    c->rows = 2;
+    c->heads = 8;
+    c->k = 24;
+    c->seed = c == &c0 ? 31 : 32;
+    fill(*c);
+  }
+  c1.wlen = c0.wlen;  // step data the layers share
+  c1.qpos = c0.qpos;
+  Dev g0, g1;
+  upload(c0, Device::cpu(), g0);
+  upload(c1, Device::cpu(), g1);
+  g0.sched.num_splits = 3;
+  const Dsv4AttentionPlan plan = Dsv4AttentionPlan::decode(g0.layer, c0.heads, g0.step, g0.sched);
+  plan.run(g0.q_ref, g0.layer, g0.out_ref);
+  plan.run(g1.q_ref, g1.layer, g1.out_ref);
+  EXPECT_LE(attn_test::max_rel_err(g0.out.to_host<float>(), reference(c0)), 1e-5);
+  EXPECT_LE(attn_test::max_rel_err(g1.out.to_host<float>(), reference(c1)), 1e-5);
 }

@@ -9,6 +9,7 @@
 #include "kvcore/kvcore.hpp"
 #include "kvcore/math/attention_rows.hpp"
 #include "kvcore/ops/attention.hpp"
+#include "kvcore/ops/attention_dsv4.hpp"
 
 namespace dsv4_test {
 
@@ -119,8 +120,15 @@ inline std::vector<double> reference(const Case& c) {
 
 struct Dev {
   Buffer q, win, wlen, qpos, idx, comp, sink, out;
-  Dsv4AttentionArgs args;
-  TensorRef out_ref;
+  TensorRef q_ref, out_ref;
+  Dsv4AttentionStep step;
+  Dsv4AttentionLayer layer;
+  AttentionSchedule sched;
+  math::RopeTable rope{};
+  // Plan the step and run the layer (the one-layer case).
+  void run() const {
+    Dsv4AttentionPlan::decode(layer, static_cast<int32_t>(q_ref.size(1)), step, sched).run(q_ref, layer, out_ref);
+  }
 };
 
 inline void upload(const Case& c, Device d, Dev& g) {
@@ -128,11 +136,11 @@ inline void upload(const Case& c, Device d, Dev& g) {
   g.win = c.f16_window ? Buffer::from_host(c.win16, d) : Buffer::from_host(c.win32, d);
   g.wlen = Buffer::from_host(c.wlen, d);
   g.qpos = Buffer::from_host(c.qpos, d);
-  auto& a = g.args;
-  a.q = TensorRef(g.q.data(), DType::F32, d, {c.rows, c.heads, kD});
+  auto& a = g.layer;
+  g.q_ref = TensorRef(g.q.data(), DType::F32, d, {c.rows, c.heads, kD});
   a.window_kv = TensorRef(g.win.data(), c.f16_window ? DType::F16 : DType::F32, d, {c.rows, c.n_window, kD});
-  a.window_len = TensorRef(g.wlen.data(), DType::I32, d, {c.rows});
-  a.q_positions = TensorRef(g.qpos.data(), DType::I32, d, {c.rows});
+  g.step.window_len = TensorRef(g.wlen.data(), DType::I32, d, {c.rows});
+  g.step.q_positions = TensorRef(g.qpos.data(), DType::I32, d, {c.rows});
   if (c.k > 0) {
     g.idx = Buffer::from_host(c.idx, d);
     const int64_t stride = kRow + c.comp_pad;
@@ -145,9 +153,10 @@ inline void upload(const Case& c, Device d, Dev& g) {
   }
   if (c.sinks) {
     g.sink = Buffer::from_host(c.sink, d);
-    a.sinks = TensorRef(g.sink.data(), DType::F32, d, {c.heads});
+    a.maybe_sinks = TensorRef(g.sink.data(), DType::F32, d, {c.heads});
   }
-  a.rope = c.rope;
+  g.rope = make_rope_table(c.rope, kD);
+  a.rope = &g.rope;
   a.softmax_scale = c.scale;
   g.out = Buffer(static_cast<size_t>(c.rows) * c.heads * kD * 4, d);
   g.out_ref = TensorRef(g.out.data(), DType::F32, d, {c.rows, c.heads, kD});
@@ -156,8 +165,8 @@ inline void upload(const Case& c, Device d, Dev& g) {
 inline std::vector<float> run(const Case& c, Device d, int splits = 0) {
   Dev g;
   upload(c, d, g);
-  g.args.num_splits = splits;
-  attention_dsv4_decode(g.args, g.out_ref);
+  g.sched.num_splits = splits;
+  g.run();
   return g.out.to_host<float>();
 }
 

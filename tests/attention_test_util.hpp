@@ -14,6 +14,8 @@
 #include "kvcore/math/attention_rows.hpp"
 #include "kvcore/math/rope_spec.hpp"
 #include "kvcore/ops/attention.hpp"
+#include "ops/attention_plan_impl.hpp"
+#include "ops/attention_tuning.hpp"
 
 namespace attn_test {
 
@@ -29,7 +31,7 @@ struct CaseSpec {
   double dead_rate = 0.0;          // share of dead cells (valid = 0)
   int window = 0;
   bool sinks = false;
-  bool rope_on_read = false, rotate_query = false;
+  bool rope_on_read = false;       // K stored unrotated; attention rotates K and q
   int rope_dims = 0;               // rotated dims (0: head_dim / 2 from 128 on, else head_dim)
   std::vector<int> q_tokens;       // prefill: new tokens per sequence (the last cells of each sequence)
   bool pos_offsets = false;        // store positions + a per-sequence offset, pass table.pos_offset
@@ -231,7 +233,7 @@ inline std::vector<double> reference(const HostCase& c) {
       const int kvh = h / G;
       std::vector<double> q(D);
       for (int d = 0; d < D; ++d) q[d] = c.q_value(r, h, d);
-      if (s.rotate_query) rotate(q, qp);
+      if (s.rope_on_read) rotate(q, qp);
       std::vector<double> scores;
       std::vector<int64_t> keys;
       for (int j = 0; j < s.seq_cells[b]; ++j) {
@@ -263,13 +265,23 @@ inline std::vector<double> reference(const HostCase& c) {
   return out;
 }
 
-// Device copies of a HostCase and the views an op call takes.
+// Device copies of a HostCase and the arguments of a plan and its run.
 struct DeviceCase {
   Buffer k, v, ks, vs, pos, valid, indptr, indices, lpl, q, qpos, qo, sinks, pos_off;
   PagedKV kv;
-  BlockTable table;
-  AttentionOptions opt;
-  TensorRef q_ref, qo_ref;
+  math::RopeTable rope_table{};
+  AttentionStep step;        // step.table, q_positions, qo_indptr (prefill)
+  AttentionSchedule sched;
+  AttentionLayer layer;
+  ops::AttentionTuning tuning;
+  TensorRef q_ref;
+  bool prefill = false;
+  BlockTable& table() { return step.table; }
+  AttentionPlan plan() const {
+    return ops::attn::plan_paged(prefill, kv, static_cast<int32_t>(q_ref.size(1)), step, sched, tuning);
+  }
+  // Plan and run in one (the one-layer case).
+  void run(const TensorRef& out) const { plan().run(q_ref, kv, out, layer); }
 };
 
 template <class T>
@@ -313,10 +325,10 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
         }
     g.pos = upload(stored, d);
     g.pos_off = upload(off, d);
-    g.table.pos_offset = TensorRef(g.pos_off.data(), DType::I32, d, {n_seq});
+    g.step.table.pos_offset = TensorRef(g.pos_off.data(), DType::I32, d, {n_seq});
   } else {
     g.pos = upload(c.positions, d);
-    g.table.pos_offset = TensorRef();
+    g.step.table.pos_offset = TensorRef();
   }
   g.valid = upload(c.valid, d);
   g.kv.positions = TensorRef(g.pos.data(), DType::I32, d, {nb, bs});
@@ -326,37 +338,43 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
   g.indices = upload(c.indices, d);
   g.lpl = upload(c.last_page_len, d);
   const int64_t batch = static_cast<int64_t>(c.last_page_len.size());
-  g.table.indptr = TensorRef(g.indptr.data(), DType::I32, d, {batch + 1});
-  g.table.indices = TensorRef(g.indices.data(), DType::I32, d, {static_cast<int64_t>(c.indices.size())});
-  g.table.last_page_len = TensorRef(g.lpl.data(), DType::I32, d, {batch});
+  g.step.table.indptr = TensorRef(g.indptr.data(), DType::I32, d, {batch + 1});
+  g.step.table.indices = TensorRef(g.indices.data(), DType::I32, d, {static_cast<int64_t>(c.indices.size())});
+  g.step.table.last_page_len = TensorRef(g.lpl.data(), DType::I32, d, {batch});
   g.q = upload(c.q, d);
   g.q_ref = TensorRef(g.q.data(), s.q, d, {c.rows, s.n_q_heads, D});
   g.qpos = upload(c.q_positions, d);
-  if (!c.qo_indptr.empty()) {
+  g.prefill = !c.qo_indptr.empty();
+  g.step.qo_indptr = TensorRef();
+  if (g.prefill) {
     g.qo = upload(c.qo_indptr, d);
-    g.qo_ref = TensorRef(g.qo.data(), DType::I32, d, {batch + 1});
+    g.step.qo_indptr = TensorRef(g.qo.data(), DType::I32, d, {batch + 1});
   }
-  g.opt = AttentionOptions{};
-  g.opt.softmax_scale = c.softmax_scale;
-  g.opt.window = s.window;
-  g.opt.q_positions = TensorRef(g.qpos.data(), DType::I32, d, {c.rows});
+  g.layer = AttentionLayer{};
+  g.layer.softmax_scale = c.softmax_scale;
+  g.layer.window = s.window;
+  g.step.q_positions = TensorRef(g.qpos.data(), DType::I32, d, {c.rows});
   if (s.sinks) {
     g.sinks = upload(c.sinks, d);
-    g.opt.sinks = TensorRef(g.sinks.data(), DType::F32, d, {s.n_q_heads});
+    g.layer.maybe_sinks = TensorRef(g.sinks.data(), DType::F32, d, {s.n_q_heads});
   }
-  if (s.rope_on_read) g.opt.rope_on_read = c.rope;
-  g.opt.rotate_query = s.rotate_query;
+  g.sched = AttentionSchedule{};
+  g.tuning = ops::AttentionTuning{};
+  if (s.rope_on_read) {
+    g.rope_table = make_rope_table(c.rope, D);
+    g.kv.rope_mode = RopeMode::RopeOnRead;
+    g.kv.maybe_rope = &g.rope_table;
+  }
 }
 
 // Cases that store position + a per-sequence offset (read through table.pos_offset):
-// variant 0 rope on read, 1 window, 2 causal prefill with rotate_query, 3 forked sequences.
+// variant 0 rope on read, 1 window, 2 causal prefill with rope on read, 3 forked sequences.
 inline CaseSpec pos_offset_case(int variant, std::vector<int> seq_cells) {
   CaseSpec s;
   s.seq_cells = std::move(seq_cells);
   s.dead_rate = 0.2;
   s.pos_offsets = true;
   s.rope_on_read = variant != 1;
-  s.rotate_query = variant == 2;
   s.window = variant >= 1 ? 30 : 0;
   s.shared_blocks = variant == 3 ? 2 : 0;
   if (variant == 2) s.q_tokens = {5, 9, 1};
@@ -370,14 +388,13 @@ inline std::vector<float> run_op(const HostCase& c, Device d, int num_splits = 0
   DeviceCase local;
   DeviceCase& g = keep ? *keep : local;
   make_device_case(c, d, g);
-  g.opt.num_splits = num_splits;
-  g.opt.kernel_variant = kernel_variant;
+  g.sched.num_splits = num_splits;
+  g.tuning.kernel = static_cast<ops::AttentionKernel>(kernel_variant);
   const auto& s = c.spec;
   const int64_t n = int64_t{c.rows} * s.n_q_heads * s.head_dim;
   Buffer out(n * dtype_size(s.out), d);
   TensorRef o(out.data(), s.out, d, {c.rows, s.n_q_heads, s.head_dim});
-  if (c.qo_indptr.empty()) attention_decode(g.q_ref, g.kv, g.table, o, g.opt);
-  else attention_prefill(g.q_ref, g.qo_ref, g.kv, g.table, o, g.opt);
+  g.run(o);
   std::vector<uint8_t> raw = out.to_host<uint8_t>();
   std::vector<float> f(n);
   for (int64_t i = 0; i < n; ++i) {

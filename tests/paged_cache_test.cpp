@@ -57,7 +57,7 @@ TEST(PagedCache, ShiftFreesWholeBlocksKillsCutCellsAndNeverMovesV) {
     EXPECT_EQ(std::vector<uint8_t>(valid.begin() + 12, valid.begin() + 16), want_block3);
     // Blocks 1 and 2 went back to the free list (their cells are left as they were: no table lists them).
     const SeqId ids[1] = {s};
-    const PagedCsr csr = c.block_tables(ids);
+    const BlockTable csr = c.block_tables(ids);
     const std::vector<int32_t> table(csr.indices.data_as<const int32_t>(), csr.indices.data_as<const int32_t>() + 4);
     EXPECT_EQ(table, (std::vector<int32_t>{0, 3, 4, 5}));
     c.prepare();
@@ -172,7 +172,7 @@ TEST(PagedCache, BlockTablesInCsrForm) {
   append_random(c, a, 6, rng);
   append_random(c, b, 8, rng);
   const SeqId ids[3] = {b, e, a};
-  const PagedCsr csr = c.block_tables(ids);
+  const BlockTable csr = c.block_tables(ids);
   const int32_t* indptr = csr.indptr.data_as<const int32_t>();
   const int32_t* last = csr.last_page_len.data_as<const int32_t>();
   const int32_t* idx = csr.indices.data_as<const int32_t>();

@@ -470,7 +470,7 @@ struct Driver {
       EXPECT_EQ(c.info(id).n_live, static_cast<int32_t>(s.size()));
     }
     EXPECT_EQ(ps.tokens_live, live);
-    const PagedCsr csr = c.block_tables(ids);
+    const BlockTable csr = c.block_tables(ids);
     const std::vector<uint8_t> ind = download(csr.indices);
     std::vector<int32_t> blocks(ind.size() / 4);
     if (!ind.empty()) std::memcpy(blocks.data(), ind.data(), ind.size());
@@ -485,7 +485,7 @@ struct Driver {
     const RefSeq& want = model[id];
     for (PagedCache* c : caches) {
       const SeqId ids[1] = {id};
-      const PagedCsr csr = c->block_tables(ids, PagedPositions::Offsets);
+      const BlockTable csr = c->block_tables(ids, PagedPositions::Offsets);
       auto i32 = [](const TensorRef& t) {
         const std::vector<uint8_t> b = download(t);
         std::vector<int32_t> v(b.size() / 4);

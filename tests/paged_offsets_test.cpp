@@ -40,7 +40,7 @@ void append_n(PagedCache& c, SeqId id, int32_t n, std::mt19937_64& rng) {
 // Token positions of `id` through the Offsets export (stored - pos_offset over live cells), and its offset.
 std::vector<int32_t> exported_positions(PagedCache& c, SeqId id, int32_t* offset, PagedPositions how) {
   const SeqId ids[1] = {id};
-  const PagedCsr csr = c.block_tables(ids, how);
+  const BlockTable csr = c.block_tables(ids, how);
   const std::vector<int32_t> indptr = i32_of(csr.indptr), indices = i32_of(csr.indices), last = i32_of(csr.last_page_len),
                              off = i32_of(csr.pos_offset), pos = i32_of(c.positions());
   const std::vector<uint8_t> valid = download(c.valid());
@@ -223,6 +223,7 @@ TEST(PagedOffsets, ShiftCostDoesNotFollowTheContextLength) {
     cfg.k_format = cfg.v_format = KvFormat::F16;
     cfg.rope = {RopeSpec::plain(16, 10000.0)};
     cfg.rope_mode = RopeMode::RopeOnRead;
+    cfg.kvcore_attention = false;  // head_dim 16: no attention reads these pages
     PagedCache c(cfg, Device::cpu());
     std::mt19937_64 rng(7);
     const SeqId s = c.create();

@@ -124,9 +124,16 @@ class Stack {
     }
     Buffer bip = Buffer::from_host(indptr, dev_), bix = Buffer::from_host(indices, dev_), blp = Buffer::from_host(lpl, dev_),
            bqp = Buffer::from_host(qpos, dev_);
-    BlockTable table{TensorRef(bip.data(), DType::I32, dev_, {c_.batch + 1}),
-                     TensorRef(bix.data(), DType::I32, dev_, {static_cast<int64_t>(indices.size())}),
-                     TensorRef(blp.data(), DType::I32, dev_, {c_.batch}), TensorRef()};
+    AttentionStep step;
+    step.table = BlockTable{TensorRef(bip.data(), DType::I32, dev_, {c_.batch + 1}),
+                            TensorRef(bix.data(), DType::I32, dev_, {static_cast<int64_t>(indices.size())}),
+                            TensorRef(blp.data(), DType::I32, dev_, {c_.batch}), TensorRef()};
+    step.q_positions = TensorRef(bqp.data(), DType::I32, dev_, {c_.batch});
+    AttentionSchedule schedule;
+    schedule.num_splits = splits_;
+    schedule.maybe_workspace = TensorRef(ws_.data(), DType::U8, dev_, {static_cast<int64_t>(ws_.size())});
+    // One plan for the step (every layer's pages share their shapes), one run per layer.
+    const AttentionPlan plan = AttentionPlan::decode(pages(0), c_.heads, step, schedule);
     double worst = 0;
     for (int l = 0; l < c_.layers; ++l) {
       std::vector<float> q(static_cast<size_t>(c_.batch) * dm);
@@ -140,27 +147,9 @@ class Stack {
         seqs_[b].mirror[l].push_back(std::move(kept));
       }
       Buffer bq = Buffer::from_host(q, dev_), bo(q.size() * 4, dev_);
-      PagedKV kv;
-      const int64_t nb = num_blocks_;
-      const DType t_kv = c_.fp8 ? DType::E4M3 : DType::F16;
-      kv.k = TensorRef(kpool_[l].data(), t_kv, dev_, {nb, c_.block, c_.kv_heads, D});
-      kv.v = TensorRef(vpool_[l].data(), t_kv, dev_, {nb, c_.block, c_.kv_heads, D});
-      if (c_.fp8) {
-        kv.k_scale = TensorRef(kscale_[l].data(), DType::UE8M0, dev_, {nb, c_.block, c_.kv_heads, D / 64});
-        kv.v_scale = TensorRef(vscale_[l].data(), DType::UE8M0, dev_, {nb, c_.block, c_.kv_heads, D / 64});
-      }
-      kv.positions = TensorRef(pos_dev_.data(), DType::I32, dev_, {nb, c_.block});
-      kv.valid = TensorRef(valid_dev_.data(), DType::U8, dev_, {nb, c_.block});
-      AttentionOptions o;
-      o.softmax_scale = 1.0f / std::sqrt(float(D));
-      o.rope_on_read = rope_;
-      o.rotate_query = true;
-      o.q_positions = TensorRef(bqp.data(), DType::I32, dev_, {c_.batch});
-      o.num_splits = splits_;
-      o.workspace = TensorRef(ws_.data(), DType::U8, dev_, {static_cast<int64_t>(ws_.size())});
       const auto t0 = std::chrono::steady_clock::now();
-      attention_decode(TensorRef(bq.data(), DType::F32, dev_, {c_.batch, c_.heads, D}), kv, table,
-                       TensorRef(bo.data(), DType::F32, dev_, {c_.batch, c_.heads, D}), o);
+      plan.run(TensorRef(bq.data(), DType::F32, dev_, {c_.batch, c_.heads, D}), pages(l),
+               TensorRef(bo.data(), DType::F32, dev_, {c_.batch, c_.heads, D}));  // scale: head_dim^-0.5
       synchronize(dev_);
       *attn_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::vector<float> att = bo.to_host<float>();
@@ -178,6 +167,24 @@ class Stack {
   }
 
   int shifts() const { return shifts_; }
+
+  // Layer l's pages as attention reads them: K stored unrotated, rotated while read.
+  PagedKV pages(int l) const {
+    PagedKV kv;
+    const int64_t nb = num_blocks_, D = c_.head_dim;
+    const DType t_kv = c_.fp8 ? DType::E4M3 : DType::F16;
+    kv.k = TensorRef(kpool_[l].data(), t_kv, dev_, {nb, c_.block, c_.kv_heads, D});
+    kv.v = TensorRef(vpool_[l].data(), t_kv, dev_, {nb, c_.block, c_.kv_heads, D});
+    if (c_.fp8) {
+      kv.k_scale = TensorRef(kscale_[l].data(), DType::UE8M0, dev_, {nb, c_.block, c_.kv_heads, D / 64});
+      kv.v_scale = TensorRef(vscale_[l].data(), DType::UE8M0, dev_, {nb, c_.block, c_.kv_heads, D / 64});
+    }
+    kv.positions = TensorRef(pos_dev_.data(), DType::I32, dev_, {nb, c_.block});
+    kv.valid = TensorRef(valid_dev_.data(), DType::U8, dev_, {nb, c_.block});
+    kv.rope_mode = RopeMode::RopeOnRead;
+    kv.maybe_rope = &table_;
+    return kv;
+  }
   int live(int b) const { return static_cast<int>(seqs_[b].mirror[0].size()); }
   double bytes_per_token() const {  // K + V (+ scales) per token, all layers
     return double(c_.layers) * 2 * c_.kv_heads * (c_.head_dim * elem_ + (c_.fp8 ? c_.head_dim / 64 : 0));

@@ -113,12 +113,7 @@ RunResult run_session(const SessionShape& s, RopeMode mode, KvFormat fmt, Device
   std::vector<RefLayer> ref(s.layers);
   Buffer kbuf(size_t(kvw) * 4, dev), vbuf(size_t(kvw) * 4, dev), qbuf(size_t(qw) * 4, dev), obuf(size_t(qw) * 4, dev);
   Buffer qpos(4, dev);
-  AttentionOptions opt;
-  opt.softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  if (mode == RopeMode::RopeOnRead) {
-    opt.rope_on_read = rope;
-    opt.rotate_query = true;
-  }
+  const double scale = 1.0 / std::sqrt(static_cast<float>(s.head_dim));  // attention's default
 
   RunResult res;
   bool after_shift = false;
@@ -146,7 +141,13 @@ RunResult run_session(const SessionShape& s, RopeMode mode, KvFormat fmt, Device
     const int32_t pos32 = pos;
     AppendTicket ticket = cache.reserve(seq, std::span<const int32_t>(&pos32, 1));
     qpos.copy_from_host(&pos32, 4);
-    opt.q_positions = TensorRef(qpos.data(), DType::I32, dev, {1});
+    // One plan for the step: the tables and positions every layer shares. Offsets: after a
+    // rope-on-read shift the cells keep their stored positions and the sequence's offset travels
+    // with the table (no per-cell work).
+    AttentionStep attn_step;
+    attn_step.table = cache.block_tables(std::span<const SeqId>(&seq, 1), PagedPositions::Offsets);
+    attn_step.q_positions = TensorRef(qpos.data(), DType::I32, dev, {1});
+    const AttentionPlan plan = AttentionPlan::decode(cache.paged_kv(0), s.q_heads, attn_step);
     double step_err = 0;
     for (int l = 0; l < s.layers; ++l) {
       std::vector<float> q = matvec(x, W[l].wq, qw), k = matvec(x, W[l].wk, kvw), v = matvec(x, W[l].wv, kvw);
@@ -161,17 +162,12 @@ RunResult run_session(const SessionShape& s, RopeMode mode, KvFormat fmt, Device
       rotate_f64(r.k_rot.back(), freq64, s.kv_heads, s.head_dim, pos);
 
       std::vector<float> q_in = q;  // rope-stored pages hold rotated K: the query comes rotated too
+                                    // (rope-on-read pages: attention rotates both)
       if (mode == RopeMode::RopeStored)
         for (int h = 0; h < s.q_heads; ++h) math::rope_rotate_row(&q_in[size_t(h) * s.head_dim], table, float(pos), 1.0f);
       qbuf.copy_from_host(q_in.data(), qbuf.size());
-      // Offsets: after a rope-on-read shift the cells keep their stored positions and the
-      // sequence's offset travels with the table (no per-cell work).
-      const PagedCsr csr = cache.block_tables(std::span<const SeqId>(&seq, 1), PagedPositions::Offsets);
-      const KvPool kp = cache.k_pool(l), vp = cache.v_pool(l);
-      PagedKV kv{kp.data, vp.data, kp.scales, vp.scales, cache.positions(), cache.valid()};
-      attention_decode(TensorRef(qbuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}), kv,
-                       BlockTable{csr.indptr, csr.indices, csr.last_page_len, csr.pos_offset},
-                       TensorRef(obuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}), opt);
+      plan.run(TensorRef(qbuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}), cache.paged_kv(l),
+               TensorRef(obuf.data(), DType::F32, dev, {1, s.q_heads, s.head_dim}));
       std::vector<float> out = obuf.to_host<float>();
 
       // float64 attention over the reference (GQA: q head h reads kv head h / group)
@@ -186,7 +182,7 @@ RunResult run_session(const SessionShape& s, RopeMode mode, KvFormat fmt, Device
         for (int j = 0; j < n; ++j) {
           double d = 0;
           for (int e = 0; e < s.head_dim; ++e) d += q64[size_t(h) * s.head_dim + e] * r.k_rot[j][size_t(kh) * s.head_dim + e];
-          sc[j] = d * opt.softmax_scale;
+          sc[j] = d * scale;
           mx = std::max(mx, sc[j]);
         }
         double sum = 0;

@@ -9,6 +9,7 @@
 #include "kvcore/error.hpp"
 #include "kvcore/math/rope_spec.hpp"
 #include "kvcore/ops/attention.hpp"
+#include "kvcore/ops/attention_dsv4.hpp"
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/ops/fp8.hpp"
 #include "kvcore/ops/kv_store.hpp"

@@ -8,6 +8,7 @@
 #include "cache/paged_impl.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/runtime.hpp"
+#include "ops/attention_support.hpp"
 #include "ops/checks.hpp"
 #include "ops/kv_store_row.hpp"
 
@@ -170,6 +171,15 @@ void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
 PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make_unique<Impl>()) {
   config.validate();
   checks::backend_available("PagedCache", device);
+  if (config.kvcore_attention && config.k_format != KvFormat::Dsv4Row) {
+    const DType v = config.v_head_dim > 0 ? kv_format_dtype(config.v_format) : kv_format_dtype(config.k_format);
+    const std::string why = ops::attention_cannot_read(
+        device, {kv_format_dtype(config.k_format), v, config.head_dim, config.v_head_dim});
+    require_arg(why.empty(), "PagedCacheConfig (kvcore_attention = true, on ", device.str(), "): attention cannot read ",
+                why, " (k_format ", kv_format_name(config.k_format), ", v_format ", kv_format_name(config.v_format),
+                ", head_dim ", config.head_dim, ", v_head_dim ", config.v_head_dim,
+                "); set kvcore_attention = false for pages an engine reads itself");
+  }
   Impl& m = *impl_;
   m.cfg = std::move(config);
   m.dev = device;
@@ -370,17 +380,43 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
   return out;
 }
 
-PagedCsr PagedCache::block_tables(std::span<const SeqId> seqs, PagedPositions positions) {
+BlockTable PagedCache::block_tables(std::span<const SeqId> seqs, PagedPositions positions) {
+  return block_tables(seqs, impl_->csr, positions);
+}
+
+BlockTable PagedCache::block_tables(std::span<const SeqId> seqs, Buffer& storage, PagedPositions positions) {
   Impl& m = *impl_;
   m.check_usable();
+  require_arg(positions == PagedPositions::Materialized || positions == PagedPositions::Offsets,
+              "PagedCache::block_tables: positions must be Materialized or Offsets, got ", static_cast<int>(positions));
+  require_arg(storage.empty() || storage.device() == m.dev, "PagedCache::block_tables: storage is on ",
+              storage.device().str(), " but the cache is on ", m.dev.str());
   for (SeqId id : seqs) m.meta.seq(id);  // validate every id first
   const bool offsets = positions == PagedPositions::Offsets;
   if (offsets) m.rotate_pending();
   else prepare();
-  return m.tables(seqs, offsets);
+  return m.tables(seqs, offsets, storage);
 }
 
-PagedCsr PagedCache::Impl::tables(std::span<const SeqId> seqs, bool with_offsets) {
+PagedKV PagedCache::paged_kv(int32_t layer) const {
+  const Impl& m = *impl_;
+  m.check_usable();
+  require_arg(layer >= 0 && layer < m.cfg.n_layers, "PagedCache::paged_kv: layer must be in [0, ", m.cfg.n_layers,
+              "), got ", layer);
+  const KvPool k = m.pool(true, layer), v = m.pool(false, layer);
+  PagedKV kv;
+  kv.k = k.data;
+  kv.v = v.data;
+  kv.k_scale = k.scales;
+  kv.v_scale = v.scales;
+  kv.positions = positions();
+  kv.valid = valid();
+  kv.rope_mode = m.cfg.rope_mode;
+  kv.maybe_rope = &m.rope[layer];
+  return kv;
+}
+
+BlockTable PagedCache::Impl::tables(std::span<const SeqId> seqs, bool with_offsets, Buffer& storage) {
   const size_t batch = seqs.size();
   // indptr [batch + 1], last_page_len [batch], pos_offset [batch]; indices appended after.
   std::vector<int32_t> host(batch + 1 + 2 * batch);
@@ -395,10 +431,10 @@ PagedCsr PagedCache::Impl::tables(std::span<const SeqId> seqs, bool with_offsets
   }
   host.insert(host.end(), indices.begin(), indices.end());
   const size_t bytes = host.size() * 4;
-  if (csr.size() < bytes) csr = Buffer(std::max<size_t>(bytes, 4096), dev);
-  copy_bytes(csr.data(), dev, host.data(), Device::cpu(), bytes, cfg.stream);
-  int32_t* base = csr.as<int32_t>();
-  PagedCsr out;
+  if (storage.size() < bytes) storage = Buffer(std::max<size_t>(bytes, 4096), dev);
+  copy_bytes(storage.data(), dev, host.data(), Device::cpu(), bytes, cfg.stream);
+  int32_t* base = storage.as<int32_t>();
+  BlockTable out;
   out.indptr = TensorRef(base, DType::I32, dev, {static_cast<int64_t>(batch + 1)});
   out.last_page_len = TensorRef(base + batch + 1, DType::I32, dev, {static_cast<int64_t>(batch)});
   out.pos_offset = TensorRef(base + 2 * batch + 1, DType::I32, dev, {static_cast<int64_t>(batch)});

@@ -96,9 +96,10 @@ struct PagedCache::Impl {
   void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v,
                   const TensorRef& maybe_angles = {});
   void truncate_impl(SeqId id, int32_t n);
-  void fold_offsets();
-  void rotate_pending();  // prepare()'s second step (RopeStored)  // prepare()'s first step: every sequence's pos_offset into its cells
-  PagedCsr tables(std::span<const SeqId> seqs, bool with_offsets);
+  void fold_offsets();   // prepare()'s first step: every sequence's pos_offset into its cells
+  void rotate_pending();  // prepare()'s second step (RopeStored)
+  // Writes the tables into `storage` (grown when too small) and returns views into it.
+  BlockTable tables(std::span<const SeqId> seqs, bool with_offsets, Buffer& storage);
 };
 
 }  // namespace kvcore

@@ -7,9 +7,9 @@
 
 namespace kvcore::ops::attn {
 
-std::vector<int32_t> host_i32(const TensorRef& t) {
+std::vector<int32_t> host_i32(const TensorRef& t, Stream stream) {
   std::vector<int32_t> h(static_cast<size_t>(t.numel()));
-  if (!h.empty()) copy_bytes(h.data(), Device::cpu(), t.data(), t.device(), h.size() * sizeof(int32_t));
+  if (!h.empty()) copy_bytes(h.data(), Device::cpu(), t.data(), t.device(), h.size() * sizeof(int32_t), stream);
   return h;
 }
 
@@ -45,8 +45,8 @@ void check_cell_array(const char* op, const char* name, const TensorRef& t, DTyp
 
 void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim, int64_t n_q_heads,
                  PagedAttentionParams& p) {
-  for (const char* name : {"kv.k", "kv.v"}) {
-    const TensorRef& t = name[3] == 'k' ? kv.k : kv.v;
+  for (const char* name : {"pages.k", "pages.v"}) {
+    const TensorRef& t = name[6] == 'k' ? kv.k : kv.v;
     checks::not_null(op, name, t);
     checks::ndim_is(op, name, t, 4);
     require_arg(t.device() == dev, op, ": ", name, " is on ", t.device().str(), ", q on ", dev.str());
@@ -55,15 +55,11 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
                     t.dtype() == DType::E4M3,
                 op, ": ", name, " must be f32, f16, bf16 or e4m3, got ", dtype_name(t.dtype()));
   }
-  require_arg(kv.k.dtype() == kv.v.dtype(), op, ": kv.k is ", dtype_name(kv.k.dtype()), " but kv.v is ",
-              dtype_name(kv.v.dtype()));
   for (int d = 0; d < 4; ++d)
-    require_arg(kv.k.size(d) == kv.v.size(d), op, ": kv.k ", shape_of(kv.k), " and kv.v ", shape_of(kv.v),
+    require_arg(kv.k.size(d) == kv.v.size(d), op, ": pages.k ", shape_of(kv.k), " and pages.v ", shape_of(kv.v),
                 " must have one shape");
   const int64_t num_blocks = kv.k.size(0), block_size = kv.k.size(1), n_kv = kv.k.size(2);
   require_arg(kv.k.size(3) == head_dim, op, ": q has head_dim ", head_dim, " but the pools have ", kv.k.size(3));
-  require_arg(head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512, op,
-              ": head_dim must be 64, 128, 256 or 512, got ", head_dim);
   require_arg(block_size >= 1 && n_kv >= 1 && num_blocks >= 1, op, ": pools must be non-empty, got ", described(kv.k));
   require_arg(num_blocks * block_size < (int64_t{1} << 31), op, ": pools hold more than 2^31 cells");
   require_arg(n_q_heads % n_kv == 0, op, ": n_q_heads = ", n_q_heads, " must be a multiple of n_kv_heads = ", n_kv);
@@ -78,9 +74,9 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
   p.maybe_k_scale_u8 = p.maybe_v_scale_u8 = nullptr;
   p.maybe_k_scale_f32 = p.maybe_v_scale_f32 = nullptr;
   if (p.kv_elem == math::KvElem::E4M3) {
-    require_arg(!kv.k_scale.empty() && !kv.v_scale.empty(), op, ": e4m3 pools need kv.k_scale and kv.v_scale");
-    for (const char* name : {"kv.k_scale", "kv.v_scale"}) {
-      const TensorRef& s = name[3] == 'k' ? kv.k_scale : kv.v_scale;
+    require_arg(!kv.k_scale.empty() && !kv.v_scale.empty(), op, ": e4m3 pools need pages.k_scale and pages.v_scale");
+    for (const char* name : {"pages.k_scale", "pages.v_scale"}) {
+      const TensorRef& s = name[6] == 'k' ? kv.k_scale : kv.v_scale;
       checks::not_null(op, name, s);
       require_arg(s.device() == dev, op, ": ", name, " is on ", s.device().str(), ", q on ", dev.str());
       require_arg(s.is_contiguous(), op, ": ", name, " must be contiguous");
@@ -96,7 +92,7 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
       }
     }
     require_arg((kv.k_scale.dtype() == DType::F32) == (kv.v_scale.dtype() == DType::F32), op,
-                ": kv.k_scale and kv.v_scale must use one scale format, got ", dtype_name(kv.k_scale.dtype()), " and ",
+                ": pages.k_scale and pages.v_scale must use one scale format, got ", dtype_name(kv.k_scale.dtype()), " and ",
                 dtype_name(kv.v_scale.dtype()));
     if (kv.k_scale.dtype() == DType::F32) {
       p.scale_mode = math::KvScaleMode::F32PerRow;
@@ -114,12 +110,12 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
   p.maybe_positions = nullptr;
   p.maybe_valid = nullptr;
   if (!kv.positions.empty()) {
-    check_cell_array(op, "kv.positions", kv.positions, DType::I32, kv.k, dev);
+    check_cell_array(op, "pages.positions", kv.positions, DType::I32, kv.k, dev);
     p.maybe_positions = kv.positions.data_as<const int32_t>();
   }
   if (!kv.valid.empty()) {
-    require_arg(kv.valid.dtype() == DType::U8, op, ": kv.valid must be u8, got ", dtype_name(kv.valid.dtype()));
-    check_cell_array(op, "kv.valid", kv.valid, DType::U8, kv.k, dev);
+    require_arg(kv.valid.dtype() == DType::U8, op, ": pages.valid must be u8, got ", dtype_name(kv.valid.dtype()));
+    check_cell_array(op, "pages.valid", kv.valid, DType::U8, kv.k, dev);
     p.maybe_valid = kv.valid.data_as<const uint8_t>();
   }
   p.layout.block_size = static_cast<int32_t>(block_size);

@@ -36,7 +36,7 @@ struct PagedAttentionParams {
   int32_t batch;
   // [batch] or null (= all 0): the key position of sequence b's cell is maybe_positions[cell] -
   // maybe_seq_pos_offset[b] (PagedCache's block_tables(.., PagedPositions::Offsets) exports it as
-  // PagedCsr::pos_offset; rope-on-read shifts then cost O(1) in the context length). Readers of
+  // BlockTable::pos_offset; rope-on-read shifts then cost O(1) in the context length). Readers of
   // maybe_positions must subtract it wherever they use a key position (rope-on-read rotation,
   // causal and window masks); attention_key_position() below does.
   const int32_t* maybe_seq_pos_offset = nullptr;
@@ -62,7 +62,7 @@ struct PagedAttentionParams {
   int64_t out_row_stride, out_head_stride;
   int32_t num_splits;                 // >= 1
   int64_t max_seq_cells;              // planning hint: cells of the longest sequence (0: unknown)
-  int32_t kernel_variant;             // CUDA: 0 auto, 1 register loads only, 2 cp.async pipeline where built
+  int32_t kernel_variant;             // CUDA: an ops::AttentionKernel (attention_tuning.hpp)
   float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial
   int32_t device;                     // CUDA device index of every tensor
@@ -172,18 +172,21 @@ KVCORE_HD int64_t dsv4_window_base(const Dsv4AttentionParams& p, int32_t r) {
   return int64_t{p.maybe_window_index ? p.maybe_window_index[r] : r} * p.win_row_stride;
 }
 
+struct AttentionTuning;  // ops/attention_tuning.hpp
+
 // Backends.
 namespace cpu {
 void attention_paged(const PagedAttentionParams& p);
 void attention_dsv4(const Dsv4AttentionParams& p);
 }  // namespace cpu
 namespace cuda {
-void attention_paged(const PagedAttentionParams& p);
+void attention_paged(const PagedAttentionParams& p, const AttentionTuning& tuning);
 void attention_dsv4(const Dsv4AttentionParams& p);
 int sm_count(int device);
-// Split-K factor that fills the device in whole waves (uses the kernel's occupancy).
+// Split-K factor that fills the device in whole waves (uses the kernel's occupancy); fat_ctas
+// as AttentionTuning::fat_ctas.
 int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
-                                int kernel_variant, int64_t max_seq_cells, bool rope_on_read);
+                                int kernel_variant, int64_t max_seq_cells, bool rope_on_read, bool fat_ctas);
 }  // namespace cuda
 
 }  // namespace kvcore::ops

@@ -144,7 +144,6 @@ TEST(AttnCuda, RopeOnReadEveryLayout) {
       s.seq_cells = {45, 333};
       s.dead_rate = 0.2;
       s.rope_on_read = true;
-      s.rotate_query = seed > 2;
       s.window = seed == 4 ? 30 : 0;
       s.seed = seed;
       check_case(s, {0, 2});
@@ -163,7 +162,6 @@ TEST(AttnCuda, RopeOnReadUnalignedLayouts) {
       s.seq_cells = {70, 17};
       s.dead_rate = 0.1;
       s.rope_on_read = true;
-      s.rotate_query = seed == 3;
       s.seed = seed;
       check_case(s, {0, 3});
     }
@@ -250,12 +248,12 @@ TEST(AttnCuda, GuessedFirstBlocksAnyHint) {
       const int64_t n_out = int64_t{c.rows} * s.n_q_heads * s.head_dim;
       Buffer out(n_out * 4, Device::cuda(0));
       const TensorRef o(out.data(), DType::F32, Device::cuda(0), {c.rows, s.n_q_heads, s.head_dim});
-      g.opt.check_tables = false;
+      g.sched.check_tables = false;
       for (int64_t hint : {int64_t{cells[0]}, int64_t{cells[0]} + 16, int64_t{cells[0]} - 5, int64_t{20000}, int64_t{1} << 40})
         for (int sp : {0, 1, 2}) {
-          g.opt.max_seq_cells = hint;
-          g.opt.num_splits = sp;
-          attention_decode(g.q_ref, g.kv, g.table, o, g.opt);
+          g.sched.max_seq_cells = hint;
+          g.sched.num_splits = sp;
+          g.run(o);
           EXPECT_LE(max_rel_err(out.to_host<float>(), cpu), tol(s))
               << "kv " << dtype_name(kv) << " rows " << cells.size() << " hint " << hint << " splits " << sp;
         }
@@ -284,7 +282,6 @@ TEST(AttnCuda, PrefillCausal) {
     check_case(s, {0, 3});
     s.window = 16;
     s.rope_on_read = true;
-    s.rotate_query = true;
     check_case(s, {0});
   }
 }
@@ -366,27 +363,29 @@ TEST(AttnCuda, BadInputsThrowAndLeaveOutputUntouched) {
   std::vector<int32_t> bad_idx = c.indices;
   bad_idx[1] = c.num_blocks + 5;
   Buffer bi = Buffer::from_host(bad_idx, Device::cuda(0));
-  BlockTable t2 = g.table;
-  t2.indices = TensorRef(bi.data(), DType::I32, Device::cuda(0), {static_cast<int64_t>(bad_idx.size())});
+  const BlockTable good = g.table();
+  g.table().indices = TensorRef(bi.data(), DType::I32, Device::cuda(0), {static_cast<int64_t>(bad_idx.size())});
   try {
-    attention_decode(g.q_ref, g.kv, t2, o, g.opt);
+    g.run(o);
     ADD_FAILURE() << "no throw";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
     EXPECT_NE(std::string(e.what()).find(std::to_string(c.num_blocks + 5)), std::string::npos) << e.what();
   }
-  AttentionOptions o2 = g.opt;
-  o2.softmax_scale = -1.0f;
-  EXPECT_THROW(attention_decode(g.q_ref, g.kv, g.table, o, o2), Error);
+  g.table() = good;
+  AttentionLayer l2 = g.layer;
+  l2.softmax_scale = -1.0f;
+  EXPECT_THROW(g.plan().run(g.q_ref, g.kv, o, l2), Error);
   PagedKV kv2 = g.kv;
   kv2.k = TensorRef(static_cast<char*>(g.k.data()) + 2, s.kv, Device::cuda(0),
                     {g.kv.k.size(0) - 1, g.kv.k.size(1), g.kv.k.size(2), g.kv.k.size(3)});
   kv2.v = TensorRef(g.v.data(), s.kv, Device::cuda(0), {g.kv.k.size(0) - 1, g.kv.k.size(1), g.kv.k.size(2), g.kv.k.size(3)});
   kv2.positions = TensorRef();
   kv2.valid = TensorRef();
-  AttentionOptions o3 = g.opt;
-  o3.check_tables = false;
-  EXPECT_THROW(attention_decode(g.q_ref, kv2, g.table, o, o3), Error);  // misaligned pool
+  AttentionSchedule sc3 = g.sched;
+  sc3.check_tables = false;
+  EXPECT_THROW(ops::attn::plan_paged(false, kv2, s.n_q_heads, g.step, sc3, g.tuning).run(g.q_ref, kv2, o, g.layer),
+               Error);  // misaligned pool
   EXPECT_EQ(out.to_host<float>(), sentinel);
 }
 
@@ -406,4 +405,59 @@ TEST(AttnCuda, ManySequencesMoreCtasThanTheGpuHolds) {
     s.seed = 900 + int(kv);
     check_case(s, {0, 2});
   }
+}
+
+// A plan's runs over several layers, captured in a CUDA graph on a stream and replayed, give the
+// eager runs' outputs: runs neither synchronize nor allocate (a capture would fail if they did).
+TEST(AttnCuda, PlannedRunsCaptureInAGraph) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (DType kv : {DType::F16, DType::E4M3})
+    for (bool rope : {false, true}) {
+      CaseSpec s;
+      s.kv = kv;
+      s.head_dim = 128;
+      s.n_q_heads = 8;
+      s.n_kv_heads = 2;
+      s.seq_cells = {3000, 70, 900};
+      s.dead_rate = 0.05;
+      s.sinks = true;
+      s.rope_on_read = rope;
+      s.seed = 1700 + int(kv) + rope;
+      const HostCase c = make_case(s);
+      DeviceCase g;
+      make_device_case(c, Device::cuda(0), g);
+      g.sched.check_tables = false;  // a trusted table: planning reads nothing on the host either
+      g.sched.max_seq_cells = 3000;
+      const AttentionPlan plan = g.plan();
+      const int64_t n_out = int64_t{c.rows} * s.n_q_heads * s.head_dim;
+      constexpr int kLayers = 3;
+      std::vector<Buffer> eager, graph;
+      for (int l = 0; l < kLayers; ++l) eager.emplace_back(n_out * 4, Device::cuda(0)), graph.emplace_back(n_out * 4, Device::cuda(0));
+      auto out = [&](std::vector<Buffer>& v, int l) {
+        return TensorRef(v[l].data(), DType::F32, Device::cuda(0), {c.rows, s.n_q_heads, s.head_dim});
+      };
+      AttentionLayer layer = g.layer;
+      for (int l = 0; l < kLayers; ++l) {
+        layer.softmax_scale = g.layer.softmax_scale * (1.0f + 0.25f * l);  // layers differ
+        plan.run(g.q_ref, g.kv, out(eager, l), layer);
+      }
+      cudaStream_t st;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+      cudaGraph_t gr;
+      ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      for (int l = 0; l < kLayers; ++l) {
+        layer.softmax_scale = g.layer.softmax_scale * (1.0f + 0.25f * l);
+        plan.run(g.q_ref, g.kv, out(graph, l), layer, Stream::from_native(st));
+      }
+      ASSERT_EQ(cudaStreamEndCapture(st, &gr), cudaSuccess);
+      cudaGraphExec_t ex;
+      ASSERT_EQ(cudaGraphInstantiate(&ex, gr, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(ex, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      for (int l = 0; l < kLayers; ++l)
+        EXPECT_EQ(graph[l].to_host<float>(), eager[l].to_host<float>()) << "layer " << l << " kv " << dtype_name(kv);
+      cudaGraphExecDestroy(ex);
+      cudaGraphDestroy(gr);
+      cudaStreamDestroy(st);
+    }
 }

@@ -55,7 +55,7 @@ TEST(AttnCuda, Dsv4BadIndexThrowsAndLeavesOutput) {
   upload(c, Device::cuda(0), g);
   std::vector<float> sentinel(g.out.size() / 4, 3.0f);
   g.out.copy_from_host(sentinel.data(), g.out.size());
-  EXPECT_THROW(attention_dsv4_decode(g.args, g.out_ref), Error);
+  EXPECT_THROW(g.run(), Error);
   EXPECT_EQ(g.out.to_host<float>(), sentinel);
 }
 
@@ -76,8 +76,8 @@ TEST(AttnCuda, Dsv4WindowRingsFromAPool) {
   Dev g;
   upload(c, Device::cuda(0), g);
   Buffer bp = Buffer::from_host(pool, Device::cuda(0)), bi = Buffer::from_host(idx, Device::cuda(0));
-  g.args.window_kv = TensorRef(bp.data(), DType::F32, Device::cuda(0), {5, c.n_window, kD});
-  g.args.window_index = TensorRef(bi.data(), DType::I32, Device::cuda(0), {c.rows});
-  attention_dsv4_decode(g.args, g.out_ref);
+  g.layer.window_kv = TensorRef(bp.data(), DType::F32, Device::cuda(0), {5, c.n_window, kD});
+  g.step.maybe_window_index = TensorRef(bi.data(), DType::I32, Device::cuda(0), {c.rows});
+  g.run();
   EXPECT_LE(attn_test::max_rel_err(g.out.to_host<float>(), ref), 2e-5);
 }

@@ -24,6 +24,10 @@
 // uploads only the blocks it edited, whatever the context length. (A sequence that shares
 // blocks with another one always lowers the cells after the cut, copying shared blocks first.)
 //
+// Attention: paged_kv(layer) is the layer's view for ops/attention.hpp (pools, scales, positions,
+// valid flags, RoPE mode and table); block_tables(seqs) the batch's tables in the one
+// BlockTable type attention takes.
+//
 // Readers: block_tables(seqs, PagedPositions::Offsets) exports each sequence's offset beside
 // its block table (key position = positions()[cell] - pos_offset[b]; for rope-on-read attention
 // adding pos_offset[b] to the query positions is equivalent), and costs nothing more.
@@ -55,6 +59,7 @@
 #include "kvcore/cache/paged_layout.hpp"
 #include "kvcore/device.hpp"
 #include "kvcore/math/rope_spec.hpp"
+#include "kvcore/ops/attention.hpp"
 #include "kvcore/ops/kv_store.hpp"
 #include "kvcore/stream.hpp"
 #include "kvcore/tensor.hpp"
@@ -63,7 +68,7 @@ namespace kvcore {
 
 using SeqId = int64_t;
 
-enum class RopeMode : uint8_t { RopeStored, RopeOnRead };
+// RopeMode (RopeStored, RopeOnRead) is declared with the attention that reads it (ops/attention.hpp).
 
 struct PagedCacheConfig {
   int32_t n_layers = 1;
@@ -84,6 +89,11 @@ struct PagedCacheConfig {
   // the way a CUDA cache updates its device copies (bulk edits, packed scatters, pending
   // edits), by CPU versions of the same kernels; lets CPU tests check the mirroring logic.
   bool debug_mirror = false;
+  // The pools are read by kvcore's attention (ops/attention.hpp): the constructor refuses formats
+  // and head dims it cannot read on the cache's device (src/ops/attention_support.hpp). false: the
+  // engine reads the pools with its own kernels, any layout the contract allows. (Dsv4Row caches
+  // are read by DeepSeek-V4 attention, never by paged attention: the rule does not apply.)
+  bool kvcore_attention = true;
 
   // Throws InvalidArgument naming the field.
   void validate() const;
@@ -109,19 +119,10 @@ struct SeqInfo {
   int32_t last_position = -1;  // position of the last token (-1: empty)
 };
 
-// Block tables of a batch in CSR form (cache/paged_layout.hpp), in buffers the cache owns
-// (valid until the next block_tables() call or until the cache changes).
-struct PagedCsr {
-  TensorRef indptr;         // i32 [batch + 1]
-  TensorRef indices;        // i32 [indptr[batch]]
-  TensorRef last_page_len;  // i32 [batch]
-  TensorRef pos_offset;     // i32 [batch]: key position = positions()[cell] - pos_offset[b] (0 when materialized)
-};
-
 // How block_tables() hands out positions.
 enum class PagedPositions : uint8_t {
   Materialized,  // fold every offset into the cells first (prepare()): positions() are token positions
-  Offsets,       // leave the cells as stored; PagedCsr::pos_offset says what to subtract (no O(cells) work)
+  Offsets,       // leave the cells as stored; BlockTable::pos_offset says what to subtract (no O(cells) work)
 };
 
 // Cells reserved for one step's new tokens (reserve()); layers are then stored one at a
@@ -185,8 +186,18 @@ class PagedCache {
 
   // ---- reading ---------------------------------------------------------------------
   PagedReadBack read(SeqId seq, int32_t layer);  // calls prepare()
-  // Materialized: calls prepare(). Offsets: applies pending rotations only.
-  PagedCsr block_tables(std::span<const SeqId> seqs, PagedPositions positions = PagedPositions::Materialized);
+  // Block tables of seqs (CSR, cache/paged_layout.hpp); pos_offset is always set (zeros when
+  // Materialized). Materialized: calls prepare(). Offsets: applies pending rotations only.
+  // In buffers the cache owns: valid until the next block_tables() call or until the cache changes.
+  BlockTable block_tables(std::span<const SeqId> seqs, PagedPositions positions = PagedPositions::Materialized);
+  // The same in `storage`, which the caller owns (grown on the cache's device when too small, else
+  // reused): valid while storage lives and is not reused, so two batches can be in flight at once.
+  BlockTable block_tables(std::span<const SeqId> seqs, Buffer& storage,
+                          PagedPositions positions = PagedPositions::Materialized);
+  // Layer `layer`'s pages as attention reads them: pools, scales, positions, valid flags, the
+  // cache's RoPE mode and the layer's RoPE table (views into the cache). Positions are stored
+  // positions: read them with tables of the same moment (block_tables() prepares what it must).
+  PagedKV paged_kv(int32_t layer) const;
   TensorRef positions() const;  // i32 [num_blocks, block_size]: stored positions (token positions after prepare())
   TensorRef valid() const;      // u8  [num_blocks, block_size] (always current)
   KvPool k_pool(int32_t layer) const;

@@ -1,44 +1,66 @@
-// Attention over a paged KV cache: decode (one query token per sequence),
-// prefill (a chunk of new tokens per sequence, causal by position) and
-// DeepSeek-V4's sparse decode attention over raw window rows plus selected
-// packed compressed rows.
+// Attention over a paged KV cache: decode (one query token per sequence) and
+// prefill (a chunk of new tokens per sequence, causal by position).
 //
-// The cache is read through the memory contract of cache/paged_layout.hpp
-// (raw TensorRefs), so the ops work with PagedCache and with an engine's own
-// pages alike. Every op validates all arguments before writing anything and
-// throws kvcore::Error naming the bad one; the output is then untouched.
+// Plan once per step, run once per layer. AttentionPlan::decode / ::prefill take
+// what every layer of a step shares -- the block tables, the query positions, the
+// pages' shapes and formats, the scheduling choices -- check the tables once,
+// resolve the split-K factor and size the workspace. plan.run(q, layer_pages, out)
+// then serves each layer: it checks only O(1) shapes of its arguments, never
+// synchronizes nor allocates, and can be captured in a CUDA graph (the plan must
+// outlive every run that uses it, captured ones included).
 //
-// Semantics shared by decode and prefill, per query row r of sequence b and
-// query head h (kv head h / (n_q_heads / n_kv_heads)):
+// The pages are read through the memory contract of cache/paged_layout.hpp (raw
+// TensorRefs), so the ops work with PagedCache (PagedCache::paged_kv(layer) and
+// block_tables()) and with an engine's own pages alike. Every call validates all
+// its arguments before writing anything and throws kvcore::Error naming the bad
+// one; the output is then untouched.
+//
+// Semantics, per query row r of sequence b and query head h (kv head h / (n_q_heads / n_kv_heads)):
 //   keys: the cells j < seq_cells(b) of b's block table whose valid byte is 1
 //   (all cells when `valid` is empty), further restricted by
 //     - the sliding window: q_pos - k_pos < window (window > 0),
 //     - causality (prefill only): k_pos <= q_pos;
-//   s_j = softmax_scale * q . K_j  (K_j rotated at k_pos first in rope-on-read mode)
+//   s_j = softmax_scale * q . K_j
 //   out = sum_j softmax_j V_j, where the softmax denominator also holds
 //   exp(sink_h) when sinks are given (a raw logit, not scaled, with no value).
 //   A row that sees no key outputs zeros.
+// RoPE follows the pages' mode (PagedKV::rope_mode), so q and K cannot disagree:
+//   RopeStored: K was rotated when written; q comes rotated by the caller.
+//   RopeOnRead: K is stored unrotated and q comes unrotated; attention rotates each key
+//     at its position and each query at its q_positions entry with the pages' table
+//     (cos and sin scaled by the table's attention_factor, as rope_apply does).
+//
+// Thread safety: a plan is immutable after planning; concurrent run() calls on one
+// plan are safe only with distinct outputs and (when splits > 1) on one stream, since
+// they share the plan's workspace. Plans are movable, not copyable.
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <memory>
 
-#include "kvcore/math/rope_spec.hpp"
+#include "kvcore/math/rope.hpp"
 #include "kvcore/stream.hpp"
 #include "kvcore/tensor.hpp"
 
 namespace kvcore {
 
-// One layer's pages (cache/paged_layout.hpp).
+// How K is stored in the pages (see above).
+enum class RopeMode : uint8_t { RopeStored, RopeOnRead };
+
+// One layer's pages (cache/paged_layout.hpp). PagedCache::paged_kv(layer) fills every field.
 struct PagedKV {
   TensorRef k, v;              // [num_blocks, block_size, n_kv_heads, head_dim]: f32, f16, bf16 or e4m3
   TensorRef k_scale, v_scale;  // e4m3 only: UE8M0 (or u8) [num_blocks, block_size, n_kv_heads, head_dim / 64]
                                //            or f32 [num_blocks, block_size, n_kv_heads]
   TensorRef positions;         // i32 [num_blocks, block_size]; needed for window, causal, rope-on-read
   TensorRef valid;             // u8 [num_blocks, block_size]; empty: every spanned cell is live
+  RopeMode rope_mode = RopeMode::RopeStored;
+  // RopeOnRead: the layer's table (make_rope_table(spec, head_dim), built once; it must outlive
+  // the runs that read it). Ignored for RopeStored.
+  const math::RopeTable* maybe_rope = nullptr;
 };
 
-// Block tables in CSR form.
+// Block tables of a batch in CSR form: the one table type of the cache and of attention.
 struct BlockTable {
   TensorRef indptr;         // i32 [batch + 1]
   TensorRef indices;        // i32 [indptr[batch]] block ids
@@ -49,81 +71,77 @@ struct BlockTable {
   TensorRef pos_offset;
 };
 
-struct AttentionOptions {
-  float softmax_scale = 0.0f;  // required, > 0 (usually head_dim^-0.5)
-  TensorRef sinks;             // optional f32 [n_q_heads]: per-head sink logits
-  int32_t window = 0;          // 0: no sliding window; else keys with q_pos - k_pos < window
-  TensorRef q_positions;       // i32 [n_rows]: the query's position (window, rotate_query; prefill: required)
-  // Rope-on-read: K is stored unrotated; keys are rotated at their cached
-  // positions while read (cos and sin scaled by rope.attention_factor, as at write).
-  std::optional<RopeSpec> rope_on_read;
-  bool rotate_query = false;   // also rotate q at q_positions (needs rope_on_read); else q comes rotated
-  int32_t num_splits = 0;      // split-K factor per sequence; 0: chosen from the batch and the device
+// Per-step data every layer of the step shares.
+struct AttentionStep {
+  BlockTable table;
+  // i32 [n_rows]: each query row's position. Required by prefill, by layers with a window and
+  // by rope-on-read pages; optional otherwise.
+  TensorRef q_positions;
+  // Prefill only: i32 [batch + 1], rows qo_indptr[b] .. qo_indptr[b+1] of q belong to sequence b.
+  TensorRef qo_indptr;
+};
+
+// How the step is scheduled.
+struct AttentionSchedule {
+  int32_t num_splits = 0;      // split-K factor per sequence, 1..1024; 0: chosen from the batch and the device
   int64_t max_seq_cells = 0;   // hint for that choice (cells of the longest sequence) when check_tables is off
-  // Scratch for split-K partials (attention_workspace_bytes). Empty: the op allocates one per call
-  // (a synchronous allocation on CUDA: pass one when timing matters).
-  TensorRef workspace;
-  // Check table contents (indices in range, indptr monotone, last_page_len in range). On CUDA
-  // this copies the tables to the host (a synchronization); engines that trust their tables
-  // may turn it off. Shapes and dtypes are always checked.
+  // Read the tables on the host at planning: check their contents (indices in range, indptr
+  // monotone, last_page_len in range) and measure the longest sequence. On CUDA this copies the
+  // tables to the host (a synchronization of `stream`, once per plan); engines that trust their
+  // tables may turn it off (and give max_seq_cells). Shapes and dtypes are always checked.
   bool check_tables = true;
-  // CUDA tuning and testing: 0 automatic (the tensor-core kernel where it is built, else the
-  // SIMT kernel), 1 the SIMT register-load kernel, 2 the SIMT cp.async pipeline (head_dim 128
-  // with 16-bit and FP8 pages; elsewhere 2 means 1), 3 the tensor-core kernel (head_dim 64 and
-  // 128, 16-bit and FP8 pages; rope-on-read where the rotated dims fill whole 8-dim chunks;
-  // elsewhere 3 means 0), 4 the tensor-core prefill kernel whatever the call's size (prefill
-  // with 16-bit pages, head_dim 64 or 128, no rope on read; elsewhere 4 means 0).
-  int32_t kernel_variant = 0;
-  Stream stream;
+  // Scratch for split-K partials, at least attention_workspace_bytes(...) for the splits wanted
+  // (an automatic split count shrinks to what it holds). Empty: the plan allocates its own once.
+  TensorRef maybe_workspace;
+  Stream stream;               // the stream the planning's table copies are ordered on (the tables' writer's)
 };
 
-// q [batch, n_q_heads, head_dim] f32/f16/bf16 -> out [batch, n_q_heads, head_dim] f32/f16/bf16.
-// One query token per sequence of `table`. head_dim 64, 128, 256 or 512;
-// n_q_heads a multiple of n_kv_heads (GQA of any group size, MQA).
-void attention_decode(const TensorRef& q, const PagedKV& kv, const BlockTable& table, const TensorRef& out,
-                      const AttentionOptions& opt);
+// What the model fixes for a layer (it may differ between layers of one plan).
+struct AttentionLayer {
+  float softmax_scale = 0.0f;  // > 0; 0: head_dim^-0.5
+  int32_t window = 0;          // 0: no sliding window; else keys with q_pos - k_pos < window
+  TensorRef maybe_sinks;       // f32 [n_q_heads]: per-head sink logits (empty: none)
+};
 
-// q [n_tokens, n_q_heads, head_dim]: rows qo_indptr[b] .. qo_indptr[b+1] belong to sequence b
-// (i32 [batch + 1]); opt.q_positions is required. The chunk's own keys must already be in the
-// pages; a key is visible iff its position <= the query's (causal by position).
-void attention_prefill(const TensorRef& q, const TensorRef& qo_indptr, const PagedKV& kv, const BlockTable& table,
-                       const TensorRef& out, const AttentionOptions& opt);
+class AttentionPlan {
+ public:
+  // Decode: one query row per sequence of step.table (n_rows = batch). `pages` is any layer's
+  // pages: every layer run with this plan must have its shapes, formats and RoPE mode.
+  static AttentionPlan decode(const PagedKV& pages, int32_t n_q_heads, const AttentionStep& step,
+                              const AttentionSchedule& schedule = {});
+  // Prefill: step.qo_indptr and step.q_positions are required (n_rows = q_positions' length).
+  // The chunk's own keys must already be in the pages; a key is visible iff its position <=
+  // the query's (causal by position).
+  static AttentionPlan prefill(const PagedKV& pages, int32_t n_q_heads, const AttentionStep& step,
+                               const AttentionSchedule& schedule = {});
 
-// Bytes of workspace a call with these sizes needs; num_splits >= 1 as the call resolves it:
-// the value given in AttentionOptions, or attention_auto_splits(...) for the automatic choice.
+  // q [n_rows, n_q_heads, head_dim] f32/f16/bf16 -> out of q's shape, f32/f16/bf16.
+  // `pages` must match the planned shapes, formats and RoPE mode (Error otherwise).
+  // The step's tables must not change between planning and the last run (re-plan after any
+  // cache change); runs do not re-read them on the host.
+  void run(const TensorRef& q, const PagedKV& pages, const TensorRef& out, const AttentionLayer& layer = {},
+           Stream stream = {}) const;
+
+  int64_t n_rows() const;
+  int32_t num_splits() const;    // as resolved
+  int64_t max_seq_cells() const; // measured (check_tables) or the hint; 0: unknown
+  size_t workspace_bytes() const;
+
+  AttentionPlan(AttentionPlan&&) noexcept;
+  AttentionPlan& operator=(AttentionPlan&&) noexcept;
+  AttentionPlan(const AttentionPlan&) = delete;
+  AttentionPlan& operator=(const AttentionPlan&) = delete;
+  ~AttentionPlan();
+
+  struct Impl;  // src/ops/attention_plan_impl.hpp
+
+ private:
+  explicit AttentionPlan(std::unique_ptr<Impl> impl);
+  friend struct AttentionPlanAccess;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Bytes of workspace a plan with these sizes needs for num_splits >= 1 splits.
 size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits);
-
-// The split-K factor `num_splits = 0` resolves to (device-dependent: on CUDA it fills the
-// GPU in whole waves of the kernel chosen for this shape; max_seq_cells 0 = unknown;
-// rope_on_read as the call's AttentionOptions::rope_on_read is set).
-int32_t attention_auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
-                              DType kv_dtype, int64_t max_seq_cells, int32_t kernel_variant = 0,
-                              bool rope_on_read = false);
-
-// ---- DeepSeek-V4 sparse decode attention ----------------------------------------------
-// MQA with 64 query heads of 512 dims (any n_heads works); the key and the value are the same row.
-// Per query row r, one softmax per head over:
-//   window rows window_kv[r, 0 .. window_len[r]) (f32 or f16, 512 dims; at most 128),
-//   compressed rows comp_rows[comp_idx[r, i]] for every i with comp_idx >= 0 (packed 584-byte
-//   rows, math/dsv4_row.hpp), and the per-head sink logit.
-// The output's last 64 dims are then rotated back by the query position (RoPE at -q_pos).
-struct Dsv4AttentionArgs {
-  TensorRef q;           // [n_rows, n_heads, 512] f32/f16/bf16, RoPE applied at q_positions
-  TensorRef window_kv;   // [n_rows, n_window, 512] f32/f16 (row strides free), n_window <= 128;
-                         // or a pool of rings [n_seqs, n_window, 512] with window_index
-  TensorRef window_index;  // optional i32 [n_rows]: which window_kv[i] each query reads (empty: row r reads [r])
-  TensorRef window_len;  // i32 [n_rows]: live window rows, 0..n_window
-  TensorRef comp_rows;   // u8 [n_comp, 584] packed rows (may be empty when comp_idx is)
-  TensorRef comp_idx;    // i32 [n_rows, k]: row ids into comp_rows, -1 = none (may be empty)
-  TensorRef sinks;       // optional f32 [n_heads]
-  TensorRef q_positions; // i32 [n_rows]
-  RopeSpec rope;         // the layer's RoPE (tail 64, interleaved)
-  float softmax_scale = 0.0f;
-  int32_t num_splits = 0;  // 0: automatic
-  TensorRef workspace;     // attention_workspace_bytes(n_rows, n_heads, 512, splits)
-  bool check_indices = true;  // comp_idx in [-1, n_comp) (a host copy on CUDA)
-  Stream stream;
-};
-void attention_dsv4_decode(const Dsv4AttentionArgs& args, const TensorRef& out);
 
 }  // namespace kvcore

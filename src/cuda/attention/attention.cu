@@ -1,9 +1,7 @@
 // Host side of CUDA attention: kernel choice and grid, the split-K merge kernel.
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
 #include <vector>
 
@@ -13,6 +11,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/attention/attention_mma.hpp"
 #include "cuda/attention/attention_prefill.hpp"
+#include "ops/attention_tuning.hpp"
 
 namespace kvcore::ops::cuda {
 
@@ -144,13 +143,9 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
                                                            " beyond the kernel's limits (1024 / 64, 128, 256 or 512)"));
   const int64_t blocks = int64_t{a.n_rows} * a.n_heads;
   if (blocks == 0) return;
-  // Fewer (row, head) pairs than SMs: a CTA per 32 dims, so more SMs share the copies.
-  // KVCORE_ATTN_MERGE_SLICES=0 turns that off (A/B benchmarks).
-  static const bool slices_on = [] {
-    const char* v = std::getenv("KVCORE_ATTN_MERGE_SLICES");
-    return !(v && std::string(v) == "0");
-  }();
-  const bool sliced = slices_on && a.sm_count > 0 && !a.maybe_inverse_rope_pos && blocks < a.sm_count;
+  // Fewer (row, head) pairs than SMs: a CTA per 32 dims, so more SMs share the copies
+  // (a.sm_count 0 turns that off: AttentionTuning::merge_slices).
+  const bool sliced = a.sm_count > 0 && !a.maybe_inverse_rope_pos && blocks < a.sm_count;
   // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
   // kernel drains, instead of after it (the launch latency leaves the critical path).
   const dim3 grid(static_cast<unsigned>(sliced ? blocks * (hd / 32) : blocks)), block(kMergeThreads);
@@ -188,10 +183,8 @@ void dispatch_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cu
 
 }  // namespace
 
-constexpr int kMaxSplitsChosen = 1024;
-
 int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
-                                int kernel_variant, int64_t max_seq_cells, bool rope_on_read) {
+                                int kernel_variant, int64_t max_seq_cells, bool rope_on_read, bool fat_ctas) {
   KVCORE_CUDA_CHECK(cudaSetDevice(device));
   if (kernel_variant == 4) kernel_variant = 0;  // the prefill kernel has no splits; others plan as automatic
   const bool mma = mma_attn::serves_shape(head_dim, kv, kernel_variant);
@@ -220,19 +213,13 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
     std::lock_guard<std::mutex> lock(mu);
     known[key] = per_sm;
   }
-  // KVCORE_ATTN_SPLITS=N forces N splits (A/B benchmarks of the choice below).
-  static const int forced = [] {
-    const char* v = std::getenv("KVCORE_ATTN_SPLITS");
-    return v ? std::atoi(v) : 0;
-  }();
-  if (forced > 0) return std::min(forced, kMaxSplitsChosen);
   const int sms = sm_count(device);
   const int64_t slots = int64_t{std::max(per_sm, 1)} * sms;
   const int64_t base = std::max<int64_t>(1, n_rows * n_kv_heads * chunks);
   const int64_t s_max = attention_split_limit(max_seq_cells);
   // FP8: one fat CTA an SM where that is a single wave of long enough CTAs (decode_fat_ctas.hpp;
   // GPU A/B of 2026-12-04: batch 16 / 8k 85 -> 78 us, 32k 280 -> 262, batch 1 / 128k -3%).
-  if (mma && mma_attn::fat_decode_allowed(kv, rope_on_read, group))
+  if (mma && fat_ctas && mma_attn::fat_decode_allowed(kv, rope_on_read, group))
     if (const int64_t s = fat_decode_splits(base, sms, max_seq_cells, s_max)) return static_cast<int32_t>(s);
   // One CTA an SM already covers >= 90% of the SMs in one wave and the contexts are long: no
   // split, so no partials and no merge (16-bit pages, tensor-core kernel, GPU A/B of 2026-12-04:
@@ -255,7 +242,7 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   return static_cast<int32_t>(best);
 }
 
-void attention_paged(const PagedAttentionParams& p) {
+void attention_paged(const PagedAttentionParams& p, const AttentionTuning& tuning) {
   KVCORE_CUDA_CHECK(cudaSetDevice(p.device));
   require_arg(reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0,
               "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
@@ -267,15 +254,10 @@ void attention_paged(const PagedAttentionParams& p) {
   }
   PagedAttentionParams pv = p;
   if (pv.kernel_variant == 4) pv.kernel_variant = 0;  // asked for the prefill kernel where it does not serve
-  // KVCORE_ATTN_GUESS_BLOCKS=0: no guessed first block ids at batch row 0 (A/B benchmarks; the
-  // kernel guesses only below n_indices).
-  static const bool guess_on = [] {
-    const char* v = std::getenv("KVCORE_ATTN_GUESS_BLOCKS");
-    return !(v && std::string(v) == "0");
-  }();
-  if (!guess_on) pv.n_indices = 0;
+  // No guessed first block ids at batch row 0 (the kernel guesses only below n_indices).
+  if (!tuning.guess_blocks) pv.n_indices = 0;
   if (mma_attn::serves(pv)) {
-    mma_attn::launch(pv, stream);
+    mma_attn::launch(pv, tuning, stream);
     if (mma_attn::writes_output_directly(pv)) return;
   } else {
     const int G = heads_per_cta(hd, p.kv_elem, p.group);
@@ -302,7 +284,7 @@ void attention_paged(const PagedAttentionParams& p) {
   m.out_row_stride = p.out_row_stride;
   m.out_head_stride = p.out_head_stride;
   m.maybe_inverse_rope_pos = nullptr;
-  m.sm_count = sm_count(p.device);
+  m.sm_count = tuning.merge_slices ? sm_count(p.device) : 0;
   attn::launch_merge(m, stream);
 }
 

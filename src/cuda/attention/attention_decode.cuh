@@ -15,8 +15,8 @@
 // ASYNC = true (head_dim 128, 16-bit and FP8 pages: the benchmarked shapes)
 // copies them with cp.async into a per-warp ring of kStages steps in shared
 // memory, kStages - 1 steps ahead of the math, and prefetches the step's
-// metadata (scales, valid, positions) into L1. AttentionOptions::kernel_variant
-// picks one for testing; both compute the same function.
+// metadata (scales, valid, positions) into L1. ops::AttentionTuning::kernel
+// (attention_tuning.hpp) picks one for testing; both compute the same function.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

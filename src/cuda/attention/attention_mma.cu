@@ -1,11 +1,9 @@
 // Launchers of the tensor-core decode kernel (attention_mma.cuh): which calls it
 // serves, its occupancy for the split-K choice, and the launch.
-#include <cstdlib>
-#include <string>
-
 #include "cuda/attention/attention_mma.cuh"
 #include "cuda/attention/attention_mma.hpp"
 #include "cuda/common/pdl.cuh"
+#include "ops/attention_tuning.hpp"
 
 namespace kvcore::ops::cuda::mma_attn {
 
@@ -13,7 +11,7 @@ namespace {
 
 template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH = Path::General, int W = kWarpsDefault>
 void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
-               int* blocks_per_sm) {
+               int* blocks_per_sm, bool pdl) {
   using K = Shape<HD, KV, ROPE, NT, W>;
   constexpr auto kernel = mma_decode_kernel<HD, KV, ROPE, NT, PATH, W>;
   static const bool attr_set = [] {
@@ -27,12 +25,7 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
   }
   const unsigned n_ctas = static_cast<unsigned>(int64_t{grid.gx} * grid.gy);
   // A programmatic dependent of the stream's previous kernel (the kernel waits for it before any
-  // global read): its launch and CTA set-up overlap that kernel's drain. KVCORE_ATTN_PDL=0: a
-  // plain launch (A/B benchmarks).
-  static const bool pdl = [] {
-    const char* v = std::getenv("KVCORE_ATTN_PDL");
-    return !(v && std::string(v) == "0");
-  }();
+  // global read): its launch and CTA set-up overlap that kernel's drain (AttentionTuning::pdl).
   if (pdl) {
     kvcore::cuda::launch_dependent(kernel, dim3(n_ctas), dim3(K::kThreads), K::kSmemBytes, stream, p, chunks, chunk_heads, grid);
   } else {
@@ -46,13 +39,14 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
 // (grid.fat: fat_decode_allowed and ops::fat_decode_grid).
 template <int HD, math::KvElem KV, bool ROPE, Path PATH = Path::General>
 void launch_one(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream,
-                int* blocks_per_sm) {
+                int* blocks_per_sm, bool pdl) {
   if (chunk_heads <= 8 && !p.maybe_qo_indptr) {
     if constexpr (KV == math::KvElem::E4M3 && !ROPE)
-      if (grid.fat) return launch_nt<HD, KV, ROPE, 1, PATH, ops::kFatWarps>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
-    return launch_nt<HD, KV, ROPE, 1, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+      if (grid.fat)
+        return launch_nt<HD, KV, ROPE, 1, PATH, ops::kFatWarps>(p, grid, chunks, chunk_heads, stream, blocks_per_sm, pdl);
+    return launch_nt<HD, KV, ROPE, 1, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm, pdl);
   }
-  launch_nt<HD, KV, ROPE, 2, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm);
+  launch_nt<HD, KV, ROPE, 2, PATH>(p, grid, chunks, chunk_heads, stream, blocks_per_sm, pdl);
 }
 
 // The lean kernel serves calls that use none of the general features (see Path).
@@ -62,26 +56,29 @@ bool lean_call(const PagedAttentionParams& p) {
 }
 
 template <int HD, math::KvElem KV>
-void launch_rope(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
-  if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps);
-  if (lean_call(p)) return launch_one<HD, KV, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps);
-  launch_one<HD, KV, false>(p, grid, chunks, chunk_heads, stream, bps);
+void launch_rope(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps,
+                 bool pdl) {
+  if (p.rope_on_read) return launch_one<HD, KV, true>(p, grid, chunks, chunk_heads, stream, bps, pdl);
+  if (lean_call(p)) return launch_one<HD, KV, false, Path::Lean>(p, grid, chunks, chunk_heads, stream, bps, pdl);
+  launch_one<HD, KV, false>(p, grid, chunks, chunk_heads, stream, bps, pdl);
 }
 
 template <int HD>
-void launch_hd(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
+void launch_hd(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps,
+               bool pdl) {
   switch (p.kv_elem) {
-    case math::KvElem::F16: return launch_rope<HD, math::KvElem::F16>(p, grid, chunks, chunk_heads, stream, bps);
-    case math::KvElem::BF16: return launch_rope<HD, math::KvElem::BF16>(p, grid, chunks, chunk_heads, stream, bps);
-    case math::KvElem::E4M3: return launch_rope<HD, math::KvElem::E4M3>(p, grid, chunks, chunk_heads, stream, bps);
+    case math::KvElem::F16: return launch_rope<HD, math::KvElem::F16>(p, grid, chunks, chunk_heads, stream, bps, pdl);
+    case math::KvElem::BF16: return launch_rope<HD, math::KvElem::BF16>(p, grid, chunks, chunk_heads, stream, bps, pdl);
+    case math::KvElem::E4M3: return launch_rope<HD, math::KvElem::E4M3>(p, grid, chunks, chunk_heads, stream, bps, pdl);
     case math::KvElem::F32: break;
   }
   throw Error(ErrorCode::NotSupported, "mma attention: f32 pages are not served");
 }
 
-void dispatch(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps) {
-  if (p.layout.head_dim == 64) return launch_hd<64>(p, grid, chunks, chunk_heads, stream, bps);
-  return launch_hd<128>(p, grid, chunks, chunk_heads, stream, bps);
+void dispatch(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chunk_heads, cudaStream_t stream, int* bps,
+              bool pdl) {
+  if (p.layout.head_dim == 64) return launch_hd<64>(p, grid, chunks, chunk_heads, stream, bps, pdl);
+  return launch_hd<128>(p, grid, chunks, chunk_heads, stream, bps, pdl);
 }
 
 bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
@@ -112,12 +109,7 @@ bool serves(const PagedAttentionParams& p) {
 int heads_per_cta(int group) { return group < 16 ? group : 16; }
 
 bool fat_decode_allowed(math::KvElem kv, bool rope_on_read, int group) {
-  // KVCORE_ATTN_FAT_CTAS=0 keeps 4-warp CTAs (A/B benchmarks).
-  static const bool on = [] {
-    const char* v = std::getenv("KVCORE_ATTN_FAT_CTAS");
-    return !(v && std::string(v) == "0");
-  }();
-  return on && ops::fat_decode_shape(kv == math::KvElem::E4M3, rope_on_read, heads_per_cta(group));
+  return ops::fat_decode_shape(kv == math::KvElem::E4M3, rope_on_read, heads_per_cta(group));
 }
 
 int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
@@ -126,30 +118,25 @@ int blocks_per_sm(int head_dim, math::KvElem kv, bool rope_on_read, int group) {
   q.kv_elem = kv;
   q.rope_on_read = rope_on_read;
   int n = 0;
-  dispatch(q, CtaOrder{}, 1, heads_per_cta(group), nullptr, &n);  // (4-warp CTAs: CtaOrder::fat is off)
+  dispatch(q, CtaOrder{}, 1, heads_per_cta(group), nullptr, &n, false);  // (4-warp CTAs: CtaOrder::fat is off)
   return n;
 }
 
-CtaOrder cta_order_for(const PagedAttentionParams& p, int chunks) {
+CtaOrder cta_order_for(const PagedAttentionParams& p, int chunks, bool fat_ctas) {
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int64_t gy = int64_t{p.layout.n_kv_heads} * chunks;
   require_arg(gx * gy < (int64_t{1} << 31), "attention: grid too large (rows x splits ", gx, ", kv heads x chunks ",
               gy, ")");
-  // KVCORE_ATTN_CTA_ORDER=split forces the older split-major numbering (for A/B benchmarks).
-  static const bool head_major = [] {
-    const char* v = std::getenv("KVCORE_ATTN_CTA_ORDER");
-    return !(v && std::string(v) == "split");
-  }();
-  CtaOrder order{static_cast<int>(gx), static_cast<int>(gy), head_major};
-  order.fat = !p.maybe_qo_indptr && fat_decode_allowed(p.kv_elem, p.rope_on_read != 0, p.group) &&
+  CtaOrder order{static_cast<int>(gx), static_cast<int>(gy), true};
+  order.fat = fat_ctas && !p.maybe_qo_indptr && fat_decode_allowed(p.kv_elem, p.rope_on_read != 0, p.group) &&
               fat_decode_grid(gx * gy, sm_count(p.device), p.max_seq_cells, p.num_splits);
   return order;
 }
 
-void launch(const PagedAttentionParams& p, cudaStream_t stream) {
+void launch(const PagedAttentionParams& p, const AttentionTuning& tuning, cudaStream_t stream) {
   const int chunk_heads = heads_per_cta(p.group);
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
-  dispatch(p, cta_order_for(p, chunks), chunks, chunk_heads, stream, nullptr);
+  dispatch(p, cta_order_for(p, chunks, tuning.fat_ctas), chunks, chunk_heads, stream, nullptr, tuning.pdl);
 }
 
 }  // namespace kvcore::ops::cuda::mma_attn

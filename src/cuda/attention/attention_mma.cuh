@@ -751,8 +751,9 @@ struct CtaOrder {
   unsigned long long* trace = nullptr;  // Path::LeanTrace only
 };
 
-// The CTAs launch() runs for this call, `chunks` head chunks a kv head (attention_mma.cu).
-CtaOrder cta_order_for(const PagedAttentionParams& p, int chunks);
+// The CTAs launch() runs for this call, `chunks` head chunks a kv head (attention_mma.cu);
+// fat_ctas as AttentionTuning::fat_ctas.
+CtaOrder cta_order_for(const PagedAttentionParams& p, int chunks, bool fat_ctas);
 
 template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W = kWarpsDefault>
 __global__ void __launch_bounds__(32 * W, (Shape<HD, KV, ROPE, NT, W>::kMinBlocks))

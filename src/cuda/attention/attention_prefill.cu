@@ -1,6 +1,4 @@
 // Launcher of the tensor-core prefill kernel (attention_prefill.cuh): which calls it serves.
-#include <cstdlib>
-
 #include "cuda/attention/attention_prefill.cuh"
 #include "cuda/attention/attention_prefill.hpp"
 #include "cuda/common/check.cuh"
@@ -9,8 +7,10 @@ namespace kvcore::ops::cuda::prefill_attn {
 
 namespace {
 
-template <int HD, bool BF16, bool QSPLIT, bool PSPLIT, int PASSES>
-void launch_passes(const PagedAttentionParams& p, cudaStream_t stream) {
+// One key pass a tile (two passes measured slower on every prefill case: bench/results).
+template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
+void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
+  constexpr int PASSES = 1;
   constexpr int RB = 2;  // 32 rows a CTA (16 rows: ~2x slower, GPU run Q of 2026-12-04)
   using S = Shape<HD, QSPLIT, RB>;
   static const bool attr_set = [] {
@@ -26,18 +26,6 @@ void launch_passes(const PagedAttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
   prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB, PASSES><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("prefill_kernel");
-}
-
-// Key passes a tile: KVCORE_PREFILL_PASSES=1 or 2 (A/B benchmarks); default 1 (GPU run R of
-// 2026-12-04: 8-9% faster than 2 passes on every prefill case, 244 registers instead of 254).
-template <int HD, bool BF16, bool QSPLIT, bool PSPLIT>
-void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
-  static const int passes = [] {
-    const char* v = std::getenv("KVCORE_PREFILL_PASSES");
-    return v && std::atoi(v) == 2 ? 2 : 1;
-  }();
-  if (passes == 1) return launch_passes<HD, BF16, QSPLIT, PSPLIT, 1>(p, stream);
-  launch_passes<HD, BF16, QSPLIT, PSPLIT, 2>(p, stream);
 }
 
 // q exact in the page type: f16 q with f16 pages, bf16 q with bf16 pages.
