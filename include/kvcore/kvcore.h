@@ -108,6 +108,7 @@ typedef struct kvc_paged_config {
   const kvc_rope_spec* rope;  /* one spec for every layer, or n_layers specs */
   int32_t n_rope;
   void* stream; /* CUDA stream of every cache operation */
+  int32_t kvcore_attention; /* bool, default 1: refuse formats kvcore's attention cannot read */
 } kvc_paged_config;
 
 typedef struct kvc_seq_info {

@@ -156,7 +156,7 @@ def kv_store(src: Tensor, slots: Tensor, pool: Tensor, *, scales: Tensor | None 
     row at its position first (rope-stored caches).
     """
 
-def attention_decode(q: Tensor, k: Tensor, v: Tensor, indptr: Tensor, indices: Tensor, last_page_len: Tensor, *, out: Tensor | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None, positions: Tensor | None = None, valid: Tensor | None = None, pos_offset: Tensor | None = None, softmax_scale: float, sinks: Tensor | None = None, window: int = 0, q_positions: Tensor | None = None, rope_on_read: RopeSpec | None = None, rotate_query: bool = False, num_splits: int = 0, max_seq_cells: int = 0, workspace: Tensor | None = None, check_tables: bool = True, stream: int | Any | None = None) -> Tensor:
+def attention_decode(q: Tensor, k: Tensor, v: Tensor, indptr: Tensor, indices: Tensor, last_page_len: Tensor, *, out: Tensor | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None, positions: Tensor | None = None, valid: Tensor | None = None, pos_offset: Tensor | None = None, softmax_scale: float = 0.0, sinks: Tensor | None = None, window: int = 0, q_positions: Tensor | None = None, rope_on_read: RopeSpec | None = None, num_splits: int = 0, max_seq_cells: int = 0, workspace: Tensor | None = None, check_tables: bool = True, stream: int | Any | None = None) -> Tensor:
     """
     Decode attention (one query row per sequence) over pages you own:
     q [batch, n_q_heads, head_dim] -> out (same shape).
@@ -164,12 +164,13 @@ def attention_decode(q: Tensor, k: Tensor, v: Tensor, indptr: Tensor, indices: T
     k_scale / v_scale: UE8M0 [.., head_dim / 64] or f32 [num_blocks, block_size, n_kv_heads]);
     indptr [batch + 1], indices, last_page_len [batch] int32: block tables in CSR form; positions int32
     [num_blocks, block_size] (window, causal, rope_on_read); valid uint8 (None: every cell live);
-    pos_offset int32 [batch]; softmax_scale > 0; sinks f32 [n_q_heads]; window: keys with
-    q_pos - k_pos < window (0: all); q_positions int32 [n_rows]; rope_on_read: the RopeSpec to rotate
-    keys with while reading; rotate_query: also rotate q; workspace: attention_workspace_bytes bytes.
+    pos_offset int32 [batch]; softmax_scale (0: head_dim**-0.5); sinks f32 [n_q_heads]; window: keys with
+    q_pos - k_pos < window (0: all); q_positions int32 [n_rows]; rope_on_read: the RopeSpec of keys
+    stored unrotated (attention then rotates keys and the unrotated q); workspace: scratch bytes
+    (attention_workspace_bytes). One call plans and runs; a PagedCache's plan() serves every layer.
     """
 
-def attention_prefill(q: Tensor, qo_indptr: Tensor, k: Tensor, v: Tensor, indptr: Tensor, indices: Tensor, last_page_len: Tensor, *, out: Tensor | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None, positions: Tensor | None = None, valid: Tensor | None = None, pos_offset: Tensor | None = None, softmax_scale: float, sinks: Tensor | None = None, window: int = 0, q_positions: Tensor | None = None, rope_on_read: RopeSpec | None = None, rotate_query: bool = False, num_splits: int = 0, max_seq_cells: int = 0, workspace: Tensor | None = None, check_tables: bool = True, stream: int | Any | None = None) -> Tensor:
+def attention_prefill(q: Tensor, qo_indptr: Tensor, k: Tensor, v: Tensor, indptr: Tensor, indices: Tensor, last_page_len: Tensor, *, out: Tensor | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None, positions: Tensor | None = None, valid: Tensor | None = None, pos_offset: Tensor | None = None, softmax_scale: float = 0.0, sinks: Tensor | None = None, window: int = 0, q_positions: Tensor | None = None, rope_on_read: RopeSpec | None = None, num_splits: int = 0, max_seq_cells: int = 0, workspace: Tensor | None = None, check_tables: bool = True, stream: int | Any | None = None) -> Tensor:
     """
     Causal prefill attention over pages you own: q [n_tokens, n_q_heads, head_dim], rows
     qo_indptr[b] .. qo_indptr[b+1] (int32 [batch + 1]) of sequence b at q_positions (required);
@@ -178,17 +179,18 @@ def attention_prefill(q: Tensor, qo_indptr: Tensor, k: Tensor, v: Tensor, indptr
     k_scale / v_scale: UE8M0 [.., head_dim / 64] or f32 [num_blocks, block_size, n_kv_heads]);
     indptr [batch + 1], indices, last_page_len [batch] int32: block tables in CSR form; positions int32
     [num_blocks, block_size] (window, causal, rope_on_read); valid uint8 (None: every cell live);
-    pos_offset int32 [batch]; softmax_scale > 0; sinks f32 [n_q_heads]; window: keys with
-    q_pos - k_pos < window (0: all); q_positions int32 [n_rows]; rope_on_read: the RopeSpec to rotate
-    keys with while reading; rotate_query: also rotate q; workspace: attention_workspace_bytes bytes.
+    pos_offset int32 [batch]; softmax_scale (0: head_dim**-0.5); sinks f32 [n_q_heads]; window: keys with
+    q_pos - k_pos < window (0: all); q_positions int32 [n_rows]; rope_on_read: the RopeSpec of keys
+    stored unrotated (attention then rotates keys and the unrotated q); workspace: scratch bytes
+    (attention_workspace_bytes). One call plans and runs; a PagedCache's plan() serves every layer.
     """
 
-def attention_dsv4_decode(q: Tensor, window_kv: Tensor, window_len: Tensor, q_positions: Tensor, rope: RopeSpec, *, softmax_scale: float, comp_rows: Tensor | None = None, comp_idx: Tensor | None = None, window_index: Tensor | None = None, sinks: Tensor | None = None, num_splits: int = 0, workspace: Tensor | None = None, check_indices: bool = True, out: Tensor | None = None, stream: int | Any | None = None) -> Tensor:
+def attention_dsv4_decode(q: Tensor, window_kv: Tensor, window_len: Tensor, q_positions: Tensor, rope: RopeSpec, *, softmax_scale: float = 0.0, comp_rows: Tensor | None = None, comp_idx: Tensor | None = None, window_index: Tensor | None = None, sinks: Tensor | None = None, num_splits: int = 0, workspace: Tensor | None = None, check_indices: bool = True, out: Tensor | None = None, stream: int | Any | None = None) -> Tensor:
     """
     DeepSeek-V4 sparse decode attention: q [n_rows, n_heads, 512] over the window rows window_kv
-    [n_rows (or n_seqs with window_index), n_window <= 128, 512] (window_len int32 [n_rows] live) and the
+    [n_rows (or n_rings with window_index), n_window <= 128, 512] (window_len int32 [n_rows] live) and the
     packed compressed rows comp_rows uint8 [n_comp, 584] picked by comp_idx int32 [n_rows, k] (-1: none);
-    the output's rope dims are rotated back by q_positions.
+    the output's rope dims are rotated back by q_positions. softmax_scale 0: 512**-0.5.
     """
 
 def attention_workspace_bytes(n_rows: int, n_q_heads: int, head_dim: int, num_splits: int) -> int:
@@ -334,13 +336,15 @@ class PagedCache:
     (k_pool(layer), ...) keep the cache alive.
     """
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, device: str | int = 'cpu', stream: int | Any | None = None) -> None:
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True, device: str | int = 'cpu', stream: int | Any | None = None) -> None:
         """
         Allocate the pools: num_blocks blocks of block_size cells per layer.
         rope: a RopeSpec (or one per layer); k_format/v_format: 'f32', 'f16', 'bf16', 'fp8' (e4m3 + one
         UE8M0 scale per 64 dims); v_head_dim 0: no V pools; rope_mode 'stored' (K rotated when written)
         or 'on_read' (K stored unrotated, rotated by attention; shift() moves no byte);
-        strict_positions: positions must increase along a sequence; device 'cpu' or 'cuda:N';
+        strict_positions: positions must increase along a sequence; kvcore_attention: refuse at once
+        formats kvcore's attention cannot read (False: pages for an engine's own attention);
+        device 'cpu' or 'cuda:N';
         stream: the CUDA stream of every cache operation (default: torch's current stream).
         """
 

@@ -53,7 +53,7 @@ void bump(PyPagedCache& c) { ++c.epoch; }
 PagedCacheConfig make_config(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
                              std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
                              std::optional<std::string> v_format, nb::handle rope, const std::string& rope_mode,
-                             bool strict_positions) {
+                             bool strict_positions, bool kvcore_attention) {
   PagedCacheConfig cfg;
   cfg.n_layers = n_layers;
   cfg.n_kv_heads = n_kv_heads;
@@ -68,6 +68,7 @@ PagedCacheConfig make_config(int32_t n_layers, int32_t n_kv_heads, int32_t head_
   else cfg.rope = nb::cast<std::vector<RopeSpec>>(rope);
   cfg.rope_mode = parse_rope_mode(rope_mode);
   cfg.strict_positions = strict_positions;
+  cfg.kvcore_attention = kvcore_attention;
   return cfg;
 }
 
@@ -191,9 +192,10 @@ void bind_paged_cache(nb::module_& m) {
           [](PyPagedCache* self, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
              nb::handle rope, std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
              std::optional<std::string> v_format, const std::string& rope_mode, bool strict_positions,
-             nb::handle device, nb::handle stream) {
+             bool kvcore_attention, nb::handle device, nb::handle stream) {
             PagedCacheConfig cfg = make_config(n_layers, n_kv_heads, head_dim, num_blocks, v_head_dim, block_size,
-                                               k_format, v_format, rope, rope_mode, strict_positions);
+                                               k_format, v_format, rope, rope_mode, strict_positions,
+                                               kvcore_attention);
             const Device dev = parse_device(device);
             cfg.stream = resolve_stream(stream, dev);
             nb::gil_scoped_release g;
@@ -201,12 +203,15 @@ void bind_paged_cache(nb::module_& m) {
           },
           "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "num_blocks"_a, nb::kw_only(), "rope"_a,
           "v_head_dim"_a = nb::none(), "block_size"_a = 16, "k_format"_a = "f16", "v_format"_a = nb::none(),
-          "rope_mode"_a = "stored", "strict_positions"_a = true, "device"_a = "cpu", "stream"_a = nb::none(),
+          "rope_mode"_a = "stored", "strict_positions"_a = true, "kvcore_attention"_a = true, "device"_a = "cpu",
+          "stream"_a = nb::none(),
           "Allocate the pools: num_blocks blocks of block_size cells per layer.\n"
           "rope: a RopeSpec (or one per layer); k_format/v_format: 'f32', 'f16', 'bf16', 'fp8' (e4m3 + one\n"
           "UE8M0 scale per 64 dims); v_head_dim 0: no V pools; rope_mode 'stored' (K rotated when written)\n"
           "or 'on_read' (K stored unrotated, rotated by attention; shift() moves no byte);\n"
-          "strict_positions: positions must increase along a sequence; device 'cpu' or 'cuda:N';\n"
+          "strict_positions: positions must increase along a sequence; kvcore_attention: refuse at once\n"
+          "formats kvcore's attention cannot read (False: pages for an engine's own attention);\n"
+          "device 'cpu' or 'cuda:N';\n"
           "stream: the CUDA stream of every cache operation (default: torch's current stream).")
       // ---- sequences ----
       .def(
@@ -377,7 +382,7 @@ void bind_paged_cache(nb::module_& m) {
           "block_tables",
           [](PyPagedCache& c, nb::handle seqs, bool offsets) {
             const std::vector<SeqId> s = host_i64(seqs, "seqs");
-            PagedCsr csr;
+            BlockTable csr;
             const bool pending = c.cache.needs_prepare();
             {
               nb::gil_scoped_release g;

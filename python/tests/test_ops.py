@@ -122,8 +122,7 @@ def test_attention_over_caller_pages_equals_the_plan(rng):
     planned = cache.plan(t).run(1, q)
     tb = cache.block_tables([a, b])
     args = dict(k_scale=cache.k_scales(1), v_scale=cache.v_scales(1), positions=cache.positions(), valid=cache.valid(),
-                softmax_scale=64 ** -0.5, q_positions=np.array([9, 4], np.int32), rope_on_read=PLAIN,
-                rotate_query=True)
+                softmax_scale=64 ** -0.5, q_positions=np.array([9, 4], np.int32), rope_on_read=PLAIN)
     by_hand = kvcore.attention_decode(q, cache.k_pool(1), cache.v_pool(1), tb["indptr"], tb["indices"],
                                       tb["last_page_len"], **args)
     np.testing.assert_array_equal(by_hand, planned)

@@ -136,7 +136,7 @@ def test_shift_in_stored_mode_defers_rotation(rng):
 
 
 def test_views_and_properties():
-    cache = small_cache(k_format="fp8", v_format="f16")
+    cache = small_cache(k_format="fp8", v_format="f16", kvcore_attention=False)
     assert cache.k_pool(0).shape == (32, 8, 2, 64) and cache.k_pool(0).dtype == np.uint8
     assert cache.k_scales(0).shape == (32, 8, 2, 1) and cache.v_scales(0) is None
     assert cache.v_pool(1).dtype == np.float16

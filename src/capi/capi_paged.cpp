@@ -74,6 +74,7 @@ void kvc_paged_config_init(kvc_paged_config* cfg) {
   cfg->rope = nullptr;
   cfg->n_rope = 0;
   cfg->stream = nullptr;
+  cfg->kvcore_attention = d.kvcore_attention ? 1 : 0;
 }
 
 kvc_status kvc_paged_create(const kvc_paged_config* cfg, kvc_device device, kvc_paged_cache** out) {
@@ -97,6 +98,7 @@ kvc_status kvc_paged_create(const kvc_paged_config* cfg, kvc_device device, kvc_
     require_arg(c.n_rope >= 1 && c.rope, fn, ": rope must point to n_rope >= 1 specs, got n_rope ", c.n_rope);
     for (int32_t i = 0; i < c.n_rope; ++i) p.rope.push_back(capi::rope_spec(&c.rope[i], fn));
     p.stream = capi::stream(c.stream);
+    p.kvcore_attention = c.kvcore_attention != 0;
     auto h = std::unique_ptr<kvc_paged_cache>(new kvc_paged_cache{PagedCache(std::move(p), capi::device(device)), 0});
     *out = h.release();
   });

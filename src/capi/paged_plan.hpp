@@ -1,11 +1,14 @@
-// Attention over one step of a PagedCache, planned once and run per layer: the block tables of
-// the batch (copied out of the cache, so later block_tables() calls do not disturb them), query
-// rows and positions, the options and a workspace sized on the first run. Shared by the C API
-// and the Python module. The caller must not run a plan after the cache's sequences changed.
+// Attention over one step of a PagedCache for the C API and the Python module: the batch's block
+// tables (in storage of the plan's own, so later block_tables() calls do not disturb them), the
+// query rows and positions, and the per-layer options, fixed when the step is planned; then
+// run(layer, q, out) once per layer over the cache's paged_kv(layer). The kvcore::AttentionPlan
+// behind it is made on the first run, when the query's head count is known (and again only if
+// a later run brings another head count). The caller must not run a plan after the cache's
+// sequences changed (both bindings count edits and refuse stale plans).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
-#include <vector>
 
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/paged_cache.hpp"
@@ -35,19 +38,21 @@ class PagedPlan {
   int32_t batch() const { return batch_; }
   int64_t n_rows() const { return n_rows_; }
   bool prefill() const { return prefill_; }
-  float softmax_scale() const { return opt_.softmax_scale; }
+  float softmax_scale() const { return scale_; }
 
  private:
   PagedCache* cache_;
   int32_t batch_ = 0;
   int64_t n_rows_ = 0;
   bool prefill_ = false;
-  Buffer tables_;  // i32: indptr | last_page_len | pos_offset | qo_indptr | q_positions | indices
-  BlockTable table_;
-  TensorRef qo_indptr_;
-  AttentionOptions opt_;
-  Buffer workspace_;
-  int64_t workspace_q_heads_ = -1, workspace_head_dim_ = -1;
+  float scale_ = 0.0f;
+  Buffer tables_;  // the block tables (PagedCache::block_tables into caller storage)
+  Buffer rows_;    // i32: qo_indptr [batch + 1] | q_positions [n_rows]
+  AttentionStep step_;
+  AttentionSchedule schedule_;
+  AttentionLayer layer_;
+  std::optional<AttentionPlan> plan_;
+  int32_t plan_q_heads_ = -1;
 };
 
 }  // namespace kvcore::capi
