@@ -64,12 +64,15 @@ int main(int argc, char** argv) {
   cache.append(s, pos, TensorRef(k.data(), DType::F32, Device::cpu(), {1, kContext, kHeads, kDim}),
                TensorRef(k.data(), DType::F32, Device::cpu(), {1, kContext, kHeads, kDim}));
   const int32_t next = kContext;
-  AppendTicket t = cache.reserve(s, std::span<const int32_t>(&next, 1));
+  capi::Ticket t;
+  const SeqId one_seq[1] = {s};
+  const int32_t one[1] = {1};
+  t.reserve(cache, one_seq, one, std::span<const int32_t>(&next, 1));
   const TensorRef k1(k.data(), DType::F32, Device::cpu(), {1, kHeads, kDim});
   const TensorRef q1(q.data(), DType::F32, Device::cpu(), {1, kQHeads, kDim});
   const TensorRef o1(out.data(), DType::F32, Device::cpu(), {1, kQHeads, kDim});
   capi::PagedPlan plan = capi::PagedPlan::of_ticket(cache, t, {});
-  std::printf("store %.1f\n", fastest_ns([&] { cache.store(t, 0, k1, k1); }, kIters));
+  std::printf("store %.1f\n", fastest_ns([&] { cache.store(t.t, 0, k1, k1); }, kIters));
   std::printf("attention_run %.1f\n", fastest_ns([&] { plan.run(0, q1, o1, Stream{}); }, kIters));
   // shift: a long sequence loses one token per call (n_keep 4, n_discard 1)
   cfg.num_blocks = 2048;

@@ -272,15 +272,15 @@ class Ticket:
     def counts(self) -> list[int]: ...
 
     @property
+    def positions(self) -> list[int]:
+        """The tokens' positions, as given to reserve()."""
+
+    @property
     def n_tokens(self) -> int: ...
 
     @property
     def slots(self) -> list[int]:
-        """Cell ids (block * block_size + slot), one per token."""
-
-    @property
-    def positions(self) -> list[int]:
-        """The tokens' positions, as given to reserve()."""
+        """Cell ids (block * block_size + slot), one per token (a host copy)."""
 
 class AttentionPlan:
     """

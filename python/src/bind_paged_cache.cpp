@@ -86,7 +86,7 @@ std::vector<int32_t> copy_i32(const TensorRef& t) {
   return v;
 }
 
-PyAttentionPlan make_plan(CacheRef self, const AppendTicket* ticket, const std::vector<SeqId>& seqs,
+PyAttentionPlan make_plan(CacheRef self, const capi::Ticket* ticket, const std::vector<SeqId>& seqs,
                           const std::vector<int32_t>& q_positions, std::optional<float> softmax_scale, int32_t window,
                           nb::handle sinks, int32_t num_splits, bool check_tables) {
   PyAttentionPlan plan;
@@ -157,20 +157,18 @@ void bind_paged_cache(nb::module_& m) {
                               s.blocks_total, ", tokens_live=", s.tokens_live, ", tokens_dead=", s.tokens_dead, ")");
       });
 
-  nb::class_<AppendTicket>(m, "Ticket",
+  nb::class_<capi::Ticket>(m, "Ticket",
                            "Cells reserved for one step's new tokens (PagedCache.reserve). Store each layer with\n"
                            "PagedCache.store(ticket, layer, k, v); stale once one of its sequences changes again.\n"
                            "Pass it back as reserve(..., reuse=ticket) so a decode loop allocates nothing per step.")
       .def(nb::init<>(), "An empty ticket, to be filled by reserve(..., reuse=ticket).")
-      .def_ro("seqs", &AppendTicket::seqs)
-      .def_ro("counts", &AppendTicket::counts)
-      .def_ro("n_tokens", &AppendTicket::n_tokens)
-      .def_prop_ro("slots", [](const AppendTicket& t) { return t.host_slots; },
-                   "Cell ids (block * block_size + slot), one per token.")
+      .def_ro("seqs", &capi::Ticket::seqs)
+      .def_ro("counts", &capi::Ticket::counts)
+      .def_ro("positions", &capi::Ticket::positions, "The tokens' positions, as given to reserve().")
+      .def_prop_ro("n_tokens", [](const capi::Ticket& t) { return t.positions.size(); })
       .def_prop_ro(
-          "positions",
-          [](const AppendTicket& t) { return t.positions.empty() ? std::vector<int32_t>{} : copy_i32(t.position_view()); },
-          "The tokens' positions, as given to reserve().");
+          "slots", [](const capi::Ticket& t) { return t.positions.empty() ? std::vector<int32_t>{} : copy_i32(t.t.slot_mapping()); },
+          "Cell ids (block * block_size + slot), one per token (a host copy).");
 
   nb::class_<PyAttentionPlan>(m, "AttentionPlan",
                               "Attention over one step's batch, made by PagedCache.plan(): block tables, query\n"
@@ -255,7 +253,7 @@ void bind_paged_cache(nb::module_& m) {
       .def(
           "reserve",
           [](PyPagedCache& c, nb::handle seqs, nb::handle positions, nb::handle counts,
-             AppendTicket* reuse) -> nb::object {
+             capi::Ticket* reuse) -> nb::object {
             const std::vector<int64_t> s = host_i64(seqs, "seqs");
             const std::vector<int32_t> pos = host_i32(positions, "positions");
             std::vector<int32_t> cnt;
@@ -268,15 +266,15 @@ void bind_paged_cache(nb::module_& m) {
             if (reuse) {
               {
                 nb::gil_scoped_release g;
-                c.cache.reserve(*reuse, s, cnt, pos);
+                reuse->reserve(c.cache, s, cnt, pos);
               }
               bump(c);
               return nb::cast(reuse, nb::rv_policy::reference);
             }
-            AppendTicket t;
+            capi::Ticket t;
             {
               nb::gil_scoped_release g;
-              t = c.cache.reserve(s, cnt, pos);
+              t.reserve(c.cache, s, cnt, pos);
             }
             bump(c);
             return nb::cast(std::move(t));
@@ -287,10 +285,10 @@ void bind_paged_cache(nb::module_& m) {
           "live at once; store() writes them layer by layer. reuse: refill this Ticket (no allocation).")
       .def(
           "store",
-          [](PyPagedCache& c, const AppendTicket& ticket, int32_t layer, nb::handle k, nb::handle v) {
+          [](PyPagedCache& c, const capi::Ticket& ticket, int32_t layer, nb::handle k, nb::handle v) {
             Tensor tk = to_tensor(k, "k"), tv = to_optional_tensor(v, "v");
             nb::gil_scoped_release g;
-            c.cache.store(ticket, layer, tk.ref, tv.ref);
+            c.cache.store(ticket.t, layer, tk.ref, tv.ref);
           },
           "ticket"_a, "layer"_a, "k"_a.none(), "v"_a = nb::none(),
           "Write one layer of the ticket's tokens: k [n_tokens, n_kv_heads, head_dim], v [n_tokens,\n"
@@ -335,8 +333,8 @@ void bind_paged_cache(nb::module_& m) {
           "plan",
           [](CacheRef self, nb::handle what, nb::handle q_positions, std::optional<float> softmax_scale,
              int32_t window, nb::handle sinks, int32_t num_splits, bool check_tables) {
-            const bool is_ticket = nb::isinstance<AppendTicket>(what);
-            const AppendTicket* ticket = is_ticket ? &nb::cast<const AppendTicket&>(what) : nullptr;
+            const bool is_ticket = nb::isinstance<capi::Ticket>(what);
+            const capi::Ticket* ticket = is_ticket ? &nb::cast<const capi::Ticket&>(what) : nullptr;
             std::vector<SeqId> seqs;
             std::vector<int32_t> qpos;
             if (!is_ticket) {

@@ -18,7 +18,7 @@ struct kvc_paged_cache {
   uint64_t epoch = 0;
 };
 struct kvc_ticket {
-  AppendTicket t;
+  capi::Ticket t;
 };
 struct kvc_attention_plan {
   kvc_paged_cache* owner;
@@ -183,7 +183,9 @@ kvc_status kvc_ticket_create(kvc_ticket** out) {
 
 void kvc_ticket_free(kvc_ticket* ticket) { delete ticket; }
 
-int32_t kvc_ticket_n_tokens(const kvc_ticket* ticket) { return ticket ? ticket->t.n_tokens : 0; }
+int32_t kvc_ticket_n_tokens(const kvc_ticket* ticket) {
+  return ticket ? static_cast<int32_t>(ticket->t.positions.size()) : 0;
+}
 
 kvc_status kvc_paged_reserve(kvc_paged_cache* cache, const int64_t* seqs, const int32_t* counts, size_t n_seqs,
                              const int32_t* positions, kvc_ticket* ticket) {
@@ -195,8 +197,8 @@ kvc_status kvc_paged_reserve(kvc_paged_cache* cache, const int64_t* seqs, const 
     int64_t total = 0;
     for (size_t i = 0; i < n_seqs; ++i) total += counts[i] > 0 ? counts[i] : 0;
     require_arg(total == 0 || positions, fn, ": positions is NULL for ", total, " tokens");
-    cache->cache.reserve(ticket->t, std::span<const SeqId>(seqs, n_seqs), std::span<const int32_t>(counts, n_seqs),
-                         std::span<const int32_t>(positions, static_cast<size_t>(total)));
+    ticket->t.reserve(cache->cache, std::span<const SeqId>(seqs, n_seqs), std::span<const int32_t>(counts, n_seqs),
+                      std::span<const int32_t>(positions, static_cast<size_t>(total)));
     ++cache->epoch;
   });
 }
@@ -208,7 +210,7 @@ kvc_status kvc_paged_store(kvc_paged_cache* cache, const kvc_ticket* ticket, int
     need(cache, fn, "cache");
     need(ticket, fn, "ticket");
     need(k, fn, "k");
-    cache->cache.store(ticket->t, layer, capi::tensor(k), capi::tensor(v));
+    cache->cache.store(ticket->t.t, layer, capi::tensor(k), capi::tensor(v));
   });
 }
 

@@ -9,13 +9,6 @@
 
 namespace kvcore::capi {
 
-PagedPlan PagedPlan::of_ticket(PagedCache& cache, const AppendTicket& ticket, const PagedPlanOptions& opt) {
-  const TensorRef pos = ticket.position_view();
-  std::vector<int32_t> host(static_cast<size_t>(pos.numel()));
-  if (!host.empty()) copy_bytes(host.data(), Device::cpu(), pos.data(), pos.device(), host.size() * 4);
-  return PagedPlan(cache, ticket.seqs, ticket.counts, host, opt);
-}
-
 PagedPlan::PagedPlan(PagedCache& cache, std::span<const SeqId> seqs, std::span<const int32_t> counts,
                      std::span<const int32_t> q_positions, const PagedPlanOptions& o)
     : cache_(&cache) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 
+#include "capi/ticket.hpp"
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/ops/attention.hpp"
@@ -30,7 +31,9 @@ class PagedPlan {
   PagedPlan(PagedCache& cache, std::span<const SeqId> seqs, std::span<const int32_t> counts,
             std::span<const int32_t> q_positions, const PagedPlanOptions& opt);
   // The plan of a ticket's step: its sequences, counts and positions.
-  static PagedPlan of_ticket(PagedCache& cache, const AppendTicket& ticket, const PagedPlanOptions& opt);
+  static PagedPlan of_ticket(PagedCache& cache, const Ticket& ticket, const PagedPlanOptions& opt) {
+    return PagedPlan(cache, ticket.seqs, ticket.counts, ticket.positions, opt);
+  }
 
   // out = attention(q) over `layer`'s pages; q, out [n_rows, n_q_heads, head_dim].
   void run(int32_t layer, const TensorRef& q, const TensorRef& out, Stream stream);
