@@ -232,30 +232,34 @@ typedef struct kvc_dsv4_config {
   int32_t max_seqs;
   int32_t quant;  /* bool: FP8 / FP4 storage as DeepSeek-V4's engine; 0: f32 math */
   int32_t packed; /* bool: packed rows where the geometry has them */
+  void* stream;   /* CUDA stream of every cache operation */
 } kvc_dsv4_config;
 
 /* Defaults of DeepSeek-V4-Flash (43 layers) for max_context tokens and max_seqs sequences. */
 KVC_API void kvc_dsv4_config_v4_flash(kvc_dsv4_config* cfg, int64_t max_context, int32_t max_seqs);
 KVC_API kvc_status kvc_dsv4_create(const kvc_dsv4_config* cfg, kvc_device device, kvc_dsv4_cache** out);
 KVC_API void kvc_dsv4_free(kvc_dsv4_cache* cache);
+/* Sequences: at most max_seqs live at once. truncate(seq, 0) empties one. */
+KVC_API kvc_status kvc_dsv4_seq_create(kvc_dsv4_cache* cache, int64_t* out_seq);
+KVC_API kvc_status kvc_dsv4_seq_erase(kvc_dsv4_cache* cache, int64_t seq);
+KVC_API kvc_status kvc_dsv4_seq_truncate(kvc_dsv4_cache* cache, int64_t seq, int32_t n);
 /* comp_ape [ratio, width], comp_norm [head_dim] (CSA/HCA); idx_ape, idx_norm (CSA); NULL: none. */
 KVC_API kvc_status kvc_dsv4_set_weights(kvc_dsv4_cache* cache, int32_t layer, const DLTensor* comp_ape,
                                         const DLTensor* comp_norm, const DLTensor* idx_ape, const DLTensor* idx_norm);
 /* Tokens pos .. pos + n - 1 (pos == length): kv [n, head_dim] f32 (modified in place when
  * quantized), comp_c / comp_z [n, width], idx_c / idx_z [n, 2 * index_dim] (NULL where unused). */
-KVC_API kvc_status kvc_dsv4_append(kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int64_t pos, const DLTensor* kv,
+KVC_API kvc_status kvc_dsv4_append(kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t pos, const DLTensor* kv,
                                    const DLTensor* comp_c, const DLTensor* comp_z, const DLTensor* idx_c,
-                                   const DLTensor* idx_z, void* stream);
-KVC_API kvc_status kvc_dsv4_length(const kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int64_t* out);
-KVC_API kvc_status kvc_dsv4_compressed_rows(const kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int64_t* out);
+                                   const DLTensor* idx_z);
+KVC_API kvc_status kvc_dsv4_length(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t* out);
+KVC_API kvc_status kvc_dsv4_compressed_rows(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t* out);
 /* Host copy as f32 of the window rows (which = 0, oldest first) or compressed rows (which = 1):
  * up to cap floats into out; *n_floats receives the size (nothing written when it exceeds cap). */
-KVC_API kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int32_t which, float* out,
+KVC_API kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t which, float* out,
                                  size_t cap, size_t* n_floats);
-KVC_API kvc_status kvc_dsv4_reset(kvc_dsv4_cache* cache, int32_t seq, void* stream);
 /* Always fails: KVC_E_NOT_SUPPORTED (compressor windows straddle any cut), or
  * KVC_E_INVALID_ARGUMENT for a bad range. */
-KVC_API kvc_status kvc_dsv4_shift(kvc_dsv4_cache* cache, int32_t seq, int64_t n_keep, int64_t n_discard);
+KVC_API kvc_status kvc_dsv4_shift(kvc_dsv4_cache* cache, int64_t seq, int32_t n_keep, int32_t n_discard);
 
 #ifdef __cplusplus
 }

@@ -597,18 +597,19 @@ class Dsv4Cache:
         cache.append(seq, layer, pos, kv, comp_c, comp_z, idx_c, idx_z)
     """
 
-    def __init__(self, layers: Sequence[str], *, head_dim: int = 512, n_rot: int = 64, window: int = 128, csa_ratio: int = 4, hca_ratio: int = 128, index_heads: int = 64, index_dim: int = 128, index_topk: int = 512, max_context: int = 65536, max_seqs: int = 1, quant: bool = True, packed: bool = True, device: str | int = 'cpu') -> None:
+    def __init__(self, layers: Sequence[str], *, head_dim: int = 512, n_rot: int = 64, window: int = 128, csa_ratio: int = 4, hca_ratio: int = 128, index_heads: int = 64, index_dim: int = 128, index_topk: int = 512, max_context: int = 65536, max_seqs: int = 1, quant: bool = True, packed: bool = True, device: str | int = 'cpu', stream: int | Any | None = None) -> None:
         """
         layers: one of 'window', 'csa', 'hca' per layer; quant: FP8/FP4 storage as DeepSeek-V4's engine
-        (False: f32 math, as HF computes); packed: 584-byte / FP4 rows where the geometry has them.
+        (False: f32 math, as HF computes); packed: 584-byte / FP4 rows where the geometry has them;
+        stream: the CUDA stream of every cache operation (default: torch's current stream).
         """
 
     @staticmethod
-    def v4_flash(max_context: int, max_seqs: int = 1, device: str | int = 'cpu') -> Dsv4Cache:
+    def v4_flash(max_context: int, max_seqs: int = 1, device: str | int = 'cpu', stream: int | Any | None = None) -> Dsv4Cache:
         """DeepSeek-V4-Flash's 43-layer schedule."""
 
     @staticmethod
-    def v4_pro(max_context: int, max_seqs: int = 1, device: str | int = 'cpu') -> Dsv4Cache:
+    def v4_pro(max_context: int, max_seqs: int = 1, device: str | int = 'cpu', stream: int | Any | None = None) -> Dsv4Cache:
         """DeepSeek-V4-Pro's 61-layer schedule."""
 
     @property
@@ -640,7 +641,24 @@ class Dsv4Cache:
         idx_ape [4, 2 * index_dim], idx_norm [index_dim] (CSA).
         """
 
-    def append(self, seq: int, layer: int, pos: int, kv: Tensor, comp_c: Tensor | None = None, comp_z: Tensor | None = None, idx_c: Tensor | None = None, idx_z: Tensor | None = None, *, stream: int | Any | None = None) -> None:
+    def create(self) -> int:
+        """A new empty sequence (at most max_seqs live); returns its id."""
+
+    def erase(self, seq: int) -> None:
+        """Free a sequence."""
+
+    def __contains__(self, seq: int) -> bool: ...
+
+    def sequences(self) -> list[int]:
+        """Ids of every live sequence."""
+
+    def truncate(self, seq: int, n: int) -> None:
+        """Keep the first n tokens in every layer (0 empties the sequence)."""
+
+    def debug_state(self) -> str:
+        """Canonical text of the cache's host state (tests compare it)."""
+
+    def append(self, seq: int, layer: int, pos: int, kv: Tensor, comp_c: Tensor | None = None, comp_z: Tensor | None = None, idx_c: Tensor | None = None, idx_z: Tensor | None = None) -> None:
         """
         Append tokens pos .. pos + n - 1 (pos == length(seq, layer)): kv [n, head_dim] f32 (RoPE applied;
         FP8-rounded in place when quantized), comp_c / comp_z [n, width] (CSA/HCA), idx_c / idx_z
@@ -677,11 +695,8 @@ class Dsv4Cache:
         Host copy float32 [indexer_rows, index_dim] (Hadamard domain if quantized).
         """
 
-    def indexer_topk(self, seq: int, layer: int, q: Tensor, weights: Tensor, first_query_pos: int, scores: Tensor, out: Tensor, *, stream: int | Any | None = None) -> None:
+    def indexer_topk(self, seq: int, layer: int, q: Tensor, weights: Tensor, first_query_pos: int, scores: Tensor, out: Tensor) -> None:
         """dsv4_indexer_topk over this sequence's indexer rows of a CSA layer."""
-
-    def reset(self, seq: int, *, stream: int | Any | None = None) -> None:
-        """Empty a sequence in every layer."""
 
     def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
         """

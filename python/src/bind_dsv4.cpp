@@ -12,11 +12,6 @@
 #include "names.hpp"
 #include "tensors.hpp"
 
-// Dsv4Cache declares a copy constructor that cannot be instantiated (its layers own Buffers):
-// tell nanobind it is move-only.
-template <>
-struct nanobind::detail::is_copy_constructible<kvcore::Dsv4Cache> : std::false_type {};
-
 namespace kvcore::py {
 
 namespace nb = nanobind;
@@ -185,7 +180,7 @@ void bind_dsv4(nb::module_& m) {
           "__init__",
           [](Dsv4Cache* self, std::vector<std::string> layers, int32_t head_dim, int32_t n_rot, int32_t window,
              int32_t csa_ratio, int32_t hca_ratio, int32_t index_heads, int32_t index_dim, int32_t index_topk,
-             int64_t max_context, int32_t max_seqs, bool quant, bool packed, nb::handle device) {
+             int64_t max_context, int32_t max_seqs, bool quant, bool packed, nb::handle device, nb::handle stream) {
             Dsv4CacheConfig cfg;
             cfg.layers.clear();
             for (const std::string& l : layers) cfg.layers.push_back(parse_dsv4_layer_kind(l));
@@ -202,28 +197,35 @@ void bind_dsv4(nb::module_& m) {
             cfg.quant = parse_quant(quant);
             cfg.packed = packed;
             const Device dev = parse_device(device);
+            cfg.stream = resolve_stream(stream, dev);
             nb::gil_scoped_release g;
             new (self) Dsv4Cache(std::move(cfg), dev);
           },
           "layers"_a, nb::kw_only(), "head_dim"_a = 512, "n_rot"_a = 64, "window"_a = 128, "csa_ratio"_a = 4,
           "hca_ratio"_a = 128, "index_heads"_a = 64, "index_dim"_a = 128, "index_topk"_a = 512,
           "max_context"_a = 65536, "max_seqs"_a = 1, "quant"_a = true, "packed"_a = true, "device"_a = "cpu",
+          "stream"_a = nb::none(),
           "layers: one of 'window', 'csa', 'hca' per layer; quant: FP8/FP4 storage as DeepSeek-V4's engine\n"
-          "(False: f32 math, as HF computes); packed: 584-byte / FP4 rows where the geometry has them.")
+          "(False: f32 math, as HF computes); packed: 584-byte / FP4 rows where the geometry has them;\n"
+          "stream: the CUDA stream of every cache operation (default: torch's current stream).")
       .def_static(
           "v4_flash",
-          [](int64_t max_context, int32_t max_seqs, nb::handle device) {
+          [](int64_t max_context, int32_t max_seqs, nb::handle device, nb::handle stream) {
             const Device dev = parse_device(device);
-            return Dsv4Cache(Dsv4CacheConfig::v4_flash(max_context, max_seqs), dev);
+            Dsv4CacheConfig cfg = Dsv4CacheConfig::v4_flash(max_context, max_seqs);
+            cfg.stream = resolve_stream(stream, dev);
+            return Dsv4Cache(std::move(cfg), dev);
           },
-          "max_context"_a, "max_seqs"_a = 1, "device"_a = "cpu", "DeepSeek-V4-Flash's 43-layer schedule.")
+          "max_context"_a, "max_seqs"_a = 1, "device"_a = "cpu", "stream"_a = nb::none(), "DeepSeek-V4-Flash's 43-layer schedule.")
       .def_static(
           "v4_pro",
-          [](int64_t max_context, int32_t max_seqs, nb::handle device) {
+          [](int64_t max_context, int32_t max_seqs, nb::handle device, nb::handle stream) {
             const Device dev = parse_device(device);
-            return Dsv4Cache(Dsv4CacheConfig::v4_pro(max_context, max_seqs), dev);
+            Dsv4CacheConfig cfg = Dsv4CacheConfig::v4_pro(max_context, max_seqs);
+            cfg.stream = resolve_stream(stream, dev);
+            return Dsv4Cache(std::move(cfg), dev);
           },
-          "max_context"_a, "max_seqs"_a = 1, "device"_a = "cpu", "DeepSeek-V4-Pro's 61-layer schedule.")
+          "max_context"_a, "max_seqs"_a = 1, "device"_a = "cpu", "stream"_a = nb::none(), "DeepSeek-V4-Pro's 61-layer schedule.")
       .def_prop_ro("n_layers", &Dsv4Cache::n_layers)
       .def("kind", [](const Dsv4Cache& c, int32_t layer) { return dsv4_layer_kind_str(c.kind(layer)); }, "layer"_a)
       .def_prop_ro("raw_row_bytes", &Dsv4Cache::raw_row_bytes)
@@ -246,18 +248,29 @@ void bind_dsv4(nb::module_& m) {
           "idx_norm"_a = nb::none(),
           "Copy one layer's compressor weights: comp_ape [ratio, width], comp_norm [head_dim] (CSA/HCA);\n"
           "idx_ape [4, 2 * index_dim], idx_norm [index_dim] (CSA).")
+      .def("create", &Dsv4Cache::create, "A new empty sequence (at most max_seqs live); returns its id.")
+      .def("erase", &Dsv4Cache::erase, "seq"_a, "Free a sequence.")
+      .def("__contains__", &Dsv4Cache::contains, "seq"_a)
+      .def("sequences", &Dsv4Cache::sequences, "Ids of every live sequence.")
+      .def(
+          "truncate",
+          [](Dsv4Cache& c, SeqId seq, int32_t n) {
+            nb::gil_scoped_release g;
+            c.truncate(seq, n);
+          },
+          "seq"_a, "n"_a, "Keep the first n tokens in every layer (0 empties the sequence).")
+      .def("debug_state", &Dsv4Cache::debug_state, "Canonical text of the cache's host state (tests compare it).")
       .def(
           "append",
-          [](Dsv4Cache& c, int32_t seq, int32_t layer, int64_t pos, nb::handle kv, nb::handle comp_c,
-             nb::handle comp_z, nb::handle idx_c, nb::handle idx_z, nb::handle stream) {
+          [](Dsv4Cache& c, SeqId seq, int32_t layer, int32_t pos, nb::handle kv, nb::handle comp_c,
+             nb::handle comp_z, nb::handle idx_c, nb::handle idx_z) {
             Tensor a = to_tensor(kv, "kv"), b = to_optional_tensor(comp_c, "comp_c"), d = to_optional_tensor(comp_z, "comp_z");
             Tensor e = to_optional_tensor(idx_c, "idx_c"), f = to_optional_tensor(idx_z, "idx_z");
-            const Stream s = resolve_stream(stream, c.device());
             nb::gil_scoped_release g;
-            c.append(seq, layer, pos, Dsv4TokenInputs{a.ref, b.ref, d.ref, e.ref, f.ref}, s);
+            c.append(seq, layer, pos, Dsv4TokenInputs{a.ref, b.ref, d.ref, e.ref, f.ref});
           },
           "seq"_a, "layer"_a, "pos"_a, "kv"_a.none(), "comp_c"_a = nb::none(), "comp_z"_a = nb::none(),
-          "idx_c"_a = nb::none(), "idx_z"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+          "idx_c"_a = nb::none(), "idx_z"_a = nb::none(),
           "Append tokens pos .. pos + n - 1 (pos == length(seq, layer)): kv [n, head_dim] f32 (RoPE applied;\n"
           "FP8-rounded in place when quantized), comp_c / comp_z [n, width] (CSA/HCA), idx_c / idx_z\n"
           "[n, 2 * index_dim] (CSA).")
@@ -270,51 +283,42 @@ void bind_dsv4(nb::module_& m) {
           "View (keeps the cache alive) of the raw window ring [window, head_dim]; position p at p % window.")
       .def(
           "compressed_store",
-          [](Dsv4Ref s, int32_t seq, int32_t layer, nb::handle fw) { return view(s, s.p->compressed_store(seq, layer), fw); },
+          [](Dsv4Ref s, SeqId seq, int32_t layer, nb::handle fw) { return view(s, s.p->compressed_store(seq, layer), fw); },
           "seq"_a, "layer"_a, nb::kw_only(), "framework"_a = nb::none(),
           "View of the compressed row store ([cap, 584] uint8 or [cap, head_dim] f32).")
       .def(
           "indexer_store",
-          [](Dsv4Ref s, int32_t seq, int32_t layer, nb::handle fw) { return view(s, s.p->indexer_store(seq, layer), fw); },
+          [](Dsv4Ref s, SeqId seq, int32_t layer, nb::handle fw) { return view(s, s.p->indexer_store(seq, layer), fw); },
           "seq"_a, "layer"_a, nb::kw_only(), "framework"_a = nb::none(), "View of the indexer row store.")
       .def(
           "read_window",
-          [](const Dsv4Cache& c, int32_t seq, int32_t layer) {
+          [](const Dsv4Cache& c, SeqId seq, int32_t layer) {
             return rows_numpy(c.read_window(seq, layer), c.config().head_dim);
           },
           "seq"_a, "layer"_a, "Host copy float32 [min(length, window), head_dim], oldest first.")
       .def(
           "read_compressed",
-          [](const Dsv4Cache& c, int32_t seq, int32_t layer) {
+          [](const Dsv4Cache& c, SeqId seq, int32_t layer) {
             return rows_numpy(c.read_compressed(seq, layer), c.config().head_dim);
           },
           "seq"_a, "layer"_a, "Host copy float32 [compressed_rows, head_dim].")
       .def(
           "read_indexer",
-          [](const Dsv4Cache& c, int32_t seq, int32_t layer) {
+          [](const Dsv4Cache& c, SeqId seq, int32_t layer) {
             return rows_numpy(c.read_indexer(seq, layer), c.config().index_dim);
           },
           "seq"_a, "layer"_a, "Host copy float32 [indexer_rows, index_dim] (Hadamard domain if quantized).")
       .def(
           "indexer_topk",
-          [](const Dsv4Cache& c, int32_t seq, int32_t layer, nb::handle q, nb::handle weights_,
-             int64_t first_query_pos, nb::handle scores, nb::handle out, nb::handle stream) {
+          [](const Dsv4Cache& c, SeqId seq, int32_t layer, nb::handle q, nb::handle weights_,
+             int32_t first_query_pos, nb::handle scores, nb::handle out) {
             Tensor tq = to_tensor(q, "q"), tw = to_tensor(weights_, "weights");
             Tensor ts = to_tensor(scores, "scores"), to = to_tensor(out, "out");
-            const Stream s = resolve_stream(stream, c.device());
             nb::gil_scoped_release g;
-            c.indexer_topk(seq, layer, tq.ref, tw.ref, first_query_pos, ts.ref, to.ref, s);
+            c.indexer_topk(seq, layer, tq.ref, tw.ref, first_query_pos, ts.ref, to.ref);
           },
-          "seq"_a, "layer"_a, "q"_a.none(), "weights"_a.none(), "first_query_pos"_a, "scores"_a.none(), "out"_a.none(), nb::kw_only(),
-          "stream"_a = nb::none(), "dsv4_indexer_topk over this sequence's indexer rows of a CSA layer.")
-      .def(
-          "reset",
-          [](Dsv4Cache& c, int32_t seq, nb::handle stream) {
-            const Stream s = resolve_stream(stream, c.device());
-            nb::gil_scoped_release g;
-            c.reset(seq, s);
-          },
-          "seq"_a, nb::kw_only(), "stream"_a = nb::none(), "Empty a sequence in every layer.")
+          "seq"_a, "layer"_a, "q"_a.none(), "weights"_a.none(), "first_query_pos"_a, "scores"_a.none(), "out"_a.none(),
+          "dsv4_indexer_topk over this sequence's indexer rows of a CSA layer.")
       .def("shift", &Dsv4Cache::shift, "seq"_a, "n_keep"_a, "n_discard"_a,
            "DeepSeek-V4 caches cannot shift (compressor windows straddle any cut): raises\n"
            "NotSupportedError (InvalidArgumentError first when the range itself is bad).")

@@ -19,16 +19,24 @@ def test_window_layer_ring_and_refused_shift(rng):
     assert cache.n_layers == 2 and cache.kind(0) == "window" and cache.raw_row_bytes == 1024
     kv = rng.standard_normal((5, 512)).astype(np.float32)
     raw = kv.copy()
-    cache.append(0, 0, 0, kv.copy())
-    cache.append(0, 1, 0, kv)
-    assert cache.length(0, 1) == 5
+    s = cache.create()
+    cache.append(s, 0, 0, kv.copy())
+    cache.append(s, 1, 0, kv)
+    assert cache.length(s, 1) == 5 and s in cache
     np.testing.assert_array_equal(kv[:, :448], fp8_round_trip_ref(raw[:, :448], 0))  # FP8-rounded in place
-    np.testing.assert_array_equal(cache.read_window(0, 1), kv.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(cache.read_window(s, 1), kv.astype(np.float16).astype(np.float32))
+    before = cache.debug_state()
     with pytest.raises(kvcore.NotSupportedError):
-        cache.shift(0, 0, 2)
+        cache.shift(s, 0, 2)
     with pytest.raises(kvcore.InvalidArgumentError):
-        cache.append(0, 1, 7, kv)
-    assert cache.length(0, 1) == 5
+        cache.append(s, 1, 7, kv)
+    assert cache.length(s, 1) == 5 and cache.debug_state() == before
+    with pytest.raises(kvcore.NotSupportedError):  # compressor states cannot be rewound
+        cache.truncate(s, 2)
+    cache.truncate(s, 0)
+    assert cache.length(s, 1) == 0
+    cache.erase(s)
+    assert s not in cache
 
 
 def test_csa_layer_equals_the_compressor_ops(rng):
@@ -44,8 +52,9 @@ def test_csa_layer_equals_the_compressor_ops(rng):
     z = rng.standard_normal((n, comp.width)).astype(np.float32)
     ic = rng.standard_normal((n, idx.width)).astype(np.float32)
     iz = rng.standard_normal((n, idx.width)).astype(np.float32)
-    cache.append(0, 0, 0, kv, c, z, ic, iz)
-    assert cache.compressed_rows(0, 0) == n // 4 and cache.indexer_rows(0, 0) == n // 4
+    s = cache.create()
+    cache.append(s, 0, 0, kv, c, z, ic, iz)
+    assert cache.compressed_rows(s, 0) == n // 4 and cache.indexer_rows(s, 0) == n // 4
     state_kv = np.zeros((comp.state_rows, comp.width), np.float32)
     state_sc = np.zeros_like(state_kv)
     kvcore.dsv4_compressor_reset(state_kv, state_sc, comp)
@@ -53,7 +62,7 @@ def test_csa_layer_equals_the_compressor_ops(rng):
     rows = np.zeros((64, 512), np.float32)
     rope = kvcore.RopeSpec.deepseek_v4_compressed()
     kvcore.dsv4_compress_prefill(c, z, state_kv, state_sc, 0, comp, ape, norm, rope, rows, quant=False)
-    np.testing.assert_array_equal(cache.read_compressed(0, 0), rows[:n // 4])
+    np.testing.assert_array_equal(cache.read_compressed(s, 0), rows[:n // 4])
     # token by token with the separate ops gives the same rows
     sk, ss = np.zeros_like(state_kv), np.zeros_like(state_sc)
     kvcore.dsv4_compressor_reset(sk, ss, comp)

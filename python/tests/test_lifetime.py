@@ -57,7 +57,7 @@ def test_dlpack_view_keeps_the_cache(rng):
 
 def test_dsv4_views_keep_the_cache():
     cache = kvcore.Dsv4Cache(["window"], max_context=256)
-    ring = cache.raw_ring(0, 0)
+    ring = cache.raw_ring(cache.create(), 0)
     ref = weakref.ref(cache)
     del cache
     gc.collect()

@@ -60,6 +60,7 @@ void kvc_dsv4_config_v4_flash(kvc_dsv4_config* cfg, int64_t max_context, int32_t
   cfg->max_seqs = max_seqs;
   cfg->quant = d.quant == Dsv4Quant::On ? 1 : 0;
   cfg->packed = d.packed ? 1 : 0;
+  cfg->stream = nullptr;
 }
 
 kvc_status kvc_dsv4_create(const kvc_dsv4_config* cfg, kvc_device device, kvc_dsv4_cache** out) {
@@ -89,6 +90,7 @@ kvc_status kvc_dsv4_create(const kvc_dsv4_config* cfg, kvc_device device, kvc_ds
     d.max_seqs = c.max_seqs;
     d.quant = c.quant ? Dsv4Quant::On : Dsv4Quant::Off;
     d.packed = c.packed != 0;
+    d.stream = capi::stream(c.stream);
     auto h = std::unique_ptr<kvc_dsv4_cache>(new kvc_dsv4_cache{Dsv4Cache(std::move(d), capi::device(device))});
     *out = h.release();
   });
@@ -105,35 +107,49 @@ kvc_status kvc_dsv4_set_weights(kvc_dsv4_cache* cache, int32_t layer, const DLTe
   });
 }
 
-kvc_status kvc_dsv4_append(kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int64_t pos, const DLTensor* kv,
-                           const DLTensor* comp_c, const DLTensor* comp_z, const DLTensor* idx_c, const DLTensor* idx_z,
-                           void* stream) {
+kvc_status kvc_dsv4_seq_create(kvc_dsv4_cache* cache, int64_t* out_seq) {
+  return guard([&] {
+    need(out_seq, "kvc_dsv4_seq_create", "out_seq");
+    *out_seq = need(cache, "kvc_dsv4_seq_create", "cache")->cache.create();
+  });
+}
+
+kvc_status kvc_dsv4_seq_erase(kvc_dsv4_cache* cache, int64_t seq) {
+  return guard([&] { need(cache, "kvc_dsv4_seq_erase", "cache")->cache.erase(seq); });
+}
+
+kvc_status kvc_dsv4_seq_truncate(kvc_dsv4_cache* cache, int64_t seq, int32_t n) {
+  return guard([&] { need(cache, "kvc_dsv4_seq_truncate", "cache")->cache.truncate(seq, n); });
+}
+
+kvc_status kvc_dsv4_append(kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t pos, const DLTensor* kv,
+                           const DLTensor* comp_c, const DLTensor* comp_z, const DLTensor* idx_c,
+                           const DLTensor* idx_z) {
   return guard([&] {
     constexpr const char* fn = "kvc_dsv4_append";
     need(cache, fn, "cache");
     need(kv, fn, "kv");
     cache->cache.append(seq, layer, pos,
                         Dsv4TokenInputs{capi::tensor(kv), capi::tensor(comp_c), capi::tensor(comp_z),
-                                        capi::tensor(idx_c), capi::tensor(idx_z)},
-                        capi::stream(stream));
+                                        capi::tensor(idx_c), capi::tensor(idx_z)});
   });
 }
 
-kvc_status kvc_dsv4_length(const kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int64_t* out) {
+kvc_status kvc_dsv4_length(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t* out) {
   return guard([&] {
     need(out, "kvc_dsv4_length", "out");
     *out = need(cache, "kvc_dsv4_length", "cache")->cache.length(seq, layer);
   });
 }
 
-kvc_status kvc_dsv4_compressed_rows(const kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int64_t* out) {
+kvc_status kvc_dsv4_compressed_rows(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t* out) {
   return guard([&] {
     need(out, "kvc_dsv4_compressed_rows", "out");
     *out = need(cache, "kvc_dsv4_compressed_rows", "cache")->cache.compressed_rows(seq, layer);
   });
 }
 
-kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int32_t seq, int32_t layer, int32_t which, float* out,
+kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t which, float* out,
                          size_t cap, size_t* n_floats) {
   return guard([&] {
     constexpr const char* fn = "kvc_dsv4_read";
@@ -148,11 +164,7 @@ kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int32_t seq, int32_t layer
   });
 }
 
-kvc_status kvc_dsv4_reset(kvc_dsv4_cache* cache, int32_t seq, void* stream) {
-  return guard([&] { need(cache, "kvc_dsv4_reset", "cache")->cache.reset(seq, capi::stream(stream)); });
-}
-
-kvc_status kvc_dsv4_shift(kvc_dsv4_cache* cache, int32_t seq, int64_t n_keep, int64_t n_discard) {
+kvc_status kvc_dsv4_shift(kvc_dsv4_cache* cache, int64_t seq, int32_t n_keep, int32_t n_discard) {
   return guard([&] { need(cache, "kvc_dsv4_shift", "cache")->cache.shift(seq, n_keep, n_discard); });
 }
 

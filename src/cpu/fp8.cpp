@@ -1,5 +1,10 @@
 // CPU kernels of the fp8 op family: OpenMP over rows, the shared block helpers per row.
+// Pack and unpack of contiguous rows take the SIMD path (fp8_simd.cpp, the same bytes)
+// unless the scalar path is asked for (simd_targets.hpp).
 #include <cstdint>
+
+#include "cpu/fp8_simd.hpp"
+#include "cpu/simd_targets.hpp"
 
 #include "kvcore/math/fp8_block.hpp"
 #include "kvcore/math/half.hpp"
@@ -89,7 +94,13 @@ void fp8_round_trip_rows(const Fp8RoundTripParams& p) {
   }
 }
 
-void fp8_pack_rows(const Fp8PackParams& p) { by_types<Pack>(p.src_dtype, p.tail_dtype, p); }
-void fp8_unpack_rows(const Fp8UnpackParams& p) { by_types<Unpack>(p.dst_dtype, p.tail_dtype, p); }
+void fp8_pack_rows(const Fp8PackParams& p) {
+  if (simd_on() && fp8_simd_serves(p)) return fp8_pack_rows_simd(p);
+  by_types<Pack>(p.src_dtype, p.tail_dtype, p);
+}
+void fp8_unpack_rows(const Fp8UnpackParams& p) {
+  if (simd_on() && fp8_simd_serves(p)) return fp8_unpack_rows_simd(p);
+  by_types<Unpack>(p.dst_dtype, p.tail_dtype, p);
+}
 
 }  // namespace kvcore::ops::cpu

@@ -1,6 +1,11 @@
 // CPU kernels of the kv_store family: one token (or cell) per iteration, OpenMP over them;
-// the pair angles are computed once per token and shared by its heads.
+// the pair angles are computed once per token and shared by its heads. kv_store and
+// kv_rotate_blocks take the SIMD path (kv_store_simd.cpp, the same bytes) unless the
+// scalar path is asked for (simd_targets.hpp).
 #include <cstdint>
+
+#include "cpu/kv_store_simd.hpp"
+#include "cpu/simd_targets.hpp"
 
 #include "ops/kv_store_params.hpp"
 #include "ops/kv_store_row.hpp"
@@ -37,6 +42,7 @@ void rotate_with(float* row, const math::RopeLayout& l, const float* c, const fl
 }  // namespace
 
 void kv_store(const KvStoreParams& p) {
+  if (ops::cpu::simd_on()) return ops::cpu::kv_store_simd(p);
   const size_t elem = dtype_size(kv_format_dtype(p.format));
   const int32_t groups = kvrow::n_fp8_groups(p.format, p.head_dim);
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(p.n_tokens) * p.n_heads * p.head_dim >= kParallelMin)
@@ -74,6 +80,7 @@ void kv_rope_angles(const KvAnglesParams& p) {
 }
 
 void kv_rotate_blocks(const KvRotateParams& p) {
+  if (ops::cpu::simd_on()) return ops::cpu::kv_rotate_blocks_simd(p);
   const int64_t cells = static_cast<int64_t>(p.n_blocks) * p.block_size;
   const size_t elem = dtype_size(kv_format_dtype(p.format));
   const int32_t groups = kvrow::n_fp8_groups(p.format, p.head_dim);

@@ -1,7 +1,12 @@
-// rope_apply on the CPU: one token per iteration (OpenMP); cos/sin of every pair
-// computed once per token and reused for all heads. Math from kvcore/math/rope.hpp.
+// rope_apply on the CPU: the SIMD path (rope_simd.cpp) unless the scalar path is
+// asked for (simd_targets.hpp). Scalar path: one token per iteration (OpenMP);
+// cos/sin of every pair computed once per token and reused for all heads. Math
+// from kvcore/math/rope.hpp; both paths give the same bits.
 #include <cstring>
 #include <vector>
+
+#include "cpu/rope_simd.hpp"
+#include "cpu/simd_targets.hpp"
 
 #include "kvcore/math/half.hpp"
 #include "kvcore/math/rope.hpp"
@@ -47,6 +52,7 @@ void rotate_rows(const RopeApplyParams& p) {
 }  // namespace
 
 void rope_apply(const RopeApplyParams& p) {
+  if (ops::cpu::simd_on()) return ops::cpu::rope_apply_simd(p);
   switch (p.dtype) {
     case DType::F32: return rotate_rows<float>(p);
     case DType::F16: return rotate_rows<f16>(p);

@@ -1,10 +1,14 @@
 // CPU shift kernels (OpenMP). shift_dense: one unit of work per (tensor,
 // head); a unit walks its tokens in ascending order, so every destination
 // row lies below every source row it has not read yet (memmove order), and
-// units touch disjoint bytes: no barrier, no scratch copy of the cache.
+// units touch disjoint bytes: no barrier, no scratch copy of the cache. Plain and
+// DeepSeek-V4 heads rotate with SIMD (shift_simd.cpp, the same bits) unless the
+// scalar path is asked for (simd_targets.hpp).
 #include <cstring>
 #include <vector>
 
+#include "cpu/shift_simd.hpp"
+#include "cpu/simd_targets.hpp"
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
 
@@ -17,7 +21,8 @@ using ops::ShiftTensorParams;
 constexpr int64_t kParallelMin = 4096;  // head rows below which one thread does the work
 
 void rotate_head(const ShiftTensorParams& t, uint8_t* head, uint8_t* scales, const math::RopeLayout& l,
-                 const float* c, const float* s, float* scratch) {
+                 const float* c, const float* s, float* scratch, bool simd) {
+  if (simd && ops::cpu::shift_simd_serves(t.kind)) return ops::cpu::shift_rotate_head_simd(t.kind, head, l, c, s);
   const math::ShiftSerialLanes lanes;
   switch (t.kind) {
     case ShiftKind::Copy: break;
@@ -37,6 +42,7 @@ void shift_dense(const ops::ShiftDenseParams& p) {
     for (int32_t h = 0; h < p.tensors[i].n_heads; ++h) units.emplace_back(i, h);
   const int64_t n_units = static_cast<int64_t>(units.size());
   const bool big = n_units * p.n_moved >= kParallelMin;  // small shifts: threads cost more than they save
+  const bool simd = ops::cpu::simd_on();
 #pragma omp parallel for schedule(dynamic, 1) if (big)
   for (int64_t u = 0; u < n_units; ++u) {
     const ShiftTensorParams& t = p.tensors[units[u].first];
@@ -61,7 +67,7 @@ void shift_dense(const ops::ShiftDenseParams& p) {
         sc_from = t.maybe_scales + src * t.scale_token_stride + h * t.scale_head_bytes;
         std::memcpy(scales, sc_from, t.scale_head_bytes);
       }
-      rotate_head(t, head, scales, l, c, s, scratch);
+      rotate_head(t, head, scales, l, c, s, scratch, simd);
       std::memcpy(to, head, t.head_bytes);
       if (t.kind == ShiftKind::Fp8)
         std::memcpy(t.maybe_scales + dst * t.scale_token_stride + h * t.scale_head_bytes, scales, t.scale_head_bytes);
@@ -73,6 +79,7 @@ void rope_shift_rows(const ops::RopeShiftRowsParams& p) {
   const ShiftTensorParams& t = p.k;
   const math::RopeLayout& l = p.table.layout;
   const bool big = p.rows * t.n_heads >= kParallelMin;
+  const bool simd = ops::cpu::simd_on();
 #pragma omp parallel for schedule(static) if (big)
   for (int64_t r = 0; r < p.rows; ++r) {
     const int32_t delta = p.delta[r];
@@ -83,7 +90,7 @@ void rope_shift_rows(const ops::RopeShiftRowsParams& p) {
     for (int64_t h = 0; h < t.n_heads; ++h) {
       uint8_t* head = t.base + r * t.token_stride + h * t.head_bytes;
       uint8_t* scales = t.maybe_scales ? t.maybe_scales + r * t.scale_token_stride + h * t.scale_head_bytes : nullptr;
-      rotate_head(t, head, scales, l, c, s, scratch);
+      rotate_head(t, head, scales, l, c, s, scratch, simd);
     }
   }
 }

@@ -110,7 +110,8 @@ static void dsv4(void) {
   kvc_dsv4_config cfg;
   kvc_dsv4_cache* cache = NULL;
   kvc_device cpu = {KVC_DEVICE_CPU, 0};
-  int64_t len = -1;
+  int32_t len = -1;
+  int64_t seq = -1;
   int32_t kinds[2] = {KVC_DSV4_WINDOW, KVC_DSV4_WINDOW};
   static float kv[512], window[128 * 512];
   int64_t shape[2] = {1, 512};
@@ -123,18 +124,22 @@ static void dsv4(void) {
   cfg.n_layers = 2;
   CHECK(kvc_dsv4_create(&cfg, cpu, &cache) == KVC_OK, "dsv4 create: %s", kvc_last_error());
   if (!cache) return;
+  CHECK(kvc_dsv4_seq_create(cache, &seq) == KVC_OK, "seq create: %s", kvc_last_error());
   for (i = 0; i < 512; ++i) kv[i] = unit((unsigned)i) * 0.1f;
-  CHECK(kvc_dsv4_append(cache, 0, 0, 0, &t, NULL, NULL, NULL, NULL, NULL) == KVC_OK, "append: %s", kvc_last_error());
-  CHECK(kvc_dsv4_append(cache, 0, 1, 0, &t, NULL, NULL, NULL, NULL, NULL) == KVC_OK, "append: %s", kvc_last_error());
-  CHECK(kvc_dsv4_length(cache, 0, 1, &len) == KVC_OK && len == 1, "length %lld", (long long)len);
-  CHECK(kvc_dsv4_read(cache, 0, 1, 0, window, sizeof window / sizeof window[0], &n) == KVC_OK && n == 512,
+  CHECK(kvc_dsv4_append(cache, seq, 0, 0, &t, NULL, NULL, NULL, NULL) == KVC_OK, "append: %s", kvc_last_error());
+  CHECK(kvc_dsv4_append(cache, seq, 1, 0, &t, NULL, NULL, NULL, NULL) == KVC_OK, "append: %s", kvc_last_error());
+  CHECK(kvc_dsv4_length(cache, seq, 1, &len) == KVC_OK && len == 1, "length %d", (int)len);
+  CHECK(kvc_dsv4_read(cache, seq, 1, 0, window, sizeof window / sizeof window[0], &n) == KVC_OK && n == 512,
         "read %lu floats", (unsigned long)n);
-  CHECK(kvc_dsv4_shift(cache, 0, 0, 1) == KVC_E_NOT_SUPPORTED, "a DeepSeek-V4 shift was not refused (%s)",
+  CHECK(kvc_dsv4_shift(cache, seq, 0, 1) == KVC_E_NOT_SUPPORTED, "a DeepSeek-V4 shift was not refused (%s)",
         kvc_last_error());
-  CHECK(kvc_dsv4_shift(cache, 0, 0, 2) == KVC_E_INVALID_ARGUMENT, "a shift past the length was not refused");
-  CHECK(kvc_dsv4_append(cache, 0, 1, 5, &t, NULL, NULL, NULL, NULL, NULL) == KVC_E_INVALID_ARGUMENT,
+  CHECK(kvc_dsv4_shift(cache, seq, 0, 2) == KVC_E_INVALID_ARGUMENT, "a shift past the length was not refused");
+  CHECK(kvc_dsv4_append(cache, seq, 1, 5, &t, NULL, NULL, NULL, NULL) == KVC_E_INVALID_ARGUMENT,
         "a gap in positions was accepted");
-  CHECK(kvc_dsv4_length(cache, 0, 1, &len) == KVC_OK && len == 1, "a refused append changed the length");
+  CHECK(kvc_dsv4_length(cache, seq, 1, &len) == KVC_OK && len == 1, "a refused append changed the length");
+  CHECK(kvc_dsv4_seq_truncate(cache, seq, 0) == KVC_OK && kvc_dsv4_length(cache, seq, 1, &len) == KVC_OK && len == 0,
+        "truncate to 0 left %d tokens", (int)len);
+  CHECK(kvc_dsv4_seq_erase(cache, seq) == KVC_OK, "erase: %s", kvc_last_error());
   kvc_dsv4_free(cache);
 }
 

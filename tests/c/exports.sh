@@ -8,7 +8,7 @@ nm=${NM:-nm}
 syms=$("$nm" -D --defined-only "$lib" | awk 'NF==3 {sub(/@.*/, "", $3); print $3}')
 cxx=$(grep -v '^kvc_' <<<"$syms" | grep -v '^KVCORE_0$' | c++filt)
 bad=$(grep -v -E '^(kvcore::|(vtable|typeinfo|typeinfo name) for kvcore::)' <<<"$cxx" || true)
-internal=$(grep -E 'kvcore::(cpu|cuda|ops|capi|checks|dsv4|dsv4_checks|detail|PagedTxn|PagedMeta)::|::Impl::' <<<"$cxx" || true)
+internal=$(grep -E 'kvcore::(cpu|cuda|ops|capi|checks|dsv4|dsv4_checks|detail|persist|PagedTxn|PagedMeta|AttentionPlanAccess)::|::Impl::' <<<"$cxx" || true)
 for need in kvc_paged_create kvc_paged_reserve kvc_attention_run kvc_shift_dense kvc_fp8_pack_rows kvc_dsv4_create \
             kvc_last_error; do
   grep -qx "$need" <<<"$syms" || { echo "exports.sh: $need is not exported"; exit 1; }

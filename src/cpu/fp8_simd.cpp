@@ -1,0 +1,131 @@
+// fp8 pack / unpack with SIMD: OpenMP over rows; full 64-value blocks a vector
+// at a time (amax, the UE8M0 exponent, the E4M3 codes by the integer rounding
+// of math::e4m3_encode per lane; decoding through the exact f16 widening), the
+// 16-bit tail converted a vector at a time; partial blocks by the shared
+// scalar helpers (math/fp8_block.hpp). Bytes equal the scalar kernels'.
+#include "cpu/simd_config.hpp"
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/fp8_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+// clang-format on
+
+#include "cpu/fp8_simd.hpp"
+#include "cpu/simd_kv-inl.h"
+#include "cpu/simd_rope-inl.h"
+#include "kvcore/math/fp8_block.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcore::ops::cpu::HWY_NAMESPACE {
+namespace {
+
+using math::kFp8Block;
+
+// dst[0, n) = src[0, n) converted through f32 (to_f32, then from_f32: exact or round to nearest even).
+template <class From, class To>
+void Convert(const From* src, int32_t n, To* dst) {
+  const hn::ScalableTag<float> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  int32_t i = 0;
+  for (; i + N <= n; i += N) StoreFromF32(df, LoadAsF32(df, src + i), dst + i);
+  for (; i < n; ++i) dst[i] = from_f32<To>(to_f32(src[i]));
+}
+
+template <class T, class Tail>
+void PackRows(const Fp8PackParams& p) {
+  const T* src = static_cast<const T*>(p.src);
+  Tail* tail = static_cast<Tail*>(p.maybe_tail);
+  const int64_t scs = p.scale_rows.col_stride;
+  const int32_t n_rot = p.cols - p.n_nope;
+  const hn::ScalableTag<float> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const T* s = src + p.src_rows.offset(r);
+    uint8_t* c = p.codes + p.code_rows.offset(r);
+    uint8_t* sc = p.scales + p.scale_rows.offset(r);
+    for (int32_t off = 0, b = 0; off < p.n_nope; off += kFp8Block, ++b) {
+      if (p.n_nope - off < kFp8Block) {
+        sc[b * scs] = math::fp8_block_pack(s + off, 1, p.n_nope - off, c + off, 1);
+        continue;
+      }
+      HWY_ALIGN float block[kFp8Block];
+      for (int32_t i = 0; i < kFp8Block; i += N) hn::Store(LoadAsF32(df, s + off + i), df, block + i);
+      EncodeFp8Group(block, c + off, &sc[b * scs]);
+    }
+    if (tail) Convert(s + p.n_nope, n_rot, tail + p.tail_rows.offset(r));
+    if (p.maybe_pad) p.maybe_pad[p.pad_rows.offset(r)] = 0;
+  }
+}
+
+template <class T, class Tail>
+void UnpackRows(const Fp8UnpackParams& p) {
+  T* dst = static_cast<T*>(p.dst);
+  const Tail* tail = static_cast<const Tail*>(p.maybe_tail);
+  const int64_t scs = p.scale_rows.col_stride;
+  const int32_t n_rot = p.cols - p.n_nope;
+  const hn::ScalableTag<float> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    T* d = dst + p.dst_rows.offset(r);
+    const uint8_t* c = p.codes + p.code_rows.offset(r);
+    const uint8_t* sc = p.scales + p.scale_rows.offset(r);
+    for (int32_t off = 0, b = 0; off < p.n_nope; off += kFp8Block, ++b) {
+      if (p.n_nope - off < kFp8Block) {
+        math::fp8_block_unpack(c + off, 1, sc[b * scs], p.n_nope - off, d + off, 1);
+        continue;
+      }
+      // math::fp8_decode_scaled: the e4m3 value (exact: 2^8 times the widened f16) times the scale
+      const auto scale = hn::Set(df, math::ue8m0_decode(sc[b * scs]));
+      for (int32_t i = 0; i < kFp8Block; i += N) {
+        const auto v = hn::Mul(LoadE4m3Over256(df, c, off + i), hn::Set(df, 256.0f));
+        StoreFromF32(df, hn::Mul(v, scale), d + off + i);
+      }
+    }
+    if (tail) Convert(tail + p.tail_rows.offset(r), n_rot, d + p.n_nope);
+  }
+}
+
+template <template <class, class> class Kernel, class P>
+void ByTypes(DType row_type, DType tail_type, const P& p) {
+  const bool b = tail_type == DType::BF16;
+  switch (row_type) {
+    case DType::F32: return b ? Kernel<float, bf16>::Run(p) : Kernel<float, f16>::Run(p);
+    case DType::F16: return b ? Kernel<f16, bf16>::Run(p) : Kernel<f16, f16>::Run(p);
+    default: return b ? Kernel<bf16, bf16>::Run(p) : Kernel<bf16, f16>::Run(p);
+  }
+}
+template <class T, class Tail>
+struct Pack {
+  static void Run(const Fp8PackParams& p) { PackRows<T, Tail>(p); }
+};
+template <class T, class Tail>
+struct Unpack {
+  static void Run(const Fp8UnpackParams& p) { UnpackRows<T, Tail>(p); }
+};
+
+}  // namespace
+
+void Fp8PackRows(const Fp8PackParams& p) { ByTypes<Pack>(p.src_dtype, p.tail_dtype, p); }
+void Fp8UnpackRows(const Fp8UnpackParams& p) { ByTypes<Unpack>(p.dst_dtype, p.tail_dtype, p); }
+
+}  // namespace kvcore::ops::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcore::ops::cpu {
+HWY_EXPORT(Fp8PackRows);
+HWY_EXPORT(Fp8UnpackRows);
+
+bool fp8_simd_serves(const Fp8PackParams& p) {
+  return p.src_rows.col_stride == 1 && p.code_rows.col_stride == 1 && (!p.maybe_tail || p.tail_rows.col_stride == 1);
+}
+bool fp8_simd_serves(const Fp8UnpackParams& p) {
+  return p.dst_rows.col_stride == 1 && p.code_rows.col_stride == 1 && (!p.maybe_tail || p.tail_rows.col_stride == 1);
+}
+void fp8_pack_rows_simd(const Fp8PackParams& p) { HWY_DYNAMIC_DISPATCH(Fp8PackRows)(p); }
+void fp8_unpack_rows_simd(const Fp8UnpackParams& p) { HWY_DYNAMIC_DISPATCH(Fp8UnpackRows)(p); }
+}  // namespace kvcore::ops::cpu
+#endif  // HWY_ONCE

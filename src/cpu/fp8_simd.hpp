@@ -1,0 +1,12 @@
+// SIMD paths of the fp8 pack / unpack row codecs on the CPU (Highway, every
+// target of simd_config.hpp): the scalar kernels' bytes. They serve rows whose
+// values, codes and tails are contiguous (column stride 1).
+#pragma once
+#include "ops/fp8_params.hpp"
+
+namespace kvcore::ops::cpu {
+bool fp8_simd_serves(const Fp8PackParams& p);
+bool fp8_simd_serves(const Fp8UnpackParams& p);
+void fp8_pack_rows_simd(const Fp8PackParams& p);
+void fp8_unpack_rows_simd(const Fp8UnpackParams& p);
+}  // namespace kvcore::ops::cpu

@@ -1,0 +1,17 @@
+// SIMD rotation of one head for the shift kernels (Highway, every target of
+// simd_config.hpp): f32 / f16 / bf16 heads and the DeepSeek-V4 row's bf16 rope
+// tail, with the bits of math::shift_rotate_head_plain.
+#pragma once
+#include <cstdint>
+
+#include "kvcore/math/rope.hpp"
+#include "ops/shift_params.hpp"
+
+namespace kvcore::ops::cpu {
+// Whether shift_rotate_head_simd serves this kind (FP8 heads stay on the scalar path).
+inline bool shift_simd_serves(ops::ShiftKind k) {
+  return k == ops::ShiftKind::F32 || k == ops::ShiftKind::F16 || k == ops::ShiftKind::BF16 || k == ops::ShiftKind::Dsv4;
+}
+void shift_rotate_head_simd(ops::ShiftKind kind, uint8_t* head, const math::RopeLayout& l, const float* c,
+                            const float* s);
+}  // namespace kvcore::ops::cpu

@@ -1,0 +1,13 @@
+// Which SIMD targets the CPU kernels are compiled for. Every translation unit
+// that includes Highway includes this first, so all of them agree on the set.
+//
+// Highway compiles each kernel once per target (hwy/foreach_target.h) and picks
+// the best the running CPU supports at its first call (HWY_DYNAMIC_DISPATCH):
+// on x86-64 EMU128 (plain C++, any x86-64), SSE4, AVX2 (with FMA and F16C) and
+// AVX3 (AVX-512 F/BW/DQ/VL). SSSE3 is left out: the CPUs that have SSSE3 but not
+// SSE4.1 are rare enough that the EMU128 fallback serves them.
+#pragma once
+
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3
+#endif

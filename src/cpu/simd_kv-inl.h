@@ -1,0 +1,190 @@
+// Per-target SIMD helpers of the CPU kernels (Highway): decoding K/V elements of
+// every pool format into f32 lanes, and exp2 of non-positive scores. Included by
+// kernels that use hwy/foreach_target.h, once per target (the guard toggles).
+//
+// Decoding gives exactly the values of math::kv_elem_to_f32 (times the scale, as
+// the scalar path multiplies): f16 and bf16 widen exactly; an e4m3 byte becomes
+// the f16 with the same sign, exponent bits and mantissa bits (an exact f16,
+// subnormals included, 2^8 times smaller than the e4m3 value), widened by the
+// hardware conversion and multiplied by 2^8 (exact); the NaN codes stay NaN.
+#if defined(KVCORE_CPU_SIMD_KV_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVCORE_CPU_SIMD_KV_INL_H_
+#undef KVCORE_CPU_SIMD_KV_INL_H_
+#else
+#define KVCORE_CPU_SIMD_KV_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cmath>
+
+#include "kvcore/math/attention_rows.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcore::ops::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Lanes(df) e4m3 bytes at offset d of row, as f32 values 2^-8 times the e4m3
+// values (exact: the f16 with the byte's sign, exponent and mantissa bits).
+// Targets without hardware f16 conversions (F16C) build the f32 directly: the
+// byte's exponent and mantissa bits placed in an f32 (a subnormal f32 for the
+// e4m3 subnormals) times 2^112, exact; Highway's emulated f16 widening need not be.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadE4m3Over256(DF df, const uint8_t* row, int64_t d) {
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  const hn::Rebind<uint8_t, DF> d8;
+  const hn::RebindToUnsigned<DF> du;
+  const auto b = hn::PromoteTo(du, hn::LoadU(d8, row + d));
+  const auto mag = hn::And(b, hn::Set(du, 0x7fu));
+  const auto bits = hn::Or(hn::ShiftLeft<20>(mag), hn::ShiftLeft<24>(hn::And(b, hn::Set(du, 0x80u))));
+  const auto v = hn::Mul(hn::BitCast(df, bits), hn::Set(df, 0x1p112f));
+  return hn::IfThenElse(hn::RebindMask(df, hn::Eq(mag, hn::Set(du, 0x7fu))), hn::Set(df, std::nanf("")), v);
+#else
+  const hn::Rebind<uint8_t, DF> d8;
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto b = hn::PromoteTo(d16, hn::LoadU(d8, row + d));
+  const auto mag = hn::And(b, hn::Set(d16, 0x7f));
+  auto h = hn::Or(hn::ShiftLeft<7>(mag), hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80))));
+  h = hn::IfThenElse(hn::Eq(mag, hn::Set(d16, 0x7f)), hn::Or(h, hn::Set(d16, 0x7e00)), h);  // NaN codes
+  return hn::PromoteTo(df, hn::BitCast(dh, h));
+#endif
+}
+
+// Lanes(df) f16 values at p as f32, exactly (math::f16_bits_to_f32): the hardware
+// conversion where the target has one (F16C), else the bits placed in an f32
+// times 2^112 (exact for normals and subnormals), infinities and NaN by select.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF16(DF df, const uint16_t* p) {
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::RebindToUnsigned<DF> du;
+  const auto h = hn::PromoteTo(du, hn::LoadU(d16, p));
+  const auto mag = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
+  const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+  const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(df, mag), hn::Set(df, 0x1p112f)));
+  const auto special = hn::Eq(hn::And(h, hn::Set(du, 0x7c00u)), hn::Set(du, 0x7c00u));
+  return hn::BitCast(df, hn::Or(sign, hn::IfThenElse(special, hn::Or(mag, hn::Set(du, 0x7f800000u)), finite)));
+#else
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+#endif
+}
+
+// Lanes(df) elements of kind E at element offset d of row (bytes), as f32.
+template <math::KvElem E, class DF>
+HWY_INLINE hn::Vec<DF> LoadKv(DF df, const uint8_t* row, int64_t d) {
+  if constexpr (E == math::KvElem::F32) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(row) + d);
+  } else if constexpr (E == math::KvElem::F16) {
+    return LoadF16(df, reinterpret_cast<const uint16_t*>(row) + d);
+  } else if constexpr (E == math::KvElem::BF16) {
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<uint32_t, DF> d32;
+    const auto bits = hn::PromoteTo(d32, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(row) + d));
+    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
+  } else {
+    return hn::Mul(LoadE4m3Over256(df, row, d), hn::Set(df, 256.0f));
+  }
+}
+
+// 2^x for x <= 0 (scores minus their running max): 2^floor(x) times a degree-6
+// polynomial of the fraction (relative error below 1e-7, least squares on
+// Chebyshev nodes of [0, 1)); x below -126 (-inf included) and NaN give 0.
+template <class DF>
+HWY_INLINE hn::Vec<DF> Exp2NonPositive(DF df, hn::Vec<DF> x) {
+  const hn::RebindToSigned<DF> di;
+  const auto live = hn::Ge(x, hn::Set(df, -126.0f));
+  x = hn::Max(x, hn::Set(df, -126.0f));
+  const auto fl = hn::Floor(x);
+  const auto f = hn::Sub(x, fl);
+  auto p = hn::Set(df, 0.00021795998327434063f);
+  p = hn::MulAdd(p, f, hn::Set(df, 0.0012414311058819294f));
+  p = hn::MulAdd(p, f, hn::Set(df, 0.009681269526481628f));
+  p = hn::MulAdd(p, f, hn::Set(df, 0.0554824136197567f));
+  p = hn::MulAdd(p, f, hn::Set(df, 0.24022991955280304f));
+  p = hn::MulAdd(p, f, hn::Set(df, 0.6931470036506653f));
+  p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
+  const auto pow2 = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, fl), hn::Set(di, 127))));
+  return hn::IfThenElseZero(live, hn::Mul(p, pow2));
+}
+
+// E4M3 codes (in u32 lanes) of already scaled values s, as math::e4m3_encode(
+// clamp(s, -448, 448)) computes them (math::e4m3_scaled's clamp included): the
+// same integer rounding on the float's bits, lane by lane.
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> E4m3EncodeScaled(DF df, hn::Vec<DF> s) {
+  const hn::RebindToSigned<DF> di;
+  s = hn::IfThenElse(hn::Gt(s, hn::Set(df, math::kE4M3Max)), hn::Set(df, math::kE4M3Max), s);
+  s = hn::IfThenElse(hn::Lt(s, hn::Set(df, -math::kE4M3Max)), hn::Set(df, -math::kE4M3Max), s);
+  const auto u = hn::BitCast(di, s);
+  const auto sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));  // arithmetic shift: the mask keeps bit 7
+  const auto a = hn::And(u, hn::Set(di, 0x7fffffff));
+  const auto nan = hn::Gt(a, hn::Set(di, 0x7f800000));
+  const auto sat = hn::Gt(a, hn::Set(di, 0x43dfffff));  // 448 (the clamp maps larger values and infinities here)
+  const auto e = hn::ShiftRight<23>(a);
+  const auto mant = hn::And(a, hn::Set(di, 0x7fffff));
+  const auto m = hn::IfThenElse(hn::Eq(e, hn::Zero(di)), mant, hn::Or(mant, hn::Set(di, 0x800000)));
+  const auto e_eff = hn::Max(e, hn::Set(di, 1));
+  const auto normal = hn::Gt(e_eff, hn::Set(di, 120));
+  // math::rne_shift(m, shift): shifts of 25 and more give 0 for m < 2^24, as 31 does
+  const auto shift = hn::IfThenElse(normal, hn::Set(di, 20), hn::Min(hn::Sub(hn::Set(di, 141), e_eff), hn::Set(di, 31)));
+  const auto q = hn::BitCast(di, hn::BitCast(hn::RebindToUnsigned<DF>(), m) >> hn::BitCast(hn::RebindToUnsigned<DF>(), shift));
+  const auto one = hn::Set(di, 1);
+  const auto rem = hn::And(m, hn::Sub(one << shift, one));
+  const auto half = one << hn::Sub(shift, one);
+  const auto up = hn::Or(hn::Gt(rem, half), hn::And(hn::Eq(rem, half), hn::Eq(hn::And(q, one), one)));
+  const auto r = hn::Add(q, hn::IfThenElseZero(up, one));
+  auto code = hn::IfThenElse(normal, hn::Add(hn::ShiftLeft<3>(hn::Sub(e_eff, hn::Set(di, 121))), r), r);
+  code = hn::Min(code, hn::Set(di, 0x7e));
+  code = hn::IfThenElse(sat, hn::Set(di, 0x7e), code);
+  return hn::IfThenElse(nan, hn::Set(di, 0x7f), hn::Or(sign, code));
+}
+
+// One FP8 group of 64 values: the UE8M0 scale from the finite amax and the 64
+// codes, as kvrow::encode_group / math::fp8_block_pack compute them.
+HWY_INLINE void EncodeFp8Group(const float* v, uint8_t* codes, uint8_t* scale) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  auto acc = hn::Zero(df);
+  for (int32_t i = 0; i < math::kFp8Block; i += N) {
+    const auto x = hn::LoadU(df, v + i);
+    acc = hn::Max(acc, hn::IfThenElseZero(hn::IsFinite(x), hn::Abs(x)));
+  }
+  const int k = math::e4m3_scale_exponent(hn::GetLane(hn::MaxOfLanes(df, acc)));
+  const auto inv = hn::Set(df, math::pow2f(-k));
+  for (int32_t i = 0; i < math::kFp8Block; i += N)
+    hn::StoreU(hn::DemoteTo(d8, E4m3EncodeScaled(df, hn::Mul(hn::LoadU(df, v + i), inv))), d8, codes + i);
+  (void)di;
+  *scale = math::ue8m0_encode(k);
+}
+
+// out[0..4) = the lane sums of a, b, c and d: pairs of lanes added inside each
+// 128-bit block (a transposition of four vectors), then the blocks added, so the
+// four sums cost about what one SumOfLanes does.
+template <class DF>
+HWY_INLINE void SumOfLanes4(DF df, hn::Vec<DF> a, hn::Vec<DF> b, hn::Vec<DF> c, hn::Vec<DF> d, float* out) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)df;
+  out[0] = hn::GetLane(a), out[1] = hn::GetLane(b), out[2] = hn::GetLane(c), out[3] = hn::GetLane(d);
+#else
+  const hn::Repartition<uint64_t, DF> du;
+  const auto ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));  // a02 b02 a13 b13
+  const auto cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));  // c02 d02 c13 d13
+  const auto lo = hn::BitCast(df, hn::InterleaveLower(du, hn::BitCast(du, ab), hn::BitCast(du, cd)));
+  const auto hi = hn::BitCast(df, hn::InterleaveUpper(du, hn::BitCast(du, ab), hn::BitCast(du, cd)));
+  HWY_ALIGN float lanes[hn::MaxLanes(df)];
+  hn::Store(hn::Add(lo, hi), df, lanes);  // per block: partial sums of a, b, c, d
+  const hn::Full128<float> d4;
+  auto sum = hn::Load(d4, lanes);
+  for (size_t i = 4; i < hn::Lanes(df); i += 4) sum = hn::Add(sum, hn::Load(d4, lanes + i));
+  hn::StoreU(sum, d4, out);
+#endif
+}
+
+}  // namespace kvcore::ops::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // KVCORE_CPU_SIMD_KV_INL_H_

@@ -1,0 +1,175 @@
+// Per-target SIMD RoPE helpers (Highway), bit-identical to kvcore/math/rope.hpp:
+// the cos/sin of a row's pairs (math::sincos_f32 lane by lane: the same IEEE
+// double operations in the same order, no contraction into FMAs, then the same
+// f32 rounding) and f32 <-> f16 / bf16 conversions that round as math/half.hpp
+// does (NaN becomes the canonical quiet NaN). Lanes with |angle| > 2^28 or a
+// non-finite angle take the scalar function (its fmod branch).
+#if defined(KVCORE_CPU_SIMD_ROPE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVCORE_CPU_SIMD_ROPE_INL_H_
+#undef KVCORE_CPU_SIMD_ROPE_INL_H_
+#else
+#define KVCORE_CPU_SIMD_ROPE_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <type_traits>
+
+#include "cpu/simd_kv-inl.h"
+#include "kvcore/math/half.hpp"
+#include "kvcore/math/rope.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcore::ops::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// sin and cos (as doubles, before the f32 rounding) of f32 angles held in double lanes,
+// for |x| <= 2^28: math::sincos_f32's reduction and polynomials.
+template <class DD>
+HWY_INLINE void SinCosLanes(DD dd, hn::Vec<DD> x, hn::Vec<DD>& sv, hn::Vec<DD>& cv) {
+  const auto k = hn::Round(hn::Mul(x, hn::Set(dd, 0.63661977236758134308)));
+  auto r = hn::Sub(x, hn::Mul(k, hn::Set(dd, 0x1.921fb4p+0)));
+  r = hn::Sub(r, hn::Mul(k, hn::Set(dd, 0x1.4442dp-24)));
+  r = hn::Sub(r, hn::Mul(k, hn::Set(dd, 0x1.8469898cc517p-48)));
+  const auto z = hn::Mul(r, r);
+  auto ps = hn::Set(dd, 1.0 / 6227020800.0);
+  ps = hn::Add(hn::Mul(ps, z), hn::Set(dd, -1.0 / 39916800.0));
+  ps = hn::Add(hn::Mul(ps, z), hn::Set(dd, 1.0 / 362880.0));
+  ps = hn::Add(hn::Mul(ps, z), hn::Set(dd, -1.0 / 5040.0));
+  ps = hn::Add(hn::Mul(ps, z), hn::Set(dd, 1.0 / 120.0));
+  ps = hn::Add(hn::Mul(ps, z), hn::Set(dd, -1.0 / 6.0));
+  const auto sr = hn::Add(r, hn::Mul(hn::Mul(r, z), ps));
+  auto pc = hn::Set(dd, -1.0 / 87178291200.0);
+  pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, 1.0 / 479001600.0));
+  pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, -1.0 / 3628800.0));
+  pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, 1.0 / 40320.0));
+  pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, -1.0 / 720.0));
+  pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, 1.0 / 24.0));
+  pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, -0.5));
+  const auto cr = hn::Add(hn::Set(dd, 1.0), hn::Mul(z, pc));
+  const auto q = hn::Sub(k, hn::Mul(hn::Set(dd, 4.0), hn::Floor(hn::Mul(k, hn::Set(dd, 0.25)))));
+  const auto q0 = hn::Eq(q, hn::Zero(dd)), q1 = hn::Eq(q, hn::Set(dd, 1.0)), q2 = hn::Eq(q, hn::Set(dd, 2.0));
+  sv = hn::IfThenElse(q0, sr, hn::IfThenElse(q1, cr, hn::IfThenElse(q2, hn::Neg(sr), hn::Neg(cr))));
+  cv = hn::IfThenElse(q0, cr, hn::IfThenElse(q1, hn::Neg(sr), hn::IfThenElse(q2, hn::Neg(cr), sr)));
+}
+
+// cs[i], sn[i] = math::rope_cos_sin(position, freq[i], magnitude) for i < n. freq, cs and
+// sn hold a multiple of 16 entries (freq zero padded).
+HWY_INLINE void RopeCosSinRow(const float* freq, int32_t n, float position, float magnitude, float* cs, float* sn) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(dd));
+  const auto mag = hn::Set(df, magnitude);
+  for (int32_t i = 0; i < n; i += N) {
+    const auto angle = hn::Mul(hn::Set(df, position), hn::LoadU(df, freq + i));  // math::rope_angle, in f32
+    const auto x = hn::PromoteTo(dd, angle);
+    if (HWY_UNLIKELY(!hn::AllTrue(dd, hn::Le(hn::Abs(x), hn::Set(dd, 268435456.0))))) {
+      for (int32_t j = i; j < i + N; ++j) math::rope_cos_sin(position, freq[j], magnitude, &cs[j], &sn[j]);
+      continue;
+    }
+    hn::Vec<decltype(dd)> sv, cv;
+    SinCosLanes(dd, x, sv, cv);
+    hn::StoreU(hn::Mul(hn::DemoteTo(df, cv), mag), df, cs + i);
+    hn::StoreU(hn::Mul(hn::DemoteTo(df, sv), mag), df, sn + i);
+  }
+}
+
+// f32 lanes -> f16 bits as math::f32_to_f16_bits (round to nearest even; NaN -> 0x7e00).
+template <class DF>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> F32ToF16Bits(DF df, hn::Vec<DF> v) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const hn::Rebind<uint16_t, DF> d16;
+  v = hn::IfThenElse(hn::IsNaN(v), hn::BitCast(df, hn::Set(du, 0x7fc00000u)), v);  // converts to 0x7e00
+  return hn::BitCast(d16, hn::DemoteTo(dh, v));
+}
+
+// f32 lanes -> bf16 bits in the low half of u32 lanes, as math::f32_to_bf16_bits.
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToBf16BitsU32(DF /*df*/, hn::Vec<DF> v) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto x = hn::BitCast(du, v);
+  const auto r = hn::ShiftRight<16>(hn::Add(hn::Add(x, hn::Set(du, 0x7fffu)), hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u))));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Set(du, 0x7fc0u), r);
+}
+
+// Targets whose f32 -> f16 conversion is a hardware instruction (F16C on x86, with
+// the IEEE rounding math/half.hpp implements); the others round lane by lane with
+// math/half.hpp, as Highway's emulation need not round the same way.
+#undef KVCORE_SIMD_HW_F16  // per target
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+#define KVCORE_SIMD_HW_F16 0
+#else
+#define KVCORE_SIMD_HW_F16 1
+#endif
+
+// Lanes(df) values of T at p as f32 / stored from f32 (T: float, f16, bf16).
+template <class T, class DF>
+HWY_INLINE hn::Vec<DF> LoadAsF32(DF df, const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return LoadF16(df, reinterpret_cast<const uint16_t*>(p));
+  } else {
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::RebindToUnsigned<DF> du;
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p)))));
+  }
+}
+
+template <class T, class DF>
+HWY_INLINE void StoreFromF32(DF df, hn::Vec<DF> v, T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::StoreU(v, df, p);
+  } else if constexpr (std::is_same_v<T, f16>) {
+#if KVCORE_SIMD_HW_F16
+    const hn::Rebind<uint16_t, DF> d16;
+    hn::StoreU(F32ToF16Bits(df, v), d16, reinterpret_cast<uint16_t*>(p));
+#else
+    HWY_ALIGN float lanes[hn::MaxLanes(df)];
+    hn::Store(v, df, lanes);
+    for (size_t i = 0; i < hn::Lanes(df); ++i) p[i].bits = math::f32_to_f16_bits(lanes[i]);
+#endif
+  } else {
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::RebindToSigned<DF> di;
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, F32ToBf16BitsU32(df, v))), d16, reinterpret_cast<uint16_t*>(p));
+  }
+}
+
+// Rotates the pairs of one row (xr -> orow, which may be xr) by cs / sn, as
+// math::rotate_pair does pair by pair.
+template <class T>
+HWY_INLINE void RotatePairs(const math::RopeLayout& l, const T* xr, T* orow, const float* cs, const float* sn) {
+  const int32_t n_pairs = l.n_pairs();
+  int32_t i = 0;
+  if (!l.interleaved) {
+    const hn::ScalableTag<float> df;
+    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+    const T* x0p = xr + l.first_dim;
+    const T* x1p = x0p + n_pairs;
+    T* y0p = orow + l.first_dim;
+    T* y1p = y0p + n_pairs;
+    for (; i + N <= n_pairs; i += N) {
+      const auto x0 = LoadAsF32(df, x0p + i), x1 = LoadAsF32(df, x1p + i);
+      const auto c = hn::LoadU(df, cs + i), s = hn::LoadU(df, sn + i);
+      // math::rotate_pair: y0 = x0 c - x1 s, y1 = x0 s + x1 c (two products, then the sum)
+      const auto y0 = hn::Sub(hn::Mul(x0, c), hn::Mul(x1, s));
+      const auto y1 = hn::Add(hn::Mul(x0, s), hn::Mul(x1, c));
+      StoreFromF32(df, y0, y0p + i);
+      StoreFromF32(df, y1, y1p + i);
+    }
+  }
+  for (; i < n_pairs; ++i) {
+    const int32_t d0 = l.dim0(i), d1 = l.dim1(i);
+    float x0 = to_f32(xr[d0]), x1 = to_f32(xr[d1]);
+    math::rotate_pair(x0, x1, cs[i], sn[i]);
+    orow[d0] = from_f32<T>(x0);
+    orow[d1] = from_f32<T>(x1);
+  }
+}
+
+}  // namespace kvcore::ops::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // KVCORE_CPU_SIMD_ROPE_INL_H_

@@ -1,0 +1,55 @@
+// shift_dense: the SIMD rotation on every compiled target this machine supports
+// writes the scalar path's bytes (f32, f16, bf16 keys, NeoX and interleaved
+// pairs, head and tail slices, DeepSeek-V4 packed rows; FP8 keys stay scalar).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "cpu/simd_targets.hpp"
+#include "shift_test_util.hpp"
+
+namespace {
+
+using namespace shift_test;
+namespace cpu = kvcore::ops::cpu;
+
+TEST(CpuSimdShift, EveryTargetGivesTheScalarBytes) {
+  std::vector<LayerSpec> specs;
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    LayerSpec s;
+    s.k_dtype = t;
+    specs.push_back(s);
+    s.rope = RopeSpec::plain(64, 5e5, RopePairing::Interleaved);
+    s.rope.slice = RopeSlice::Tail;
+    s.head_dim = 96;
+    s.v_head_dim = 96;
+    specs.push_back(s);
+    s.rope = RopeSpec::llama3_8b();
+    s.rope.n_rot = 40;
+    specs.push_back(s);
+  }
+  LayerSpec d;
+  d.form = KForm::Dsv4;
+  d.rope = RopeSpec::deepseek_v4_compressed();
+  d.v_dtype.reset();
+  specs.push_back(d);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Layer base = make_layer(specs[i], 300, 17 + i);
+    Layer want = base;
+    {
+      cpu::SimdPin pin(cpu::kSimdScalar);
+      const ShiftDenseLayer L = want.host_view();
+      shift_dense(std::span<const ShiftDenseLayer>(&L, 1), 300, 4, 37);
+    }
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      Layer got = base;
+      const ShiftDenseLayer L = got.host_view();
+      shift_dense(std::span<const ShiftDenseLayer>(&L, 1), 300, 4, 37);
+      EXPECT_TRUE(got.k == want.k) << t.name << " spec " << i;
+      EXPECT_TRUE(got.v == want.v) << t.name << " spec " << i;
+    }
+  }
+}
+
+}  // namespace
