@@ -14,6 +14,16 @@ if [ "${KVCORE_SANITIZE:-0}" = 1 ]; then
   ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_SANITIZE=ON -DKVCORE_CUDA=OFF -DKVCORE_WERROR=ON)
   LABELS=(-LE "gpu|exhaustive")
 fi
+# The Python module and its pytest suite (not under the sanitizers): a virtual environment in the
+# build directory with nanobind, numpy and pytest from PyPI. (torch is not installed: PyPI's
+# default torch wheel brings gigabytes of CUDA libraries; its tests skip without it.)
+if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ]; then
+  VENV="$BUILD/pyenv"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/python" -c "import nanobind, numpy, pytest" 2>/dev/null ||
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
+  ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$VENV/bin" && pwd)/python")
+fi
 cmake -S . -B "$BUILD" -G Ninja "${ARGS[@]}" ${KVCORE_CMAKE_ARGS:-}
 cmake --build "$BUILD"
 if [ ${#LABELS[@]} -eq 0 ]; then

@@ -1,0 +1,268 @@
+/* kvcore C API (C99): the stable ABI of libkvcore.so for C, Rust, Go, Swift, ... engines.
+ *
+ * Conventions
+ *   - Handles are opaque (kvc_paged_cache, kvc_ticket, kvc_attention_plan, kvc_dsv4_cache);
+ *     every *_free accepts NULL. A handle is not thread-safe; distinct handles are.
+ *   - Every function that can fail returns a kvc_status: KVC_OK (0) or a negative code. The
+ *     message of the last failure on this thread is kvc_last_error() (valid until the next kvc_*
+ *     call on the thread). No C++ exception crosses this boundary.
+ *   - A call that fails changes nothing (the C++ API's strong guarantee, checked argument first).
+ *   - Config structs begin with struct_size: fill them with their *_init function (which sets
+ *     struct_size = sizeof) and then set fields. A library built from a newer header reads only
+ *     the fields an older caller's struct_size covers and defaults the rest, so the structs can
+ *     grow without breaking callers.
+ *   - Tensors are DLPack DLTensor views (dlpack/dlpack.h), used in place, never copied. FP8 codes
+ *     and UE8M0 scale bytes travel as uint8 (kDLUInt, 8 bits). NULL means "none" where a tensor
+ *     is optional.
+ *   - Streams are void* (a cudaStream_t); NULL is CUDA's default stream; CPU work ignores them.
+ */
+#ifndef KVCORE_KVCORE_H
+#define KVCORE_KVCORE_H
+
+#include <dlpack/dlpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define KVC_API __attribute__((visibility("default")))
+#else
+#define KVC_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVC_API_VERSION 1
+
+/* ---- status ------------------------------------------------------------------------------- */
+typedef int32_t kvc_status;
+#define KVC_OK 0
+#define KVC_E_INVALID_ARGUMENT (-1) /* a bad argument; the message names it and its value */
+#define KVC_E_OUT_OF_MEMORY (-2)    /* a pool or allocation ran out */
+#define KVC_E_NOT_SUPPORTED (-3)    /* valid, but not supported by this build or format */
+#define KVC_E_CORRUPT (-4)          /* state failed a consistency check */
+#define KVC_E_DEVICE (-5)           /* a CUDA runtime failure */
+#define KVC_E_INTERNAL (-100)       /* anything else (a bug: please report it) */
+
+KVC_API const char* kvc_last_error(void);      /* "" when the last call succeeded */
+KVC_API uint32_t kvc_api_version(void);        /* KVC_API_VERSION of the library */
+KVC_API const char* kvc_version(void);         /* "0.1.0" */
+KVC_API int32_t kvc_cuda_device_count(void);   /* 0 without the CUDA backend or a GPU */
+
+/* ---- devices, formats, RoPE ------------------------------------------------------------------ */
+#define KVC_DEVICE_CPU 0
+#define KVC_DEVICE_CUDA 1
+typedef struct kvc_device {
+  int32_t kind;  /* KVC_DEVICE_CPU or KVC_DEVICE_CUDA */
+  int32_t index; /* CUDA device ordinal */
+} kvc_device;
+
+#define KVC_FORMAT_F32 0
+#define KVC_FORMAT_F16 1
+#define KVC_FORMAT_BF16 2
+#define KVC_FORMAT_FP8 3     /* e4m3 codes + one UE8M0 scale byte per 64 dims */
+#define KVC_FORMAT_DSV4ROW 4 /* DeepSeek-V4's 584-byte row (K only, head_dim 512) */
+
+#define KVC_ROPE_STORED 0  /* K rotated when written */
+#define KVC_ROPE_ON_READ 1 /* K stored unrotated; attention rotates; a shift moves no byte */
+
+#define KVC_ROPE_SLICE_HEAD 0
+#define KVC_ROPE_SLICE_TAIL 1
+#define KVC_ROPE_PAIRING_NEOX 0
+#define KVC_ROPE_PAIRING_INTERLEAVED 1
+#define KVC_ROPE_SCALING_NONE 0
+#define KVC_ROPE_SCALING_LINEAR 1
+#define KVC_ROPE_SCALING_LLAMA3 2
+#define KVC_ROPE_SCALING_YARN 3
+
+/* A model's rotary embedding (kvcore/math/rope_spec.hpp). */
+typedef struct kvc_rope_spec {
+  uint32_t struct_size;
+  int32_t n_rot; /* rotated dims, even, <= head_dim */
+  int32_t slice, pairing, scaling;
+  double theta, factor, low_freq_factor, high_freq_factor;
+  int32_t original_max_position;
+  int32_t yarn_truncate; /* bool */
+  double beta_fast, beta_slow;
+  const float* freq_factors; /* optional: n_rot / 2 divisors; NULL: none */
+  int32_t n_freq_factors;
+  double attention_factor; /* scales cos and sin at write time only (YaRN mscale) */
+} kvc_rope_spec;
+
+KVC_API void kvc_rope_spec_init(kvc_rope_spec* spec, int32_t n_rot, double theta); /* plain NeoX */
+KVC_API void kvc_rope_spec_llama3_8b(kvc_rope_spec* spec);
+
+/* ---- PagedCache --------------------------------------------------------------------------- */
+typedef struct kvc_paged_cache kvc_paged_cache;
+typedef struct kvc_ticket kvc_ticket;
+
+typedef struct kvc_paged_config {
+  uint32_t struct_size;
+  int32_t n_layers, n_kv_heads, head_dim;
+  int32_t v_head_dim; /* 0: no V pools */
+  int32_t block_size, num_blocks;
+  int32_t k_format, v_format; /* KVC_FORMAT_* */
+  int32_t rope_mode;          /* KVC_ROPE_STORED or KVC_ROPE_ON_READ */
+  int32_t strict_positions;   /* bool: positions must increase along a sequence */
+  const kvc_rope_spec* rope;  /* one spec for every layer, or n_layers specs */
+  int32_t n_rope;
+  void* stream; /* CUDA stream of every cache operation */
+  int32_t kvcore_attention; /* bool, default 1: refuse formats kvcore's attention cannot read */
+} kvc_paged_config;
+
+typedef struct kvc_seq_info {
+  uint32_t struct_size;
+  int32_t n_live, n_cells, n_blocks;
+  int32_t last_position; /* -1: empty */
+} kvc_seq_info;
+
+KVC_API void kvc_paged_config_init(kvc_paged_config* cfg);
+KVC_API kvc_status kvc_paged_create(const kvc_paged_config* cfg, kvc_device device, kvc_paged_cache** out);
+KVC_API void kvc_paged_free(kvc_paged_cache* cache);
+
+KVC_API kvc_status kvc_paged_seq_create(kvc_paged_cache* cache, int64_t* out_seq);
+/* A new sequence sharing every block of seq (copy on first write). */
+KVC_API kvc_status kvc_paged_seq_fork(kvc_paged_cache* cache, int64_t seq, int64_t* out_seq);
+KVC_API kvc_status kvc_paged_seq_erase(kvc_paged_cache* cache, int64_t seq);
+/* Keep [0, n_keep), drop [n_keep, n_keep + n_discard); later tokens move down by n_discard. */
+KVC_API kvc_status kvc_paged_seq_shift(kvc_paged_cache* cache, int64_t seq, int32_t n_keep, int32_t n_discard);
+/* Keep the first n tokens (speculative-decoding rollback). */
+KVC_API kvc_status kvc_paged_seq_truncate(kvc_paged_cache* cache, int64_t seq, int32_t n);
+KVC_API kvc_status kvc_paged_seq_info(const kvc_paged_cache* cache, int64_t seq, kvc_seq_info* out);
+/* Apply what shifts left pending (rotations, position offsets). */
+KVC_API kvc_status kvc_paged_prepare(kvc_paged_cache* cache);
+
+/* Append n tokens to every layer: positions [n] (host); k [n_layers, n, n_kv_heads, head_dim],
+ * v likewise (NULL without V); f32, f16 or bf16 on the cache's device. */
+KVC_API kvc_status kvc_paged_append(kvc_paged_cache* cache, int64_t seq, const int32_t* positions, int32_t n,
+                                    const DLTensor* k, const DLTensor* v);
+
+/* Tickets: the cells of one step's new tokens. One ticket is refilled by every reserve, so a
+ * decode loop allocates nothing per step. */
+KVC_API kvc_status kvc_ticket_create(kvc_ticket** out);
+KVC_API void kvc_ticket_free(kvc_ticket* ticket);
+KVC_API int32_t kvc_ticket_n_tokens(const kvc_ticket* ticket);
+/* Reserve counts[i] cells for seqs[i] (distinct ids); positions concatenated in that order. */
+KVC_API kvc_status kvc_paged_reserve(kvc_paged_cache* cache, const int64_t* seqs, const int32_t* counts,
+                                     size_t n_seqs, const int32_t* positions, kvc_ticket* ticket);
+/* Write one layer of the ticket's tokens: k [n_tokens, n_kv_heads, head_dim], v likewise (NULL
+ * without V); f32, f16 or bf16 on the cache's device. Rotated at their positions in ROPE_STORED. */
+KVC_API kvc_status kvc_paged_store(kvc_paged_cache* cache, const kvc_ticket* ticket, int32_t layer,
+                                   const DLTensor* k, const DLTensor* v);
+/* Host read-back of one layer of a sequence as f32 (K rotated at current positions): up to cap
+ * tokens into positions [cap], k [cap, n_kv_heads, head_dim], v [cap, n_kv_heads, v_head_dim]
+ * (each may be NULL); *n_live receives the sequence's length (may exceed cap: nothing is written
+ * then, and the status is KVC_E_INVALID_ARGUMENT). */
+KVC_API kvc_status kvc_paged_read(kvc_paged_cache* cache, int64_t seq, int32_t layer, int32_t* positions, float* k,
+                                  float* v, int32_t cap, int32_t* n_live);
+
+/* ---- attention over a PagedCache: plan once per step, run once per layer -------------------- */
+typedef struct kvc_attention_plan kvc_attention_plan;
+
+typedef struct kvc_attention_options {
+  uint32_t struct_size;
+  float softmax_scale;    /* 0: head_dim^-0.5 */
+  int32_t window;         /* 0: no sliding window; else keys with q_pos - k_pos < window */
+  const DLTensor* sinks;  /* optional f32 [n_q_heads] sink logits (kept by reference: keep alive) */
+  int32_t num_splits;     /* 0: automatic */
+  int32_t check_tables;   /* bool, default 1 */
+} kvc_attention_options;
+
+KVC_API void kvc_attention_options_init(kvc_attention_options* opt);
+/* The plan of the ticket's step: one query row per reserved token (decode when every count is 1,
+ * causal prefill otherwise) at the tokens' positions. The plan goes stale (run fails with
+ * KVC_E_INVALID_ARGUMENT) once the cache's sequences change; make one per step. */
+KVC_API kvc_status kvc_paged_plan(kvc_paged_cache* cache, const kvc_ticket* ticket, const kvc_attention_options* opt,
+                                  kvc_attention_plan** out);
+/* Decode plan for seqs with one query each at q_positions (NULL: each sequence's last position). */
+KVC_API kvc_status kvc_paged_plan_seqs(kvc_paged_cache* cache, const int64_t* seqs, size_t n_seqs,
+                                       const int32_t* q_positions, const kvc_attention_options* opt,
+                                       kvc_attention_plan** out);
+KVC_API void kvc_attention_plan_free(kvc_attention_plan* plan);
+/* out = attention(q) over layer's pages: q, out [n_rows, n_q_heads, head_dim], f32/f16/bf16. In
+ * ROPE_ON_READ caches kvcore rotates q at its position; in ROPE_STORED q comes rotated. */
+KVC_API kvc_status kvc_attention_run(kvc_attention_plan* plan, int32_t layer, const DLTensor* q, const DLTensor* out,
+                                     void* stream);
+
+/* ---- dense caches: context shift ----------------------------------------------------------- */
+typedef struct kvc_shift_layer {
+  uint32_t struct_size;
+  const DLTensor* k;        /* [capacity, n_kv_heads, head_dim] f32/f16/bf16; uint8 e4m3 codes with
+                               k_scales; uint8 [capacity, (heads,) 584] DeepSeek-V4 rows without */
+  const DLTensor* k_scales; /* UE8M0 uint8 [capacity, n_kv_heads, head_dim / 64] or NULL */
+  const DLTensor* v;        /* [capacity, n_kv_heads, v_head_dim] or NULL */
+  const kvc_rope_spec* rope;
+} kvc_shift_layer;
+
+KVC_API void kvc_shift_layer_init(kvc_shift_layer* layer);
+/* Context shift of caller-owned dense caches in place, layers[0 .. n_layers) (an array of
+ * structs of layers[0].struct_size bytes each): keep [0, n_keep), drop [n_keep, n_keep +
+ * n_discard), move later tokens (< length) down by n_discard, re-rotating their keys. */
+KVC_API kvc_status kvc_shift_dense(const kvc_shift_layer* layers, size_t n_layers, int64_t length, int64_t n_keep,
+                                   int64_t n_discard, void* stream);
+
+/* ---- FP8 codecs (kvcore/ops/fp8.hpp) -------------------------------------------------------- */
+/* dst = src with the first cols - n_rot dims FP8-rounded (f32 rows; dst == src in place). */
+KVC_API kvc_status kvc_fp8_round_trip_rows(const DLTensor* src, const DLTensor* dst, int32_t n_rot, void* stream);
+/* src [..., cols] -> codes uint8 [..., n_nope], scales uint8 [..., ceil(n_nope / 64)], tail f16/bf16
+ * [..., n_rot] (NULL when n_rot == 0). */
+KVC_API kvc_status kvc_fp8_pack_rows(const DLTensor* src, const DLTensor* codes, const DLTensor* scales,
+                                     const DLTensor* tail, void* stream);
+KVC_API kvc_status kvc_fp8_unpack_rows(const DLTensor* codes, const DLTensor* scales, const DLTensor* tail,
+                                       const DLTensor* dst, void* stream);
+/* DeepSeek-V4 rows: src f32 [..., 512] <-> packed uint8 [..., 584]. */
+KVC_API kvc_status kvc_dsv4_pack_rows(const DLTensor* src, const DLTensor* packed, void* stream);
+KVC_API kvc_status kvc_dsv4_unpack_rows(const DLTensor* packed, const DLTensor* dst, void* stream);
+
+/* ---- DeepSeek-V4 cache (kvcore/cache/dsv4_cache.hpp) ----------------------------------------- */
+typedef struct kvc_dsv4_cache kvc_dsv4_cache;
+
+#define KVC_DSV4_WINDOW 0
+#define KVC_DSV4_CSA 1
+#define KVC_DSV4_HCA 2
+
+typedef struct kvc_dsv4_config {
+  uint32_t struct_size;
+  const int32_t* layer_kinds; /* KVC_DSV4_* per layer */
+  int32_t n_layers;
+  int32_t head_dim, n_rot, window, csa_ratio, hca_ratio;
+  int32_t index_heads, index_dim, index_topk;
+  int64_t max_context;
+  int32_t max_seqs;
+  int32_t quant;  /* bool: FP8 / FP4 storage as DeepSeek-V4's engine; 0: f32 math */
+  int32_t packed; /* bool: packed rows where the geometry has them */
+  void* stream;   /* CUDA stream of every cache operation */
+} kvc_dsv4_config;
+
+/* Defaults of DeepSeek-V4-Flash (43 layers) for max_context tokens and max_seqs sequences. */
+KVC_API void kvc_dsv4_config_v4_flash(kvc_dsv4_config* cfg, int64_t max_context, int32_t max_seqs);
+KVC_API kvc_status kvc_dsv4_create(const kvc_dsv4_config* cfg, kvc_device device, kvc_dsv4_cache** out);
+KVC_API void kvc_dsv4_free(kvc_dsv4_cache* cache);
+/* Sequences: at most max_seqs live at once. truncate(seq, 0) empties one. */
+KVC_API kvc_status kvc_dsv4_seq_create(kvc_dsv4_cache* cache, int64_t* out_seq);
+KVC_API kvc_status kvc_dsv4_seq_erase(kvc_dsv4_cache* cache, int64_t seq);
+KVC_API kvc_status kvc_dsv4_seq_truncate(kvc_dsv4_cache* cache, int64_t seq, int32_t n);
+/* comp_ape [ratio, width], comp_norm [head_dim] (CSA/HCA); idx_ape, idx_norm (CSA); NULL: none. */
+KVC_API kvc_status kvc_dsv4_set_weights(kvc_dsv4_cache* cache, int32_t layer, const DLTensor* comp_ape,
+                                        const DLTensor* comp_norm, const DLTensor* idx_ape, const DLTensor* idx_norm);
+/* Tokens pos .. pos + n - 1 (pos == length): kv [n, head_dim] f32 (modified in place when
+ * quantized), comp_c / comp_z [n, width], idx_c / idx_z [n, 2 * index_dim] (NULL where unused). */
+KVC_API kvc_status kvc_dsv4_append(kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t pos, const DLTensor* kv,
+                                   const DLTensor* comp_c, const DLTensor* comp_z, const DLTensor* idx_c,
+                                   const DLTensor* idx_z);
+KVC_API kvc_status kvc_dsv4_length(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t* out);
+KVC_API kvc_status kvc_dsv4_compressed_rows(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t* out);
+/* Host copy as f32 of the window rows (which = 0, oldest first) or compressed rows (which = 1):
+ * up to cap floats into out; *n_floats receives the size (nothing written when it exceeds cap). */
+KVC_API kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t which, float* out,
+                                 size_t cap, size_t* n_floats);
+/* Always fails: KVC_E_NOT_SUPPORTED (compressor windows straddle any cut), or
+ * KVC_E_INVALID_ARGUMENT for a bad range. */
+KVC_API kvc_status kvc_dsv4_shift(kvc_dsv4_cache* cache, int64_t seq, int32_t n_keep, int32_t n_discard);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVCORE_KVCORE_H */

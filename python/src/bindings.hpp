@@ -1,0 +1,11 @@
+// The parts of the kvcore._ext module, one per concept.
+#pragma once
+#include <nanobind/nanobind.h>
+
+namespace kvcore::py {
+void bind_rope_spec(nanobind::module_& m);
+void bind_ops(nanobind::module_& m);
+void bind_attention_ops(nanobind::module_& m);
+void bind_paged_cache(nanobind::module_& m);
+void bind_dsv4(nanobind::module_& m);
+}  // namespace kvcore::py

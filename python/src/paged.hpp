@@ -1,0 +1,34 @@
+// The Python-side PagedCache: the C++ cache plus an edit counter, so an attention plan can tell
+// it went stale (any metadata change after plan()) instead of reading freed blocks.
+#pragma once
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kvcore/buffer.hpp"
+#include "kvcore/cache/paged_cache.hpp"
+#include "capi/paged_plan.hpp"
+#include "kvcore/ops/attention.hpp"
+#include "tensors.hpp"
+
+namespace kvcore::py {
+
+struct PyPagedCache {
+  PagedCache cache;
+  uint64_t epoch = 0;  // bumped by every call that changes metadata
+};
+
+// A step's attention plan (capi::PagedPlan) plus what Python needs around it: a reference to its
+// cache (kept alive), the cache's edit count when planned (a later edit makes it stale) and the
+// caller's sinks tensor.
+struct PyAttentionPlan {
+  nb::object cache_obj;
+  PyPagedCache* cache = nullptr;
+  uint64_t epoch = 0;
+  Tensor sinks;
+  std::optional<capi::PagedPlan> plan;
+};
+
+}  // namespace kvcore::py
