@@ -24,6 +24,11 @@ if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ]; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
   ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$VENV/bin" && pwd)/python")
 fi
+# ccache, where installed, keeps rebuilds of unchanged files cheap (paths taken relative to the tree).
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR="$(pwd)" CCACHE_NOHASHDIR=1
+  ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S . -B "$BUILD" -G Ninja "${ARGS[@]}" ${KVCORE_CMAKE_ARGS:-}
 cmake --build "$BUILD"
 if [ ${#LABELS[@]} -eq 0 ]; then
