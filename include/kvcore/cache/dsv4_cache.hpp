@@ -134,6 +134,7 @@ class Dsv4Cache {
   size_t allocated_bytes() const;
 
  private:
+  friend struct Dsv4CacheAccess;  // the persistence hook (src/cache/dsv4_export.cpp)
   struct Layer {
     Dsv4LayerKind kind = Dsv4LayerKind::Window;
     Dsv4Compressor comp, idx;
