@@ -138,10 +138,13 @@ TEST(PersistRedis, ServerKilledMidReadGivesMissesNeverWrongBytes) {
       else ++hits;
     }
   });
-  while (hits < 50) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto warm_by = Clock::now() + std::chrono::seconds(20);
+  while (hits < 50 && Clock::now() < warm_by) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   server.kill9();
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  const int misses_while_down = misses;
+  const int misses_at_kill = misses;  // the reader sees the dead server (a starved thread may take a while)
+  const auto down_by = Clock::now() + std::chrono::seconds(20);
+  while (misses == misses_at_kill && Clock::now() < down_by) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int misses_while_down = misses - misses_at_kill;
   ASSERT_TRUE(server.start()) << "restart";
   const int hits_before = hits;
   const auto until = Clock::now() + std::chrono::seconds(20);
