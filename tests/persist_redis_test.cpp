@@ -28,19 +28,20 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-RedisStoreOptions options_for(const RedisServer& s) {
+// Timeouts generous enough for a loaded CI machine; the slow-server test sets its own.
+RedisStoreOptions options_for(const RedisServer& s, int timeout_ms = 3000) {
   RedisStoreOptions o;
   o.port = s.port();
   o.password = s.password();
-  o.io_timeout_ms = 300;
-  o.connect_timeout_ms = 300;
+  o.io_timeout_ms = timeout_ms;
+  o.connect_timeout_ms = timeout_ms;
   o.backoff_initial_ms = 20;
   o.backoff_max_ms = 200;
   return o;
 }
 
 // Polls until the store answers (the backoff lets it retry); false after `limit`.
-bool wait_up(RedisStore& r, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
+bool wait_up(RedisStore& r, std::chrono::milliseconds limit = std::chrono::milliseconds(20000)) {
   const auto until = Clock::now() + limit;
   while (Clock::now() < until) {
     if (r.ping()) return true;
@@ -137,13 +138,16 @@ TEST(PersistRedis, ServerKilledMidReadGivesMissesNeverWrongBytes) {
       else ++hits;
     }
   });
-  while (hits < 50) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto warm_by = Clock::now() + std::chrono::seconds(20);
+  while (hits < 50 && Clock::now() < warm_by) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   server.kill9();
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  const int misses_while_down = misses;
+  const int misses_at_kill = misses;  // the reader sees the dead server (a starved thread may take a while)
+  const auto down_by = Clock::now() + std::chrono::seconds(20);
+  while (misses == misses_at_kill && Clock::now() < down_by) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int misses_while_down = misses - misses_at_kill;
   ASSERT_TRUE(server.start()) << "restart";
   const int hits_before = hits;
-  const auto until = Clock::now() + std::chrono::seconds(5);
+  const auto until = Clock::now() + std::chrono::seconds(20);
   while (hits < hits_before + 50 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   stop = true;
   reader.join();
@@ -157,10 +161,14 @@ TEST(PersistRedis, ServerKilledMidReadGivesMissesNeverWrongBytes) {
 TEST(PersistRedis, SlowServerTimesOutMarksTheTierDownAndItComesBack) {
   RedisServer server;
   ASSERT_TRUE(server.start()) << "could not start redis-server on port " << server.port();
-  RedisStore r(options_for(server));  // 300 ms timeouts
-  ASSERT_TRUE(r.put(key_n(1), payload_n(1, 1000)));
-  std::thread sleeper([&] { server.admin({"DEBUG", "SLEEP", "1.5"}, 5000); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server is now asleep
+  RedisStore setup(options_for(server));
+  ASSERT_TRUE(setup.put(key_n(1), payload_n(1, 1000)));
+  RedisStore r(options_for(server, 300));
+  ASSERT_TRUE(wait_up(r));
+  std::thread sleeper([&] { server.admin({"DEBUG", "SLEEP", "3"}, 10000); });
+  const auto asleep_by = Clock::now() + std::chrono::seconds(2);  // wait until a PING goes unanswered
+  while (server.admin({"PING"}, 100) == "PONG" && Clock::now() < asleep_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   auto t0 = Clock::now();
   EXPECT_FALSE(r.get(key_n(1)).has_value());
   const auto first = Clock::now() - t0;
@@ -174,7 +182,7 @@ TEST(PersistRedis, SlowServerTimesOutMarksTheTierDownAndItComesBack) {
   ASSERT_TRUE(wait_up(r));
   EXPECT_EQ(*r.get(key_n(1)), payload_n(1, 1000));  // no reply of the timed-out call leaks into this one
   EXPECT_FALSE(r.stats().down);
-  std::printf("[fault] slowed (DEBUG SLEEP 1.5 s, 300 ms timeout): first call gave up after %lld ms\n",
+  std::printf("[fault] slowed (DEBUG SLEEP 3 s, 300 ms timeout): first call gave up after %lld ms\n",
               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(first).count()));
 }
 

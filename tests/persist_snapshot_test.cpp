@@ -21,6 +21,11 @@ using namespace paged_test;
 
 namespace {
 
+// Bit-identical float vectors (memcmp would be handed null pointers for empty ones).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 std::vector<int32_t> iota_from(int32_t first, int32_t n) {
   std::vector<int32_t> p(n);
   for (int32_t i = 0; i < n; ++i) p[i] = first + i;
@@ -58,9 +63,9 @@ void expect_same_sequence(PagedCache& x, SeqId sx, PagedCache& y, SeqId sy, int3
     ASSERT_EQ(a.k.size(), b.k.size());
     ASSERT_EQ(a.v.size(), b.v.size());
     if (position_delta == 0) {
-      EXPECT_EQ(0, std::memcmp(a.k.data(), b.k.data(), a.k.size() * 4)) << "K differs, layer " << l;
+      EXPECT_TRUE(same_bits(a.k, b.k)) << "K differs, layer " << l;
     }
-    EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), a.v.size() * 4)) << "V differs, layer " << l;
+    EXPECT_TRUE(same_bits(a.v, b.v)) << "V differs, layer " << l;
   }
 }
 
@@ -153,8 +158,8 @@ TEST(PersistSnapshot, RopeOnReadSnapshotLoadsAtAnotherPositionBase) {
   for (int32_t l = 0; l < cfg.n_layers; ++l) {
     const PagedReadBack x = direct.read(d, l), y = dst.read(got.ids[0], l);
     EXPECT_EQ(x.positions, y.positions);
-    EXPECT_EQ(0, std::memcmp(x.k.data(), y.k.data(), x.k.size() * 4)) << "layer " << l;
-    EXPECT_EQ(0, std::memcmp(x.v.data(), y.v.data(), x.v.size() * 4)) << "layer " << l;
+    EXPECT_TRUE(same_bits(x.k, y.k)) << "layer " << l;
+    EXPECT_TRUE(same_bits(x.v, y.v)) << "layer " << l;
   }
   // A delta that would make a position negative, and any delta in rope-stored, are refused.
   expect_refused(dst, ErrorCode::InvalidArgument, bytes, {"m", -1}, "negative position");

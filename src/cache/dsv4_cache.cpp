@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "cache/dsv4_export.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/math/dsv4.hpp"
 #include "kvcore/runtime.hpp"
@@ -668,6 +669,20 @@ size_t Dsv4Cache::allocated_bytes() const {
     for (const Buffer* b : {&L.ring, &L.comp_kv, &L.comp_score, &L.comp_rows, &L.idx_kv, &L.idx_score, &L.idx_rows})
       s += b->size();
   return s;
+}
+
+// ---- the persistence hook (cache/dsv4_export.hpp) -----------------------------------------
+
+struct Dsv4CacheAccess {
+  static Dsv4Cache::Impl& impl(Dsv4Cache& c) { return c.impl(); }
+};
+
+void dsv4_set_lengths(Dsv4Cache& cache, SeqId seq, std::span<const int64_t> lengths) {
+  Dsv4Cache::Impl& m = Dsv4CacheAccess::impl(cache);
+  const int32_t slot = m.slot_of("dsv4_set_lengths", seq);
+  require_arg(lengths.size() == m.layers.size(), "dsv4_set_lengths: ", lengths.size(), " lengths for ", m.layers.size(),
+              " layers");
+  for (size_t l = 0; l < lengths.size(); ++l) m.len(slot, static_cast<int32_t>(l)) = static_cast<int32_t>(lengths[l]);
 }
 
 }  // namespace kvcore

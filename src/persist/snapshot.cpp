@@ -5,6 +5,7 @@
 
 #include "cache/paged_export.hpp"
 #include "kvcore/error.hpp"
+#include "persist/bytes.hpp"
 #include "persist/file_io.hpp"
 #include "persist/snapshot_format.hpp"
 
@@ -66,21 +67,36 @@ SnapshotLoaded snapshot_load(PagedCache& cache, const std::string& path, const S
   return snapshot_decode(cache, bytes, options);
 }
 
-SnapshotSummary snapshot_inspect(std::span<const uint8_t> bytes) { return persist::parse_snapshot(bytes).summary; }
+SnapshotSummary snapshot_inspect(std::span<const uint8_t> bytes) {
+  persist::Container c = persist::parse_container(bytes);
+  if (c.summary.kind != persist::kKindDsv4Sequence) return persist::parse_snapshot(bytes).summary;
+  persist::ByteReader r(c.single(persist::kDsv4Lengths), "lengths chunk");
+  const uint32_t n = r.get<uint32_t>("n_layers");
+  c.summary.dsv4_lengths = r.array<int64_t>(n, "lengths");
+  r.expect_end();
+  return c.summary;
+}
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) { return persist::read_file(path); }
 
 std::string snapshot_describe(const SnapshotSummary& s) {
   std::ostringstream os;
-  os << "kvcore snapshot, format " << s.major << "." << s.minor << " (PagedCache sequences), " << s.file_bytes
-     << " bytes, " << s.n_chunks << " chunks, every checksum verified\n";
+  const bool dsv4 = s.kind == persist::kKindDsv4Sequence;
+  os << "kvcore snapshot, format " << s.major << "." << s.minor << (dsv4 ? " (a Dsv4Cache sequence), " : " (PagedCache sequences), ")
+     << s.file_bytes << " bytes, " << s.n_chunks << " chunks, every checksum verified\n";
   os << "written by kvcore " << (s.producer.empty() ? "(unknown)" : s.producer) << "\n";
   os << "model id: '" << s.model_id << "'\n";
-  os << "blocks: " << s.n_blocks << " of " << s.block_size << " cells, " << s.bytes_per_block << " bytes each\n";
-  os << "sequences: " << s.seqs.size() << "\n";
-  for (const SnapshotSummary::Seq& q : s.seqs)
-    os << "  saved id " << q.saved_id << ": " << q.n_live << " tokens in " << q.n_cells << " cells, " << q.n_blocks
-       << " blocks, positions " << q.first_position << " .. " << q.last_position << "\n";
+  if (dsv4) {
+    os << "layers: " << s.dsv4_lengths.size() << ", tokens per layer:";
+    for (int64_t n : s.dsv4_lengths) os << ' ' << n;
+    os << "\n";
+  } else {
+    os << "blocks: " << s.n_blocks << " of " << s.block_size << " cells, " << s.bytes_per_block << " bytes each\n";
+    os << "sequences: " << s.seqs.size() << "\n";
+    for (const SnapshotSummary::Seq& q : s.seqs)
+      os << "  saved id " << q.saved_id << ": " << q.n_live << " tokens in " << q.n_cells << " cells, " << q.n_blocks
+         << " blocks, positions " << q.first_position << " .. " << q.last_position << "\n";
+  }
   for (uint32_t t : s.skipped_chunk_types) os << "skipped optional chunk type " << t << " (newer minor version)\n";
   os << "layout fingerprint:\n";
   std::istringstream f(s.fingerprint);

@@ -80,14 +80,16 @@ std::vector<uint8_t> EncodedSnapshot::concat() const {
   return out;
 }
 
-EncodedSnapshot encode_snapshot(const PagedExport& ex, std::string_view fingerprint, std::string_view model_id) {
+EncodedSnapshot encode_container(uint32_t kind, std::string_view fingerprint, std::string_view model_id,
+                                 std::vector<std::pair<uint32_t, std::vector<uint8_t>>> singles,
+                                 std::span<const uint8_t> payload) {
   EncodedSnapshot e;
   Encoder enc(e);
   ByteWriter h;
   h.bytes(kMagic, 8);
   h.put(kSnapshotMajor);
   h.put(kSnapshotMinor);
-  h.put(kKindPagedSequences);
+  h.put(kind);
   h.put(static_cast<uint32_t>(kHeaderBytes));
   h.put(uint32_t{0});
   h.put(xxh3_64(h.out.data(), h.out.size()));
@@ -98,7 +100,25 @@ EncodedSnapshot encode_snapshot(const PagedExport& ex, std::string_view fingerpr
   e.owned.emplace_back(model_id.begin(), model_id.end());
   enc.chunk(kModelId, kChunkRequired, {e.owned.back()});
   enc.chunk(kProducer, 0, {as_bytes(version())});
+  for (auto& [type, body] : singles) {
+    e.owned.push_back(std::move(body));
+    enc.chunk(type, kChunkRequired, {e.owned.back()});
+  }
+  for (size_t at = 0; at < payload.size(); at += kPayloadChunkBytes) {
+    const size_t n = std::min(kPayloadChunkBytes, payload.size() - at);
+    enc.chunk(kPayload, kChunkRequired, {payload.subspan(at, n)});
+  }
 
+  ByteWriter f;
+  f.bytes(kFooterMagic, 8);
+  f.put(enc.n_chunks());
+  f.put(static_cast<uint64_t>(e.bytes + kFooterBytes));
+  f.put(xxh3_64(enc.heads_.out.data(), enc.heads_.out.size()));
+  enc.own(std::move(f.out));
+  return e;
+}
+
+EncodedSnapshot encode_snapshot(const PagedExport& ex, std::string_view fingerprint, std::string_view model_id) {
   ByteWriter sq;
   sq.put(static_cast<uint32_t>(ex.seqs.size()));
   sq.put(static_cast<uint32_t>(ex.block_size));
@@ -112,27 +132,17 @@ EncodedSnapshot encode_snapshot(const PagedExport& ex, std::string_view fingerpr
     sq.put(static_cast<uint32_t>(s.blocks.size()));
     sq.array(s.blocks);
   }
-  e.owned.push_back(std::move(sq.out));
-  enc.chunk(kSequences, kChunkRequired, {e.owned.back()});
-  enc.chunk(kCells, kChunkRequired,
-            {std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(ex.positions.data()), ex.positions.size() * 4),
-             std::span<const uint8_t>(ex.valid)});
-  for (size_t at = 0; at < ex.payload.size(); at += kPayloadChunkBytes) {
-    const size_t n = std::min(kPayloadChunkBytes, ex.payload.size() - at);
-    enc.chunk(kPayload, kChunkRequired, {std::span<const uint8_t>(ex.payload.data() + at, n)});
-  }
-
-  ByteWriter f;
-  f.bytes(kFooterMagic, 8);
-  f.put(enc.n_chunks());
-  f.put(static_cast<uint64_t>(e.bytes + kFooterBytes));
-  f.put(xxh3_64(enc.heads_.out.data(), enc.heads_.out.size()));
-  enc.own(std::move(f.out));
-  return e;
+  ByteWriter cells;
+  cells.array(ex.positions);
+  cells.array(ex.valid);
+  std::vector<std::pair<uint32_t, std::vector<uint8_t>>> singles;
+  singles.emplace_back(kSequences, std::move(sq.out));
+  singles.emplace_back(kCells, std::move(cells.out));
+  return encode_container(kKindPagedSequences, fingerprint, model_id, std::move(singles), ex.payload);
 }
 
-ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
-  ParsedSnapshot out;
+Container parse_container(std::span<const uint8_t> bytes) {
+  Container out;
   SnapshotSummary& sum = out.summary;
   require(bytes.size() >= kHeaderBytes + kFooterBytes, ErrorCode::Corrupt, "snapshot: ", bytes.size(),
           " bytes is shorter than a header and a footer (", kHeaderBytes + kFooterBytes, ")");
@@ -151,7 +161,6 @@ ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
               " and older minors)");
   require(header_bytes == kHeaderBytes, ErrorCode::Corrupt, "snapshot: header_bytes ", header_bytes, ", expected ",
           kHeaderBytes);
-  require_arg(sum.kind == kKindPagedSequences, "snapshot: kind ", sum.kind, " is not a PagedCache snapshot (1)");
 
   ByteReader fr(bytes.subspan(bytes.size() - kFooterBytes), "footer");
   auto fmagic = fr.take(8, "magic");
@@ -165,10 +174,10 @@ ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
 
   Xxh3Stream heads;
   ByteReader body(bytes.subspan(kHeaderBytes, bytes.size() - kHeaderBytes - kFooterBytes), "chunk list");
-  std::span<const uint8_t> fingerprint, model, seqs, cells;
-  bool have[7] = {};
-  std::vector<std::span<const uint8_t>> payload;
-  uint64_t payload_bytes = 0;
+  std::span<const uint8_t> fingerprint, model;
+  bool have[kLastChunk + 1] = {};
+  std::vector<std::span<const uint8_t>>& payload = out.payload;
+  uint64_t& payload_bytes = out.payload_bytes;
   while (body.remaining() > 0) {
     const size_t at = body.offset();
     const uint32_t type = body.get<uint32_t>("chunk type");
@@ -189,7 +198,7 @@ ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
       payload_bytes += b.size();
       continue;
     }
-    if (type < kFingerprint || type > kProducer) {
+    if (type < kFingerprint || type > kLastChunk) {
       require(!(flags & kChunkRequired), ErrorCode::Corrupt, "snapshot: chunk type ", type,
               " is required but unknown to this reader");
       sum.skipped_chunk_types.push_back(type);
@@ -199,18 +208,35 @@ ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
     have[type] = true;
     if (type == kFingerprint) fingerprint = b;
     else if (type == kModelId) model = b;
-    else if (type == kSequences) seqs = b;
-    else if (type == kCells) cells = b;
-    else sum.producer.assign(b.begin(), b.end());
+    else if (type == kProducer) sum.producer.assign(b.begin(), b.end());
+    else out.singles[type] = b;
   }
   require(n_chunks == static_cast<uint64_t>(sum.n_chunks), ErrorCode::Corrupt, "snapshot: the footer counts ", n_chunks,
           " chunks, the file has ", sum.n_chunks);
   require(sum_ok(heads.digest(), heads_sum), ErrorCode::Corrupt, "snapshot: footer checksum mismatch");
-  for (uint32_t t : {kFingerprint, kModelId, kSequences, kCells})
+  for (uint32_t t : {kFingerprint, kModelId})
     require(have[t], ErrorCode::Corrupt, "snapshot: chunk type ", t, " is missing");
   sum.fingerprint.assign(fingerprint.begin(), fingerprint.end());
   sum.model_id.assign(model.begin(), model.end());
+  return out;
+}
 
+std::span<const uint8_t> Container::single(uint32_t type) const {
+  auto it = singles.find(type);
+  require(it != singles.end(), ErrorCode::Corrupt, "snapshot: chunk type ", type, " is missing");
+  return it->second;
+}
+
+ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
+  Container c = parse_container(bytes);
+  ParsedSnapshot out;
+  out.summary = std::move(c.summary);
+  SnapshotSummary& sum = out.summary;
+  require_arg(sum.kind == kKindPagedSequences, "snapshot: kind ", sum.kind, " is not a PagedCache snapshot (",
+              kKindPagedSequences, ")");
+  const std::span<const uint8_t> seqs = c.single(kSequences), cells = c.single(kCells);
+  const std::vector<std::span<const uint8_t>>& payload = c.payload;
+  const uint64_t payload_bytes = c.payload_bytes;
   PagedExport& ex = out.ex;
   ByteReader sr(seqs, "sequences chunk");
   const uint32_t n_seqs = sr.get<uint32_t>("n_seqs");

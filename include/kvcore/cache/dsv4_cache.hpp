@@ -171,6 +171,7 @@ class Dsv4Cache {
   // The implementation; throws InvalidArgument on a moved-from cache (every public call goes through it).
   Impl& impl();
   const Impl& impl() const;
+  friend struct Dsv4CacheAccess;  // the persistence hook (cache/dsv4_export.hpp)
   std::unique_ptr<Impl> impl_;
 };
 

@@ -19,7 +19,8 @@
 // tokens attended to discarded ones), a truncate to n leaves [0, n), an edit from token t leaves
 // [0, t); appends extend it. publish() also checks in the cache's metadata that those tokens are
 // live at positions 0 .. n-1. Edit sequences created here only through this class (or report
-// edits with note_edit()); publish() refuses sequences it did not create.
+// edits with note_edit()); publish() refuses sequences it did not create. A PrefixCache must not
+// outlive its PagedCache (its destructor erases the holders).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -95,8 +95,10 @@ struct SnapshotSummary {
   };
   std::vector<Seq> seqs;
   std::vector<uint32_t> skipped_chunk_types;  // optional chunks of a newer minor
+  std::vector<int64_t> dsv4_lengths;          // kind 2 (kvcore/persist/dsv4_snapshot.hpp): tokens per layer
 };
 // Checks everything a load checks that needs no cache (throws Corrupt or InvalidArgument).
+// Reads PagedCache snapshots (kind 1) and Dsv4Cache ones (kind 2).
 SnapshotSummary snapshot_inspect(std::span<const uint8_t> bytes);
 std::string snapshot_describe(const SnapshotSummary& s);
 std::vector<uint8_t> read_file_bytes(const std::string& path);

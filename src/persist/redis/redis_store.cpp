@@ -2,6 +2,7 @@
 #include "kvcore/persist/redis_store.hpp"
 
 #include <hiredis/hiredis.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -58,6 +59,11 @@ struct RedisStore::State {
       drop(true);
       return false;
     }
+    // Large socket buffers: hiredis moves the unsent rest of its output buffer after every
+    // partial write, so a 1 MiB value through a small buffer costs many copies of itself.
+    const int buf = 8 << 20;
+    ::setsockopt(ctx->fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    ::setsockopt(ctx->fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     if (!o.password.empty()) {
       const char* argv[2] = {"AUTH", o.password.c_str()};
       const size_t lens[2] = {4, o.password.size()};
