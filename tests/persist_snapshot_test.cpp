@@ -222,7 +222,7 @@ TEST(PersistSnapshot, OtherModelOtherLayoutNewerMajorOrTooFewBlocksAreRefused) {
     append_random(t, t.create(), 3, rng);
     expect_refused(t, ErrorCode::InvalidArgument, good, {"llama-3-8b@abc", 0}, what);
   };
-  other([](PagedCacheConfig& c) { c.k_format = KvFormat::BF16; }, "other K format");
+  other([](PagedCacheConfig& c) { c.k_format = KvFormat::BF16; c.kvcore_attention = false; }, "other K format");
   other([](PagedCacheConfig& c) { c.block_size = 16; }, "other block size");
   other([](PagedCacheConfig& c) { c.rope_mode = RopeMode::RopeStored; }, "other RoPE mode");
   other([](PagedCacheConfig& c) { c.rope[1].theta = 160001.0; }, "other theta in layer 1");
