@@ -130,6 +130,14 @@ KVC_API kvc_status kvc_paged_seq_shift(kvc_paged_cache* cache, int64_t seq, int3
 /* Keep the first n tokens (speculative-decoding rollback). */
 KVC_API kvc_status kvc_paged_seq_truncate(kvc_paged_cache* cache, int64_t seq, int32_t n);
 KVC_API kvc_status kvc_paged_seq_info(const kvc_paged_cache* cache, int64_t seq, kvc_seq_info* out);
+/* Position-range edits (llama.cpp's seq_rm / seq_add) on token positions p0 <= p < p1
+ * (p1 = KVC_POS_END: to the end). */
+#define KVC_POS_END 2147483647
+KVC_API kvc_status kvc_paged_remove_positions(kvc_paged_cache* cache, int64_t seq, int32_t p0, int32_t p1);
+KVC_API kvc_status kvc_paged_add_positions(kvc_paged_cache* cache, int64_t seq, int32_t p0, int32_t p1, int32_t delta);
+/* *out = 1 when the pool has the blocks a reserve of counts[i] tokens for seqs[i] would take. */
+KVC_API kvc_status kvc_paged_can_fit(const kvc_paged_cache* cache, const int64_t* seqs, const int32_t* counts,
+                                     size_t n_seqs, int32_t* out);
 /* Apply what shifts left pending (rotations, position offsets). */
 KVC_API kvc_status kvc_paged_prepare(kvc_paged_cache* cache);
 

@@ -385,6 +385,25 @@ class PagedCache:
         in 'stored').
         """
 
+    def blocks_needed(self, seqs: int | Sequence[int], counts: object) -> int:
+        """
+        Free blocks reserve(seqs, ..., counts) would take (new blocks plus copies of shared tails).
+        """
+
+    def can_fit(self, seqs: int | Sequence[int], counts: object) -> bool:
+        """Whether the pool has the blocks reserve(seqs, ..., counts) would take."""
+
+    def remove_positions(self, seq: int, p0: int, p1: int | None = None) -> None:
+        """
+        Drop every token of seq whose position p has p0 <= p < p1 (None: to the end); llama.cpp's seq_rm.
+        """
+
+    def add_positions(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
+        """
+        Add delta to the positions of seq's tokens with p0 <= p < p1 (None: to the end); llama.cpp's
+        seq_add. Rope-stored keys are re-rotated at the next prepare(); rope-on-read: metadata only.
+        """
+
     def truncate(self, seq: int, n: int) -> None:
         """Keep the first n tokens (speculative-decoding rollback)."""
 

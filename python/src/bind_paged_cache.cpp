@@ -307,6 +307,42 @@ void bind_paged_cache(nb::module_& m) {
           "by n_discard positions (metadata only in rope_mode='on_read'; rotations deferred to prepare()\n"
           "in 'stored').")
       .def(
+          "blocks_needed",
+          [](const PyPagedCache& c, nb::handle seqs, nb::handle counts) {
+            return c.cache.blocks_needed(host_i64(seqs, "seqs"), host_i32(counts, "counts"));
+          },
+          "seqs"_a, "counts"_a,
+          "Free blocks reserve(seqs, ..., counts) would take (new blocks plus copies of shared tails).")
+      .def(
+          "can_fit",
+          [](const PyPagedCache& c, nb::handle seqs, nb::handle counts) {
+            return c.cache.can_fit(host_i64(seqs, "seqs"), host_i32(counts, "counts"));
+          },
+          "seqs"_a, "counts"_a, "Whether the pool has the blocks reserve(seqs, ..., counts) would take.")
+      .def(
+          "remove_positions",
+          [](PyPagedCache& c, SeqId seq, int32_t p0, std::optional<int32_t> p1) {
+            {
+              nb::gil_scoped_release g;
+              c.cache.remove_positions(seq, p0, p1.value_or(PagedCache::kPosEnd));
+            }
+            bump(c);
+          },
+          "seq"_a, "p0"_a, "p1"_a = nb::none(),
+          "Drop every token of seq whose position p has p0 <= p < p1 (None: to the end); llama.cpp's seq_rm.")
+      .def(
+          "add_positions",
+          [](PyPagedCache& c, SeqId seq, int32_t p0, std::optional<int32_t> p1, int32_t delta) {
+            {
+              nb::gil_scoped_release g;
+              c.cache.add_positions(seq, p0, p1.value_or(PagedCache::kPosEnd), delta);
+            }
+            bump(c);
+          },
+          "seq"_a, "p0"_a, "p1"_a, "delta"_a,
+          "Add delta to the positions of seq's tokens with p0 <= p < p1 (None: to the end); llama.cpp's\n"
+          "seq_add. Rope-stored keys are re-rotated at the next prepare(); rope-on-read: metadata only.")
+      .def(
           "truncate",
           [](PyPagedCache& c, SeqId seq, int32_t n) {
             {

@@ -184,3 +184,21 @@ def test_help_tells_what_to_do():
     for word in ("reserve", "store", "plan", "run", "fork", "shift", "truncate", "__dlpack__"):
         assert word in doc
     assert "n_layers" in kvcore.PagedCache.__init__.__doc__
+
+
+def test_position_edits_and_can_fit(rng):
+    cache = small_cache(k_format="f32", rope_mode="on_read", num_blocks=4)
+    s = cache.create()
+    k = rng.standard_normal((2, 10, 2, 64)).astype(np.float32)
+    cache.append(s, list(range(10)), k, k)
+    assert cache.can_fit([s], [22]) and not cache.can_fit([s], [23])
+    assert cache.blocks_needed([s], [7]) == 1
+    cache.remove_positions(s, 2, 5)  # drop positions 2, 3, 4
+    cache.add_positions(s, 5, None, -3)  # close the gap: 5.. become 2..
+    pos, kr, vr = cache.read(s, 0)
+    np.testing.assert_array_equal(pos, np.arange(7))
+    keep = np.r_[0:2, 5:10]
+    np.testing.assert_array_equal(vr, k[0, keep])
+    np.testing.assert_allclose(kr, rotate_neox(k[0, keep], np.arange(7)[:, None], 64, THETA), atol=2e-5)
+    with pytest.raises(kvcore.InvalidArgumentError):
+        cache.add_positions(s, 0, None, -1)  # a negative position

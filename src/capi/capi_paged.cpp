@@ -156,6 +156,33 @@ kvc_status kvc_paged_seq_info(const kvc_paged_cache* cache, int64_t seq, kvc_seq
   });
 }
 
+kvc_status kvc_paged_remove_positions(kvc_paged_cache* cache, int64_t seq, int32_t p0, int32_t p1) {
+  return guard([&] {
+    need(cache, "kvc_paged_remove_positions", "cache")->cache.remove_positions(seq, p0, p1);
+    ++cache->epoch;
+  });
+}
+
+kvc_status kvc_paged_add_positions(kvc_paged_cache* cache, int64_t seq, int32_t p0, int32_t p1, int32_t delta) {
+  return guard([&] {
+    need(cache, "kvc_paged_add_positions", "cache")->cache.add_positions(seq, p0, p1, delta);
+    ++cache->epoch;
+  });
+}
+
+kvc_status kvc_paged_can_fit(const kvc_paged_cache* cache, const int64_t* seqs, const int32_t* counts, size_t n_seqs,
+                             int32_t* out) {
+  return guard([&] {
+    constexpr const char* fn = "kvc_paged_can_fit";
+    need(out, fn, "out");
+    require_arg(n_seqs == 0 || (seqs && counts), fn, ": seqs and counts must hold n_seqs = ", n_seqs, " entries");
+    *out = need(cache, fn, "cache")->cache.can_fit(std::span<const SeqId>(seqs, n_seqs),
+                                                    std::span<const int32_t>(counts, n_seqs))
+               ? 1
+               : 0;
+  });
+}
+
 kvc_status kvc_paged_prepare(kvc_paged_cache* cache) {
   return guard([&] {
     const bool pending = need(cache, "kvc_paged_prepare", "cache")->cache.needs_prepare();

@@ -255,6 +255,21 @@ int main(void) {
     CHECK(n_live == seqs[0].n, "read %d tokens, expected %d", n_live, seqs[0].n);
     for (i = 0; i < n_live; ++i) CHECK(read_pos[i] == i, "position %d reads %d", i, read_pos[i]);
   }
+  { /* position edits: drop positions [1, 3) of the second sequence, close the gap */
+    kvc_seq_info before, after;
+    int32_t fits = -1, big = 100000, small = 1;
+    before.struct_size = after.struct_size = sizeof before;
+    OK(kvc_paged_seq_info(cache, seqs[1].id, &before));
+    OK(kvc_paged_remove_positions(cache, seqs[1].id, 1, 3));
+    OK(kvc_paged_add_positions(cache, seqs[1].id, 3, KVC_POS_END, -2));
+    OK(kvc_paged_seq_info(cache, seqs[1].id, &after));
+    CHECK(after.n_live == before.n_live - 2 && after.last_position == before.last_position - 2,
+          "position edits: %d live, last %d", after.n_live, after.last_position);
+    OK(kvc_paged_can_fit(cache, &seqs[0].id, &small, 1, &fits));
+    CHECK(fits == 1, "one token does not fit");
+    OK(kvc_paged_can_fit(cache, &seqs[0].id, &big, 1, &fits));
+    CHECK(fits == 0, "100000 tokens fit");
+  }
   { /* a plan goes stale once the cache changes */
     kvc_attention_plan* plan = NULL;
     int64_t s0 = seqs[0].id;
