@@ -20,6 +20,7 @@
 #include "bench/harness.hpp"
 #include "bench/llama8b_pages.hpp"
 #include "cuda/attention/attention_mma.cuh"
+#include "cuda/common/device.hpp"
 #include "kvcore/kvcore.hpp"
 #include "kvcore/ops/attention.hpp"
 #include "ops/attention_plan_impl.hpp"
@@ -66,11 +67,7 @@ template <math::KvElem KV, int W>
 void launch_traced_w(const ops::PagedAttentionParams& p, mma::CtaOrder order, unsigned long long* trace, cudaStream_t s) {
   using S = mma::Shape<kHeadDim, KV, false, 1, W>;
   auto kernel = mma::mma_decode_kernel<kHeadDim, KV, false, 1, mma::Path::LeanTrace, W>;
-  static const bool attr = [&] {
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
-    return true;
-  }();
-  (void)attr;
+  ops::cuda::smem_opt_in(kernel, S::kSmemBytes, p.device);
   order.trace = trace;
   kernel<<<order.gx * order.gy, S::kThreads, S::kSmemBytes, s>>>(p, 1, mma::heads_per_cta(p.group), order);
   KVCORE_CUDA_CHECK_LAUNCH("traced decode kernel");
@@ -144,11 +141,11 @@ void trace_case(cli::BenchOptions& opt, const TraceCase& c) {
   std::vector<unsigned long long> h(size_t(ctas) * warps * mma::kTraceSlots);
   copy_bytes(h.data(), Device::cpu(), tr.data(), d, h.size() * 8);
 
-  // Raw stamps (ns after the first) for offline analysis: KVCORE_TRACE_DIR/<case>.csv.
-  if (const char* dir = std::getenv("KVCORE_TRACE_DIR")) {
+  // Raw stamps (ns after the first) for offline analysis: <--trace-dir>/<case>.csv.
+  if (const std::string& dir = opt.trace_dir; !dir.empty()) {
     unsigned long long first = ~0ull;
     for (size_t i = 0; i < h.size(); i += mma::kTraceSlots) first = std::min(first, h[i]);
-    if (FILE* f = std::fopen((std::string(dir) + "/" + name + ".csv").c_str(), "w")) {
+    if (FILE* f = std::fopen((dir + "/" + name + ".csv").c_str(), "w")) {
       std::fprintf(f, "cta,warp,sm,entry,seq_known,prologue,q_ready,first_tile,loop_done,merged,written\n");
       for (int i = 0; i < ctas; ++i)
         for (int w = 0; w < warps; ++w) {

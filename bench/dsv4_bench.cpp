@@ -15,8 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -129,9 +127,11 @@ bool check_against_cpu(const Dsv4CacheConfig& cfg, const std::vector<std::unique
   if (dev.is_cpu()) return true;
   Dsv4CacheConfig small = cfg;
   // Small, but the indexer's rows must still hold top-k picks (max_context / ratio >= index_topk).
-  small.max_context = std::max<int64_t>(512, static_cast<int64_t>(cfg.index_topk) * cfg.csa_ratio);
+  small.max_context = std::max(512, cfg.index_topk * cfg.csa_ratio);
   small.layers = {Dsv4LayerKind::CSA};
   Dsv4Cache gpu(small, dev), cpu(small, Device::cpu());
+  gpu.create();  // sequence 0 of each
+  cpu.create();
   set_flash_weights(gpu, 77);
   set_flash_weights(cpu, 77);
   const LayerInputs& li = *inputs[2];
@@ -172,8 +172,23 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
   const int tokens_per_rep = 128;
   const int reps_total = opt.reps + opt.warmup;
   const int64_t max_ctx = std::max<int64_t>(context + static_cast<int64_t>(tokens_per_rep) * (2 * reps_total + 2), 4 * 512);
-  Dsv4CacheConfig cfg = Dsv4CacheConfig::v4_flash(max_ctx, 1);
+  Dsv4CacheConfig cfg = Dsv4CacheConfig::v4_flash(static_cast<int32_t>(max_ctx), 1);
+  // The cache runs its work on the stream of its config: one a CUDA graph can capture, and
+  // that synchronizes with the default stream the eager timing's events are recorded on.
+  struct OwnedStream {
+    Stream s;
+    ~OwnedStream() {
+#if KVCORE_WITH_CUDA
+      kvcore::cli::destroy_stream(s);
+#endif
+    }
+  } cache_stream;
+#if KVCORE_WITH_CUDA
+  if (dev.is_cuda()) cache_stream.s = kvcore::cli::make_blocking_stream(dev.index);
+#endif
+  cfg.stream = cache_stream.s;
   Dsv4Cache cache(cfg, dev);
+  cache.create();  // sequence 0
   set_flash_weights(cache, 1);
   const int n_tok = opt.quick ? 32 : tokens_per_rep;  // distinct token inputs, rotated through
   std::vector<std::unique_ptr<LayerInputs>> inputs;
@@ -196,19 +211,18 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
   Buffer q = upload(randn(static_cast<size_t>(cfg.index_heads) * cfg.index_dim, 5), dev),
          w = upload(randn(cfg.index_heads, 6), dev), scores(static_cast<size_t>(cap) * 4, dev),
          picks(static_cast<size_t>(cfg.index_topk) * 4, dev);
-  auto step = [&](int64_t p, Stream st) {
+  auto step = [&](int64_t p) {  // on the cache's stream
     const int tok = static_cast<int>(p % n_tok);
     for (int l = 0; l < cache.n_layers(); ++l) {
-      cache.append(0, l, p, inputs[l]->at(tok, 1, cfg.head_dim, dev), st);
+      cache.append(0, l, static_cast<int32_t>(p), inputs[l]->at(tok, 1, cfg.head_dim, dev));
       if (with_indexer && cfg.layers[l] == Dsv4LayerKind::CSA)
         cache.indexer_topk(0, l, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
-                           TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), p,
-                           TensorRef(scores.data(), DType::F32, dev, {1, cap}), TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}),
-                           st);
+                           TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), static_cast<int32_t>(p),
+                           TensorRef(scores.data(), DType::F32, dev, {1, cap}), TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}));
     }
   };
   const Timing t = opt.time([&](int) {
-    for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos, Stream{});
+    for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos);
   });
   BenchRecord r;
   r.bench = "dsv4";
@@ -223,9 +237,11 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
     // step costs without host overhead. Replays redo the captured positions (an
     // engine would keep positions in device memory to reuse one graph).
     synchronize(dev);
-    const Timing tg = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
-      for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos, s);
-    });
+    const Timing tg = kvcore::cli::time_graph(
+        dev.index, opt.reps, opt.warmup, [&](Stream) {
+          for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos);
+        },
+        cfg.stream);
     BenchRecord g = r;
     g.case_name = with_indexer ? fmt("decode43 cache step+indexer ctx=%lld (CUDA graph replay)", context)
                                : fmt("decode43 cache step ctx=%lld (CUDA graph replay)", context);
@@ -238,13 +254,15 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
       while (cfg.layers[csa] != Dsv4LayerKind::CSA) ++csa;
       const int64_t qpos = pos - 1;
       synchronize(dev);
-      const Timing ti = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
-        for (int i = 0; i < tokens_per_rep; ++i)
-          cache.indexer_topk(0, csa, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
-                             TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), qpos,
-                             TensorRef(scores.data(), DType::F32, dev, {1, cap}),
-                             TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}), s);
-      });
+      const Timing ti = kvcore::cli::time_graph(
+          dev.index, opt.reps, opt.warmup, [&](Stream) {
+            for (int i = 0; i < tokens_per_rep; ++i)
+              cache.indexer_topk(0, csa, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
+                                 TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), static_cast<int32_t>(qpos),
+                                 TensorRef(scores.data(), DType::F32, dev, {1, cap}),
+                                 TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}));
+          },
+          cfg.stream);
       BenchRecord x;
       x.bench = "dsv4";
       x.case_name = fmt("indexer scores+top-k one CSA layer ctx=%lld (CUDA graph replay)", context);
@@ -281,9 +299,9 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
           for (int i = 0; i < tokens_per_rep; ++i) {
             if (half == 0) {
-              dsv4::cuda::indexer_scores(ip, s);
+              ops::cuda::dsv4::indexer_scores(ip, s);
             } else {
-              dsv4::cuda::indexer_select(ip, s);
+              ops::cuda::dsv4::indexer_select(ip, s);
             }
           }
         });
@@ -296,61 +314,20 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         y.t = per(th, tokens_per_rep);
         opt.report(y);
       }
-      // The A/B variants of src/cuda/dsv4/dsv4_indexer.cu (KVCORE_DSV4_INDEXER), each half timed apart
-      // and its scores and picks checked bit for bit against the default's on the same inputs.
-      if (!std::getenv("KVCORE_DSV4_INDEXER")) {
-        const auto run_both = [&] {
-          const std::vector<float> junk(static_cast<size_t>(cap), 7.0f);
-          const std::vector<int32_t> junk_picks(static_cast<size_t>(cfg.index_topk), -7);
-          scores.copy_from_host(junk.data(), junk.size() * 4);  // a variant that wrote nothing cannot pass
-          picks.copy_from_host(junk_picks.data(), junk_picks.size() * 4);
-          dsv4::cuda::indexer_scores(ip, {});
-          dsv4::cuda::indexer_select(ip, {});
-          synchronize(dev);
-        };
-        run_both();
-        const std::vector<float> scores_ref = scores.to_host<float>();
-        const std::vector<int32_t> picks_ref = picks.to_host<int32_t>();
-        const auto bits = [](const std::vector<float>& v) {
-          std::vector<uint32_t> b(v.size());
-          std::memcpy(b.data(), v.data(), v.size() * 4);
-          return b;
-        };
-        // mode 0: the scores alone, 1: the top-k alone, 2: both (the backend calls of the op).
-        const auto time_mode = [&](int mode) {
-          synchronize(dev);
-          const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
-            for (int i = 0; i < tokens_per_rep; ++i) {
-              if (mode != 1) dsv4::cuda::indexer_scores(ip, s);
-              if (mode != 0) dsv4::cuda::indexer_select(ip, s);
-            }
-          });
-          return per(th, tokens_per_rep);
-        };
-        const char* const mode_names[3] = {"indexer scores only", "indexer top-k only", "indexer scores+top-k backend calls"};
-        const auto mode_record = [&](int mode, const std::string& suffix) {
-          BenchRecord y = x;
-          y.case_name = std::string(mode_names[mode]) + fmt(" one CSA layer ctx=%lld (CUDA graph replay)", context) + suffix;
-          y.bytes = mode == 1 ? static_cast<double>(cache.indexer_rows(0, csa)) * 4
-                              : static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
-          y.t = time_mode(mode);
-          return y;
-        };
-        opt.report(mode_record(2, ""));
-        for (const char* name : {"scores16", "prefetch", "scores16,prefetch", "topk512", "topk256", "pdl",
-                                 "scores16,prefetch,topk256,pdl", "scores16,prefetch,topk512,pdl"}) {
-          setenv("KVCORE_DSV4_INDEXER", name, 1);
-          run_both();
-          const bool same = bits(scores.to_host<float>()) == bits(scores_ref) && picks.to_host<int32_t>() == picks_ref;
-          const std::string n(name);
-          for (int mode = 0; mode < 3; ++mode) {
-            if ((mode == 0 && n.find("scores") == std::string::npos && n.find("prefetch") == std::string::npos) || (mode == 1 && n.find("topk") == std::string::npos)) continue;
-            const BenchRecord y = mode_record(mode, " variant " + n);
-            opt.note(y.case_name + (same ? ": scores and picks identical to the default's" : ": MISMATCH with the default's scores or picks"));
-            opt.report(y);
+      // Both backend calls of the op in one graph.
+      {
+        synchronize(dev);
+        const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+          for (int i = 0; i < tokens_per_rep; ++i) {
+            ops::cuda::dsv4::indexer_scores(ip, s);
+            ops::cuda::dsv4::indexer_select(ip, s);
           }
-          unsetenv("KVCORE_DSV4_INDEXER");
-        }
+        });
+        BenchRecord y = x;
+        y.case_name = fmt("indexer scores+top-k backend calls one CSA layer ctx=%lld (CUDA graph replay)", context);
+        y.bytes = static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
+        y.t = per(th, tokens_per_rep);
+        opt.report(y);
       }
     }
   }
@@ -362,8 +339,10 @@ void bench_decode_separate(BenchOptions& opt) {
   const Device dev = opt.device;
   const int tokens_per_rep = 128, reps_total = opt.reps + opt.warmup;
   Dsv4CacheConfig cfg =
-      Dsv4CacheConfig::v4_flash(std::max<int64_t>(static_cast<int64_t>(tokens_per_rep) * (2 * reps_total + 2), 4 * 512), 1);
+      Dsv4CacheConfig::v4_flash(std::max(tokens_per_rep * (2 * reps_total + 2), 4 * 512), 1);
   Dsv4Cache fused(cfg, dev), sep(cfg, dev);
+  fused.create();  // sequence 0 of each
+  sep.create();
   set_flash_weights(fused, 1);
   set_flash_weights(sep, 1);
   const int n_tok = opt.quick ? 32 : tokens_per_rep;
@@ -400,7 +379,8 @@ void bench_decode_separate(BenchOptions& opt) {
         if (ix && k != Dsv4LayerKind::CSA) continue;
         const Dsv4Compressor c = ix ? cfg.indexer() : cfg.compressor(k);
         const Dsv4CompressorWeights& w = wts[static_cast<size_t>(l) * 2 + ix];
-        const TensorRef skv = sep.state_kv(0, l, ix), ssc = sep.state_score(0, l, ix);
+        const TensorRef skv = sep.state(0, l, ix ? Dsv4State::IndexerKv : Dsv4State::CompressorKv),
+                        ssc = sep.state(0, l, ix ? Dsv4State::IndexerScore : Dsv4State::CompressorScore);
         const TensorRef rows = ix ? sep.indexer_store(0, l) : sep.compressed_store(0, l);
         const TensorRef c1((ix ? in.idx_c : in.comp_c).data(), DType::F32, dev, {c.width()});
         const TensorRef z1((ix ? in.idx_z : in.comp_z).data(), DType::F32, dev, {c.width()});
@@ -415,7 +395,8 @@ void bench_decode_separate(BenchOptions& opt) {
   int64_t pf = 0, ps = 0;
   const Timing tf = opt.time([&](int) {
     for (int i = 0; i < tokens_per_rep; ++i, ++pf)
-      for (int l = 0; l < fused.n_layers(); ++l) fused.append(0, l, pf, inputs[l]->at(static_cast<int>(pf % n_tok), 1, cfg.head_dim, dev));
+      for (int l = 0; l < fused.n_layers(); ++l)
+        fused.append(0, l, static_cast<int32_t>(pf), inputs[l]->at(static_cast<int>(pf % n_tok), 1, cfg.head_dim, dev));
   });
   const Timing ts = opt.time([&](int) {
     for (int i = 0; i < tokens_per_rep; ++i, ++ps) separate(ps);
@@ -508,19 +489,6 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
     opt.report(rg);
   };
   graph_row(r.case_name);
-  // The general one-window-a-block kernel alone on the same data (KVCORE_DSV4_PREFILL=generic: the
-  // fast path of src/cuda/dsv4/dsv4_prefill.cu off), its rows and state checked equal to the default's.
-  if (dev.is_cuda() && !std::getenv("KVCORE_DSV4_PREFILL")) {
-    setenv("KVCORE_DSV4_PREFILL", "generic", 1);
-    clear_outputs(false);
-    run();
-    BenchRecord rv = r;
-    rv.case_name = r.case_name + " generic kernel";
-    opt.note(rv.case_name + (same_as_ref() ? ": rows and state identical to the default's" : ": MISMATCH with the default's rows or state"));
-    rv.t = opt.time([&](int) { prefill({}); });
-    unsetenv("KVCORE_DSV4_PREFILL");
-    opt.report(rv);
-  }
 #endif
 }
 

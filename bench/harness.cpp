@@ -12,8 +12,36 @@
 #include "kvcore/buffer.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/runtime.hpp"
+#include "tools/registry.hpp"
 
 namespace kvcore::cli {
+
+namespace {
+
+// `kvcore bench`: the requested benchmarks (all when none are named), in order, sharing one
+// BenchOptions (its ceilings are measured once per run).
+void run_benches(const BenchRequest& req) {
+  BenchOptions opt;
+  opt.device = req.device;
+  opt.reps = req.reps;
+  opt.quick = req.quick;
+  opt.json_path = req.json_path;
+  opt.cases = req.cases;
+  opt.trace_dir = req.trace_dir;
+  std::vector<std::string> names = req.names;
+  if (names.empty())
+    for (auto& [name, b] : bench_entries()) names.push_back(name);
+  for (const auto& n : names) {
+    auto it = bench_entries().find(n);
+    require(it != bench_entries().end(), ErrorCode::InvalidArgument, "bench: unknown benchmark '", n, "' (kvcore info lists them)");
+    opt.note("running '" + n + "' on " + opt.device.str() + " (" + device_name(opt.device) + ")");
+    it->second.run(opt);
+  }
+}
+
+[[maybe_unused]] const bool runner_registered = (bench_runner() = run_benches, true);
+
+}  // namespace
 
 std::string git_commit() { return KVCORE_GIT_COMMIT; }
 

@@ -42,6 +42,7 @@ struct BenchOptions {
   bool quick = false;              // small sizes: a smoke run, not a measurement
   std::string json_path;           // append JSON lines here when not empty
   std::vector<std::string> cases;  // optional filter on case names (substring match)
+  std::string trace_dir;           // decode_trace: write raw per-warp stamps here when not empty
   bool wants(const std::string& case_name) const;
 
   // Time fn(rep) `reps` times after `warmup` calls; fn may rotate among inputs by rep.
@@ -57,9 +58,15 @@ struct BenchOptions {
 
 // Backend hooks (bench/harness_cuda.cu when CUDA is built).
 Timing time_cuda(int device, int reps, int warmup, const std::function<void(int)>& fn);
-// Records record(stream) once into a CUDA graph (on a fresh stream), then times `reps` replays
-// (after `warmup`) with CUDA events: device time without host launch overhead.
-Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record);
+// Records record(stream) once into a CUDA graph (on a fresh stream, or on `capture` when given:
+// a cache records on the stream of its config), then times `reps` replays (after `warmup`) with
+// CUDA events: device time without host launch overhead.
+Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record, Stream capture = {});
+// A stream that synchronizes with the legacy default stream (so time_cuda's events on it
+// time work on this one too), for caches whose work a CUDA graph must capture; destroyed by
+// destroy_stream().
+Stream make_blocking_stream(int device);
+void destroy_stream(Stream s);
 // Host time of one call (validation, planning, enqueue): the median of 5 calls, each made on
 // an idle device. Event timings of a call include it up to its first launch.
 double host_time_us(int device, const std::function<void()>& call);

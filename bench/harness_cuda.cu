@@ -47,10 +47,22 @@ double host_time_us(int device, const std::function<void()>& call) {
   return us[us.size() / 2];
 }
 
-Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record) {
+Stream make_blocking_stream(int device) {
   KVCORE_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t s = nullptr;
-  KVCORE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  KVCORE_CUDA_CHECK(cudaStreamCreate(&s));
+  return Stream::from_native(s);
+}
+
+void destroy_stream(Stream s) {
+  if (s.handle) cudaStreamDestroy(static_cast<cudaStream_t>(s.handle));
+}
+
+Timing time_graph(int device, int reps, int warmup, const std::function<void(Stream)>& record, Stream capture) {
+  KVCORE_CUDA_CHECK(cudaSetDevice(device));
+  const bool own = capture.handle == nullptr;
+  cudaStream_t s = static_cast<cudaStream_t>(capture.handle);
+  if (own) KVCORE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   cudaEvent_t a = nullptr, b = nullptr;
@@ -84,14 +96,14 @@ Timing time_graph(int device, int reps, int warmup, const std::function<void(Str
     if (graph) cudaGraphDestroy(graph);
     if (a) cudaEventDestroy(a);
     if (b) cudaEventDestroy(b);
-    cudaStreamDestroy(s);
+    if (own) cudaStreamDestroy(s);
     throw;
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  cudaStreamDestroy(s);
+  if (own) cudaStreamDestroy(s);
   return t;
 }
 

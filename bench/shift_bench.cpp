@@ -16,7 +16,6 @@
 #include <utility>
 #include <random>
 #include <span>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,6 +27,7 @@
 #include "kvcore/math/half.hpp"
 #include "kvcore/ops/shift.hpp"
 #include "kvcore/runtime.hpp"
+#include "ops/tuning.hpp"
 #include "tools/registry.hpp"
 #if KVCORE_WITH_CUDA
 #include "bench/baselines/seed_shift.hpp"
@@ -234,26 +234,25 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
     std::swap(vr, vs);
   }
 #endif
-  // One kernel variant (nullptr: the default; else KVCORE_SHIFT_KERNEL's value): checked on
-  // fresh data, then timed. A variant that fails its check is named on stderr and not timed;
-  // the case goes on with the other variant and the bench fails at the end.
-  auto run_variant = [&](const char* kernel) -> std::optional<cli::Timing> {
-    const std::string who = kernel ? std::string("the ") + kernel + " kernel" : std::string("kvcore");
-#if KVCORE_WITH_CUDA
-    if (kernel) setenv("KVCORE_SHIFT_KERNEL", kernel, 1);
-#endif
+  // One CUDA kernel (ops::ShiftKernel::Auto: the library's rule; else forced through
+  // src/ops/tuning.hpp): checked on fresh data, then timed. A kernel that fails its check is
+  // named on stderr and not timed; the case goes on with the other kernel and the bench fails
+  // at the end.
+  auto run_variant = [&](ops::ShiftKernel kernel, const std::string& name) -> std::optional<cli::Timing> {
+    const std::string who = kernel != ops::ShiftKernel::Auto ? "the " + name + " kernel" : std::string("kvcore");
+    auto call = [&] { ops::shift_dense(layers, c.length, c.n_keep, c.n_discard, kernel); };
     std::optional<cli::Timing> out;
     try {
       upload();
-      shift_dense(layers, c.length, c.n_keep, c.n_discard);
+      call();
       synchronize(dev);
       verify(who.c_str(), false);
       opt.note(c.name + ": " + who + " results verified against the CPU op");
-      out = opt.time([&](int) { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
+      out = opt.time([&](int) { call(); });
 #if KVCORE_WITH_CUDA
       // Host time of one call (validation, plan, enqueue): it is inside the timing above.
       if (dev.is_cuda()) {
-        const double host_us = cli::host_time_us(dev.index, [&] { shift_dense(layers, c.length, c.n_keep, c.n_discard); });
+        const double host_us = cli::host_time_us(dev.index, call);
         opt.note(c.name + ": " + who + ": host time of one call (validate, plan, enqueue) " + std::to_string(host_us) + " us");
       }
 #endif
@@ -262,33 +261,23 @@ void run_case(BenchOptions& opt, const Case& c, std::vector<std::string>& failed
       std::fprintf(stderr, "[bench] %s: %s FAILED: %s\n", c.name.c_str(), who.c_str(), e.what());
       failed.push_back(c.name + " (" + who + ")");
     }
-#if KVCORE_WITH_CUDA
-    if (kernel) unsetenv("KVCORE_SHIFT_KERNEL");
-#endif
     return out;
   };
-  const std::optional<cli::Timing> t = run_variant(nullptr);
+  const std::optional<cli::Timing> t = run_variant(ops::ShiftKernel::Auto, "kvcore");
 #if KVCORE_WITH_CUDA
   if (seed_applies) seed_t = opt.time([&](int) { seed_run(); });
-  // Other kernels on the same data in the same run, forced through KVCORE_SHIFT_KERNEL; each
-  // gets its own record, <case>_<kernel>_kernel. Default: src/cuda/shift/shift_kernel_choice.hpp
-  // (run B: sweep_dyn for 16-bit rows without overlap, the single tile kernel with overlap and
-  // for DeepSeek-V4 rows, the chain kernel for FP8 keys); the row next to it is the runner-up
-  // (the chain and flat kernels lost in runs 4-9, sweep_cs and sweep_b8 in run B).
+  // The runner-up kernel on the same data in the same run, forced; it gets its own record,
+  // <case>_<kernel>_kernel. The default is the rule of src/cuda/shift/shift_kernel_choice.hpp;
+  // the record next to it keeps that rule checked.
   std::vector<std::pair<std::string, cli::Timing>> others;
-  std::vector<std::string> other_names{c.n_discard >= n_moved ? "single" : "sweep"};
-  if (c.fmt == Case::Dsv4) other_names = {"sweep_dyn"};
-  if (c.fmt == Case::Fp8) other_names = {"single", "pipelined"};
-  // KVCORE_SHIFT_BENCH_KERNELS=a,b,...: time these kernels instead (empty: none).
-  if (const char* env = std::getenv("KVCORE_SHIFT_BENCH_KERNELS")) {
-    other_names.clear();
-    std::istringstream list(env);
-    for (std::string name; std::getline(list, name, ',');)
-      if (!name.empty()) other_names.push_back(name);
-  }
-  if (dev.is_cuda() && !std::getenv("KVCORE_SHIFT_KERNEL"))
-    for (const std::string& other : other_names)
-      if (const auto ot = run_variant(other.c_str())) others.emplace_back(other, *ot);
+  // FP8 keys (chain by default) and 16-bit rows without overlap (sweep): the tile kernel;
+  // DeepSeek-V4 rows without overlap (tile kernel): the sweep; with overlap (tile kernel,
+  // the sweep does not apply): the chain kernel.
+  std::pair<ops::ShiftKernel, std::string> other{ops::ShiftKernel::Single, "single"};
+  if (c.fmt != Case::Fp8 && c.n_discard < n_moved) other = {ops::ShiftKernel::Chain, "chain"};
+  else if (c.fmt == Case::Dsv4) other = {ops::ShiftKernel::Sweep, "sweep"};
+  if (dev.is_cuda())
+    if (const auto ot = run_variant(other.first, other.second)) others.emplace_back(other.second, *ot);
 #endif
   cli::BenchRecord r;
   r.bench = "shift";

@@ -4,7 +4,7 @@
 set -euo pipefail
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in build-essential cmake ninja-build git libgtest-dev googletest libcli11-dev nlohmann-json3-dev libdlpack-dev libomp-dev python3 libhwy-dev python3-venv; do
+for p in build-essential cmake ninja-build git libgtest-dev googletest libcli11-dev nlohmann-json3-dev libdlpack-dev libomp-dev python3 libhwy-dev python3-venv libxxhash-dev pkg-config libhiredis-dev redis-server redis-tools; do
   have_pkg "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

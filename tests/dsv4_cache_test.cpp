@@ -1,5 +1,6 @@
 // Dsv4Cache on the CPU: schedules, decode == prefill through the cache (bit-exact,
-// every read), memory report, reset, and bad inputs (Error, cache unchanged).
+// every read), memory report, sequences (create, erase, truncate to zero), and bad
+// inputs (Error, cache unchanged).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -91,6 +92,8 @@ TEST(Dsv4Cache, DecodeEqualsPrefillBitExact) {
   for (Dsv4Quant q : {Dsv4Quant::On, Dsv4Quant::Off}) {
     Stack st(q);
     Dsv4Cache cache(st.cfg, Device::cpu());
+    EXPECT_EQ(cache.create(), 0);
+    EXPECT_EQ(cache.create(), 1);
     st.set_weights(cache);
     EXPECT_EQ(cache.compressed_packed(), q == Dsv4Quant::On);
     const int n = 90;
@@ -113,10 +116,10 @@ TEST(Dsv4Cache, DecodeEqualsPrefillBitExact) {
       if (l == 0) continue;
       EXPECT_EQ(cache.compressed_rows(0, l), n / st.cfg.ratio(st.cfg.layers[l]));
       EXPECT_EQ(cache.read_compressed(0, l), cache.read_compressed(1, l)) << "layer " << l;
-      EXPECT_EQ(cache.read_state(0, l, false, false), cache.read_state(1, l, false, false));
+      EXPECT_EQ(cache.read_state(0, l, Dsv4State::CompressorKv), cache.read_state(1, l, Dsv4State::CompressorKv));
       if (l == 1) {
         EXPECT_EQ(cache.read_indexer(0, l), cache.read_indexer(1, l));
-        EXPECT_EQ(cache.read_state(0, l, true, true), cache.read_state(1, l, true, true));
+        EXPECT_EQ(cache.read_state(0, l, Dsv4State::IndexerScore), cache.read_state(1, l, Dsv4State::IndexerScore));
       }
     }
     // The raw window holds the finalized rows: FP8 nope + f16 when quantized.
@@ -134,6 +137,7 @@ TEST(Dsv4Cache, DecodeEqualsPrefillBitExact) {
 TEST(Dsv4Cache, IndexerThroughTheCache) {
   Stack st(Dsv4Quant::On, 1);
   Dsv4Cache cache(st.cfg, Device::cpu());
+  cache.create();  // sequence 0
   st.set_weights(cache);
   for (int p = 0; p < 40; ++p)
     for (int l = 0; l < 3; ++l) {
@@ -175,22 +179,73 @@ TEST(Dsv4Cache, MemoryReportV4Flash) {
   EXPECT_GT(rep[1].f32_bytes_per_token / rep[1].bytes_per_token, 3.5);
 }
 
-TEST(Dsv4Cache, ResetEmptiesTheSequence) {
+TEST(Dsv4Cache, TruncateToZeroEmptiesTheSequence) {
   Stack st(Dsv4Quant::On, 1);
   Dsv4Cache cache(st.cfg, Device::cpu());
+  cache.create();  // sequence 0
   st.set_weights(cache);
-  const std::vector<float> fresh = cache.read_state(0, 1, false, true);
+  const std::vector<float> fresh = cache.read_state(0, 1, Dsv4State::CompressorScore);
   for (int l = 0; l < 3; ++l) {
     Stack::Tokens t = st.tokens(l, 0, 20);
     cache.append(0, l, 0, t.in);
   }
-  cache.reset(0);
+  cache.truncate(0, 0);
   for (int l = 0; l < 3; ++l) EXPECT_EQ(cache.length(0, l), 0);
-  const std::vector<float> after = cache.read_state(0, 1, false, true);
+  const std::vector<float> after = cache.read_state(0, 1, Dsv4State::CompressorScore);
   EXPECT_TRUE(std::all_of(after.begin(), after.end(), [](float v) { return v == -INFINITY; }));
   EXPECT_EQ(after.size(), fresh.size());
   Stack::Tokens t = st.tokens(1, 0, 1);
   EXPECT_NO_THROW(cache.append(0, 1, 0, t.in));
+}
+
+template <class F>
+void expect_error(ErrorCode code, F&& f, const char* what);
+
+// Sequences are ids from create(), at most max_seqs at once; an erased id stays invalid, and its
+// storage goes to the next sequence created, emptied first.
+TEST(Dsv4Cache, SequencesAreIdsFromCreate) {
+  Stack st(Dsv4Quant::On, 2);
+  Dsv4Cache cache(st.cfg, Device::cpu());
+  st.set_weights(cache);
+  const SeqId a = cache.create(), b = cache.create();
+  EXPECT_EQ(cache.sequences(), (std::vector<SeqId>{a, b}));
+  expect_error(ErrorCode::OutOfMemory, [&] { cache.create(); }, "max_seqs live");
+  const std::vector<float> fresh = cache.read_state(b, 1, Dsv4State::CompressorScore);
+  for (int l = 0; l < 3; ++l) {
+    Stack::Tokens t = st.tokens(l, 0, 20);
+    cache.append(b, l, 0, t.in);
+  }
+  cache.erase(b);
+  EXPECT_FALSE(cache.contains(b));
+  expect_error(ErrorCode::InvalidArgument, [&] { cache.length(b, 0); }, "erased id");
+  const SeqId c = cache.create();
+  EXPECT_NE(c, b);
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(cache.length(c, l), 0);
+  EXPECT_EQ(cache.read_state(c, 1, Dsv4State::CompressorScore), fresh);
+  EXPECT_TRUE(cache.read_window(c, 0).empty());
+  // truncate: only to 0 or to the length.
+  for (int l = 0; l < 3; ++l) {
+    Stack::Tokens t = st.tokens(l, 0, 9);
+    cache.append(c, l, 0, t.in);
+  }
+  cache.truncate(c, 9);
+  EXPECT_EQ(cache.length(c, 2), 9);
+  expect_error(ErrorCode::NotSupported, [&] { cache.truncate(c, 4); }, "truncate into the sequence");
+  expect_error(ErrorCode::InvalidArgument, [&] { cache.truncate(c, 10); }, "truncate past the end");
+  expect_error(ErrorCode::InvalidArgument, [&] { cache.truncate(c, -1); }, "negative truncate");
+  expect_error(ErrorCode::InvalidArgument, [&] { cache.state(c, 1, static_cast<Dsv4State>(9)); }, "bad state enum");
+  // A moved-from cache refuses every call; the moved-to one holds everything.
+  Dsv4Cache moved = std::move(cache);
+  expect_error(ErrorCode::InvalidArgument, [&] { cache.length(c, 0); }, "moved from");  // NOLINT(bugprone-use-after-move)
+  expect_error(ErrorCode::InvalidArgument, [&] { cache.create(); }, "moved from");      // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(moved.length(c, 1), 9);
+  // Out-of-range enums in the config are refused at construction.
+  Dsv4CacheConfig bad = st.cfg;
+  bad.layers[1] = static_cast<Dsv4LayerKind>(5);
+  expect_error(ErrorCode::InvalidArgument, [&] { Dsv4Cache x(bad, Device::cpu()); }, "layer kind enum");
+  bad = st.cfg;
+  bad.quant = static_cast<Dsv4Quant>(3);
+  expect_error(ErrorCode::InvalidArgument, [&] { Dsv4Cache x(bad, Device::cpu()); }, "quant enum");
 }
 
 template <class F>
@@ -206,6 +261,7 @@ void expect_error(ErrorCode code, F&& f, const char* what) {
 TEST(Dsv4Cache, BadInputsLeaveTheCacheUnchanged) {
   Stack st(Dsv4Quant::On, 1);
   Dsv4Cache cache(st.cfg, Device::cpu());
+  cache.create();  // sequence 0
   const ErrorCode IA = ErrorCode::InvalidArgument;
   {
     Stack::Tokens t = st.tokens(1, 0, 1);
@@ -223,8 +279,8 @@ TEST(Dsv4Cache, BadInputsLeaveTheCacheUnchanged) {
       s.push_back({static_cast<float>(cache.length(0, l))});
       if (l == 0) continue;
       s.push_back(cache.read_compressed(0, l));
-      s.push_back(cache.read_state(0, l, false, false));
-      s.push_back(cache.read_state(0, l, false, true));
+      s.push_back(cache.read_state(0, l, Dsv4State::CompressorKv));
+      s.push_back(cache.read_state(0, l, Dsv4State::CompressorScore));
     }
     s.push_back(cache.read_indexer(0, 1));
     return s;

@@ -105,8 +105,9 @@ void replay(const std::string& name, Errors& err) {
   cfg.quant = Dsv4Quant::Off;
   cfg.eps = fx.at("rms_eps").f[0];
   cfg.compressed_rope = spec;
-  cfg.compressed_rope_table = table;
+  cfg.maybe_compressed_rope_table = table;
   Dsv4Cache cache(cfg, Device::cpu());
+  cache.create();  // sequence 0
 
   std::vector<std::vector<float>> keep;  // weights stay alive until set_weights copied them
   auto view = [&](const std::string& key) {

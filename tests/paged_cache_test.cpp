@@ -1,7 +1,8 @@
 // PagedCache behaviours, one at a time: shift frees whole blocks, kills cut cells and
 // never moves V; rope-on-read shifts move no pool byte at all; pending deltas rotate once;
 // fork shares and copies the tail on the first write; block tables in CSR form; the strong
-// guarantee for exhausted pools and bad arguments; stale tickets.
+// guarantee for exhausted pools and bad arguments; stale tickets; position-range edits
+// spell a context shift.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -282,3 +283,34 @@ TEST(PagedCache, ConfigValidationNamesTheField) {
 }
 
 }  // namespace
+
+// llama.cpp's context shift spelled with position-range edits -- remove [n_keep, n_keep +
+// n_discard), then move the later positions down by n_discard -- reads back the same as
+// shift(n_keep, n_discard), on both RoPE modes (RopeStored: the same single rotation).
+TEST(PagedCache, PositionRangeEditsSpellAShift) {
+  for (RopeMode mode : {RopeMode::RopeStored, RopeMode::RopeOnRead}) {
+    PagedCache a(small_config(KvFormat::F16, mode, 4, 16), Device::cpu()), b(small_config(KvFormat::F16, mode, 4, 16), Device::cpu());
+    std::mt19937_64 ra(5), rb(5);
+    const SeqId sa = a.create(), sb = b.create();
+    append_random(a, sa, 30, ra);
+    append_random(b, sb, 30, rb);
+    a.shift(sa, 4, 9);
+    b.remove_positions(sb, 4, 13);
+    b.add_positions(sb, 13, PagedCache::kPosEnd, -9);
+    EXPECT_EQ(b.info(sb).n_live, 21);
+    EXPECT_EQ(b.info(sb).last_position, 20);
+    for (int32_t l = 0; l < 2; ++l) {
+      const PagedReadBack x = a.read(sa, l), y = b.read(sb, l);
+      EXPECT_EQ(x.positions, y.positions);
+      EXPECT_EQ(x.k, y.k) << "layer " << l;
+      EXPECT_EQ(x.v, y.v) << "layer " << l;
+    }
+    // A positive delta opens a gap; new tokens then continue after it.
+    b.add_positions(sb, 10, PagedCache::kPosEnd, 100);
+    EXPECT_EQ(b.info(sb).last_position, 120);
+    EXPECT_THROW(b.reserve(sb, std::vector<int32_t>{50}), Error);  // positions must still increase
+    append_random(b, sb, 2, rb);
+    EXPECT_EQ(b.info(sb).last_position, 122);
+    EXPECT_EQ(b.read(sb, 0).positions[10], 110);
+  }
+}

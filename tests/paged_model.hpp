@@ -224,14 +224,15 @@ inline bool check_read(PagedCache& c, SeqId id, const RefSeq& ref, int32_t layer
 
 // ---- the driver -------------------------------------------------------------------------------
 
-// Applies random operations to caches[0..] and the model. Every cache must behave the same
+// Applies random operations to caches[0..] and the model (append, reserve + store, shift,
+// truncate, remove_positions, add_positions, fork, erase, prepare, bad calls). Every cache must behave the same
 // (same ids, same metadata, same error codes); caches[0] is read back against the model.
 struct Driver {
   std::vector<PagedCache*> caches;
   std::map<SeqId, RefSeq> model;
   std::mt19937_64 rng;
   ErrorStats st;
-  int64_t ops = 0, failed_ops = 0, oom = 0, shifts = 0, forks = 0;
+  int64_t ops = 0, failed_ops = 0, oom = 0, shifts = 0, forks = 0, edits = 0;
   int32_t max_seqs = 6, max_append = 20;
   double read_prob = 0.2;
   double offsets_prob = 0.1;
@@ -401,6 +402,76 @@ struct Driver {
     }
   }
 
+  // A position range [p0, p1) of `s`: around its tokens' positions, sometimes empty, sometimes to the end.
+  std::pair<int32_t, int32_t> pick_range(const RefSeq& s) {
+    const int32_t n = static_cast<int32_t>(s.size());
+    auto pos_at = [&](int32_t i) { return i < n ? s[i].pos : (n ? s.back().pos + 1 : 0); };
+    const int32_t i = rand(0, n), j = rand(i, n);
+    const int32_t p0 = std::max(0, pos_at(i) - (coin(0.3) ? rand(0, 1) : 0));
+    const int32_t p1 = coin(0.25) ? PagedCache::kPosEnd : std::max(p0, pos_at(j) + (coin(0.3) ? rand(0, 1) : 0));
+    return {p0, p1};
+  }
+
+  // Shared blocks may need copies: a clean OutOfMemory is then allowed.
+  bool copies_may_fail(SeqId id) {
+    const PagedStats ps = caches[0]->stats();
+    return ps.blocks_shared > 0 && caches[0]->info(id).n_blocks > ps.blocks_free;
+  }
+
+  void op_remove_positions() {
+    if (model.empty()) return;
+    const SeqId id = pick();
+    RefSeq& s = model[id];
+    ErrorCode code{};
+    if (coin(0.05)) {  // a bad range: must fail cleanly
+      const int32_t p0 = coin(0.5) ? -rand(1, 3) : rand(2, 9), p1 = p0 >= 0 ? p0 - rand(1, 2) : rand(0, 9);
+      EXPECT_FALSE(run(true, [&](PagedCache& c) { c.remove_positions(id, p0, p1); }, &code));
+      EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::InvalidArgument));
+      return;
+    }
+    const auto [p0, p1] = pick_range(s);
+    if (!run(copies_may_fail(id), [&](PagedCache& c) { c.remove_positions(id, p0, p1); }, &code)) {
+      EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::OutOfMemory));
+      ++oom;
+      return;
+    }
+    ++edits;
+    s.erase(std::remove_if(s.begin(), s.end(), [&](const RefToken& t) { return t.pos >= p0 && t.pos < p1; }), s.end());
+  }
+
+  void op_add_positions() {
+    if (model.empty()) return;
+    const SeqId id = pick();
+    RefSeq& s = model[id];
+    const auto [p0, p1] = pick_range(s);
+    const int32_t delta = coin(0.05) ? -rand(1000, 100000) : rand(-6, 6) + (coin(0.2) ? rand(10, 2000) : 0);
+    // Valid when every new position is >= 0 and they still increase along the sequence.
+    bool valid = true;
+    int64_t prev = -1;
+    for (const RefToken& t : s) {
+      const int64_t np = t.pos + (t.pos >= p0 && t.pos < p1 ? delta : 0);
+      valid = valid && np >= 0 && np > prev;
+      prev = np;
+    }
+    ErrorCode code{};
+    if (!run(!valid || copies_may_fail(id), [&](PagedCache& c) { c.add_positions(id, p0, p1, delta); }, &code)) {
+      EXPECT_EQ(static_cast<int>(code), static_cast<int>(valid ? ErrorCode::OutOfMemory : ErrorCode::InvalidArgument));
+      if (valid) ++oom;
+      return;
+    }
+    EXPECT_TRUE(valid) << "add_positions(" << p0 << ", " << p1 << ", " << delta << ") accepted positions that do not increase";
+    ++edits;
+    const bool stored = cfg().rope_mode == RopeMode::RopeStored;
+    for (RefToken& t : s) {
+      if (t.pos < p0 || t.pos >= p1 || delta == 0) continue;
+      t.pos += delta;
+      if (stored) {
+        ++t.rot;
+        t.angle += std::abs(static_cast<double>(delta));
+      }
+    }
+  }
+
   void op_truncate() {
     if (model.empty()) return;
     const SeqId id = pick();
@@ -519,7 +590,9 @@ struct Driver {
     const PagedStats ps = caches[0]->stats();
     if (n == 0 || (n < max_seqs && r < 6)) op_create();
     else if (r < 45) op_append();
-    else if (r < 60) op_shift();
+    else if (r < 54) op_shift();
+    else if (r < 57) op_remove_positions();
+    else if (r < 60) op_add_positions();
     else if (r < 72) op_truncate();
     else if (r < 78 && n < max_seqs) op_fork();
     else if (r < 84 || ps.blocks_free < 3) op_erase();

@@ -1,7 +1,7 @@
 // Randomized model-based test of PagedCache: 10 configurations (5 formats x 2 RoPE
 // modes) x 10,000 random operations = 100,000 operations (append all layers or
-// reserve + per-layer store over 1-3 sequences, shift, truncate, fork, erase,
-// prepare, and bad calls) against the dense f64 model of tests/paged_model.hpp.
+// reserve + per-layer store over 1-3 sequences, shift, truncate, position-range
+// removes and adds, fork, erase, prepare, and bad calls) against the dense f64 model of tests/paged_model.hpp.
 // Read-backs after ~30% of the operations and of every sequence and layer at the end;
 // tolerances as stated in paged_model.hpp. Failing calls (exhausted pool, bad
 // arguments) must leave a byte-identical snapshot.
@@ -40,15 +40,16 @@ TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
   }
   drv.check_all();
   drv.check_counts();
-  std::printf("[paged model] %s %s: %lld ops (%lld failed cleanly, %lld out of blocks), %lld shifts, %lld forks, "
+  std::printf("[paged model] %s %s: %lld ops (%lld failed cleanly, %lld out of blocks), %lld shifts, %lld position edits, %lld forks, "
               "%lld rows checked; worst |err|/tol K %.3f V %.3f; worst |err|/rowmax K %.3g V %.3g\n",
               std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
               static_cast<long long>(drv.ops), static_cast<long long>(drv.failed_ops), static_cast<long long>(drv.oom),
-              static_cast<long long>(drv.shifts), static_cast<long long>(drv.forks),
+              static_cast<long long>(drv.shifts), static_cast<long long>(drv.edits), static_cast<long long>(drv.forks),
               static_cast<long long>(drv.st.rows_checked), drv.st.worst_ratio_k, drv.st.worst_ratio_v, drv.st.worst_rel_k,
               drv.st.worst_rel_v);
   EXPECT_GT(drv.oom, 0) << "the pool never ran out: the exhaustion path went untested";
   EXPECT_GT(drv.shifts, kOps / 100);
+  EXPECT_GT(drv.edits, kOps / 100);
 }
 
 std::vector<ModelCase> all_cases() {

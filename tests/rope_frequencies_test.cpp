@@ -176,7 +176,25 @@ TEST(RopeSpecValidate, NamesTheBadField) {
   expect_bad(RopeSpec::plain(64, NAN), 128, "theta");
   RopeSpec y = RopeSpec::deepseek_v4_compressed();
   y.beta_fast = -1;
-  expect_bad(y, 512, "betas");
+  expect_bad(y, 512, "beta_fast");
+  y = RopeSpec::deepseek_v4_compressed();
+  y.beta_slow = NAN;
+  expect_bad(y, 512, "beta_slow");
+  RopeSpec e = RopeSpec::plain(64, 1e4);  // fields its scaling does not use are checked too
+  e.factor = INFINITY;
+  expect_bad(e, 128, "factor");
+  e = RopeSpec::plain(64, 1e4);
+  e.original_max_position = 0;
+  expect_bad(e, 128, "original_max_position");
+  e = RopeSpec::plain(64, 1e4);
+  e.scaling = static_cast<RopeScaling>(7);
+  expect_bad(e, 128, "RopeSpec.scaling");
+  e = RopeSpec::plain(64, 1e4);
+  e.slice = static_cast<RopeSlice>(2);
+  expect_bad(e, 128, "RopeSpec.slice");
+  e = RopeSpec::plain(64, 1e4);
+  e.pairing = static_cast<RopePairing>(9);
+  expect_bad(e, 128, "RopeSpec.pairing");
   y = RopeSpec::deepseek_v4_compressed();
   y.factor = 0;
   expect_bad(y, 512, "factor");

@@ -16,7 +16,7 @@
 #include "shift_replay_util.hpp"
 
 using namespace kvcore;
-using namespace kvcore::cuda;
+using namespace kvcore::ops::cuda;
 
 namespace {
 

@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "ops/tuning.hpp"
 #include "shift_test_util.hpp"
 
 using namespace kvcore;
@@ -132,4 +133,11 @@ TEST(ShiftErrors, DeepSeekV4RowsMustBe16BitAligned) {
   a.k = TensorRef(L.k.data() + 1, DType::U8, Device::cpu(), {5, 1, 584});
   std::vector<ShiftDenseLayer> v{a};
   expect_rejected(L, [&] { shift_dense(v, 5, 1, 2); }, {"even address"});
+}
+
+TEST(ShiftErrors, KernelChoiceOutOfRange) {
+  Layer L = make_layer(LayerSpec{}, 20, 1);
+  std::vector<ShiftDenseLayer> v{L.host_view()};
+  expect_rejected(L, [&] { ops::shift_dense(v, 20, 1, 2, static_cast<ops::ShiftKernel>(7)); }, {"kernel", "7"});
+  expect_rejected(L, [&] { ops::shift_dense(v, 20, 1, 2, static_cast<ops::ShiftKernel>(-1)); }, {"kernel", "-1"});
 }

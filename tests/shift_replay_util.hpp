@@ -1,5 +1,5 @@
 // Shared pieces of the CPU replays of the CUDA shift kernels' plans (shift_chain_test,
-// shift_flat_test, shift_sweep_test): the tensors a replay shifts, their random contents,
+// shift_sweep_test): the tensors a replay shifts, their random contents,
 // and the op's parameters over them.
 #pragma once
 #include <gtest/gtest.h>

@@ -13,7 +13,7 @@
 #include "cuda/shift/shift_tiling.hpp"
 
 using namespace kvcore;
-using namespace kvcore::cuda::shift_plan;
+using namespace kvcore::ops::cuda::shift_plan;
 
 namespace {
 
@@ -44,12 +44,10 @@ std::vector<Tensor> make_tensors(int layers, int per_layer, int64_t cap, std::mt
   return ts;
 }
 
-// pipelined: the default kernel's order (two tile buffers): a block takes two tickets; then
-// repeatedly counts its current tile as read (its bytes read at that moment, the latest the
-// kernel could read them) and takes one more ticket, waits for the previous band, writes,
-// and moves on to the next ticket. Otherwise the single-buffer kernel's order.
+// The tile kernel's order: a block takes a ticket, reads its tile, counts it as read for
+// its band and takes its next ticket, waits for the previous band, writes, and moves on.
 void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_keep, int64_t n_discard, int blocks,
-            uint32_t seed, bool pipelined = false) {
+            uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<Tensor> ts = make_tensors(layers, per_layer, cap, rng);
   std::vector<std::vector<uint8_t>> before;
@@ -88,8 +86,6 @@ void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_ke
       int state = 0;  // 0 idle, 1 holds a ticket, 2 has read its tile (waiting / writing)
       Tile tile{};
       int next = -1;  // the next ticket, taken right after reading (as the kernel does)
-      int next2 = -1;  // pipelined: the ticket after next
-      int started = 0;  // pipelined: tickets taken at start (0, 1, 2); a block with started < 2 takes one more
       std::vector<uint8_t> data;
     };
     std::vector<Block> bs(blocks);
@@ -98,25 +94,12 @@ void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_ke
       // blocks that can make progress now (reading never waits; writing waits for band b - 1)
       std::vector<int> ready;
       for (int b = 0; b < blocks; ++b) {
-        if (pipelined && bs[b].started < 2) {
-          if (bs[b].started == 1 || next_ticket < L.total_tiles) ready.push_back(b);
-          continue;
-        }
-        if (bs[b].state == 0 && next_ticket < L.total_tiles && !pipelined) ready.push_back(b);
+        if (bs[b].state == 0 && next_ticket < L.total_tiles) ready.push_back(b);
         if (bs[b].state == 1) ready.push_back(b);
         if (bs[b].state == 2 && (bs[b].tile.band == 0 || band_read[bs[b].tile.band - 1] == L.tiles_full)) ready.push_back(b);
       }
       ASSERT_FALSE(ready.empty()) << "deadlock at " << done << " of " << L.total_tiles << " tiles";
       Block& blk = bs[ready[rng() % ready.size()]];
-      if (pipelined && blk.started < 2) {  // the kernel's prologue: two tickets, one atomic each
-        if (blk.started++ == 0) {  // only while tickets remain (see `ready`)
-          blk.tile = decode_ticket(L, next_ticket++);
-          blk.state = 1;
-        } else {
-          blk.next = next_ticket < L.total_tiles ? next_ticket++ : -1;
-        }
-        continue;
-      }
       if (blk.state == 0) {  // take a ticket
         blk.tile = decode_ticket(L, next_ticket++);
         blk.state = 1;
@@ -135,8 +118,7 @@ void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_ke
           for (int h = t.h0; h < t.h0 + t.nh; ++h) covered[first_tensor + t.stream][(t.t0 + j) * st.t.n_heads + h]++;
         }
         ++band_read[t.band];
-        if (pipelined) blk.next2 = blk.next >= 0 && next_ticket < L.total_tiles ? next_ticket++ : -1;
-        else blk.next = next_ticket < L.total_tiles ? next_ticket++ : -1;
+        blk.next = next_ticket < L.total_tiles ? next_ticket++ : -1;
         blk.state = 2;
       } else {  // write it
         const Tile& t = blk.tile;
@@ -149,11 +131,6 @@ void replay(int layers, int per_layer, int64_t cap, int64_t length, int64_t n_ke
         if (blk.next >= 0) {
           blk.tile = decode_ticket(L, blk.next);
           blk.state = 1;
-        }
-        if (pipelined) {
-          blk.next = blk.next2;
-          blk.next2 = -1;
-          if (blk.state == 0) blk.started = 3;  // finished: takes no more tickets
         }
         ++done;
       }
@@ -185,18 +162,6 @@ TEST(ShiftTiling, ReplayedProtocolMovesLikeMemmove) {
     replay(2, 2, 300, 250, 10, 200, blocks, ++seed);   // discard > moved
   }
   replay(45, 2, 40, 40, 2, 3, 16, ++seed);  // 90 tensors: two launches
-}
-
-TEST(ShiftTiling, ReplayedPipelinedProtocolMovesLikeMemmove) {
-  uint32_t seed = 100;
-  for (int blocks : {1, 3, 40}) {
-    replay(1, 2, 300, 300, 4, 1, blocks, ++seed, true);     // a band per token
-    replay(2, 2, 300, 290, 0, 7, blocks, ++seed, true);     // heavy overlap
-    replay(3, 1, 300, 300, 4, 100, blocks, ++seed, true);   // two bands
-    replay(1, 2, 300, 300, 4, 148, blocks, ++seed, true);   // half discarded: one band
-    replay(2, 2, 300, 250, 10, 200, blocks, ++seed, true);  // discard > moved
-  }
-  replay(45, 2, 40, 40, 2, 3, 16, ++seed, true);  // 90 tensors: two launches
 }
 
 TEST(ShiftTiling, BigRowsSplitIntoHeadChunks) {

@@ -58,6 +58,8 @@ KVCORE_DEMO_SECTION(50, "dsv4", "DeepSeek-V4 compressed KV cache: CSA + HCA, pac
   std::printf("dsv4: %zu layers (window, CSA m=4 + indexer, HCA m=128), head 512 = 448 FP8 + 64 rope, window %d, on %s\n",
               cfg.layers.size(), cfg.window, dev.str().c_str());
   Dsv4Cache cache(cfg, dev);
+  cache.create();  // sequences 0 and 1
+  cache.create();
   std::mt19937 g(static_cast<unsigned>(opt.seed));
   std::vector<Projections> proj;
   for (size_t l = 0; l < cfg.layers.size(); ++l) {

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "bench/harness.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/runtime.hpp"
 #include "tools/registry.hpp"
@@ -60,6 +59,10 @@ int run_demo(const std::string& device, bool quick, const std::vector<std::strin
 
 }  // namespace
 
+namespace kvcore::cli {
+int run_snapshot_inspect(const std::string& path);  // tools/snapshot_cmd.cpp
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"kvcore: the KV-cache layer of LLM inference engines"};
   app.require_subcommand(1);
@@ -77,30 +80,31 @@ int main(int argc, char** argv) {
   demo->add_option("--seed", demo_seed, "random seed");
 
   auto* bench = app.add_subcommand("bench", "named benchmarks (kvcore info lists them)");
-  std::vector<std::string> bench_names;
-  cli::BenchOptions bopt;
+  cli::BenchRequest breq;
   std::string bench_device = "auto";
-  bench->add_option("names", bench_names, "benchmarks to run (all when none)");
+  bench->add_option("names", breq.names, "benchmarks to run (all when none)");
   bench->add_option("--device", bench_device, "auto, cpu, cuda, cuda:N");
-  bench->add_option("--json", bopt.json_path, "append one JSON object per case to this file");
-  bench->add_option("--reps", bopt.reps, "timed repetitions per case")->check(CLI::Range(1, 100000));
-  bench->add_option("--case", bopt.cases, "only cases whose name contains one of these");
-  bench->add_flag("--quick", bopt.quick, "small sizes: a smoke run, not a measurement");
+  bench->add_option("--json", breq.json_path, "append one JSON object per case to this file");
+  bench->add_option("--reps", breq.reps, "timed repetitions per case")->check(CLI::Range(1, 100000));
+  bench->add_option("--case", breq.cases, "only cases whose name contains one of these");
+  bench->add_flag("--quick", breq.quick, "small sizes: a smoke run, not a measurement");
+  bench->add_option("--trace-dir", breq.trace_dir, "decode_trace: write each case's raw per-warp stamps to DIR/<case>.csv");
+
+  auto* snapshot = app.add_subcommand("snapshot", "snapshot files");
+  snapshot->require_subcommand(1);
+  auto* snapshot_inspect = snapshot->add_subcommand("inspect", "check a snapshot file and print what it holds");
+  std::string snapshot_path;
+  snapshot_inspect->add_option("file", snapshot_path, "the snapshot file")->required();
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("info")) return run_info();
+    if (app.got_subcommand("snapshot")) return cli::run_snapshot_inspect(snapshot_path);
     if (app.got_subcommand("demo")) return run_demo(demo_device, demo_quick, demo_only, demo_seed);
     if (app.got_subcommand("bench")) {
-      bopt.device = parse_device(bench_device);
-      if (bench_names.empty())
-        for (auto& [name, b] : cli::bench_entries()) bench_names.push_back(name);
-      for (const auto& n : bench_names) {
-        auto it = cli::bench_entries().find(n);
-        require(it != cli::bench_entries().end(), ErrorCode::InvalidArgument, "bench: unknown benchmark '", n, "' (kvcore info lists them)");
-        bopt.note("running '" + n + "' on " + bopt.device.str() + " (" + device_name(bopt.device) + ")");
-        it->second.run(bopt);
-      }
+      breq.device = parse_device(bench_device);
+      require(static_cast<bool>(cli::bench_runner()), ErrorCode::NotSupported, "bench: this build has no benchmarks");
+      cli::bench_runner()(breq);
       return 0;
     }
   } catch (const kvcore::Error& e) {

@@ -12,4 +12,9 @@ std::map<std::string, BenchEntry>& bench_entries() {
   return entries;
 }
 
+std::function<void(const BenchRequest&)>& bench_runner() {
+  static std::function<void(const BenchRequest&)> runner;
+  return runner;
+}
+
 }  // namespace kvcore::cli

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "kvcore/device.hpp"
 
@@ -18,6 +19,18 @@ struct DemoOptions {
 
 struct BenchOptions;  // bench/harness.hpp
 
+// What `kvcore bench` was asked for, as plain data. The bench layer (bench/harness.cpp) turns
+// it into its BenchOptions and runs the benchmarks, so the CLI includes no bench header.
+struct BenchRequest {
+  std::vector<std::string> names;  // benchmarks to run, in order (empty: all)
+  Device device = Device::cpu();
+  int reps = 20;                   // timed repetitions per case
+  bool quick = false;              // small sizes: a smoke run, not a measurement
+  std::string json_path;           // append JSON lines here when not empty
+  std::vector<std::string> cases;  // optional filter on case names (substring match)
+  std::string trace_dir;           // decode_trace: write raw per-warp stamps here when not empty
+};
+
 struct DemoSection {
   std::string name, description;
   std::function<int(const DemoOptions&)> run;  // returns 0 on success; non-zero fails the demo
@@ -30,6 +43,8 @@ struct BenchEntry {
 // Sections run in the order of their keys.
 std::map<int, DemoSection>& demo_sections();
 std::map<std::string, BenchEntry>& bench_entries();
+// Runs a BenchRequest; set by the bench layer at start-up (empty when no bench is linked).
+std::function<void(const BenchRequest&)>& bench_runner();
 
 inline bool register_demo(int order, DemoSection s) { return demo_sections().emplace(order, std::move(s)).second; }
 inline bool register_bench(BenchEntry e) { return bench_entries().emplace(e.name, std::move(e)).second; }

@@ -1,5 +1,8 @@
 // Buffer: owns memory on one device (RAII). Host memory is aligned (64 bytes by
 // default); CUDA memory comes from cudaMalloc. Move-only.
+//
+// Thread safety: concurrent const calls on one Buffer are safe; a Buffer that is moved,
+// assigned or destroyed must not be used by another thread at the same time.
 #pragma once
 #include <cstddef>
 #include <vector>

@@ -1,4 +1,6 @@
 // Device: where memory lives and where an op runs.
+//
+// Thread safety: plain values and pure functions; safe to use from several threads.
 #pragma once
 #include <cstdint>
 #include <ostream>

@@ -1,6 +1,8 @@
 // Conversion between TensorRef and DLPack's DLTensor (the exchange format of
 // PyTorch, JAX, CuPy, ...). Needs <dlpack/dlpack.h> (Debian: libdlpack-dev);
 // kvcore itself does not depend on it.
+//
+// Thread safety: pure conversions of plain values; safe to call from several threads.
 #pragma once
 #include <dlpack/dlpack.h>
 

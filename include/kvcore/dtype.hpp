@@ -1,4 +1,6 @@
 // Element types of tensors kvcore reads and writes.
+//
+// Thread safety: plain values and pure functions; safe to use from several threads.
 #pragma once
 #include <cstddef>
 #include <cstdint>

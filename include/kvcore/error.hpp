@@ -1,5 +1,7 @@
 // kvcore::Error: every failure of a public entry point. The message names the
 // argument and its value; the state the call was given is left unchanged.
+//
+// Thread safety: plain values and pure functions; safe to use from several threads.
 #pragma once
 #include <ostream>
 #include <sstream>

@@ -1,4 +1,7 @@
 // Backend queries and raw memory movement between devices.
+//
+// Thread safety: every function may be called concurrently; copies and fills that touch
+// the same memory must be ordered by the caller (streams, synchronize()).
 #pragma once
 #include <cstddef>
 #include <string>

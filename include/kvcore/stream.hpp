@@ -2,6 +2,9 @@
 // the public API carries streams without pulling CUDA headers into CPU-only
 // users. The default-constructed stream is CUDA's default stream; CPU ops
 // ignore it.
+//
+// Thread safety: a plain handle; ordering work on one stream from several threads is
+// the caller's business, as with CUDA streams.
 #pragma once
 
 namespace kvcore {

@@ -1,6 +1,9 @@
 // TensorRef: a non-owning view of device memory: pointer, dtype, device, shape
 // and strides (in elements). Up to kMaxDims dims; shape and strides are held
 // inline so a TensorRef is a plain value that can be copied into kernel Params.
+//
+// Thread safety: a plain value; concurrent reads of one TensorRef are safe. It does not
+// own or guard the memory it points to.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -2,8 +2,11 @@
 #include "kvcore/cache/paged_cache.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <random>
 #include <sstream>
+#include <utility>
 
 #include "cache/paged_impl.hpp"
 #include "kvcore/error.hpp"
@@ -15,6 +18,11 @@
 namespace kvcore {
 
 void PagedCacheConfig::validate() const {
+  auto format_ok = [](KvFormat f) { return static_cast<uint8_t>(f) <= static_cast<uint8_t>(KvFormat::Dsv4Row); };
+  require_arg(format_ok(k_format), "PagedCacheConfig.k_format must be a KvFormat, got ", static_cast<int>(k_format));
+  require_arg(format_ok(v_format), "PagedCacheConfig.v_format must be a KvFormat, got ", static_cast<int>(v_format));
+  require_arg(rope_mode == RopeMode::RopeStored || rope_mode == RopeMode::RopeOnRead,
+              "PagedCacheConfig.rope_mode must be RopeStored or RopeOnRead, got ", static_cast<int>(rope_mode));
   require_arg(n_layers > 0, "PagedCacheConfig.n_layers must be > 0, got ", n_layers);
   require_arg(n_kv_heads > 0, "PagedCacheConfig.n_kv_heads must be > 0, got ", n_kv_heads);
   require_arg(head_dim > 0 && head_dim <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.head_dim must be in [1, ",
@@ -74,43 +82,42 @@ TensorRef PagedCache::Impl::pending_view() const {
   return TensorRef(p, DType::I32, dev, {cfg.num_blocks, cfg.block_size});
 }
 
+ops::PagedCellArrays PagedCache::Impl::cell_arrays() {
+  return {pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), cfg.block_size};
+}
+
 void PagedCache::Impl::mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta,
                                    bool clear_pending, const int32_t* maybe_block_delta) {
-  if (dev.is_cpu()) {
-    cpu::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
-                          cfg.block_size, delta, pending_delta, clear_pending, maybe_block_delta);
-    return;
-  }
-#if KVCORE_WITH_CUDA
-  cuda::paged_edit_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), blocks, n_blocks,
-                         cfg.block_size, delta, pending_delta, clear_pending, cfg.stream, maybe_block_delta);
-  synchronize(dev, cfg.stream);  // lists come from `scratch`, reused by the next call; also surfaces faults here
-#endif
+  ops::PagedEditCellsParams p;
+  p.cells = cell_arrays();
+  p.blocks = blocks;
+  p.n_blocks = n_blocks;
+  p.delta = delta;
+  p.pending_delta = pending_delta;
+  p.clear_pending = clear_pending;
+  p.maybe_block_delta = maybe_block_delta;
+  ops::paged_edit_cells(p, dev, cfg.stream);
+  // lists come from `scratch`, reused by the next call; also surfaces faults here
+  if (dev.is_cuda()) synchronize(dev, cfg.stream);
 }
 
 void PagedCache::Impl::mirror_scatter(const int32_t* packed, int32_t n_blocks) {
-  if (dev.is_cpu()) {
-    cpu::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
-                             cfg.block_size);
-    return;
-  }
-#if KVCORE_WITH_CUDA
-  cuda::paged_scatter_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), packed, n_blocks,
-                            cfg.block_size, cfg.stream);
-  synchronize(dev, cfg.stream);
-#endif
+  ops::PagedScatterCellsParams p;
+  p.cells = cell_arrays();
+  p.packed = packed;
+  p.n_blocks = n_blocks;
+  ops::paged_scatter_cells(p, dev, cfg.stream);
+  if (dev.is_cuda()) synchronize(dev, cfg.stream);
 }
 
 void PagedCache::Impl::mirror_set_cells(const int32_t* slots, const int32_t* stored, int32_t n) {
   if (!mirrored() || n == 0) return;
-  if (dev.is_cpu()) {
-    cpu::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n);
-    return;
-  }
-#if KVCORE_WITH_CUDA
-  cuda::paged_set_cells(pos_dev.as<int32_t>(), pending_dev.as<int32_t>(), valid_dev.as<uint8_t>(), slots, stored, n,
-                        cfg.stream);
-#endif
+  ops::PagedSetCellsParams p;
+  p.cells = cell_arrays();
+  p.slots = slots;
+  p.stored = stored;
+  p.n = n;
+  ops::paged_set_cells(p, dev, cfg.stream);
 }
 
 void PagedCache::Impl::sync_cells(int32_t lo, int32_t hi) {
@@ -153,23 +160,24 @@ void PagedCache::Impl::sync_blocks(const std::vector<int32_t>& blocks) {
 
 void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
   if (pairs.empty()) return;
-  const int32_t n_pairs = static_cast<int32_t>(pairs.size() / 2);
+  ops::PagedCopyBlocksParams p;
+  p.n_arrays = static_cast<int32_t>(arrays.size());
+  p.n_pairs = static_cast<int32_t>(pairs.size() / 2);
   if (dev.is_cpu()) {
-    for (const PagedPoolArray& a : arrays)
-      for (int32_t i = 0; i < n_pairs; ++i)
-        std::memcpy(a.base + pairs[2 * i + 1] * a.block_bytes, a.base + pairs[2 * i] * a.block_bytes, a.block_bytes);
+    p.arrays = arrays.data();
+    p.pairs = pairs.data();
+    ops::paged_copy_blocks(p, dev, cfg.stream);
     return;
   }
-#if KVCORE_WITH_CUDA
-  int32_t* dev_pairs = upload_list(pairs);
-  cuda::paged_copy_blocks(arrays_dev.as<PagedPoolArray>(), static_cast<int32_t>(arrays.size()), dev_pairs, n_pairs,
-                          cfg.stream);
+  p.arrays = arrays_dev.as<PagedPoolArray>();
+  p.pairs = upload_list(pairs);
+  ops::paged_copy_blocks(p, dev, cfg.stream);
   synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
-#endif
 }
 
 PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make_unique<Impl>()) {
   config.validate();
+  checks::device_known("PagedCache", device);
   checks::backend_available("PagedCache", device);
   if (config.kvcore_attention && config.k_format != KvFormat::Dsv4Row) {
     const DType v = config.v_head_dim > 0 ? kv_format_dtype(config.v_format) : kv_format_dtype(config.k_format);
@@ -180,7 +188,7 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
                 ", head_dim ", config.head_dim, ", v_head_dim ", config.v_head_dim,
                 "); set kvcore_attention = false for pages an engine reads itself");
   }
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.cfg = std::move(config);
   m.dev = device;
   m.lay = PagedLayout{m.cfg.block_size, m.cfg.n_kv_heads, m.cfg.head_dim};
@@ -192,7 +200,11 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
     m.shared_angles = m.shared_angles && t.layout.n_pairs() == m.rope[0].layout.n_pairs() &&
                       std::equal(t.freq, t.freq + t.layout.n_pairs(), m.rope[0].freq);
 
-  const int64_t cells_heads = m.num_cells() * m.cfg.n_kv_heads;
+  static std::atomic<uint64_t> next_cache_id{1};
+  m.id = next_cache_id.fetch_add(1);
+  m.ticket_key = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^ (m.id * 0x9e3779b97f4a7c15ull);
+  // One block more than the pools expose: the all-zero block (Impl::zero_block()).
+  const int64_t cells_heads = (m.num_cells() + m.cfg.block_size) * m.cfg.n_kv_heads;
   auto alloc = [&](std::vector<Buffer>& v, int64_t bytes_per_row) {
     Buffer b(static_cast<size_t>(cells_heads * bytes_per_row), device);
     fill_bytes(b.data(), device, 0, b.size(), m.cfg.stream);
@@ -220,54 +232,64 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
   if (device.is_cuda()) m.arrays_dev = Buffer::from_host(m.arrays, device);
 }
 
+PagedCache::Impl& PagedCache::impl() {
+  require_arg(impl_ != nullptr, "PagedCache: this cache was moved from; it holds nothing and accepts no calls");
+  return *impl_;
+}
+
+const PagedCache::Impl& PagedCache::impl() const {
+  require_arg(impl_ != nullptr, "PagedCache: this cache was moved from; it holds nothing and accepts no calls");
+  return *impl_;
+}
+
 PagedCache::~PagedCache() = default;
 PagedCache::PagedCache(PagedCache&&) noexcept = default;
 PagedCache& PagedCache::operator=(PagedCache&&) noexcept = default;
 
-const PagedCacheConfig& PagedCache::config() const { return impl_->cfg; }
-Device PagedCache::device() const { return impl_->dev; }
-PagedLayout PagedCache::layout() const { return impl_->lay; }
+const PagedCacheConfig& PagedCache::config() const { return impl().cfg; }
+Device PagedCache::device() const { return impl().dev; }
+PagedLayout PagedCache::layout() const { return impl().lay; }
 
 TensorRef PagedCache::positions() const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   void* p = m.mirrored() ? m.pos_dev.data() : const_cast<int32_t*>(m.meta.positions.data());
   return TensorRef(p, DType::I32, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
 }
 
 TensorRef PagedCache::valid() const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   void* p = m.mirrored() ? m.valid_dev.data() : const_cast<uint8_t*>(m.meta.valid.data());
   return TensorRef(p, DType::U8, m.dev, {m.cfg.num_blocks, m.cfg.block_size});
 }
 
 KvPool PagedCache::k_pool(int32_t layer) const {
-  require_arg(layer >= 0 && layer < impl_->cfg.n_layers, "PagedCache::k_pool: layer ", layer, " outside [0, ",
-              impl_->cfg.n_layers, ")");
-  return impl_->pool(true, layer);
+  require_arg(layer >= 0 && layer < impl().cfg.n_layers, "PagedCache::k_pool: layer ", layer, " outside [0, ",
+              impl().cfg.n_layers, ")");
+  return impl().pool(true, layer);
 }
 
 KvPool PagedCache::v_pool(int32_t layer) const {
-  require_arg(layer >= 0 && layer < impl_->cfg.n_layers, "PagedCache::v_pool: layer ", layer, " outside [0, ",
-              impl_->cfg.n_layers, ")");
-  return impl_->pool(false, layer);
+  require_arg(layer >= 0 && layer < impl().cfg.n_layers, "PagedCache::v_pool: layer ", layer, " outside [0, ",
+              impl().cfg.n_layers, ")");
+  return impl().pool(false, layer);
 }
 
 const math::RopeTable& PagedCache::rope_table(int32_t layer) const {
-  require_arg(layer >= 0 && layer < impl_->cfg.n_layers, "PagedCache::rope_table: layer ", layer, " outside [0, ",
-              impl_->cfg.n_layers, ")");
-  return impl_->rope[layer];
+  require_arg(layer >= 0 && layer < impl().cfg.n_layers, "PagedCache::rope_table: layer ", layer, " outside [0, ",
+              impl().cfg.n_layers, ")");
+  return impl().rope[layer];
 }
 
-bool PagedCache::contains(SeqId seq) const { return impl_->meta.seqs.count(seq) != 0; }
+bool PagedCache::contains(SeqId seq) const { return impl().meta.seqs.count(seq) != 0; }
 
 std::vector<SeqId> PagedCache::sequences() const {
   std::vector<SeqId> ids;
-  for (const auto& [id, s] : impl_->meta.seqs) ids.push_back(id);
+  for (const auto& [id, s] : impl().meta.seqs) ids.push_back(id);
   return ids;
 }
 
 SeqInfo PagedCache::info(SeqId seq) const {
-  const PagedMeta& mt = impl_->meta;
+  const PagedMeta& mt = impl().meta;
   const PagedSeq& s = mt.seq(seq);
   SeqInfo i;
   i.n_live = s.n_live;
@@ -281,7 +303,7 @@ SeqInfo PagedCache::info(SeqId seq) const {
 }
 
 PagedStats PagedCache::stats() const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   PagedStats st;
   st.sequences = static_cast<int32_t>(m.meta.seqs.size());
   st.blocks_total = m.cfg.num_blocks;
@@ -302,7 +324,7 @@ PagedStats PagedCache::stats() const {
 }
 
 std::string PagedCache::debug_state() const {
-  const PagedMeta& mt = impl_->meta;
+  const PagedMeta& mt = impl().meta;
   std::ostringstream os;
   os << "next_id " << mt.next_id << "\n";
   for (const auto& [id, s] : mt.seqs) {
@@ -326,7 +348,7 @@ std::string PagedCache::debug_state() const {
 }
 
 PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_usable();
   require_arg(layer >= 0 && layer < m.cfg.n_layers, "PagedCache::read: layer ", layer, " outside [0, ", m.cfg.n_layers, ")");
   m.meta.seq(seq);
@@ -381,11 +403,11 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
 }
 
 BlockTable PagedCache::block_tables(std::span<const SeqId> seqs, PagedPositions positions) {
-  return block_tables(seqs, impl_->csr, positions);
+  return block_tables(seqs, impl().csr, positions);
 }
 
 BlockTable PagedCache::block_tables(std::span<const SeqId> seqs, Buffer& storage, PagedPositions positions) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_usable();
   require_arg(positions == PagedPositions::Materialized || positions == PagedPositions::Offsets,
               "PagedCache::block_tables: positions must be Materialized or Offsets, got ", static_cast<int>(positions));
@@ -399,7 +421,7 @@ BlockTable PagedCache::block_tables(std::span<const SeqId> seqs, Buffer& storage
 }
 
 PagedKV PagedCache::paged_kv(int32_t layer) const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   m.check_usable();
   require_arg(layer >= 0 && layer < m.cfg.n_layers, "PagedCache::paged_kv: layer must be in [0, ", m.cfg.n_layers,
               "), got ", layer);
@@ -442,12 +464,27 @@ BlockTable PagedCache::Impl::tables(std::span<const SeqId> seqs, bool with_offse
   return out;
 }
 
+AppendTicket::AppendTicket(AppendTicket&& other) noexcept { *this = std::move(other); }
+
+AppendTicket& AppendTicket::operator=(AppendTicket&& other) noexcept {
+  if (this == &other) return *this;
+  owner_ = std::exchange(other.owner_, 0);
+  stamp_ = std::exchange(other.stamp_, 0);
+  seqs_ = std::move(other.seqs_);
+  versions_ = std::move(other.versions_);
+  counts_ = std::move(other.counts_);
+  n_tokens_ = std::exchange(other.n_tokens_, 0);
+  slots_ = std::move(other.slots_);
+  positions_ = std::move(other.positions_);
+  return *this;
+}
+
 TensorRef AppendTicket::slot_mapping() const {
-  return TensorRef(slots.data(), DType::I32, slots.empty() ? Device::cpu() : slots.device(), {n_tokens});
+  return TensorRef(slots_.data(), DType::I32, slots_.empty() ? Device::cpu() : slots_.device(), {n_tokens_});
 }
 
 TensorRef AppendTicket::position_view() const {
-  return TensorRef(positions.data(), DType::I32, positions.empty() ? Device::cpu() : positions.device(), {n_tokens});
+  return TensorRef(positions_.data(), DType::I32, positions_.empty() ? Device::cpu() : positions_.device(), {n_tokens_});
 }
 
 }  // namespace kvcore

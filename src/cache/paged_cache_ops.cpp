@@ -15,7 +15,7 @@
 namespace kvcore {
 
 SeqId PagedCache::create() {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_usable();
   PagedTxn txn(m.meta);
   const SeqId id = txn.add_seq(PagedSeq{});
@@ -24,7 +24,7 @@ SeqId PagedCache::create() {
 }
 
 SeqId PagedCache::fork(SeqId seq) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_usable();
   m.meta.seq(seq);
   PagedTxn txn(m.meta);
@@ -38,7 +38,7 @@ SeqId PagedCache::fork(SeqId seq) {
 }
 
 void PagedCache::erase(SeqId seq) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_usable();
   m.meta.seq(seq);
   PagedTxn txn(m.meta);
@@ -80,22 +80,96 @@ TensorRef layer_slice(const TensorRef& t, int32_t l) {
 
 }  // namespace
 
+int64_t PagedCache::Impl::plan_blocks(std::string_view op, std::span<const SeqId> seqs,
+                                      std::span<const int32_t> counts) const {
+  require_arg(seqs.size() == counts.size(), op, ": ", seqs.size(), " sequence ids but ", counts.size(), " counts");
+  int64_t need = 0;
+  std::vector<int32_t> shared_tails;  // partly filled tail blocks held by others too, once per appending holder
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    require_arg(counts[i] >= 0, op, ": counts[", i, "] must be >= 0, got ", counts[i]);
+    for (size_t j = 0; j < i; ++j) require_arg(seqs[j] != seqs[i], op, ": sequence id ", seqs[i], " appears twice");
+    const PagedSeq& s = meta.seq(seqs[i]);
+    if (counts[i] == 0) continue;
+    const int64_t cells = static_cast<int64_t>(s.n_cells) + counts[i];
+    require_arg(cells <= INT32_MAX / 2, op, ": sequence ", seqs[i], " would span ", cells, " cells");
+    need += math::ceil_div<int64_t>(cells, cfg.block_size) - static_cast<int64_t>(s.blocks.size());
+    if (s.n_cells % cfg.block_size != 0 && meta.refcount[s.blocks.back()] > 1) shared_tails.push_back(s.blocks.back());
+  }
+  // Copy on write: of k appending holders of a tail block with refcount r, each copies while
+  // the block has another holder, so min(k, r - 1) copies.
+  std::sort(shared_tails.begin(), shared_tails.end());
+  for (size_t i = 0; i < shared_tails.size();) {
+    size_t j = i;
+    while (j < shared_tails.size() && shared_tails[j] == shared_tails[i]) ++j;
+    need += std::min<int64_t>(static_cast<int64_t>(j - i), meta.refcount[shared_tails[i]] - 1);
+    i = j;
+  }
+  return need;
+}
+
+int64_t PagedCache::blocks_needed(std::span<const SeqId> seqs, std::span<const int32_t> counts) const {
+  const Impl& m = impl();
+  m.check_usable();
+  return m.plan_blocks("PagedCache::blocks_needed", seqs, counts);
+}
+
+bool PagedCache::can_fit(std::span<const SeqId> seqs, std::span<const int32_t> counts) const {
+  const Impl& m = impl();
+  m.check_usable();
+  return m.plan_blocks("PagedCache::can_fit", seqs, counts) <= static_cast<int64_t>(m.meta.free_list.size());
+}
+
+bool PagedCache::can_fit(SeqId seq, int32_t n_tokens) const {
+  const SeqId ids[1] = {seq};
+  const int32_t counts[1] = {n_tokens};
+  return can_fit(ids, counts);
+}
+
+uint64_t PagedCache::Impl::stamp_of(const AppendTicket& t) const {
+  uint64_t h = ticket_key;
+  auto mix = [&h](uint64_t x) {
+    h = (h ^ x) * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+  };
+  mix(t.owner_);
+  mix(static_cast<uint64_t>(t.n_tokens_));
+  mix(t.seqs_.size());
+  for (size_t i = 0; i < t.seqs_.size(); ++i) {
+    mix(static_cast<uint64_t>(t.seqs_[i]));
+    mix(i < t.versions_.size() ? t.versions_[i] : ~uint64_t{0});
+    mix(i < t.counts_.size() ? static_cast<uint64_t>(t.counts_[i]) : ~uint64_t{0});
+  }
+  mix(t.versions_.size() ^ (t.counts_.size() << 32));
+  mix(reinterpret_cast<uintptr_t>(t.slots_.data()) ^ (t.slots_.size() << 1));
+  mix(reinterpret_cast<uintptr_t>(t.positions_.data()) ^ (t.positions_.size() << 1));
+  return h;
+}
+
+void PagedCache::Impl::check_ticket(std::string_view op, const AppendTicket& t) const {
+  if (t.owner_ != id || t.stamp_ != stamp_of(t)) {
+    require_arg(t.owner_ != 0, op, ": the ticket holds no reservation (default constructed, moved from, or its "
+                "reserve() failed)");
+    require_arg(t.owner_ == id, op, ": the ticket was issued by another cache");
+    require_arg(false, op, ": the ticket was altered after reserve()");
+  }
+  for (size_t i = 0; i < t.seqs_.size(); ++i) {
+    auto it = meta.seqs.find(t.seqs_[i]);
+    require_arg(it != meta.seqs.end() && it->second.version == t.versions_[i], op, ": the ticket of sequence ",
+                t.seqs_[i], " is stale (the sequence changed or was erased since reserve())");
+  }
+}
+
 void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,
                                     std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all) {
   constexpr std::string_view op = "PagedCache::reserve";
   check_usable();
-  require_arg(seqs.size() == counts.size(), op, ": ", seqs.size(), " sequence ids but ", counts.size(), " counts");
+  t.owner_ = 0;  // from here on `t` holds no reservation until this one succeeds
+  const int64_t need = plan_blocks(op, seqs, counts);
   int64_t total = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    require_arg(counts[i] >= 0, op, ": counts[", i, "] must be >= 0, got ", counts[i]);
-    total += counts[i];
-    for (size_t j = 0; j < i; ++j) require_arg(seqs[j] != seqs[i], op, ": sequence id ", seqs[i], " appears twice");
-  }
+  for (int32_t c : counts) total += c;
   require_arg(total == static_cast<int64_t>(positions.size()), op, ": counts add up to ", total, " tokens but ",
               positions.size(), " positions were given");
   require_arg(total <= INT32_MAX / 2, op, ": too many tokens in one call: ", total);
-  // Positions and block needs, per sequence.
-  int64_t need = 0;
   size_t at = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const PagedSeq& s = meta.seq(seqs[i]);
@@ -107,34 +181,32 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     for (int32_t j = 0; j < counts[i]; ++j, ++at) {
       const int32_t p = positions[at];
       require_arg(p >= 0, op, ": positions[", at, "] = ", p, " is negative");
-      require_arg(p <= INT32_MAX - s.pos_offset, op, ": positions[", at, "] = ", p, " overflows i32 with sequence ", seqs[i],
+      require_arg(p < INT32_MAX - s.pos_offset, op, ": positions[", at, "] = ", p, " overflows i32 with sequence ", seqs[i],
                   "'s position offset ", s.pos_offset);
       if (cfg.strict_positions)
         require_arg(p > last, op, ": positions[", at, "] = ", p, " of sequence ", seqs[i], " does not follow position ",
                     last, " (positions must increase)");
       last = p;
     }
-    if (counts[i] == 0) continue;
-    const int64_t cells = static_cast<int64_t>(s.n_cells) + counts[i];
-    require_arg(cells <= INT32_MAX / 2, op, ": sequence ", seqs[i], " would span ", cells, " cells");
-    need += math::ceil_div<int64_t>(cells, cfg.block_size) - static_cast<int64_t>(s.blocks.size());
-    if (s.n_cells % cfg.block_size != 0 && meta.refcount[s.blocks.back()] > 1) need += 1;  // copy on write
   }
   require(need <= static_cast<int64_t>(meta.free_list.size()), ErrorCode::OutOfMemory, op, ": ", total,
           " new tokens need ", need, " free blocks, the pool has ", meta.free_list.size(), " of ", cfg.num_blocks);
 
   // The ticket's device buffers are reused when they are large enough (and on this device).
   const size_t bytes = static_cast<size_t>(total) * 4;
-  if (t.slots.size() < bytes || t.slots.device() != dev) t.slots = Buffer(bytes, dev);
-  if (t.positions.size() < bytes || t.positions.device() != dev) t.positions = Buffer(bytes, dev);
-  t.seqs.assign(seqs.begin(), seqs.end());
-  t.counts.assign(counts.begin(), counts.end());
-  t.versions.clear();
-  t.n_tokens = static_cast<int32_t>(total);
-  t.host_slots.resize(static_cast<size_t>(total));
+  if (t.slots_.size() < bytes || t.slots_.device() != dev) t.slots_ = Buffer(bytes, dev);
+  if (t.positions_.size() < bytes || t.positions_.device() != dev) t.positions_ = Buffer(bytes, dev);
+  t.seqs_.assign(seqs.begin(), seqs.end());
+  t.counts_.assign(counts.begin(), counts.end());
+  t.versions_.clear();
+  t.n_tokens_ = static_cast<int32_t>(total);
+  host_slots.resize(static_cast<size_t>(total));
 
   PagedTxn txn(meta);
-  std::vector<int32_t> cow;
+  // Block copies, as (source, target) pairs: blocks taken from the free list are zeroed first
+  // (copied from the zero block: no sequence's old K/V shows in a layer not stored yet), then
+  // the copies of shared tail blocks.
+  std::vector<int32_t> zero, cow;
   at = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     PagedSeq& s = txn.seq(seqs[i]);
@@ -152,12 +224,14 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
           const int32_t b = txn.pop_free();
           txn.set_refcount(b, 1);
           s.blocks.push_back(b);
+          zero.push_back(zero_block());
+          zero.push_back(b);
         }
         const int32_t b = s.blocks[c / cfg.block_size], slot = c % cfg.block_size;
         const int32_t run = std::min(cfg.block_size - slot, counts[i] - j);
         txn.set_run(b, slot, run, positions.data() + at, s.pos_offset);
         const int32_t first = static_cast<int32_t>(meta.cell(b, slot));
-        for (int32_t k = 0; k < run; ++k) t.host_slots[at + k] = first + k;
+        for (int32_t k = 0; k < run; ++k) host_slots[at + k] = first + k;
         j += run;
         at += run;
       }
@@ -165,41 +239,34 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
       s.n_live += counts[i];
     }
     s.version = txn.next_version();
-    t.versions.push_back(s.version);
+    t.versions_.push_back(s.version);
   }
-  auto forget = [&t] {  // a failed reservation must not leave a ticket that looks valid
-    t.seqs.clear();
-    t.versions.clear();
-    t.counts.clear();
-    t.n_tokens = 0;
-  };
+  const size_t n_zero = zero.size() / 2;
+  zero.insert(zero.end(), cow.begin(), cow.end());
   // The new cells' mirrors come from the ticket's device lists (one small kernel) when the stored
   // positions are the given ones (no position offset); otherwise the changed blocks are uploaded.
   bool plain = true;
   for (SeqId id : seqs) plain = plain && meta.seqs.at(id).pos_offset == 0;
-  try {
-    finish(txn, cow, [&] {
-      copy_bytes(t.slots.data(), dev, t.host_slots.data(), Device::cpu(), t.host_slots.size() * 4, cfg.stream);
-      copy_bytes(t.positions.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
-      if (plain) mirror_set_cells(t.slots.as<int32_t>(), t.positions.as<int32_t>(), t.n_tokens);
-      if (k_all) {
-        TensorRef angle_view;  // the call's angles, computed once for every layer's K
-        if (shared_angles && cfg.n_layers > 1 && t.n_tokens > 0) {
-          const int64_t np = rope[0].layout.n_pairs();
-          const size_t bytes = static_cast<size_t>(t.n_tokens) * np * 2 * sizeof(float);
-          if (angles.size() < bytes || angles.device() != dev) angles = Buffer(bytes, dev);
-          angle_view = TensorRef(angles.data(), DType::F32, dev, {t.n_tokens, np, 2});
-          kv_rope_angles(t.position_view(), rope[0], angle_view, cfg.stream);
-        }
-        for (int32_t l = 0; l < cfg.n_layers; ++l)
-          store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef(), angle_view);
+  finish(txn, zero, [&] {
+    copy_bytes(t.slots_.data(), dev, host_slots.data(), Device::cpu(), host_slots.size() * 4, cfg.stream);
+    copy_bytes(t.positions_.data(), dev, positions.data(), Device::cpu(), positions.size() * 4, cfg.stream);
+    if (plain) mirror_set_cells(t.slots_.as<int32_t>(), t.positions_.as<int32_t>(), t.n_tokens_);
+    if (k_all) {
+      TensorRef angle_view;  // the call's angles, computed once for every layer's K
+      if (shared_angles && cfg.n_layers > 1 && t.n_tokens_ > 0) {
+        const int64_t np = rope[0].layout.n_pairs();
+        const size_t bytes = static_cast<size_t>(t.n_tokens_) * np * 2 * sizeof(float);
+        if (angles.size() < bytes || angles.device() != dev) angles = Buffer(bytes, dev);
+        angle_view = TensorRef(angles.data(), DType::F32, dev, {t.n_tokens_, np, 2});
+        kv_rope_angles(t.position_view(), rope[0], angle_view, cfg.stream);
       }
-      if (dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
-    }, /*sync_dirty=*/!plain);
-  } catch (...) {
-    forget();
-    throw;
-  }
+      for (int32_t l = 0; l < cfg.n_layers; ++l)
+        store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef(), angle_view);
+    }
+    if (dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
+  }, /*sync_dirty=*/!plain, n_zero);
+  t.owner_ = id;
+  t.stamp_ = stamp_of(t);
 }
 
 void PagedCache::Impl::store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v,
@@ -211,7 +278,7 @@ void PagedCache::Impl::store_rows(const AppendTicket& t, int32_t layer, const Te
 }
 
 void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const TensorRef& k, const TensorRef& v) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   constexpr std::string_view op = "PagedCache::append";
   const int64_t n = static_cast<int64_t>(positions.size());
   const int64_t kw[4] = {m.cfg.n_layers, n, m.cfg.n_kv_heads, m.cfg.head_dim};
@@ -225,14 +292,13 @@ void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const Ten
   const SeqId ids[1] = {seq};
   const int32_t counts[1] = {static_cast<int32_t>(n)};
   m.reserve_impl(m.append_ticket, ids, counts, positions, &k, &v);
-  m.append_ticket.seqs.clear();  // never valid for store(): append() already wrote every layer
-  m.append_ticket.versions.clear();
+  m.append_ticket.owner_ = 0;  // internal: append() already wrote every layer
 }
 
 AppendTicket PagedCache::reserve(std::span<const SeqId> seqs, std::span<const int32_t> counts,
                                  std::span<const int32_t> positions) {
   AppendTicket t;
-  impl_->reserve_impl(t, seqs, counts, positions, nullptr, nullptr);
+  impl().reserve_impl(t, seqs, counts, positions, nullptr, nullptr);
   return t;
 }
 
@@ -244,29 +310,24 @@ AppendTicket PagedCache::reserve(SeqId seq, std::span<const int32_t> positions) 
 
 void PagedCache::reserve(AppendTicket& reuse, std::span<const SeqId> seqs, std::span<const int32_t> counts,
                          std::span<const int32_t> positions) {
-  impl_->reserve_impl(reuse, seqs, counts, positions, nullptr, nullptr);
+  impl().reserve_impl(reuse, seqs, counts, positions, nullptr, nullptr);
 }
 
 void PagedCache::store(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   constexpr std::string_view op = "PagedCache::store";
   m.check_usable();
   require_arg(layer >= 0 && layer < m.cfg.n_layers, op, ": layer ", layer, " outside [0, ", m.cfg.n_layers, ")");
-  require_arg(t.seqs.size() == t.versions.size() && !t.slots.empty() == (t.n_tokens > 0), op, ": malformed ticket");
-  for (size_t i = 0; i < t.seqs.size(); ++i) {
-    auto it = m.meta.seqs.find(t.seqs[i]);
-    require_arg(it != m.meta.seqs.end() && it->second.version == t.versions[i], op, ": the ticket of sequence ", t.seqs[i],
-                " is stale (the sequence changed or was erased since reserve())");
-  }
-  const int64_t kw[3] = {t.n_tokens, m.cfg.n_kv_heads, m.cfg.head_dim};
+  m.check_ticket(op, t);
+  const int64_t kw[3] = {t.n_tokens_, m.cfg.n_kv_heads, m.cfg.head_dim};
   check_rows(op, "k", k, 3, kw, m.dev);
   if (m.has_v()) {
-    const int64_t vw[3] = {t.n_tokens, m.cfg.n_kv_heads, m.cfg.v_head_dim};
+    const int64_t vw[3] = {t.n_tokens_, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 3, vw, m.dev);
   } else {
     if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
   }
-  if (t.n_tokens == 0) return;
+  if (t.n_tokens_ == 0) return;
   m.store_rows(t, layer, k, v);
 }
 
@@ -294,7 +355,7 @@ void PagedCache::Impl::truncate_impl(SeqId id, int32_t n) {
 }
 
 void PagedCache::truncate(SeqId seq, int32_t n) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_usable();
   const PagedSeq& s = m.meta.seq(seq);
   require_arg(n >= 0 && n <= s.n_live, "PagedCache::truncate: n = ", n, " outside [0, ", s.n_live, "] for sequence ", seq);
@@ -302,7 +363,7 @@ void PagedCache::truncate(SeqId seq, int32_t n) {
 }
 
 void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
-  Impl& m = *impl_;
+  Impl& m = impl();
   constexpr std::string_view op = "PagedCache::shift";
   m.check_usable();
   PagedMeta& mt = m.meta;
@@ -410,7 +471,7 @@ void PagedCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
 // ---- prepare --------------------------------------------------------------------------------
 
 bool PagedCache::needs_prepare() const {
-  const PagedMeta& mt = impl_->meta;
+  const PagedMeta& mt = impl().meta;
   for (const auto& [id, sq] : mt.seqs)
     if (sq.pos_offset != 0) return true;
   if (!mt.any_pending) return false;
@@ -489,7 +550,7 @@ void PagedCache::Impl::rotate_pending() {
 }
 
 void PagedCache::prepare() {
-  Impl& m = *impl_;
+  Impl& m = impl();
   m.check_usable();
   try {
     m.fold_offsets();

@@ -1,10 +1,11 @@
 // PagedCache internals shared by its translation units.
 #pragma once
+#include <string_view>
 #include <vector>
 
-#include "cache/paged_blocks.hpp"
 #include "cache/paged_meta.hpp"
 #include "kvcore/cache/paged_cache.hpp"
+#include "ops/paged_blocks_params.hpp"
 
 namespace kvcore {
 
@@ -27,13 +28,20 @@ struct PagedCache::Impl {
   Buffer angles;
   Buffer scratch;  // transient i32 lists for device kernels (every user synchronizes before returning)
   AppendTicket append_ticket;  // reused by append(): no allocation per call once it is large enough
+  std::vector<int32_t> host_slots;  // reserve(): the new tokens' cell ids (reused scratch)
+  // Tickets: this cache's process-unique id (moves with the cache) and the key of their stamps.
+  uint64_t id = 0, ticket_key = 0;
+  // Every pool array holds one more block than the pools expose: block num_blocks, all zeros.
+  // Blocks leaving the free list in reserve() are copied from it (zeroed in every layer).
+  int32_t zero_block() const { return cfg.num_blocks; }
   int64_t bytes_per_block = 0;
   bool corrupt = false;
 
   bool has_v() const { return cfg.v_head_dim > 0; }
   // Are the contract's cell arrays separate mirrors of the host metadata (CUDA, or debug_mirror)?
   bool mirrored() const { return dev.is_cuda() || cfg.debug_mirror; }
-  // The mirror kernels (paged_blocks.hpp) on this cache's device; lists live in device memory.
+  // The mirror kernels (ops/paged_blocks_params.hpp) on this cache's device; lists live in device memory.
+  ops::PagedCellArrays cell_arrays();
   void mirror_edit(const int32_t* blocks, int32_t n_blocks, int32_t delta, int32_t pending_delta, bool clear_pending,
                    const int32_t* maybe_block_delta = nullptr);
   void mirror_scatter(const int32_t* packed, int32_t n_blocks);
@@ -53,9 +61,11 @@ struct PagedCache::Impl {
   // Apply PagedMeta::shift_cells to the device mirrors (no-op on CPU, where they are the host arrays).
   void device_shift_cells(const std::vector<int32_t>& blocks, int32_t delta, int32_t pending_delta);
   // sync_dirty false: device_work mirrors every cell change itself, except those of the
-  // copies' target blocks, which are synced here.
+  // copies' target blocks, which are synced here. The first n_zero_fills pairs copy the zero
+  // block into blocks just taken from the free list: their targets' cells need no sync.
   template <class F>
-  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work, bool sync_dirty = true) {
+  void finish(PagedTxn& txn, const std::vector<int32_t>& cow_pairs, F&& device_work, bool sync_dirty = true,
+              size_t n_zero_fills = 0) {
     size_t bulk_done = 0;
     try {
       copy_blocks(cow_pairs);
@@ -68,7 +78,7 @@ struct PagedCache::Impl {
         sync_blocks(txn.dirty_blocks());
       } else {
         std::vector<int32_t> targets;
-        for (size_t i = 1; i < cow_pairs.size(); i += 2) targets.push_back(cow_pairs[i]);
+        for (size_t i = 2 * n_zero_fills + 1; i < cow_pairs.size(); i += 2) targets.push_back(cow_pairs[i]);
         sync_blocks(targets);
       }
     } catch (...) {
@@ -89,6 +99,11 @@ struct PagedCache::Impl {
   }
 
   // Steps shared by append() and reserve().
+  // Free blocks reserving counts[i] tokens for seqs[i] takes; validates the arguments.
+  int64_t plan_blocks(std::string_view op, std::span<const SeqId> seqs, std::span<const int32_t> counts) const;
+  uint64_t stamp_of(const AppendTicket& t) const;  // keyed hash of every field of the ticket
+  // Throws InvalidArgument unless `t` is a current, unaltered ticket of this cache.
+  void check_ticket(std::string_view op, const AppendTicket& t) const;
   // Upload an i32 list into `scratch` (grown when too small); returns its device address.
   int32_t* upload_list(const std::vector<int32_t>& v);
   void reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,
@@ -96,7 +111,9 @@ struct PagedCache::Impl {
   void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v,
                   const TensorRef& maybe_angles = {});
   void truncate_impl(SeqId id, int32_t n);
-  void fold_offsets();   // prepare()'s first step: every sequence's pos_offset into its cells
+  // remove_positions (remove) or add_positions (delta) on the tokens with positions in [p0, p1).
+  void edit_positions(std::string_view op, SeqId id, int32_t p0, int32_t p1, bool remove, int32_t delta);
+  void fold_offsets();    // prepare()'s first step: every sequence's pos_offset into its cells
   void rotate_pending();  // prepare()'s second step (RopeStored)
   // Writes the tables into `storage` (grown when too small) and returns views into it.
   BlockTable tables(std::span<const SeqId> seqs, bool with_offsets, Buffer& storage);

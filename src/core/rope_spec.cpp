@@ -9,29 +9,37 @@
 
 namespace kvcore {
 
+// Every field is checked, whatever `scaling` selects: a field that is not used now is used
+// as soon as someone switches the scaling, and a NaN there is a bug either way.
 void RopeSpec::validate(int head_dim) const {
   require_arg(head_dim > 0, "RopeSpec: head_dim must be > 0, got ", head_dim);
+  require_arg(slice == RopeSlice::Head || slice == RopeSlice::Tail, "RopeSpec.slice must be Head or Tail, got ",
+              static_cast<int>(slice));
+  require_arg(pairing == RopePairing::NeoX || pairing == RopePairing::Interleaved,
+              "RopeSpec.pairing must be NeoX or Interleaved, got ", static_cast<int>(pairing));
+  require_arg(static_cast<uint8_t>(scaling) <= static_cast<uint8_t>(RopeScaling::Yarn),
+              "RopeSpec.scaling must be None, Linear, Llama3 or Yarn, got ", static_cast<int>(scaling));
   require_arg(n_rot > 0 && n_rot % 2 == 0, "RopeSpec.n_rot must be even and > 0, got ", n_rot);
   require_arg(n_rot <= head_dim, "RopeSpec.n_rot = ", n_rot, " does not fit head_dim = ", head_dim);
   require_arg(std::isfinite(theta) && theta > 1.0, "RopeSpec.theta must be finite and > 1, got ", theta);
-  require_arg(std::isfinite(attention_factor) && attention_factor > 0, "RopeSpec.attention_factor must be > 0, got ", attention_factor);
-  if (scaling != RopeScaling::None)
-    require_arg(std::isfinite(factor) && factor > 0, "RopeSpec.factor must be > 0, got ", factor);
-  if (scaling == RopeScaling::Llama3) {
-    require_arg(std::isfinite(low_freq_factor) && low_freq_factor > 0, "RopeSpec: Llama-3 low_freq_factor must be > 0, got ",
-                low_freq_factor);
-    require_arg(std::isfinite(high_freq_factor) && high_freq_factor > low_freq_factor, "RopeSpec: Llama-3 high_freq_factor (", high_freq_factor,
+  require_arg(std::isfinite(attention_factor) && attention_factor > 0, "RopeSpec.attention_factor must be finite and > 0, got ",
+              attention_factor);
+  require_arg(std::isfinite(factor) && factor > 0, "RopeSpec.factor must be finite and > 0, got ", factor);
+  require_arg(std::isfinite(low_freq_factor) && low_freq_factor > 0, "RopeSpec.low_freq_factor must be finite and > 0, got ",
+              low_freq_factor);
+  require_arg(std::isfinite(high_freq_factor) && high_freq_factor > 0,
+              "RopeSpec.high_freq_factor must be finite and > 0, got ", high_freq_factor);
+  if (scaling == RopeScaling::Llama3)
+    require_arg(high_freq_factor > low_freq_factor, "RopeSpec: Llama-3 high_freq_factor (", high_freq_factor,
                 ") must exceed low_freq_factor (", low_freq_factor, ")");
-    require_arg(original_max_position > 0, "RopeSpec.original_max_position must be > 0, got ", original_max_position);
-  }
-  if (scaling == RopeScaling::Yarn) {
-    require_arg(original_max_position > 0, "RopeSpec.original_max_position must be > 0, got ", original_max_position);
-    require_arg(std::isfinite(beta_fast) && std::isfinite(beta_slow) && beta_fast > 0 && beta_slow > 0, "RopeSpec: YaRN betas must be > 0, got beta_fast ", beta_fast, ", beta_slow ", beta_slow);
-  }
+  require_arg(original_max_position > 0, "RopeSpec.original_max_position must be > 0, got ", original_max_position);
+  require_arg(std::isfinite(beta_fast) && beta_fast > 0, "RopeSpec.beta_fast must be finite and > 0, got ", beta_fast);
+  require_arg(std::isfinite(beta_slow) && beta_slow > 0, "RopeSpec.beta_slow must be finite and > 0, got ", beta_slow);
   require_arg(freq_factors.empty() || freq_factors.size() == static_cast<size_t>(n_rot / 2),
               "RopeSpec.freq_factors must have n_rot/2 = ", n_rot / 2, " entries, got ", freq_factors.size());
   for (size_t i = 0; i < freq_factors.size(); ++i)
-    require_arg(freq_factors[i] > 0 && std::isfinite(freq_factors[i]), "RopeSpec.freq_factors[", i, "] must be > 0, got ", freq_factors[i]);
+    require_arg(freq_factors[i] > 0 && std::isfinite(freq_factors[i]), "RopeSpec.freq_factors[", i, "] must be finite and > 0, got ",
+                freq_factors[i]);
 }
 
 math::RopeLayout RopeSpec::layout(int head_dim) const {
@@ -48,7 +56,7 @@ std::string RopeSpec::describe() const {
   static const char* kScaling[] = {"none", "linear", "llama3", "yarn"};
   os << "rope(n_rot " << n_rot << ", " << (slice == RopeSlice::Head ? "head" : "tail") << ", "
      << (pairing == RopePairing::NeoX ? "neox" : "interleaved") << ", theta " << theta << ", scaling "
-     << kScaling[static_cast<int>(scaling)];
+     << (static_cast<int>(scaling) < 4 ? kScaling[static_cast<int>(scaling)] : "?");
   if (scaling != RopeScaling::None) os << " x" << factor;
   if (!freq_factors.empty()) os << ", freq_factors";
   if (attention_factor != 1.0) os << ", attention_factor " << attention_factor;
@@ -92,7 +100,7 @@ RopeSpec RopeSpec::deepseek_v4_compressed() {
 }
 
 std::vector<double> rope_frequencies_f64(const RopeSpec& spec) {
-  require_arg(spec.n_rot > 0 && spec.n_rot % 2 == 0, "rope_frequencies: n_rot must be even and > 0, got ", spec.n_rot);
+  spec.validate(spec.n_rot > 0 ? spec.n_rot : 1);  // every field (the head_dim check cannot fail here)
   const int h = spec.n_rot / 2;
   const double d = spec.n_rot;
   constexpr double kTwoPi = 2.0 * std::numbers::pi;
@@ -150,6 +158,9 @@ std::vector<double> rope_frequencies_f64(const RopeSpec& spec) {
 }
 
 double yarn_attention_factor(double factor, double mscale, double mscale_all_dim) {
+  require_arg(std::isfinite(factor) && factor > 0, "yarn_attention_factor: factor must be finite and > 0, got ", factor);
+  require_arg(std::isfinite(mscale) && std::isfinite(mscale_all_dim), "yarn_attention_factor: mscale (", mscale,
+              ") and mscale_all_dim (", mscale_all_dim, ") must be finite");
   auto m = [&](double k) { return factor <= 1.0 ? 1.0 : 0.1 * k * std::log(factor) + 1.0; };
   if (mscale != 0.0 && mscale_all_dim != 0.0) return m(mscale) / m(mscale_all_dim);
   return m(1.0);

@@ -1,5 +1,6 @@
 #include "kvcore/tensor.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "kvcore/error.hpp"
@@ -13,11 +14,29 @@ TensorRef::TensorRef(void* data, DType dtype, Device device, int ndim, const int
     require_arg(shape[d] >= 0, "TensorRef: shape[", d, "] must be >= 0, got ", shape[d]);
     shape_[d] = shape[d];
   }
-  int64_t s = 1;
+  // Every element count and byte offset a view implies must fit int64: numel(), the
+  // contiguous strides and span_bytes() compute without overflow checks afterwards.
+  int64_t s = 1, count = 1, last = 0;
+  bool empty = false;
   for (int d = ndim - 1; d >= 0; --d) {
+    if (__builtin_mul_overflow(count, std::max<int64_t>(shape_[d], 1), &count))
+      require_arg(false, "TensorRef: the shape ", shape_of(*this), " has more elements than int64 counts");
     strides_[d] = strides ? strides[d] : s;
-    s *= shape_[d];
+    s *= shape_[d];  // <= count: cannot overflow
+    empty = empty || shape_[d] == 0;
   }
+  for (int d = 0; d < ndim && !empty; ++d) {
+    const int64_t stride = strides_[d] < 0 ? -strides_[d] : strides_[d];
+    int64_t extent = 0;
+    if (strides_[d] == INT64_MIN || __builtin_mul_overflow(shape_[d] - 1, stride, &extent) ||
+        __builtin_add_overflow(last, extent, &last))
+      require_arg(false, "TensorRef: shape ", shape_of(*this), " with stride[", d, "] = ", strides_[d],
+                  " spans more than int64 elements");
+  }
+  int64_t bytes = 0;
+  if (!empty && (__builtin_add_overflow(last, 1, &last) ||
+                 __builtin_mul_overflow(last, static_cast<int64_t>(dtype_size(dtype)), &bytes)))
+    require_arg(false, "TensorRef: shape ", shape_of(*this), " spans more than int64 bytes");
 }
 
 TensorRef::TensorRef(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape)

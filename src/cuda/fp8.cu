@@ -104,7 +104,7 @@ __device__ __forceinline__ void round_trip_row(const Fp8RoundTripParams& p, int6
       const float inv_scale = math::pow2f(-k), scale = math::pow2f(k);
 #pragma unroll
       for (int j = 0; j < kVec; j += 2) {
-        const float2 q = cuda_fp8::decode2(cuda_fp8::encode2_scaled(v[g][j], v[g][j + 1], inv_scale));
+        const float2 q = fp8_hw::decode2(fp8_hw::encode2_scaled(v[g][j], v[g][j + 1], inv_scale));
         if (idx + j < p.n_nope) v[g][j] = q.x * scale;
         if (idx + j + 1 < p.n_nope) v[g][j + 1] = q.y * scale;
       }
@@ -146,8 +146,8 @@ __device__ __forceinline__ void pack_row(const Fp8PackParams& p, int64_t row, in
       if constexpr (kVector) {
         if (idx < p.n_nope) {
           const float inv_scale = math::pow2f(-k);
-          const uint32_t w = cuda_fp8::encode2_scaled(v[g][0], v[g][1], inv_scale) |
-                             (cuda_fp8::encode2_scaled(v[g][2], v[g][3], inv_scale) << 16);
+          const uint32_t w = fp8_hw::encode2_scaled(v[g][0], v[g][1], inv_scale) |
+                             (fp8_hw::encode2_scaled(v[g][2], v[g][3], inv_scale) << 16);
           *reinterpret_cast<uint32_t*>(codes + idx) = w;
         } else if (tail != nullptr && idx < p.cols) {
           uint2 q;
@@ -159,7 +159,7 @@ __device__ __forceinline__ void pack_row(const Fp8PackParams& p, int64_t row, in
         const float inv_scale = math::pow2f(-k);
 #pragma unroll
         for (int j = 0; j < kVec; j += 2) {
-          const uint32_t w = cuda_fp8::encode2_scaled(v[g][j], v[g][j + 1], inv_scale);
+          const uint32_t w = fp8_hw::encode2_scaled(v[g][j], v[g][j + 1], inv_scale);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int32_t c = idx + j + h;
@@ -198,7 +198,7 @@ __device__ __forceinline__ void unpack_row(const Fp8UnpackParams& p, int64_t row
         if (idx < p.n_nope) {
           const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + idx);
           const float scale = math::ue8m0_decode(scales[int64_t(idx / math::kFp8Block) * p.scale_rows.col_stride]);
-          const float2 lo = cuda_fp8::decode2(w), hi = cuda_fp8::decode2(w >> 16);
+          const float2 lo = fp8_hw::decode2(w), hi = fp8_hw::decode2(w >> 16);
           v[g][0] = lo.x * scale;
           v[g][1] = lo.y * scale;
           v[g][2] = hi.x * scale;

@@ -13,7 +13,7 @@
 #include "ops/kv_store_row.hpp"
 #include "ops/kv_store_vec.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 namespace {
 
@@ -292,4 +292,4 @@ void kv_rotate_blocks(const KvRotateParams& p, Stream stream) {
   KVCORE_CUDA_CHECK_LAUNCH("kv_rotate_kernel");
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

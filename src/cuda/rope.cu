@@ -13,7 +13,7 @@
 #include "kvcore/math/rope.hpp"
 #include "ops/rope_params.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 namespace {
 
 // The params (with the ~1 KB table) travel as a kernel argument: stay under the 4 KB limit.
@@ -175,4 +175,4 @@ void rope_apply(const RopeApplyParams& p, int device, Stream stream) {
   }
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "kvcore/cache/paged_layout.hpp"
+#include "kvcore/paged_layout.hpp"
 #include "kvcore/dtype.hpp"
 #include "kvcore/math/attention_rows.hpp"
 #include "kvcore/math/rope.hpp"

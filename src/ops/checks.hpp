@@ -1,9 +1,11 @@
 // Argument checks shared by every op entry point. Each throws
 // kvcore::Error(InvalidArgument) with a message that names the argument.
 #pragma once
+#include <cmath>
 #include <string_view>
 
 #include "kvcore/error.hpp"
+#include "kvcore/math/rope.hpp"
 #include "kvcore/tensor.hpp"
 
 namespace kvcore::checks {
@@ -39,6 +41,22 @@ inline void innermost_contiguous(std::string_view op, std::string_view name, con
 inline void non_negative_strides(std::string_view op, std::string_view name, const TensorRef& t) {
   for (int d = 0; d < t.ndim(); ++d)
     require_arg(t.stride(d) >= 0, op, ": ", name, ".stride[", d, "] must be >= 0, got ", t.stride(d));
+}
+
+// A RoPE table built by hand (math::RopeTable is plain data): finite frequencies and a finite,
+// positive attention factor. make_rope_table() only builds such tables.
+inline void rope_table_finite(std::string_view op, std::string_view name, const math::RopeTable& t) {
+  require_arg(std::isfinite(t.attention_factor) && t.attention_factor > 0, op, ": ", name,
+              ".attention_factor must be finite and > 0, got ", t.attention_factor);
+  for (int i = 0; i < t.layout.n_pairs() && i < math::RopeTable::kMaxPairs; ++i)
+    if (!std::isfinite(t.freq[i])) require_arg(false, op, ": ", name, ".freq[", i, "] must be finite, got ", t.freq[i]);
+}
+
+// The device a cache or buffer is made for: a known kind, a CPU index of 0, a CUDA index >= 0.
+inline void device_known(std::string_view op, Device d) {
+  require_arg(d.is_cpu() || d.is_cuda(), op, ": device kind must be CPU or CUDA, got ", static_cast<int>(d.kind));
+  require_arg(d.is_cpu() ? d.index == 0 : d.index >= 0, op, ": device index ", d.index, " is not valid for ",
+              d.is_cpu() ? "the CPU" : "CUDA");
 }
 
 // Throws NotSupported when a CUDA tensor reaches a build without the CUDA backend.

@@ -43,7 +43,9 @@ void dsv4_kv_finalize(const TensorRef& kv, const TensorRef& raw_ring, int64_t fi
   check_matrix(op, "raw_ring", raw_ring, raw_ring.dtype(), -1, head_dim);
   KVCORE_DSV4_CHECK(raw_ring.size(0) > 0, op, ": raw_ring must have at least one row, got ", described(raw_ring));
   same_device(op, "kv", kv, "raw_ring", raw_ring);
-  KVCORE_DSV4_CHECK(n_rot >= 0 && n_rot <= head_dim, op, ": n_rot must be in [0, ", head_dim, "], got ", n_rot);
+  KVCORE_DSV4_CHECK(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= head_dim, op, ": n_rot must be even and in [0, ", head_dim,
+                    "] (rope dims come in pairs), got ", n_rot);
+  check_quant(op, quant);
   KVCORE_DSV4_CHECK(first_raw_row >= 0, op, ": first_raw_row must be >= 0, got ", first_raw_row);
   KVCORE_DSV4_CHECK(kv.size(0) <= (int64_t{1} << 31) - 1, op, ": too many rows: ", kv.size(0));
   dsv4::FinalizeParams p{};
@@ -61,7 +63,7 @@ void dsv4_kv_finalize(const TensorRef& kv, const TensorRef& raw_ring, int64_t fi
   if (p.n_rows == 0) return;
   dispatch(op, kv.device(), [&] { dsv4::cpu::finalize(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::finalize(p, stream);
+    ops::cuda::dsv4::finalize(p, stream);
 #endif
   });
   (void)stream;
@@ -86,7 +88,7 @@ void dsv4_compressor_store_one(const TensorRef& c, const TensorRef& z, const Ten
   p.n_tokens = 1;
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::store_one(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::store_one(p, stream);
+    ops::cuda::dsv4::store_one(p, stream);
 #endif
   });
   (void)stream;
@@ -101,7 +103,7 @@ void dsv4_compressor_shift(const TensorRef& state_kv, const TensorRef& state_sco
   const dsv4::CompressorParams p = make_params(comp, state_kv, state_score, Dsv4Quant::Off);
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::shift(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::shift(p, stream);
+    ops::cuda::dsv4::shift(p, stream);
 #endif
   });
   (void)stream;
@@ -115,7 +117,7 @@ void dsv4_compressor_reset(const TensorRef& state_kv, const TensorRef& state_sco
   const dsv4::CompressorParams p = make_params(comp, state_kv, state_score, Dsv4Quant::Off);
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::reset(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::reset(p, stream);
+    ops::cuda::dsv4::reset(p, stream);
 #endif
   });
   (void)stream;
@@ -128,6 +130,7 @@ void dsv4_compressor_emit(const TensorRef& state_kv, const TensorRef& state_scor
   check_comp(op, comp);
   check_state(op, state_kv, state_score, comp);
   check_weights(op, w, comp, state_kv);
+  check_quant(op, quant);
   const int64_t cap = check_rows(op, rows, comp, quant, state_kv);
   check_quant_geometry(op, comp, quant);
   KVCORE_DSV4_CHECK(window >= 0 && window < cap, op, ": window must be in [0, ", cap, ") (the row store's capacity), got ", window);
@@ -138,7 +141,7 @@ void dsv4_compressor_emit(const TensorRef& state_kv, const TensorRef& state_scor
   p.window = window;
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::emit(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::emit(p, stream);
+    ops::cuda::dsv4::emit(p, stream);
 #endif
   });
   (void)stream;
@@ -158,6 +161,7 @@ void dsv4_compress_prefill(const TensorRef& c, const TensorRef& z, const TensorR
   same_device(op, "z", z, "state_kv", state_kv);
   check_ape(op, w.ape, comp, state_kv);
   check_weights(op, w, comp, state_kv);
+  check_quant(op, quant);
   const int64_t cap = check_rows(op, rows, comp, quant, state_kv);
   check_quant_geometry(op, comp, quant);
   KVCORE_DSV4_CHECK(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
@@ -177,7 +181,7 @@ void dsv4_compress_prefill(const TensorRef& c, const TensorRef& z, const TensorR
   if (n == 0) return;
   dispatch(op, state_kv.device(), [&] { dsv4::cpu::prefill(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::prefill(p, stream);
+    ops::cuda::dsv4::prefill(p, stream);
 #endif
   });
   (void)stream;
@@ -187,6 +191,7 @@ void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const Tenso
                        int64_t first_query_pos, int32_t ratio, Dsv4Quant quant, const TensorRef& scores,
                        const TensorRef& out, Stream stream) {
   constexpr string_view op = "dsv4_indexer_topk";
+  check_quant(op, quant);
   ndim_is(op, "q", q, 3);
   dtype_is(op, "q", q, DType::F32);
   not_null(op, "q", q);
@@ -245,7 +250,7 @@ void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const Tenso
   if (n_q == 0) return;
   dispatch(op, q.device(), [&] { dsv4::cpu::indexer_topk(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::indexer_topk(p, stream);
+    ops::cuda::dsv4::indexer_topk(p, stream);
 #endif
   });
   (void)stream;

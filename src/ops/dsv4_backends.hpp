@@ -17,8 +17,12 @@ void indexer_topk(const IndexerParams& p);
 void decode_layer(const DecodeParams& p);
 }  // namespace cpu
 
+}  // namespace kvcore::dsv4
+
 #if KVCORE_WITH_CUDA
-namespace cuda {
+// The CUDA backend (src/cuda/dsv4/), in the CUDA code's DeepSeek-V4 family namespace.
+namespace kvcore::ops::cuda::dsv4 {
+using namespace ::kvcore::dsv4;  // the ops layer's Params
 void finalize(const FinalizeParams& p, Stream s);
 void store_one(const CompressorParams& p, Stream s);
 void shift(const CompressorParams& p, Stream s);
@@ -30,7 +34,5 @@ void indexer_topk(const IndexerParams& p, Stream s);
 void indexer_scores(const IndexerParams& p, Stream s);
 void indexer_select(const IndexerParams& p, Stream s);
 void decode_layer(const DecodeParams& p, Stream s);
-}  // namespace cuda
+}  // namespace kvcore::ops::cuda::dsv4
 #endif
-
-}  // namespace kvcore::dsv4

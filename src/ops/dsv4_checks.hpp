@@ -75,7 +75,13 @@ inline void check_vector(string_view op, string_view name, const TensorRef& t, D
   innermost_contiguous(op, name, t);
 }
 
+inline void check_quant(string_view op, Dsv4Quant q) {
+  KVCORE_DSV4_CHECK(q == Dsv4Quant::Off || q == Dsv4Quant::On, op, ": quant must be Off or On, got ", static_cast<int>(q));
+}
+
 inline void check_comp(string_view op, const Dsv4Compressor& c) {
+  KVCORE_DSV4_CHECK(c.kind == Dsv4RowKind::Attention || c.kind == Dsv4RowKind::Indexer, op,
+                    ": compressor kind must be Attention or Indexer, got ", static_cast<int>(c.kind));
   KVCORE_DSV4_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, op, ": compressor head_dim must be even and > 0, got ", c.head_dim);
   KVCORE_DSV4_CHECK(c.n_rot >= 0 && c.n_rot % 2 == 0 && c.n_rot <= c.head_dim, op, ": compressor n_rot must be even and in [0, ",
               c.head_dim, "], got ", c.n_rot);

@@ -52,7 +52,9 @@ void dsv4_decode_layer(const TensorRef& kv, const TensorRef& raw_ring, int32_t n
   check_matrix(op, "raw_ring", raw_ring, raw_ring.dtype(), -1, hd);
   KVCORE_DSV4_CHECK(raw_ring.size(0) > 0, op, ": raw_ring must have rows");
   same_device(op, "kv", kv, "raw_ring", raw_ring);
-  KVCORE_DSV4_CHECK(n_rot >= 0 && n_rot <= hd, op, ": n_rot must be in [0, ", hd, "], got ", n_rot);
+  KVCORE_DSV4_CHECK(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= hd, op, ": n_rot must be even and in [0, ", hd,
+                    "] (rope dims come in pairs), got ", n_rot);
+  check_quant(op, quant);
   KVCORE_DSV4_CHECK(pos >= 0 && pos < (int64_t{1} << 24), op, ": pos must be in [0, 2^24), got ", pos);
   dsv4::DecodeParams p{};
   p.fin.kv = kv.data_as<float>();
@@ -76,7 +78,7 @@ void dsv4_decode_layer(const TensorRef& kv, const TensorRef& raw_ring, int32_t n
   }
   dispatch(op, kv.device(), [&] { dsv4::cpu::decode_layer(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    dsv4::cuda::decode_layer(p, stream);
+    ops::cuda::dsv4::decode_layer(p, stream);
 #endif
   });
   (void)stream;

@@ -1,6 +1,8 @@
 // kv_store family entry points: validate every argument, then dispatch on the device.
 #include "kvcore/ops/kv_store.hpp"
 
+#include <vector>
+
 #include "ops/checks.hpp"
 #include "ops/kv_rotate_checks.hpp"
 #include "ops/kv_store_params.hpp"
@@ -11,6 +13,8 @@ namespace {
 
 void check_pool(std::string_view op, const KvPool& pool) {
   const TensorRef& d = pool.data;
+  require_arg(static_cast<uint8_t>(pool.format) <= static_cast<uint8_t>(KvFormat::Dsv4Row), op,
+              ": pool.format must be a KvFormat, got ", static_cast<int>(pool.format));
   checks::not_null(op, "pool.data", d);
   checks::ndim_is(op, "pool.data", d, 4);
   checks::dtype_is(op, "pool.data", d, kv_format_dtype(pool.format));
@@ -46,6 +50,7 @@ void check_rope_fits(std::string_view op, const math::RopeTable& rope, const KvP
   if (pool.format == KvFormat::Dsv4Row)
     require_arg(l.n_rot == 0 || l.first_dim >= math::Dsv4RowLayout::kNope, op,
                 ": a Dsv4Row pool rotates only its 16-bit tail [448, 512), rope starts at dim ", l.first_dim);
+  checks::rope_table_finite(op, "rope", rope);
 }
 
 void check_i32_vector(std::string_view op, std::string_view name, const TensorRef& t, int64_t n, const TensorRef& like) {
@@ -77,6 +82,15 @@ void check_rotate_tables(std::string_view op, const TensorRef& blocks, const Ten
   if (!cell_delta.is_contiguous())
     require_arg(false, op, ": cell_delta must be contiguous, got ", described(cell_delta));
   checks::same_device(op, "cell_delta", cell_delta, "pool.data", d);
+  if (d.device().is_cpu()) {  // device lists cannot be read without a synchronization
+    const int32_t* b = blocks.data_as<const int32_t>();
+    std::vector<uint8_t> seen(static_cast<size_t>(d.size(0)), 0);
+    for (int64_t i = 0; i < blocks.size(0); ++i) {
+      require_arg(b[i] >= 0 && b[i] < d.size(0), op, ": blocks[", i, "] = ", b[i], " is outside [0, ", d.size(0), ")");
+      require_arg(!seen[b[i]], op, ": blocks[", i, "] = ", b[i], " is listed twice (a block must be rotated once)");
+      seen[b[i]] = 1;
+    }
+  }
 }
 
 }  // namespace ops
@@ -149,7 +163,7 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::kv_store(p, stream);
+  ops::cuda::kv_store(p, stream);
 #else
   (void)stream;
 #endif
@@ -186,7 +200,7 @@ void kv_rope_angles(const TensorRef& positions, const math::RopeTable& rope, con
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::kv_rope_angles(p, stream);
+  ops::cuda::kv_rope_angles(p, stream);
 #else
   (void)stream;
 #endif
@@ -199,11 +213,6 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
   check_rope_fits(op, rope, pool);
   const TensorRef& d = pool.data;
   ops::check_rotate_tables(op, blocks, cell_delta, d);
-  if (d.device().is_cpu()) {
-    const int32_t* b = blocks.data_as<const int32_t>();
-    for (int64_t i = 0; i < blocks.size(0); ++i)
-      require_arg(b[i] >= 0 && b[i] < d.size(0), op, ": blocks[", i, "] = ", b[i], " is outside [0, ", d.size(0), ")");
-  }
   if (blocks.size(0) == 0 || rope.layout.n_rot == 0) return;
 
   KvRotateParams p;
@@ -223,7 +232,7 @@ void kv_rotate_blocks(const KvPool& pool, const TensorRef& blocks, const TensorR
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::kv_rotate_blocks(p, stream);
+  ops::cuda::kv_rotate_blocks(p, stream);
 #else
   (void)stream;
 #endif

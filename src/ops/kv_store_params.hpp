@@ -49,10 +49,10 @@ void kv_rope_angles(const KvAnglesParams& p);
 void kv_rotate_blocks(const KvRotateParams& p);
 }  // namespace cpu
 
-namespace cuda {
+namespace ops::cuda {
 void kv_store(const KvStoreParams& p, Stream stream);
 void kv_rope_angles(const KvAnglesParams& p, Stream stream);
 void kv_rotate_blocks(const KvRotateParams& p, Stream stream);
-}  // namespace cuda
+}  // namespace ops::cuda
 
 }  // namespace kvcore

@@ -77,7 +77,7 @@ void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blo
   for (size_t l0 = 0; l0 < pools.size(); l0 += kRotateMaxLayers) {
     p.n_layers = static_cast<int32_t>(std::min<size_t>(kRotateMaxLayers, pools.size() - l0));
     for (int32_t l = 0; l < p.n_layers; ++l) p.pools[l] = pools[l0 + l].data.data();
-    cuda::paged_rotate_layers(p, stream);
+    ops::cuda::paged_rotate_layers(p, stream);
   }
 #else
   (void)p;

@@ -135,8 +135,8 @@ void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blo
 // Would kv_rotate_blocks_layers take the one-launch path? (exposed for tests)
 bool paged_rotate_fused_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes);
 
-namespace cuda {
+namespace ops::cuda {
 void paged_rotate_layers(const PagedRotateParams& p, Stream stream);
-}  // namespace cuda
+}  // namespace ops::cuda
 
 }  // namespace kvcore

@@ -57,6 +57,8 @@ void run(const TensorRef& x, const TensorRef& positions, const math::RopeTable& 
   check_rows("x", x);
   const int64_t tokens = x.size(0), heads = x.size(1), head_dim = x.size(2);
   check_table(table, head_dim);
+  require_arg(factor == RopeAttentionFactor::Skip || factor == RopeAttentionFactor::Apply, kOp,
+              ": factor must be Skip or Apply, got ", static_cast<int>(factor));
 
   checks::not_null(kOp, "positions", positions);
   checks::ndim_is(kOp, "positions", positions, 1);
@@ -117,7 +119,7 @@ void run(const TensorRef& x, const TensorRef& positions, const math::RopeTable& 
     return;
   }
 #if KVCORE_WITH_CUDA
-  cuda::rope_apply(p, x.device().index, stream);
+  ops::cuda::rope_apply(p, x.device().index, stream);
 #else
   (void)stream;
   throw Error(ErrorCode::NotSupported, "rope_apply: no CUDA backend in this build");

@@ -29,7 +29,7 @@ struct RopeApplyParams {
 namespace cpu {
 void rope_apply(const RopeApplyParams& p);
 }
-namespace cuda {
+namespace ops::cuda {
 void rope_apply(const RopeApplyParams& p, int device, Stream stream);
 }
 

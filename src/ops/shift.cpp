@@ -11,6 +11,7 @@
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/checks.hpp"
 #include "ops/shift_params.hpp"
+#include "ops/tuning.hpp"
 
 namespace kvcore {
 namespace {
@@ -169,13 +170,24 @@ void append_sincos(const math::RopeTable& t, int32_t delta, std::vector<float>& 
 }  // namespace
 
 void shift_dense(std::span<const ShiftDenseLayer> layers, int64_t length, int64_t n_keep, int64_t n_discard, Stream stream) {
+  ops::shift_dense(layers, length, n_keep, n_discard, ops::ShiftKernel::Auto, stream);
+}
+
+void ops::shift_dense(std::span<const ShiftDenseLayer> layers, int64_t length, int64_t n_keep, int64_t n_discard,
+                      ShiftKernel kernel, Stream stream) {
+  require_arg(kernel >= ShiftKernel::Auto && kernel <= ShiftKernel::Sweep, "shift_dense: kernel must be a ShiftKernel, got ",
+              static_cast<int32_t>(kernel));
   require_arg(!layers.empty(), "shift_dense: no layers given");
   require_arg(length >= 0, "shift_dense: length must be >= 0, got ", length);
   require_arg(n_keep >= 0, "shift_dense: n_keep must be >= 0, got ", n_keep);
   require_arg(n_discard >= 0, "shift_dense: n_discard must be >= 0, got ", n_discard);
-  require_arg(n_keep + n_discard <= length, "shift_dense: n_keep + n_discard = ", n_keep, " + ", n_discard, " = ",
-              n_keep + n_discard, " exceeds the stored length ", length);
   require_arg(n_discard < kMaxDelta, "shift_dense: n_discard must be < 2^24, got ", n_discard);
+  if (n_keep > length - n_discard) {  // both >= 0, so their sum may overflow: computed checked
+    int64_t sum = 0;
+    const bool overflow = __builtin_add_overflow(n_keep, n_discard, &sum);
+    require_arg(false, "shift_dense: n_keep + n_discard = ", n_keep, " + ", n_discard, " = ",
+                overflow ? std::string("more than int64 holds") : std::to_string(sum), " exceeds the stored length ", length);
+  }
   require_arg(layers.size() < (size_t{1} << 20), "shift_dense: too many layers: ", layers.size());
 
   const Device dev = layers[0].k.device();
@@ -233,11 +245,12 @@ void shift_dense(std::span<const ShiftDenseLayer> layers, int64_t length, int64_
   p.n_discard = n_discard;
   p.n_moved = n_moved;
   p.device_index = dev.index;
+  p.kernel = kernel;
   if (dev.is_cpu()) {
-    cpu::shift_dense(p);
+    kvcore::cpu::shift_dense(p);
   } else {
 #if KVCORE_WITH_CUDA
-    cuda::shift_dense(p, stream);
+    kvcore::ops::cuda::shift_dense(p, stream);
 #endif
   }
   (void)stream;
@@ -269,7 +282,7 @@ void rope_shift_rows(const TensorRef& k, const TensorRef& maybe_k_scales, const 
     cpu::rope_shift_rows(p);
   } else {
 #if KVCORE_WITH_CUDA
-    cuda::rope_shift_rows(p, stream);
+    ops::cuda::rope_shift_rows(p, stream);
 #endif
   }
   (void)stream;

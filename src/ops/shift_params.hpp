@@ -33,6 +33,17 @@ struct ShiftTensorParams {
   int32_t layer = 0;                 // index into ShiftDenseParams' per-layer tables
 };
 
+// Which CUDA kernel runs shift_dense (the CPU has one). Auto: the rule of
+// src/cuda/shift/shift_kernel_choice.hpp. The others force a kernel for benchmarks and tests
+// (src/ops/tuning.hpp); a forced kernel that does not take the call's layout falls back to
+// Single, the band-ordered tile kernel that takes every layout. All compute the same bytes.
+enum class ShiftKernel : int32_t {
+  Auto = 0,
+  Chain = 1,   // a thread per column of units, no ordering between threads (shift_chain.hpp)
+  Single = 2,  // band-ordered tiles through shared memory (shift.cu)
+  Sweep = 3,   // one window of 16-byte chunks over all tensors, tickets (shift_sweep.hpp); no overlap
+};
+
 // shift_dense on every tensor: move token n_keep + n_discard + j to n_keep + j
 // for j in [0, n_moved), rotating K heads by delta = -n_discard.
 // All arrays are host memory (the CUDA launcher copies them into kernel params).
@@ -46,6 +57,7 @@ struct ShiftDenseParams {
   int32_t n_layers = 0;
   int64_t n_keep = 0, n_discard = 0, n_moved = 0;
   int32_t device_index = 0;
+  ShiftKernel kernel = ShiftKernel::Auto;  // CUDA only
 };
 
 // rope_shift_rows: rotate row r of `k` in place by delta[r] * w_i per pair.
@@ -69,7 +81,7 @@ void shift_dense(const ops::ShiftDenseParams& p);
 void rope_shift_rows(const ops::RopeShiftRowsParams& p);
 }  // namespace kvcore::cpu
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 void shift_dense(const ops::ShiftDenseParams& p, Stream stream);
 void rope_shift_rows(const ops::RopeShiftRowsParams& p, Stream stream);
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -77,7 +77,7 @@ __global__ void sweep_kernel(Counts* c) {
       if (hw != f32_to_bf16_bits(x)) note_first(c->first_bf16_bad, atomicAdd(&c->bf16_bad, 1ull), u);
     }
     // the codec the fp8 kernels use (src/cuda/common/fp8_hw.cuh), NaN and inf included, scaled by 2^-3
-    const uint32_t w = kvcore::cuda_fp8::encode2_scaled(x, -x, 0.125f);
+    const uint32_t w = kvcore::ops::cuda::fp8_hw::encode2_scaled(x, -x, 0.125f);
     const uint32_t want = uint32_t(e4m3_encode(e4m3_scaled(x, 0.125f))) | (uint32_t(e4m3_encode(e4m3_scaled(-x, 0.125f))) << 8);
     if (w != want) atomicAdd(&c->kernel_codec_bad, 1ull);
     const uint8_t hw4 = __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest);
@@ -196,7 +196,7 @@ TEST(CodecHardware, EveryFloatAgainstTheGpuConversions) {
 __global__ void decode2_kernel(unsigned int* bad) {
   const uint32_t w = blockIdx.x * blockDim.x + threadIdx.x;  // every pair of codes
   if (w >= 65536) return;
-  const float2 d = kvcore::cuda_fp8::decode2(w);
+  const float2 d = kvcore::ops::cuda::fp8_hw::decode2(w);
   const float a = e4m3_decode(uint8_t(w & 0xff)), b = e4m3_decode(uint8_t(w >> 8));
   const bool ok_a = (a != a) ? (d.x != d.x) : __float_as_uint(d.x) == __float_as_uint(a);
   const bool ok_b = (b != b) ? (d.y != d.y) : __float_as_uint(d.y) == __float_as_uint(b);

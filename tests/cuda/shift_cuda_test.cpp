@@ -12,12 +12,16 @@
 
 #include "kvcore/buffer.hpp"
 #include "kvcore/runtime.hpp"
+#include "ops/tuning.hpp"
 #include "shift_test_util.hpp"
 
 using namespace kvcore;
 using namespace shift_test;
 
 namespace {
+
+// The CUDA kernel the tests below force (src/ops/tuning.hpp); Auto: the library's rule.
+ops::ShiftKernel forced_kernel = ops::ShiftKernel::Auto;
 
 struct DevLayer {
   Buffer k, s, v;
@@ -76,7 +80,7 @@ void run_both(const std::vector<LayerSpec>& specs, int64_t cap, int64_t length, 
     dev_views.push_back(dev.back()->view(layers[i]));
   }
   shift_dense(cpu_views, length, n_keep, n_discard);
-  shift_dense(dev_views, length, n_keep, n_discard);
+  ops::shift_dense(dev_views, length, n_keep, n_discard, forced_kernel);
   synchronize(Device::cuda(0));
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto k = dev[i]->k.to_host<uint8_t>();
@@ -133,11 +137,12 @@ TEST(ShiftCuda, BandOrderingUnderLoad) {
 
 // The default (src/cuda/shift/shift_kernel_choice.hpp) is the chain kernel for FP8 keys, the
 // dynamic sweep kernel for 16-bit rows without overlap and the single tile kernel otherwise.
-// Every kernel stays selectable (KVCORE_SHIFT_KERNEL=sweep_dyn|sweep|flat|chain|single|pipelined)
-// and must agree on every format.
+// Every kernel can be forced (ops::ShiftKernel) and must agree on every format.
 struct KernelScope {
-  explicit KernelScope(const char* k) { EXPECT_EQ(setenv("KVCORE_SHIFT_KERNEL", k, 1), 0); }
-  ~KernelScope() { EXPECT_EQ(unsetenv("KVCORE_SHIFT_KERNEL"), 0); }
+  explicit KernelScope(ops::ShiftKernel k) { forced_kernel = k; }
+  ~KernelScope() { forced_kernel = ops::ShiftKernel::Auto; }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
 };
 
 void tile_kernel_cases(uint64_t seed) {
@@ -167,50 +172,14 @@ void tile_kernel_cases(uint64_t seed) {
 
 TEST(ShiftCuda, SingleTileKernelAgrees) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  const KernelScope k("single");
+  const KernelScope k(ops::ShiftKernel::Single);
   tile_kernel_cases(100);
 }
 
-TEST(ShiftCuda, PipelinedTileKernelAgrees) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  const KernelScope k("pipelined");
-  tile_kernel_cases(110);
-}
-
-// The flat kernel (src/cuda/shift/shift_flat.hpp), shifts without overlap: units of every
-// width, NeoX and interleaved, partial rotary, f32 / f16 / bf16 K, DeepSeek-V4 rows in
-// 16-byte range chunks (even n_discard: same phase) and in 8-byte units (odd n_discard);
-// with overlap it falls back to the single tile kernel.
-TEST(ShiftCuda, FlatKernelAgrees) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  const KernelScope k("flat");
-  const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
-  run_both({llama, llama, llama}, 4097, 4096, 4, 2046, 301);  // the benchmark's shape, 3 layers
-  run_both({llama}, 500, 480, 4, 300, 302);
-  run_both({llama}, 500, 480, 30, 450, 303);  // nothing retained
-  RopeSpec tail = RopeSpec::plain(32, 20000.0, RopePairing::Interleaved);
-  tail.slice = RopeSlice::Tail;
-  const LayerSpec mix[] = {plain(DType::BF16, DType::F16, 3, 64, RopeSpec::plain(64, 1e4)),
-                           plain(DType::F32, DType::BF16, 2, 96, tail),
-                           plain(DType::F16, std::nullopt, 5, 80, RopeSpec::plain(32, 1e4, RopePairing::Interleaved))};
-  run_both({mix[0], mix[1], mix[2]}, 777, 777, 3, 390, 304);
-  LayerSpec d;
-  d.form = KForm::Dsv4;
-  d.v_dtype = std::nullopt;
-  d.heads = 1;
-  d.rope = RopeSpec::deepseek_v4_compressed();
-  run_both({d, d}, 1025, 1025, 4, 600, 305);  // even D: 16-byte range chunks
-  run_both({d, d}, 1025, 1025, 4, 601, 306);  // odd D: 8-byte units
-  run_both({d}, 1025, 1024, 3, 511, 307);     // 510 moved: just short of overlapping
-  run_both({llama}, 3001, 2999, 4, 1000, 308);  // overlap: the single tile kernel
-}
-
-// The sweep kernels (src/cuda/shift/shift_sweep.hpp), static and dynamic: without overlap and with
-// bands of every width (forced, so narrow bands run it too; the dynamic one is the static
-// one with overlap), NeoX and interleaved, partial
-// rotary, f32 / f16 / bf16 K, strided rows, per-layer tables, several launches, DeepSeek-V4
-// rows as byte ranges (even n_discard); what it does not take (odd n_discard with 584-byte
-// rows, FP8 keys, 1 KB heads) falls back.
+// The sweep kernel (src/cuda/shift/shift_sweep.hpp), forced: shifts without overlap, NeoX and
+// interleaved, partial rotary, f32 / f16 / bf16 K, strided rows, per-layer tables, several
+// launches, DeepSeek-V4 rows as byte ranges (even n_discard); what it does not take (overlap,
+// odd n_discard with 584-byte rows, FP8 keys, 1 KB heads) falls back to the tile kernel.
 void sweep_kernel_cases(uint64_t seed) {
   const LayerSpec llama = plain(DType::F16, DType::F16, 8, 128, RopeSpec::llama3_8b());
   run_both({llama, llama, llama}, 4097, 4096, 4, 2046, seed + 1);  // the benchmark's shape, 3 layers
@@ -247,23 +216,17 @@ void sweep_kernel_cases(uint64_t seed) {
   run_both({plain(DType::F16, DType::F16, 2, 512, RopeSpec::plain(512, 1e4))}, 301, 299, 5, 137, seed + 13);
 }
 
-TEST(ShiftCuda, SweepKernelsAgree) {
+TEST(ShiftCuda, SweepKernelAgrees) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  uint64_t seed = 400;
-  for (const char* k : {"sweep", "sweep_dyn"}) {
-    const KernelScope scope(k);
-    sweep_kernel_cases(seed += 20);
-  }
+  const KernelScope scope(ops::ShiftKernel::Sweep);
+  sweep_kernel_cases(440);
 }
 
 // The chain kernel: more columns than resident threads (several rounds per thread), a few
 // columns with very long chains, 1- and 2-byte units, mixed formats in one launch.
 TEST(ShiftCuda, ChainKernelRoundsAndChains) {
   // 16-bit keys take the sweep or the single tile kernel by default: force the chain kernel here.
-  setenv("KVCORE_SHIFT_KERNEL", "chain", 1);
-  struct Unset {
-    ~Unset() { unsetenv("KVCORE_SHIFT_KERNEL"); }
-  } unset;
+  const KernelScope scope(ops::ShiftKernel::Chain);
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const LayerSpec s = plain(DType::BF16, DType::F16, 8, 128, RopeSpec::plain(128, 500000.0));
   run_both({s, s}, 20011, 20011, 3, 9000, 120);  // no overlap, millions of units

@@ -5,16 +5,29 @@
 //
 // The engine computes the projections (raw kv row after RoPE, compressor and
 // indexer kv / gate rows) and hands them to append(); the cache does the rest.
+//
+// Conventions, the same as PagedCache's: sequences are SeqId values from create() (at most
+// max_seqs live at once) until erase(); positions and counts are int32_t; every device
+// operation runs on the stream of the config (Dsv4CacheConfig::stream); optional arguments
+// are named maybe_*; every failing call throws kvcore::Error naming the argument and changes
+// nothing; a moved-from cache throws on every call.
+//
+// Thread safety: none inside. Calls that change the cache (create, erase, truncate, append,
+// set_weights) must not overlap any other call on the same cache; const calls may run
+// concurrently with each other. Distinct caches share nothing.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "kvcore/buffer.hpp"
+#include "kvcore/cache/seq_id.hpp"
 #include "kvcore/math/rope.hpp"
 #include "kvcore/math/rope_spec.hpp"
 #include "kvcore/ops/dsv4.hpp"
+#include "kvcore/stream.hpp"
 #include "kvcore/tensor.hpp"
 
 namespace kvcore {
@@ -32,7 +45,7 @@ struct Dsv4CacheConfig {
   int32_t index_heads = 64;
   int32_t index_dim = 128;
   int32_t index_topk = 512;
-  int64_t max_context = 65536;  // tokens per sequence
+  int32_t max_context = 65536;  // tokens per sequence, at most 2^24
   int32_t max_seqs = 1;
   Dsv4Quant quant = Dsv4Quant::On;
   // With quant On: store compressed rows packed (584 B) and indexer rows packed
@@ -40,13 +53,14 @@ struct Dsv4CacheConfig {
   bool packed = true;
   float eps = 1.0e-6f;
   RopeSpec compressed_rope = RopeSpec::deepseek_v4_compressed();
-  // Overrides the table built from compressed_rope (e.g. an oracle's exact f32 frequencies).
-  std::optional<math::RopeTable> compressed_rope_table;
+  // Overrides the table built from compressed_rope when set (e.g. an oracle's exact f32 frequencies).
+  std::optional<math::RopeTable> maybe_compressed_rope_table;
+  Stream stream;  // CUDA stream of every device operation of the cache
 
   static std::vector<Dsv4LayerKind> v4_flash_schedule();  // 43: 2 window, then CSA (even) / HCA (odd)
   static std::vector<Dsv4LayerKind> v4_pro_schedule();    // 61: 2 HCA, then CSA (even) / HCA (odd)
-  static Dsv4CacheConfig v4_flash(int64_t max_context, int32_t max_seqs = 1);
-  static Dsv4CacheConfig v4_pro(int64_t max_context, int32_t max_seqs = 1);
+  static Dsv4CacheConfig v4_flash(int32_t max_context, int32_t max_seqs = 1);
+  static Dsv4CacheConfig v4_pro(int32_t max_context, int32_t max_seqs = 1);
 
   void validate() const;  // throws InvalidArgument naming the field
   Dsv4Compressor compressor(Dsv4LayerKind kind) const;  // CSA or HCA attention compressor
@@ -72,87 +86,92 @@ struct Dsv4TokenInputs {
 };
 
 struct Dsv4MemoryRow {
-  int64_t context = 0;
+  int32_t context = 0;
   double bytes_per_token = 0;      // this cache's format (all layers, one sequence)
   double f32_bytes_per_token = 0;  // the same rows stored as f32 (2048 B a row, 512 B an indexer row)
   double f16_bytes_per_token = 0;  // as f16 (1024 B, 256 B)
   double total_bytes = 0;          // this cache's format, whole sequence
 };
 
+// Which compressor state array read_state() / state() return.
+enum class Dsv4State : uint8_t { CompressorKv, CompressorScore, IndexerKv, IndexerScore };
+
 class Dsv4Cache {
  public:
   Dsv4Cache(Dsv4CacheConfig config, Device device);
+  ~Dsv4Cache();
+  Dsv4Cache(Dsv4Cache&&) noexcept;
+  Dsv4Cache& operator=(Dsv4Cache&&) noexcept;
+  Dsv4Cache(const Dsv4Cache&) = delete;
+  Dsv4Cache& operator=(const Dsv4Cache&) = delete;
 
   // ---- shape ----
-  const Dsv4CacheConfig& config() const { return cfg_; }
-  Device device() const { return device_; }
-  int32_t n_layers() const { return static_cast<int32_t>(cfg_.layers.size()); }
+  const Dsv4CacheConfig& config() const;
+  Device device() const;
+  int32_t n_layers() const;
   Dsv4LayerKind kind(int32_t layer) const;
   int32_t raw_row_bytes() const;         // 1024 (f16) quantized, else 2048 (f32) for 512 dims
   int32_t compressed_row_bytes() const;  // 584 packed, else head_dim * 4
   int32_t indexer_row_bytes() const;     // 68 packed, else index_dim * 4
-  bool compressed_packed() const { return comp_packed_; }
-  bool indexer_packed() const { return idx_packed_; }
+  bool compressed_packed() const;
+  bool indexer_packed() const;
 
   // ---- weights ----
   void set_weights(int32_t layer, const Dsv4LayerWeights& w);
+
+  // ---- sequences ----
+  // A new empty sequence (OutOfMemory when max_seqs are live).
+  SeqId create();
+  void erase(SeqId seq);
+  bool contains(SeqId seq) const;
+  std::vector<SeqId> sequences() const;
+  // Keep the first n tokens of every layer. Only n == 0 (empty the sequence) and n == the
+  // current length of every layer are possible: the compressor states cannot be rewound
+  // (NotSupported otherwise; InvalidArgument when n is outside [0, length]).
+  void truncate(SeqId seq, int32_t n);
+  // DeepSeek-V4 caches cannot shift: compressor windows straddle any cut. Throws
+  // NotSupported (InvalidArgument first when the range itself is bad).
+  void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
 
   // ---- writing ----
   // Appends tokens pos .. pos + n - 1 of sequence `seq` to `layer`; pos must be
   // exactly length(seq, layer). n == 1 takes the decode path (finalize, store,
   // emit when due, shift), n > 1 the prefill path; both give identical results.
-  void append(int32_t seq, int32_t layer, int64_t pos, const Dsv4TokenInputs& in, Stream stream = {});
+  void append(SeqId seq, int32_t layer, int32_t pos, const Dsv4TokenInputs& in);
 
   // ---- reading ----
-  int64_t length(int32_t seq, int32_t layer) const;
-  int64_t compressed_rows(int32_t seq, int32_t layer) const;  // emitted rows
-  int64_t indexer_rows(int32_t seq, int32_t layer) const;
+  int32_t length(SeqId seq, int32_t layer) const;
+  int32_t compressed_rows(SeqId seq, int32_t layer) const;  // emitted rows
+  int32_t indexer_rows(SeqId seq, int32_t layer) const;
   // Views of the device storage (row stores have capacity rows; the first *_rows are valid).
-  TensorRef raw_ring(int32_t seq, int32_t layer) const;         // [window, head_dim] f16 or f32; position p at p % window
-  TensorRef compressed_store(int32_t seq, int32_t layer) const;  // [cap, 584] u8 or [cap, head_dim] f32
-  TensorRef indexer_store(int32_t seq, int32_t layer) const;     // [cap, 68] u8 or [cap, index_dim] f32
-  TensorRef state_kv(int32_t seq, int32_t layer, bool indexer = false) const;
-  TensorRef state_score(int32_t seq, int32_t layer, bool indexer = false) const;
+  TensorRef raw_ring(SeqId seq, int32_t layer) const;          // [window, head_dim] f16 or f32; position p at p % window
+  TensorRef compressed_store(SeqId seq, int32_t layer) const;  // [cap, 584] u8 or [cap, head_dim] f32
+  TensorRef indexer_store(SeqId seq, int32_t layer) const;     // [cap, 68] u8 or [cap, index_dim] f32
+  TensorRef state(SeqId seq, int32_t layer, Dsv4State which) const;  // f32 [state_rows, width]
   // Host copies as f32.
-  std::vector<float> read_window(int32_t seq, int32_t layer) const;      // [min(L, window), head_dim], oldest first
-  std::vector<float> read_compressed(int32_t seq, int32_t layer) const;  // [compressed_rows, head_dim]
-  std::vector<float> read_indexer(int32_t seq, int32_t layer) const;     // [indexer_rows, index_dim] (Hadamard domain if quantized)
-  std::vector<float> read_state(int32_t seq, int32_t layer, bool indexer, bool score) const;
+  std::vector<float> read_window(SeqId seq, int32_t layer) const;      // [min(L, window), head_dim], oldest first
+  std::vector<float> read_compressed(SeqId seq, int32_t layer) const;  // [compressed_rows, head_dim]
+  std::vector<float> read_indexer(SeqId seq, int32_t layer) const;     // [indexer_rows, index_dim] (Hadamard domain if quantized)
+  std::vector<float> read_state(SeqId seq, int32_t layer, Dsv4State which) const;
 
   // Indexer of a CSA layer over this sequence's indexer rows (dsv4_indexer_topk).
-  void indexer_topk(int32_t seq, int32_t layer, const TensorRef& q, const TensorRef& weights, int64_t first_query_pos,
-                    const TensorRef& scores, const TensorRef& out, Stream stream = {}) const;
+  void indexer_topk(SeqId seq, int32_t layer, const TensorRef& q, const TensorRef& weights, int32_t first_query_pos,
+                    const TensorRef& scores, const TensorRef& out) const;
 
-  // ---- lifecycle ----
-  void reset(int32_t seq, Stream stream = {});
-  // DeepSeek-V4 caches cannot shift: compressor windows straddle any cut. Throws
-  // NotSupported (InvalidArgument first when the range itself is bad).
-  void shift(int32_t seq, int64_t n_keep, int64_t n_discard);
-
-  // ---- memory ----
-  std::vector<Dsv4MemoryRow> memory_report(const std::vector<int64_t>& contexts) const;
+  // ---- inspection ----
+  // Canonical text of the host metadata (sequences, their slots and per-layer lengths, free
+  // slots, which layers have weights): tests compare it.
+  std::string debug_state() const;
+  std::vector<Dsv4MemoryRow> memory_report(const std::vector<int32_t>& contexts) const;
   size_t allocated_bytes() const;
 
- private:
-  struct Layer {
-    Dsv4LayerKind kind = Dsv4LayerKind::Window;
-    Dsv4Compressor comp, idx;
-    int64_t comp_cap = 0, idx_cap = 0;
-    Buffer ring, comp_kv, comp_score, comp_rows, idx_kv, idx_score, idx_rows;
-    Buffer comp_ape, comp_norm, idx_ape, idx_norm;
-    DType comp_ape_dtype = DType::F32, idx_ape_dtype = DType::F32;
-    bool has_weights = false;
-  };
-  void check_seq_layer(const char* what, int32_t seq, int32_t layer) const;
-  Dsv4CompressorWeights comp_weights(const Layer& l, bool indexer) const;
-  TensorRef slice3(const Buffer& b, DType dt, int32_t seq, int64_t rows, int64_t cols) const;
+  struct Impl;
 
-  Dsv4CacheConfig cfg_;
-  Device device_;
-  math::RopeTable comp_rope_{}, idx_rope_{};
-  bool comp_packed_ = false, idx_packed_ = false;
-  std::vector<Layer> layers_;
-  std::vector<int64_t> length_;  // [seq * n_layers + layer]
+ private:
+  // The implementation; throws InvalidArgument on a moved-from cache (every public call goes through it).
+  Impl& impl();
+  const Impl& impl() const;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvcore

@@ -1,6 +1,6 @@
 // PagedCache: a multi-sequence paged KV cache on the CPU or one CUDA device.
 //
-// Per layer a K pool and a V pool of fixed-size blocks (cache/paged_layout.hpp);
+// Per layer a K pool and a V pool of fixed-size blocks (kvcore/paged_layout.hpp);
 // sequences own lists of blocks; blocks are reference counted, so fork() shares
 // a whole sequence and the partly filled tail block is copied on the first write
 // (copy on write; so is any block a shift must edit while it is shared).
@@ -48,15 +48,27 @@
 // to cells no sequence uses, and the host commit is undone if mirroring fails.
 // (prepare() is the one exception: a device fault in the middle of its rotations
 // cannot be undone; the cache then refuses further calls with Corrupt.)
+//
+// Conventions, the same as Dsv4Cache's: sequences are SeqId values from create() until
+// erase(); positions and counts are int32_t; every device operation runs on the stream of
+// the config (PagedCacheConfig::stream); optional arguments are named maybe_*; every failing
+// call throws kvcore::Error naming the argument; a moved-from cache throws on every call.
+//
+// Thread safety: none inside. Calls that change the cache -- every non-const member, read()
+// and block_tables() included (they apply pending work) -- must not overlap any other call on
+// the same cache; const members may run concurrently with each other. A ticket belongs to one
+// thread at a time. Distinct caches share nothing.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kvcore/buffer.hpp"
-#include "kvcore/cache/paged_layout.hpp"
+#include "kvcore/paged_layout.hpp"
+#include "kvcore/cache/seq_id.hpp"
 #include "kvcore/device.hpp"
 #include "kvcore/math/rope_spec.hpp"
 #include "kvcore/ops/attention.hpp"
@@ -65,8 +77,6 @@
 #include "kvcore/tensor.hpp"
 
 namespace kvcore {
-
-using SeqId = int64_t;
 
 // RopeMode (RopeStored, RopeOnRead) is declared with the attention that reads it (ops/attention.hpp).
 
@@ -125,19 +135,7 @@ enum class PagedPositions : uint8_t {
   Offsets,       // leave the cells as stored; BlockTable::pos_offset says what to subtract (no O(cells) work)
 };
 
-// Cells reserved for one step's new tokens (reserve()); layers are then stored one at a
-// time with store(). Stale once any of its sequences changes again.
-struct AppendTicket {
-  std::vector<SeqId> seqs;
-  std::vector<uint64_t> versions;
-  std::vector<int32_t> counts;
-  std::vector<int32_t> host_slots;  // [n_tokens] cell ids, in the order of the positions given
-  int32_t n_tokens = 0;
-  Buffer slots;                     // i32 [n_tokens] on the cache's device
-  Buffer positions;                 // i32 [n_tokens] on the cache's device
-  TensorRef slot_mapping() const;
-  TensorRef position_view() const;
-};
+class AppendTicket;
 
 // Read-back of one layer of one sequence as f32, K rotated to current positions.
 struct PagedReadBack {
@@ -163,8 +161,18 @@ class PagedCache {
   // Append n tokens to every layer: positions [n] (host); k [n_layers, n, n_kv_heads, head_dim],
   // v [n_layers, n, n_kv_heads, v_head_dim] (empty without V); f32, f16 or bf16 on the cache's device.
   void append(SeqId seq, std::span<const int32_t> positions, const TensorRef& k, const TensorRef& v);
+  // Free blocks a reserve() of counts[i] new tokens for seqs[i] would take (new blocks plus
+  // copies of shared tail blocks), and whether the pool has them. Change nothing; they throw
+  // only for bad arguments (unknown or repeated ids, negative counts), as reserve() would.
+  int64_t blocks_needed(std::span<const SeqId> seqs, std::span<const int32_t> counts) const;
+  bool can_fit(std::span<const SeqId> seqs, std::span<const int32_t> counts) const;
+  bool can_fit(SeqId seq, int32_t n_tokens) const;
   // Reserve cells for counts[i] new tokens of seqs[i] (distinct ids); positions concatenated
   // in that order. The tokens are live at once; store() then writes them layer by layer.
+  // Until a layer is stored, its reserved cells read as zeros (every block is zeroed in every
+  // layer when it leaves the free list) or, in a block the sequence already held, as tokens
+  // that the sequence itself (or the sequence it was forked from) wrote there and later
+  // dropped: never another sequence's K/V.
   AppendTicket reserve(std::span<const SeqId> seqs, std::span<const int32_t> counts, std::span<const int32_t> positions);
   AppendTicket reserve(SeqId seq, std::span<const int32_t> positions);
   // The same, reusing `reuse`'s device buffers when they are large enough (a decode loop
@@ -178,6 +186,18 @@ class PagedCache {
   void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
   // Keep the first n tokens (speculative-decoding rollback).
   void truncate(SeqId seq, int32_t n);
+  // Position-range edits (llama.cpp's seq_rm and seq_add), on token positions, not token
+  // indices: remove_positions drops every token of `seq` whose position p has p0 <= p < p1;
+  // add_positions adds `delta` (either sign) to the positions of those tokens. p1 = kPosEnd
+  // reaches the end. Refused (InvalidArgument, nothing changed) when p0 < 0 or p1 < p0, when a
+  // new position would be negative or reach kPosEnd, or, with strict_positions, when positions
+  // would no longer increase along the sequence. RopeStored: the moved tokens' K is rotated by
+  // `delta` at the next prepare(), as after shift(); RopeOnRead: metadata only. Blocks left
+  // without a live token are freed; shared blocks that must change are copied first
+  // (OutOfMemory, nothing changed, when the pool lacks the copies). Host work O(cells of `seq`).
+  static constexpr int32_t kPosEnd = std::numeric_limits<int32_t>::max();  // appended positions are < kPosEnd
+  void remove_positions(SeqId seq, int32_t p0, int32_t p1);
+  void add_positions(SeqId seq, int32_t p0, int32_t p1, int32_t delta);
   // Apply what shifts left pending: fold every sequence's position offset into its cells
   // (RopeOnRead) and, RopeStored, rotate every cell with a pending delta, once. A no-op when
   // nothing is pending.
@@ -186,7 +206,7 @@ class PagedCache {
 
   // ---- reading ---------------------------------------------------------------------
   PagedReadBack read(SeqId seq, int32_t layer);  // calls prepare()
-  // Block tables of seqs (CSR, cache/paged_layout.hpp); pos_offset is always set (zeros when
+  // Block tables of seqs (CSR, kvcore/paged_layout.hpp); pos_offset is always set (zeros when
   // Materialized). Materialized: calls prepare(). Offsets: applies pending rotations only.
   // In buffers the cache owns: valid until the next block_tables() call or until the cache changes.
   BlockTable block_tables(std::span<const SeqId> seqs, PagedPositions positions = PagedPositions::Materialized);
@@ -220,7 +240,45 @@ class PagedCache {
   struct Impl;
 
  private:
+  // The implementation; throws InvalidArgument on a moved-from cache (every public call goes through it).
+  Impl& impl();
+  const Impl& impl() const;
+  friend struct PagedCacheAccess;  // the persistence hooks (src/cache/paged_export.cpp)
   std::unique_ptr<Impl> impl_;
+};
+
+// Cells reserved for one step's new tokens (PagedCache::reserve()); layers are then stored one
+// at a time with PagedCache::store(). Opaque and move-only: only the cache that issued it reads
+// or changes what it holds. store() refuses it (InvalidArgument) when it is stale (any of its
+// sequences changed since reserve()), was issued by another cache, was never issued (default
+// constructed, moved from, or its reserve() failed), or its contents were altered.
+class AppendTicket {
+ public:
+  AppendTicket() = default;
+  AppendTicket(AppendTicket&& other) noexcept;  // `other` is left holding no reservation
+  AppendTicket& operator=(AppendTicket&& other) noexcept;
+  AppendTicket(const AppendTicket&) = delete;
+  AppendTicket& operator=(const AppendTicket&) = delete;
+
+  int32_t n_tokens() const { return n_tokens_; }
+  // Device views for an engine's own store kernels (read them, never write them): i32
+  // [n_tokens] cell ids (block * block_size + slot) in the order of the positions given to
+  // reserve(), and those positions.
+  TensorRef slot_mapping() const;
+  TensorRef position_view() const;
+
+ private:
+  friend class PagedCache;
+  friend struct PagedCache::Impl;
+  friend struct AppendTicketAccess;  // tests only: forges tickets to check that store() refuses them
+  uint64_t owner_ = 0;  // id of the issuing cache (0: not a valid ticket)
+  uint64_t stamp_ = 0;  // the issuing cache's keyed hash of every field below
+  std::vector<SeqId> seqs_;
+  std::vector<uint64_t> versions_;
+  std::vector<int32_t> counts_;
+  int32_t n_tokens_ = 0;
+  Buffer slots_;      // i32 [n_tokens] on the cache's device
+  Buffer positions_;  // i32 [n_tokens] on the cache's device
 };
 
 }  // namespace kvcore

@@ -2,6 +2,8 @@
 // per-pair frequency table derived from it (host only, computed in double and
 // rounded once to f32). Variants: plain, linear, Llama-3, YaRN; optional
 // per-pair frequency factors; head or tail slice; NeoX or interleaved pairs.
+//
+// Thread safety: plain values and pure functions; safe to call concurrently.
 #pragma once
 #include <cstdint>
 #include <string>

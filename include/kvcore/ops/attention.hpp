@@ -9,7 +9,7 @@
 // synchronizes nor allocates, and can be captured in a CUDA graph (the plan must
 // outlive every run that uses it, captured ones included).
 //
-// The pages are read through the memory contract of cache/paged_layout.hpp (raw
+// The pages are read through the memory contract of kvcore/paged_layout.hpp (raw
 // TensorRefs), so the ops work with PagedCache (PagedCache::paged_kv(layer) and
 // block_tables()) and with an engine's own pages alike. Every call validates all
 // its arguments before writing anything and throws kvcore::Error naming the bad
@@ -47,7 +47,7 @@ namespace kvcore {
 // How K is stored in the pages (see above).
 enum class RopeMode : uint8_t { RopeStored, RopeOnRead };
 
-// One layer's pages (cache/paged_layout.hpp). PagedCache::paged_kv(layer) fills every field.
+// One layer's pages (kvcore/paged_layout.hpp). PagedCache::paged_kv(layer) fills every field.
 struct PagedKV {
   TensorRef k, v;              // [num_blocks, block_size, n_kv_heads, head_dim]: f32, f16, bf16 or e4m3
   TensorRef k_scale, v_scale;  // e4m3 only: UE8M0 (or u8) [num_blocks, block_size, n_kv_heads, head_dim / 64]

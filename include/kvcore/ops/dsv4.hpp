@@ -7,6 +7,9 @@
 // Every entry point checks all arguments before writing anything and throws
 // kvcore::Error(InvalidArgument) naming the argument; tensors must all live on
 // one device (CPU or CUDA), which picks the backend.
+//
+// Thread safety: calls may come from several threads at once (what they cache per device is
+// guarded) as long as no call writes memory that another one reads or writes.
 #pragma once
 #include <cstdint>
 

@@ -16,6 +16,9 @@
 // the even code, equal to the seed's binary search for every finite input (exhaustive test).
 // Non-finite values: a NaN stays NaN (code 0x7f; payload not kept), +-inf becomes +-448 * 2^k
 // (codes 0x7e / 0xfe). A -0.0 stays -0.0 (code 0x80), where the seed returns +0.0.
+//
+// Thread safety: calls may come from several threads at once (what they cache per device is
+// guarded) as long as no call writes memory that another one reads or writes.
 #pragma once
 #include "kvcore/stream.hpp"
 #include "kvcore/tensor.hpp"

@@ -5,9 +5,12 @@
 // blocks in place by a per-cell position delta (how a paged cache applies the
 // deltas that shifts accumulate, once, before the keys are read).
 //
-// Pools follow cache/paged_layout.hpp: data [num_blocks, block_size, n_heads, row_width]
+// Pools follow kvcore/paged_layout.hpp: data [num_blocks, block_size, n_heads, row_width]
 // where row_width is head_dim (f32, f16, bf16, e4m3 codes) or 584 bytes (the
 // DeepSeek-V4 row, math/dsv4_row.hpp). A cell id is block * block_size + slot.
+//
+// Thread safety: calls may come from several threads at once (what they cache per device is
+// guarded) as long as no call writes memory that another one reads or writes.
 #pragma once
 #include <cstdint>
 #include <string_view>

@@ -24,6 +24,9 @@
 // Every argument is checked first: a bad one throws kvcore::Error(InvalidArgument) naming
 // it and its value (NotSupported for a CUDA tensor in a CPU-only build) and nothing is
 // written. CUDA work is ordered on `stream` and not synchronized.
+//
+// Thread safety: calls may come from several threads at once (what they cache per device is
+// guarded) as long as no call writes memory that another one reads or writes.
 #pragma once
 #include <cstdint>
 

@@ -30,12 +30,11 @@
 //
 // CUDA: one launch per group of layers (up to 40 Llama-like layers; FP8 keys
 // in a second one), each retained byte read once and written once, no scratch
-// copy, whatever the overlap; ordered on `stream`. 16-bit keys and DeepSeek-V4
-// rows use a band-ordered tile kernel (the fastest measured); FP8 keys use the
-// "chain" kernel, which needs no synchronization between threads
-// (src/cuda/shift/shift_chain.hpp), except for layouts it does not take (partial rotary
-// or heads over 128 dims). Environment KVCORE_SHIFT_KERNEL=chain|single|pipelined
-// forces a kernel (for comparisons).
+// copy, whatever the overlap; ordered on `stream`. 16-bit rows without overlap
+// use a copy-like sweep over 16-byte chunks; with overlap, and DeepSeek-V4 rows,
+// a band-ordered tile kernel; FP8 keys the "chain" kernel, which needs no
+// synchronization between threads, except for layouts it does not take (partial
+// rotary or heads over 128 dims), which take the tile kernel.
 // CPU: OpenMP, same bytes for moves.
 //
 // Precision (measured by tests/shift_*_test.cpp, head_dim 128, N(0,1) keys,
@@ -50,6 +49,9 @@
 //   FP8 e4m3 keys (fully rotated): 0.027 as written, 0.035 after one shift
 //   (each shift requantizes: the error grows with every shift, so prefer
 //   formats that keep the rotated dims in 16 bits, like DeepSeek-V4's row).
+//
+// Thread safety: calls may come from several threads at once (what they cache per device is
+// guarded) as long as no call writes memory that another one reads or writes.
 #pragma once
 #include <cstdint>
 #include <span>

@@ -12,17 +12,9 @@
 #include "cuda/attention/attention_mma.hpp"
 #include "cuda/attention/attention_prefill.hpp"
 #include "ops/attention_tuning.hpp"
+#include "cuda/common/device.hpp"
 
 namespace kvcore::ops::cuda {
-
-int sm_count(int device) {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1, 0);
-  if (cache[device] == 0) KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&cache[device], cudaDevAttrMultiProcessorCount, device));
-  return cache[device];
-}
 
 namespace attn {
 
@@ -52,7 +44,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   __shared__ float part[kParts][DS];
   __shared__ float inv_s;
   // Launched as a programmatic dependent of the decode kernel: its partials complete and visible.
-  kvcore::cuda::pdl_wait();
+  kvcore::ops::cuda::pdl_wait();
   const int rh = blockIdx.x / kSlices, d_off = blockIdx.x % kSlices * DS;
   const int r = rh / a.n_heads, h = rh % a.n_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -62,9 +54,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
     const int n = min(kStageSplits, a.splits - s0);
     for (int e = tid; e < n * DS / 4; e += kMergeThreads) {
       const int i = e / (DS / 4), c = e % (DS / 4);  // split s0 + i, chunk c of its slice
-      kvcore::cuda::cp_async<16>(stage + i * DS + 4 * c, o + int64_t{s0 + i} * HD + 4 * c);
+      kvcore::ops::cuda::cp_async<16>(stage + i * DS + 4 * c, o + int64_t{s0 + i} * HD + 4 * c);
     }
-    kvcore::cuda::cp_async_commit();
+    kvcore::ops::cuda::cp_async_commit();
   };
   copy_stage(0);
   // Every split's lse at once (a thread each), while the first stage's copies are in flight.
@@ -92,7 +84,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
 #pragma unroll
   for (int k = 0; k < kDims; ++k) acc[k] = 0.0f;
   for (int s0 = 0; s0 < a.splits; s0 += kStageSplits) {
-    kvcore::cuda::cp_async_wait<0>();
+    kvcore::ops::cuda::cp_async_wait<0>();
     __syncthreads();  // the stage (and, the first time, the weights) visible to every thread
     const float inv = inv_s;
     const int n = min(kStageSplits, a.splits - s0);
@@ -131,7 +123,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   for (int d = threadIdx.x; d < DS; d += kMergeThreads) store_q_elem(a.out, off + d, a.out_elem, row[d]);
   // The next decode call's kernel (a programmatic dependent) may launch once every merge CTA is
   // here; it waits for this grid's completion before reading anything.
-  kvcore::cuda::pdl_allow_dependents();
+  kvcore::ops::cuda::pdl_allow_dependents();
 }
 
 }  // namespace
@@ -149,7 +141,7 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
   // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
   // kernel drains, instead of after it (the launch latency leaves the critical path).
   const dim3 grid(static_cast<unsigned>(sliced ? blocks * (hd / 32) : blocks)), block(kMergeThreads);
-  auto go = [&](auto kernel) { kvcore::cuda::launch_dependent(kernel, grid, block, 0, stream, a); };
+  auto go = [&](auto kernel) { kvcore::ops::cuda::launch_dependent(kernel, grid, block, 0, stream, a); };
   switch (hd) {
     case 64: return sliced ? go(merge_kernel<64, 32>) : go(merge_kernel<64, 64>);
     case 128: return sliced ? go(merge_kernel<128, 32>) : go(merge_kernel<128, 128>);
@@ -247,7 +239,7 @@ void attention_paged(const PagedAttentionParams& p, const AttentionTuning& tunin
   require_arg(reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0,
               "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
   const int hd = p.layout.head_dim;
-  cudaStream_t stream = kvcore::cuda::native(p.stream);
+  cudaStream_t stream = kvcore::ops::cuda::native(p.stream);
   if (prefill_attn::serves(p, sm_count(p.device))) {  // writes the output itself
     prefill_attn::launch(p, stream);
     return;

@@ -23,6 +23,7 @@
 #include <cuda_fp8.h>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/common/cp_async.cuh"
 #include "kvcore/math/softmax.hpp"
 #include "ops/attention_params.hpp"
@@ -90,12 +91,12 @@ __device__ __forceinline__ void dequant16(const uint4& raw, float* out) {
   }
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { kvcore::cuda::cp_async<16>(smem, gmem); }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { kvcore::ops::cuda::cp_async<16>(smem, gmem); }
 // Pull a line into L1 ahead of use (metadata read a few steps later by ordinary loads).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 
-using kvcore::cuda::cp_async_commit;
-using kvcore::cuda::cp_async_wait;
+using kvcore::ops::cuda::cp_async_commit;
+using kvcore::ops::cuda::cp_async_wait;
 
 template <int HD, int G, int EPL>
 struct DecodeSmem {
@@ -409,14 +410,7 @@ template <int HD, math::KvElem KV, int G, bool ASYNC>
 void launch_paged(const PagedAttentionParams& p, int chunks, dim3 grid, cudaStream_t stream, int* blocks_per_sm) {
   using S = DecodeShape<HD, KV, G>;
   const size_t dyn = ASYNC ? size_t{kWarps} * S::kStages * S::kStageVecs * 32 * sizeof(uint4) : 0;
-  if constexpr (ASYNC) {
-    static const bool once = [&] {
-      KVCORE_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<HD, KV, G, ASYNC>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn)));
-      return true;
-    }();
-    (void)once;
-  }
+  if constexpr (ASYNC) smem_opt_in(paged_decode_kernel<HD, KV, G, ASYNC>, dyn, p.device);
   if (blocks_per_sm) {
     KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, paged_decode_kernel<HD, KV, G, ASYNC>,
                                                                     kThreads, dyn));

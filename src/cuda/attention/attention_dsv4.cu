@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) dsv4_kernel(const Dsv4AttentionParam
 
 void attention_dsv4(const Dsv4AttentionParams& p) {
   KVCORE_CUDA_CHECK(cudaSetDevice(p.device));
-  cudaStream_t stream = kvcore::cuda::native(p.stream);
+  cudaStream_t stream = kvcore::ops::cuda::native(p.stream);
   const int64_t gx = int64_t{p.n_rows} * p.num_splits;
   const int gy = (p.n_heads + kHeadsPerCta - 1) / kHeadsPerCta;
   require_arg(gx < (int64_t{1} << 31) && gy < 65536, "attention_dsv4_decode: grid too large");

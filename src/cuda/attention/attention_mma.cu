@@ -2,6 +2,7 @@
 // serves, its occupancy for the split-K choice, and the launch.
 #include "cuda/attention/attention_mma.cuh"
 #include "cuda/attention/attention_mma.hpp"
+#include "cuda/common/device.hpp"
 #include "cuda/common/pdl.cuh"
 #include "ops/attention_tuning.hpp"
 
@@ -14,11 +15,7 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
                int* blocks_per_sm, bool pdl) {
   using K = Shape<HD, KV, ROPE, NT, W>;
   constexpr auto kernel = mma_decode_kernel<HD, KV, ROPE, NT, PATH, W>;
-  static const bool attr_set = [] {
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes));
-    return true;
-  }();
-  (void)attr_set;
+  smem_opt_in(kernel, K::kSmemBytes, p.device);
   if (blocks_per_sm) {
     KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, K::kThreads, K::kSmemBytes));
     return;
@@ -27,7 +24,7 @@ void launch_nt(const PagedAttentionParams& p, CtaOrder grid, int chunks, int chu
   // A programmatic dependent of the stream's previous kernel (the kernel waits for it before any
   // global read): its launch and CTA set-up overlap that kernel's drain (AttentionTuning::pdl).
   if (pdl) {
-    kvcore::cuda::launch_dependent(kernel, dim3(n_ctas), dim3(K::kThreads), K::kSmemBytes, stream, p, chunks, chunk_heads, grid);
+    kvcore::ops::cuda::launch_dependent(kernel, dim3(n_ctas), dim3(K::kThreads), K::kSmemBytes, stream, p, chunks, chunk_heads, grid);
   } else {
     kernel<<<n_ctas, K::kThreads, K::kSmemBytes, stream>>>(p, chunks, chunk_heads, grid);
     KVCORE_CUDA_CHECK_LAUNCH("mma_decode_kernel");

@@ -15,7 +15,8 @@
 // words), so the main loop needs only __syncwarp and a shared counter. Online softmax per
 // column; the warps' states are merged in shared memory into one normalized partial
 // (o, lse) per split, combined by attention_merge like the SIMT kernel's (a merge inside this
-// kernel, by the last CTA of a head group, was measured slower: run AD, 2026-12-04).
+// kernel, by the last CTA of a head group, is slower: that CTA serializes the merge behind
+// its own tiles).
 // Start-up: the kernel is a programmatic dependent of the stream's previous kernel (its launch
 // overlaps that kernel's drain), and fat CTAs of batch row 0 load their first block ids
 // together with indptr (see `guess` in decode_body).
@@ -47,19 +48,18 @@ constexpr int kMetaWords = 5;  // per token of a stage: cell, position, valid wo
 // What the kernel decides at compile time. General: every runtime feature (positions,
 // causal / window masks, valid flags, either FP8 scale layout). Lean, for pages read the
 // common decode way (no positions, masks or valid flags; FP8: per-64 UE8M0 scales): those
-// per-token branches are compiled out. FP8 decode was bound by instruction issue (~1000
-// instructions a warp step for 4 KB); the lean loop and the other cuts took it from ~75% to
-// ~87% of the read bandwidth (GPU run A, 2026-12-03); short 16-bit calls are bound by the
-// loop's latency and take the lean loop too. Rounding P to f16 (one PV mma instead of hi + lo)
-// was measured too and gained nothing once the loop was lean, so P stays exact.
+// per-token branches are compiled out, because FP8 decode is bound by instruction issue (about
+// 1000 instructions a warp step for 4 KB); short 16-bit calls are bound by the loop's latency
+// and take the lean loop too. Rounding P to f16 (one PV mma instead of hi + lo) gains nothing
+// once the loop is lean, so P stays exact.
 // LeanTrace: the lean path plus trace stamps (bench/decode_trace.cu only; see trace_mark).
 enum class Path { General, Lean, LeanTrace };
 
 // Warps a CTA. FP8 decode may run one fat CTA an SM (kFatWarps = 16, as many warps as the
 // 4-warp CTAs that used to share an SM; attention_mma.hpp says when): the warp schedulers
-// favour the oldest CTA of an SM, so its 4-warp CTAs finished up to 13% apart and the SM
-// drained with few warps (decode_trace, 2026-12-04), while the warps of one CTA share their
-// tiles through a counter (see decode_body) and finish together.
+// favour the oldest CTA of an SM, so 4-warp CTAs sharing an SM finish apart and the SM drains
+// with few warps (bench decode_trace shows it), while the warps of one CTA share their tiles
+// through a counter (see decode_body) and finish together.
 constexpr int kWarpsDefault = 4;
 
 template <int HD, math::KvElem KV, bool ROPE, int NT, int W = kWarpsDefault>
@@ -166,8 +166,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
   // ids start at indices[0]; with the planning hint max_seq_cells as the guess of its cell count,
   // the first tiles' block ids load in the same round trip as indptr / last_page_len instead of
   // after them, and serve when the guess was right (checked). Only entries below n_indices are
-  // read. Batch 1, FP8 (run AE, 2026-12-04): first tile 7.9 -> 5.1 us after entry, calls 1.4 us
-  // (32k) and 1.9 us (128k) shorter; in 4-warp CTAs (FP8 <= 8k) 0.1-0.3 us longer, so not there.
+  // read. It pays where one fat CTA an SM waits on that round trip (FP8 at batch 1); 4-warp
+  // CTAs hide it behind other CTAs of their SM, and the extra loads only cost them.
   const bool guess = W > kWarpsDefault && !p.maybe_qo_indptr && b == 0 && p.max_seq_cells > 0 &&
                      p.max_seq_cells <= min(p.n_indices * bs, int64_t{0x7fffffff});
   int guessed_blk[S::kStages];
@@ -284,8 +284,8 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
 
   // ---- queries: every load of a thread is issued first, before the block-table chain and the
   // first tiles' copies, and stored once those are issued. Issued after the copies, they queued
-  // behind every CTA's first tiles (~4 us at batch 1: decode_trace); a loop that stored after
-  // each load waited one memory round trip per element (GPU profile F).
+  // behind every CTA's first tiles (bench decode_trace shows the wait); a loop that stored after
+  // each load waits one memory round trip per element.
   float qv[kElemsPerThread];
   switch (p.q_elem) {  // uniform: one unrolled loop of loads per q type
     case QElem::F32:
@@ -761,7 +761,7 @@ __global__ void __launch_bounds__(32 * W, (Shape<HD, KV, ROPE, NT, W>::kMinBlock
   extern __shared__ __align__(16) unsigned char smem[];
   // Launched as a programmatic dependent (launch_nt): CTAs may start while the stream's previous
   // kernel drains; nothing global is read before that kernel is complete and visible.
-  kvcore::cuda::pdl_wait();
+  kvcore::ops::cuda::pdl_wait();
   // One flat grid of (row x split) x (kv head x chunk) CTAs; see CtaOrder for the order.
   const int64_t idx = blockIdx.x;
   const int x = static_cast<int>(order.head_major ? idx / order.gy : idx % order.gx);
@@ -770,7 +770,7 @@ __global__ void __launch_bounds__(32 * W, (Shape<HD, KV, ROPE, NT, W>::kMinBlock
   const int kvh = y / chunks, chunk = y % chunks;
   decode_body<HD, KV, ROPE, NT, PATH, W>(p, smem, row, split, kvh, chunk, chunk_heads, order.trace);
   // This CTA's partials are written: the merge kernel (a programmatic dependent) may launch.
-  kvcore::cuda::pdl_allow_dependents();
+  kvcore::ops::cuda::pdl_allow_dependents();
 }
 
 }  // namespace kvcore::ops::cuda::mma_attn

@@ -10,9 +10,9 @@
 //
 // Layouts whose rotated dims fill whole 8-dim chunks (first_dim % 8 == 0, n_rot % 16 == 0:
 // every common model) rotate 8 pairs per lane from two 16-byte chunks: one 16-byte load and
-// two 16-byte stores per 8 dims instead of a 2-byte load and two 2-byte stores per dim (the
-// element-by-element rotation ran 16-bit rope-on-read at ~23% of the read bandwidth, GPU run
-// I). Other layouts are served by the SIMT kernel.
+// two 16-byte stores per 8 dims instead of a 2-byte load and two 2-byte stores per dim (an
+// element-by-element rotation leaves 16-bit rope-on-read far below the read bandwidth).
+// Other layouts are served by the SIMT kernel.
 #pragma once
 #include "cuda/attention/mma_primitives.cuh"
 #include "kvcore/math/rope.hpp"

@@ -2,6 +2,7 @@
 #include "cuda/attention/attention_prefill.cuh"
 #include "cuda/attention/attention_prefill.hpp"
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 
 namespace kvcore::ops::cuda::prefill_attn {
 
@@ -13,12 +14,7 @@ void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   constexpr int PASSES = 1;
   constexpr int RB = 2;  // 32 rows a CTA (16 rows: ~2x slower, GPU run Q of 2026-12-04)
   using S = Shape<HD, QSPLIT, RB>;
-  static const bool attr_set = [] {
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB, PASSES>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
-    return true;
-  }();
-  (void)attr_set;
+  smem_opt_in(prefill_kernel<HD, BF16, QSPLIT, PSPLIT, RB, PASSES>, S::kSmemBytes, p.device);
   const int chunk_heads = heads_per_cta(p.group);
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
   // Row blocks, then one CTA a sequence for rows before its first block boundary.

@@ -29,8 +29,8 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool f
 __device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
-using kvcore::cuda::cp_async_commit;
-using kvcore::cuda::cp_async_wait;
+using kvcore::ops::cuda::cp_async_commit;
+using kvcore::ops::cuda::cp_async_wait;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -6,7 +6,7 @@
 #include "kvcore/error.hpp"
 #include "kvcore/stream.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 [[noreturn]] inline void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
   cudaGetLastError();  // clear a sticky non-fatal error so the next call starts clean
@@ -17,12 +17,12 @@ namespace kvcore::cuda {
 
 inline cudaStream_t native(Stream s) { return static_cast<cudaStream_t>(s.handle); }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda
 
 #define KVCORE_CUDA_CHECK(call)                                                  \
   do {                                                                           \
     cudaError_t kvcore_err_ = (call);                                            \
-    if (kvcore_err_ != cudaSuccess) ::kvcore::cuda::throw_cuda(kvcore_err_, #call, __FILE__, __LINE__); \
+    if (kvcore_err_ != cudaSuccess) ::kvcore::ops::cuda::throw_cuda(kvcore_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a <<<...>>> launch: catches bad configurations at once (asynchronous
@@ -30,5 +30,5 @@ inline cudaStream_t native(Stream s) { return static_cast<cudaStream_t>(s.handle
 #define KVCORE_CUDA_CHECK_LAUNCH(name)                                           \
   do {                                                                           \
     cudaError_t kvcore_err_ = cudaGetLastError();                                \
-    if (kvcore_err_ != cudaSuccess) ::kvcore::cuda::throw_cuda(kvcore_err_, "launch of " name, __FILE__, __LINE__); \
+    if (kvcore_err_ != cudaSuccess) ::kvcore::ops::cuda::throw_cuda(kvcore_err_, "launch of " name, __FILE__, __LINE__); \
   } while (0)

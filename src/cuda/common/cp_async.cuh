@@ -4,7 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 // Copy kBytes (4, 8 or 16) from global `g` to shared `smem`; 16 bytes bypass L1 (.cg).
 template <int kBytes>
@@ -27,4 +27,4 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -19,7 +19,7 @@
 #define KVCORE_FP8_HW 0
 #endif
 
-namespace kvcore::cuda_fp8 {
+namespace kvcore::ops::cuda::fp8_hw {
 
 // Codes of a * inv_scale (low byte) and b * inv_scale (high byte); inv_scale a power of two.
 __device__ __forceinline__ uint32_t encode2_scaled(float a, float b, float inv_scale) {
@@ -45,4 +45,4 @@ __device__ __forceinline__ float2 decode2(uint32_t w) {
 #endif
 }
 
-}  // namespace kvcore::cuda_fp8
+}  // namespace kvcore::ops::cuda::fp8_hw

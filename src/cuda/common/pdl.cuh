@@ -9,7 +9,7 @@
 
 #include "cuda/common/check.cuh"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -40,4 +40,4 @@ void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -4,14 +4,15 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/dsv4/dsv4_common.cuh"
 #include "cuda/dsv4/dsv4_prefill.cuh"
 #include "cuda/dsv4/dsv4_prefill_general.cuh"
 #include "ops/dsv4_backends.hpp"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
 
-using kvcore::cuda::native;
+using kvcore::ops::cuda::native;
 
 // ---- finalizer --------------------------------------------------------------------------
 
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) emit_kernel(const CompressorParams p
 }
 
 static void set_smem(const void* kernel, size_t bytes) {
-  if (bytes > 48 * 1024) KVCORE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  if (bytes > 48 * 1024) smem_opt_in(kernel, bytes, current_device());
 }
 
 void emit(const CompressorParams& p, Stream s) {
@@ -194,4 +195,4 @@ void decode_layer(const DecodeParams& p, Stream s) {
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 decode_layer_kernel");
 }
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

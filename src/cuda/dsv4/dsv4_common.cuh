@@ -11,7 +11,9 @@
 #include "ops/dsv4_candidates.hpp"
 #include "ops/dsv4_params.hpp"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
+
+using namespace ::kvcore::dsv4;  // the ops layer's Params
 
 constexpr int kThreads = 256;  // threads of the row kernels (8 warps)
 
@@ -217,4 +219,4 @@ __device__ inline void finish_row(const CompressorParams& p, int64_t w, float* b
   for (int k = threadIdx.x; k < p.head_dim; k += blockDim.x) out[k] = buf[k];
 }
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

@@ -9,65 +9,23 @@
 //    row order (lowest rows first), then a bitonic sort of the picks (key descending, row
 //    ascending) held in registers: shuffles for strides <= 32, shared memory above.
 //    The CPU orders by (score descending, row ascending) too, so identical scores give identical picks.
-// A/B variants (KVCORE_DSV4_INDEXER, see Variant below) change launch shapes, loads and thread
-// counts only: the same scores bit for bit and the same picks (the CUDA tests compare them).
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/dsv4/dsv4_common.cuh"
-#include "cuda/common/pdl.cuh"
 #include "kvcore/error.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
 #include "ops/dsv4_backends.hpp"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
 
-using kvcore::cuda::native;
+using kvcore::ops::cuda::native;
 
-namespace {
-
-int current_device() {
-  int dev = 0;
-  KVCORE_CUDA_CHECK(cudaGetDevice(&dev));
-  return dev;
-}
-
-int sm_count_of(int dev) {
-  static std::atomic<int> cache[64] = {};
-  if (dev < 0 || dev >= 64) {
-    int n = 0;
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }
-  int n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-// Raises a kernel's dynamic shared memory limit to `bytes` once per device (a driver call per
-// launch would cost more than the decode kernels themselves).
-struct SmemOptIn {
-  std::atomic<int> set[64] = {};
-  void ensure(const void* fn, size_t bytes, int dev) {
-    if (bytes == 0) return;  // (static + dynamic > 48 KB needs the opt-in too, so any size is set)
-    const int b = static_cast<int>(bytes);
-    if (dev >= 0 && dev < 64 && set[dev].load(std::memory_order_relaxed) >= b) return;
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, b));
-    if (dev >= 0 && dev < 64) set[dev].store(b, std::memory_order_relaxed);
-  }
-};
-
-}  // namespace
 
 constexpr int kRowsPerBlock = 128;  // score rows per block of the general kernel (16 per warp)
 constexpr int kMaxPerLane = 32;     // dim <= 1024
@@ -125,13 +83,8 @@ __device__ inline void score_body(const IndexerParams& p, float* qs /* [n_heads 
   }
 }
 
-// The score kernels let a programmatic dependent (the top-k of variant "pdl") launch at once: it
-// waits for this grid's completion itself (pdl_wait), so only its launch and prologue overlap.
-using kvcore::cuda::pdl_allow_dependents;
-
 __global__ void __launch_bounds__(kThreads) score_kernel(const IndexerParams p) {
   extern __shared__ float smem[];
-  pdl_allow_dependents();
   score_body(p, smem, blockIdx.y, static_cast<int64_t>(blockIdx.x) * kRowsPerBlock);
 }
 
@@ -151,12 +104,11 @@ __host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim, int
 
 // The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
 // when quantized (the same butterfly network and block scales as the CPU: identical bits).
-template <int kGroup = 4>
 __device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {
   const float* q = p.q + i * p.q_stride0;
   if (p.quant && p.dim == math::kHadamardDim) {  // the model's case: a warp per head, in registers
-    // Heads in groups of kGroup a warp, all loads first: independent shuffle chains to overlap
-    // (8: the model's 64 heads in one round trip with 8 warps).
+    // Heads in groups of kGroup a warp, all loads first: independent shuffle chains to overlap.
+    constexpr int kGroup = 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     for (int h0 = warp; h0 < p.n_heads; h0 += kGroup * n_warps) {
       float v[kGroup][4];
@@ -223,55 +175,12 @@ __device__ inline void load_tile(const IndexerParams& p, float* ks, int ld, int6
   }
 }
 
-// Variant "prefetch": packed rows of dim 128 (16 u32 words of codes + 4 scale bytes a row), a
-// tile's raw words fetched into registers first (all loads of a thread in flight at once, the
-// first tile's while the query is transformed, the next tile's while this one is scored), then
-// decoded into shared memory: the same f32 values as load_tile, so identical scores.
-template <int kTileRows>
-struct TileWords {
-  static constexpr int kPer = kTileRows * 16 / kThreads;  // words a thread
-  static_assert(kPer >= 1 && kTileRows * 16 % kThreads == 0, "whole words a thread");
-  uint32_t code[kPer];
-  uint8_t scale[kPer];
-
-  __device__ void fetch(const IndexerParams& p, int64_t s0, int n) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int idx = threadIdx.x + j * kThreads, r = idx >> 4, wd = idx & 15;
-      if (r < n) {
-        const uint8_t* row = static_cast<const uint8_t*>(p.rows) + (s0 + r) * p.rows_stride;
-        code[j] = *reinterpret_cast<const uint32_t*>(row + wd * 4);
-        scale[j] = row[64 + wd / 4];
-      } else {
-        code[j] = 0;
-        scale[j] = 0;
-      }
-    }
-  }
-
-  __device__ void place(float* ks, int ld, int n) const {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int idx = threadIdx.x + j * kThreads, r = idx >> 4, wd = idx & 15;
-      float v[8];
-      const float sc = r < n ? math::ue8m0_decode(scale[j]) : 0.0f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k)  // byte k / 2 of the word, low nibble first: the CPU's code order
-        v[k] = r < n ? math::e2m1_decode(static_cast<uint8_t>((code[j] >> (4 * k)) & 0xfu)) * sc : 0.0f;
-      float4* dst = reinterpret_cast<float4*>(ks + r * ld + wd * 8);
-      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  }
-};
-
 // grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
 // its query's visible rows and writes -inf to the invisible rest of [0, cap).
-template <int kTileRowsPerThread, bool kPrefetch>
+template <int kTileRowsPerThread>
 __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
   constexpr int kTileRows = kRowSlots * kTileRowsPerThread;
   extern __shared__ __align__(16) float smem[];
-  pdl_allow_dependents();
   const int32_t i = blockIdx.y;
   const int64_t t = p.first_query_pos + i;
   const int64_t vis = min(p.n_rows, visible_rows(t, p.ratio));
@@ -286,26 +195,15 @@ __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerPara
   float* ks = qs + static_cast<size_t>(p.n_heads) * p.dim;
   float* red = ks + static_cast<size_t>(kTileRows) * ld;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kTileRows;
-  // The prefetch path's shape (block-uniform): packed rows of dim 128, 4-byte aligned words.
-  const bool fast = kPrefetch && p.rows_packed && p.dim == 128 && p.rows_stride % 4 == 0 &&
-                    reinterpret_cast<uintptr_t>(p.rows) % 4 == 0;
-  TileWords<kTileRows> words;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTileRows;
-  if (fast) words.fetch(p, first, static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - first)));
-  load_query<kPrefetch ? 8 : 4>(p, qs, i);
+  load_query(p, qs, i);
   const float* w = p.weights + i * p.w_stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int rs = lane & (kRowSlots - 1), hs = warp * 4 + (lane >> 3);
 
   for (int64_t s0 = static_cast<int64_t>(blockIdx.x) * kTileRows; s0 < vis; s0 += step) {
     const int n = static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - s0));
-    if (fast) {
-      words.place(ks, ld, n);
-    } else {
-      load_tile<kTileRows>(p, ks, ld, s0, n);
-    }
+    load_tile<kTileRows>(p, ks, ld, s0, n);
     __syncthreads();
-    if (fast && s0 + step < vis) words.fetch(p, s0 + step, static_cast<int>(min(static_cast<int64_t>(kTileRows), vis - s0 - step)));
     float row_acc[kTileRowsPerThread];
 #pragma unroll
     for (int r = 0; r < kTileRowsPerThread; ++r) row_acc[r] = 0.0f;
@@ -365,6 +263,7 @@ __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerPara
 
 constexpr int kTopkThreads = 1024;
 constexpr int kMaxK = 2048;
+static_assert(kMaxK <= 2 * kTopkThreads, "the bitonic sort holds two picks a thread");
 constexpr int kSmemKeysMax = 32768;  // visible rows whose keys are cached in shared memory (128 KB)
 constexpr int kCandMax = 4096;       // keys of the threshold's 12-bit bin held as candidates (32 KB)
 
@@ -469,8 +368,8 @@ __device__ inline void radix_histogram(const KeyOf& key_of, int n, int bits, int
 // places the keys of higher bins (picks) and those of the bin (candidates, in row order), and the
 // last two passes and the ties run over the candidates only (two sweeps over all keys instead of
 // five). Otherwise every pass sweeps all keys.
-template <bool kKeysInSmem, int kT>
-__global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
+template <bool kKeysInSmem>
+__global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams p) {
   extern __shared__ uint32_t dyn[];  // candidates [kCandMax] keys, [kCandMax] rows; then [vis] keys when kKeysInSmem
   uint32_t* cand_key = dyn;
   int32_t* cand_idx = reinterpret_cast<int32_t*>(dyn + kCandMax);
@@ -492,30 +391,9 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
   for (int j = tid; j < p.k; j += blockDim.x)  // -1 beyond take; the picks overwrite the rest below
     if (j >= take) out[j] = -1;
   if (take == 0) return;
-  // Launched as a programmatic dependent of the scores (variant "pdl"): complete and visible here.
-  kvcore::cuda::pdl_wait();
 
   if constexpr (kKeysInSmem) {
-    if constexpr (kT < kTopkThreads) {
-      // Fewer threads, more keys each: a batch of loads in flight before their stores (a load
-      // stored before the next is issued costs a memory round trip per key).
-      constexpr int kBatch = kTopkThreads / kT * 2;
-      for (int base = 0; base < vis; base += kBatch * kT) {
-        float v[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int s = base + u * kT + tid;
-          v[u] = s < vis ? sc[s] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int s = base + u * kT + tid;
-          if (s < vis) keys[s] = order_key(v[u]);
-        }
-      }
-    } else {
-      for (int s = tid; s < vis; s += blockDim.x) keys[s] = order_key(sc[s]);
-    }
+    for (int s = tid; s < vis; s += blockDim.x) keys[s] = order_key(sc[s]);
   }
   if (tid == 0) s_n_gt = 0;
   __syncthreads();
@@ -715,59 +593,19 @@ __global__ void __launch_bounds__(kT) topk_kernel(const IndexerParams p) {
   }
 }
 
-// A/B variants for GPU runs, KVCORE_DSV4_INDEXER = a list of names (unset: the default):
-//  "scores16": score tiles of 16 rows when 32-row tiles give fewer CTAs than SMs (more CTAs at
-//   short contexts; the same fmaf order per (row, head) and head sum order: identical scores);
-//  "topk512" / "topk256": the top-k with 512 / 256 threads a query (fewer warps at each barrier)
-//   when the sort of the picks fits (the next power of two >= k at most twice the threads);
-//  "pdl": the top-k launched as a programmatic dependent of the scores (its launch off the
-//   critical path; it waits for the scores before reading them);
-//  "prefetch": the tiled scorer's packed rows of dim 128 fetched as words into registers ahead
-//   (TileWords: the first tile during the query transform, the next during this tile's scoring),
-//   and the query's heads transformed 8 a warp at once (one load round trip for 64 heads).
-namespace {
-
-struct Variant {
-  bool scores16 = false;
-  bool pdl = false;
-  bool prefetch = false;
-  int topk_threads = kTopkThreads;
-};
-
-Variant variant_from_env() {
-  Variant v;
-  const char* e = std::getenv("KVCORE_DSV4_INDEXER");
-  if (e == nullptr) return v;
-  v.scores16 = std::strstr(e, "scores16") != nullptr;
-  v.pdl = std::strstr(e, "pdl") != nullptr;
-  v.prefetch = std::strstr(e, "prefetch") != nullptr;
-  if (std::strstr(e, "topk512") != nullptr) v.topk_threads = 512;
-  if (std::strstr(e, "topk256") != nullptr) v.topk_threads = 256;
-  return v;
-}
-
-}  // namespace
-
 static void indexer_check(const IndexerParams& p) {
   require(p.k <= kMaxK, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: top-k ", p.k, " exceeds ", kMaxK);
   require(p.n_q <= 65535, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: at most 65535 queries a call, got ", p.n_q);
   require(p.cap <= (int64_t{1} << 31) - 1, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: too many rows: ", p.cap);
 }
 
-template <bool kPrefetch>
 void launch_tiled(int per_thread, dim3 grid, size_t bytes, int dev, const IndexerParams& p, Stream s) {
-  if (per_thread == 2) {
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<2, kPrefetch>), bytes, dev);
-    score_tiled_kernel<2, kPrefetch><<<grid, kThreads, bytes, native(s)>>>(p);
-  } else if (per_thread == 4) {
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<4, kPrefetch>), bytes, dev);
-    score_tiled_kernel<4, kPrefetch><<<grid, kThreads, bytes, native(s)>>>(p);
+  if (per_thread == 4) {
+    smem_opt_in(score_tiled_kernel<4>, bytes, dev);
+    score_tiled_kernel<4><<<grid, kThreads, bytes, native(s)>>>(p);
   } else {
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_tiled_kernel<8, kPrefetch>), bytes, dev);
-    score_tiled_kernel<8, kPrefetch><<<grid, kThreads, bytes, native(s)>>>(p);
+    smem_opt_in(score_tiled_kernel<8>, bytes, dev);
+    score_tiled_kernel<8><<<grid, kThreads, bytes, native(s)>>>(p);
   }
 }
 
@@ -776,80 +614,50 @@ void indexer_scores(const IndexerParams& p, Stream s) {
   const int dev = current_device();
   const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);
   if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
-    const int64_t sms = sm_count_of(dev), rows = std::min(p.n_rows, p.cap);
+    const int64_t sms = sm_count(dev), rows = std::min(p.n_rows, p.cap);
     const int64_t want = std::max<int64_t>(1, 2 * sms / p.n_q);  // ~2 CTAs an SM in all
-    // Few rows (fewer 64-row tiles than SMs): 32-row tiles, twice the CTAs (variant scores16:
-    // 16-row tiles when 32-row ones are still fewer than SMs).
+    // Few rows (fewer 64-row tiles than SMs): 32-row tiles, twice the CTAs.
     const bool small = (rows + kMaxTileRows - 1) / kMaxTileRows * p.n_q < sms;
-    const Variant v = variant_from_env();
-    const bool tiny = small && v.scores16 && (rows + kMaxTileRows / 2 - 1) / (kMaxTileRows / 2) * p.n_q < sms;
-    const int tile_rows = tiny ? kMaxTileRows / 4 : (small ? kMaxTileRows / 2 : kMaxTileRows);
+    const int tile_rows = small ? kMaxTileRows / 2 : kMaxTileRows;
     const size_t bytes = tiled_smem_floats(p.n_heads, p.dim, tile_rows) * sizeof(float);
     const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
     const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
     const int per_thread = tile_rows / kRowSlots;
-    if (v.prefetch) {
-      launch_tiled<true>(per_thread, grid, bytes, dev, p, s);
-    } else {
-      launch_tiled<false>(per_thread, grid, bytes, dev, p, s);
-    }
+    launch_tiled(per_thread, grid, bytes, dev, p, s);
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_tiled_kernel");
   } else {
     const size_t q_smem = static_cast<size_t>(p.n_heads) * p.dim * sizeof(float);
     require(q_smem <= 200 * 1024, ErrorCode::NotSupported, "dsv4_indexer_topk on CUDA: heads x dim = ", p.n_heads, " x ",
             p.dim, " exceeds the shared memory of one block");
-    static SmemOptIn opt_in;
-    opt_in.ensure(reinterpret_cast<const void*>(score_kernel), q_smem, dev);
+    smem_opt_in(score_kernel, q_smem, dev);
     const dim3 grid(static_cast<unsigned>((p.cap + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(p.n_q));
     score_kernel<<<grid, kThreads, q_smem, native(s)>>>(p);
     KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_kernel");
   }
 }
 
-// Launches topk_kernel<., kT> for the query count, keys in shared memory when they fit.
-template <bool kKeysInSmem, int kT>
-void launch_topk_kernel(const IndexerParams& p, size_t bytes, bool pdl, Stream s) {
-  if (!pdl) {
-    topk_kernel<kKeysInSmem, kT><<<p.n_q, kT, bytes, native(s)>>>(p);
-    return;
-  }
-  kvcore::cuda::launch_dependent(topk_kernel<kKeysInSmem, kT>, dim3(static_cast<unsigned>(p.n_q)), dim3(kT), bytes, native(s), p);
-}
-
-template <int kT>
-void launch_topk(const IndexerParams& p, int dev, bool pdl, Stream s) {
+// Launches topk_kernel for the query count, keys in shared memory when they fit.
+void launch_topk(const IndexerParams& p, int dev, Stream s) {
   const int64_t max_vis = std::min(p.n_rows, p.cap);
   const size_t cand_bytes = static_cast<size_t>(2 * kCandMax) * sizeof(uint32_t);
   if (max_vis <= kSmemKeysMax) {
     // The kernel's static shared memory (32 KB) counts against the same limit: raise the dynamic
-    // limit to the most this kernel ever takes, once per device (a smaller opt-in than static +
-    // dynamic made a launch with 4099 keys fail with cudaErrorInvalidValue in GPU run 3).
-    static SmemOptIn opt_in;
+    // limit to the most this kernel ever takes, once per device (an opt-in smaller than static +
+    // dynamic makes a launch with more keys fail with cudaErrorInvalidValue).
     const size_t bytes = cand_bytes + static_cast<size_t>(max_vis) * sizeof(uint32_t);
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<true, kT>), cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
-    launch_topk_kernel<true, kT>(p, bytes, pdl, s);
+    smem_opt_in(topk_kernel<true>, cand_bytes + static_cast<size_t>(kSmemKeysMax) * sizeof(uint32_t), dev);
+    topk_kernel<true><<<p.n_q, kTopkThreads, bytes, native(s)>>>(p);
   } else {
-    static SmemOptIn opt_in;  // static 32 KB + dynamic 32 KB: over the 48 KB default
-    opt_in.ensure(reinterpret_cast<const void*>(topk_kernel<false, kT>), cand_bytes, dev);
-    launch_topk_kernel<false, kT>(p, cand_bytes, pdl, s);
+    // static 32 KB + dynamic 32 KB: over the 48 KB default
+    smem_opt_in(topk_kernel<false>, cand_bytes, dev);
+    topk_kernel<false><<<p.n_q, kTopkThreads, cand_bytes, native(s)>>>(p);
   }
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
 }
 
 void indexer_select(const IndexerParams& p, Stream s) {
   indexer_check(p);
-  const int dev = current_device();
-  // The bitonic sort holds two picks a thread: n_sort (a power of two >= take, >= 64) <= 2 threads.
-  int n_sort = 64;
-  while (n_sort < p.k) n_sort <<= 1;
-  const Variant v = variant_from_env();
-  if (v.topk_threads == 256 && n_sort <= 2 * 256) {
-    launch_topk<256>(p, dev, v.pdl, s);
-  } else if (v.topk_threads == 512 && n_sort <= 2 * 512) {
-    launch_topk<512>(p, dev, v.pdl, s);
-  } else {
-    launch_topk<kTopkThreads>(p, dev, v.pdl, s);
-  }
+  launch_topk(p, current_device(), s);
 }
 
 void indexer_topk(const IndexerParams& p, Stream s) {
@@ -858,4 +666,4 @@ void indexer_topk(const IndexerParams& p, Stream s) {
   indexer_select(p, s);
 }
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

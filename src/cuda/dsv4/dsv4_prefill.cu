@@ -1,17 +1,14 @@
 // Prefill fast path: the windows whose candidates all lie in the chunk, for the model's row
-// shapes (attention 512 = 448 + 64, indexer 128). The one-window-a-block kernel (dsv4.cu)
-// reached 50-58% of copy on 64k tokens (GPU run 7): it issued about twice the instructions of
-// the pool itself (scalar loads, 64-bit index math per candidate, shared-memory row passes
-// with 8 barriers) at half occupancy, so memory sat idle while blocks computed; persistent
-// blocks that prefetched the next window (4108a32) had fewer warps to hide that and were
-// slower still. Here a thread owns 4 consecutive channels (16-byte loads and stores) and
-// finishes the row in registers (GPU run B, 64k tokens: CSA 89.8% of copy, HCA 75.0%, indexer
-// 57.2%, against 53.1% / 63.2% / 23.5% for the general kernel in the same run):
+// shapes (attention 512 = 448 + 64, indexer 128). The general one-window-a-block kernel
+// (dsv4.cu) issues about twice the instructions of the pool itself (scalar loads, 64-bit index
+// math per candidate, shared-memory row passes with 8 barriers) at half occupancy, so memory
+// sits idle while blocks compute. Here a thread owns 4 consecutive channels (16-byte loads and
+// stores) and finishes the row in registers, which keeps the loads of many windows in flight
+// (bench/results, dsv4 prefill rows, has the shares of copy bandwidth of both):
 //   - CSA (8 overlapping candidates): a block of 128 threads per window, all 16 loads of a
 //     thread issued at once (32 KB a block in flight), one barrier (the RMSNorm sum);
 //   - indexer (8 candidates, 128 dims): a warp per window, no barrier at all, the pool's channels
-//     side by side (pool_cand8_joint) and FP4 codes without branches (GPU run A: 89.8% of copy
-//     in graph replay);
+//     side by side (pool_cand8_joint) and FP4 codes without branches;
 //   - HCA (128 candidates, one-pass pool): a block per window, candidates streamed through a
 //     per-thread ring in shared memory by cp.async (7 candidates, 112 KB an SM, in flight
 //     without holding registers), 4 blocks an SM so 512 windows are one wave.
@@ -20,26 +17,24 @@
 // (a launch of their own cost several microseconds each, against ~40 for all 16k indexer windows).
 // Same arithmetic as emission from the state (dsv4_pool_fixed<8> / Dsv4OnlineFold, and
 // dsv4_quad.cuh's finishing): prefill stays bit-identical to token-by-token emission.
-// KVCORE_DSV4_PREFILL=generic turns the fast path off (A/B runs).
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/dsv4/dsv4_prefill.cuh"
 #include "cuda/dsv4/dsv4_prefill_general.cuh"
 #include "cuda/dsv4/dsv4_quad.cuh"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
 
-using kvcore::cuda::cp_async;
-using kvcore::cuda::cp_async_commit;
-using kvcore::cuda::cp_async_wait;
-using kvcore::cuda::native;
+using kvcore::ops::cuda::cp_async;
+using kvcore::ops::cuda::cp_async_commit;
+using kvcore::ops::cuda::cp_async_wait;
+using kvcore::ops::cuda::native;
 
 // ---- one launch for the whole chunk ---------------------------------------------------------
 // Blocks [0, n_edge): the windows w0 .. wa - 1 by the general body (candidates from the state or
@@ -149,9 +144,8 @@ __device__ __forceinline__ void pool_cand8_joint(const Cand8& k, float (&y)[4]) 
 #endif
 }
 
-// 4 blocks an SM: 121 registers, no spills. GPU run B: 89.8% of copy; the A/B variants measured
-// there were slower: 5 blocks an SM (102 registers, spills) 69.4%, 2 channels a thread (256
-// threads a window, 24 or 32 warps an SM) 80.1% / 83.9%, the general kernel 53.1%.
+// 4 blocks an SM fit 121 registers without spills; 5 blocks an SM spill, and 2 channels a
+// thread (twice the warps) issue more instructions a channel: both were slower.
 __global__ void __launch_bounds__(128, 4) prefill_csa_quad_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[512 + 33];
   if (edge_block<true>(p, g, smem)) return;
@@ -168,12 +162,11 @@ __global__ void __launch_bounds__(128, 4) prefill_csa_quad_kernel(const Compress
   finish_attention_quad(p, w, y, r, scratch);
 }
 
-// 128 registers, no spills. GPU run A (2026-12-03, 64k tokens, CUDA graph replay): 35.6 us = 89.8%
-// of copy, against 39.8 us with pool_cand8 and the branchy FP4 encoder (~1400 instructions a
-// window, 58% of issue slots; ncu). Slower there, all bit-identical: persistent warps walking
-// contiguous runs of windows (40.5 us), with the next window's rows prefetched into L2 (45.3;
-// two ahead 48.8; per-line prefetch 45.3) or copied into a per-warp cp.async ring (3 blocks an
-// SM 44.8, 2 windows ahead at 2 blocks 52.8; not analysed further).
+// 128 registers, no spills. The joint pool and the branch-free FP4 encoder keep the kernel
+// below the issue limit (the per-candidate pool with a branchy encoder was issue-bound).
+// Persistent warps walking contiguous windows, prefetching the next window's rows into L2, or
+// a per-warp cp.async ring were all slower: a warp a window already keeps enough loads in
+// flight.
 __global__ void __launch_bounds__(128, 4) prefill_indexer_quad_kernel(const CompressorParams p, const FastGrid g) {
   __shared__ float smem[128 + 33];
   if (edge_block<true>(p, g, smem)) return;
@@ -201,9 +194,9 @@ constexpr size_t hca_smem_bytes() { return static_cast<size_t>(kHcaSlots) * 3 * 
 // them visible to it, so the ring needs no barrier. The fold loop is unrolled over the ring
 // (ratio % kHcaSlots == 0, see fast_shape), so every slot offset is a constant: candidate
 // j0 + u is read from slot u, and slot (u + 7) % 8 is refilled with candidate j0 + u + 7 just
-// before, after candidate j0 + u - 1, its previous content, was folded. GPU run B (one
-// candidate an iteration, slot offsets computed, ape type tested in the loop): 75.0% of copy,
-// issue-bound (2 channels a thread, twice the warps and more instructions a channel: 68.5%).
+// before, after candidate j0 + u - 1, its previous content, was folded. Constant offsets and
+// the ape type as a template parameter keep the loop below the issue limit, which one
+// candidate an iteration with computed offsets, or 2 channels a thread, reach first.
 template <bool kApeF16>
 __global__ void __launch_bounds__(kHcaThreads, 4) prefill_hca_kernel(const CompressorParams p, const FastGrid g) {
   constexpr int T = kHcaThreads;
@@ -267,8 +260,9 @@ __global__ void __launch_bounds__(kHcaThreads, 4) prefill_hca_kernel(const Compr
 
 template <bool kApeF16>
 void launch_hca(const CompressorParams& p, const FastGrid& g, int64_t blocks, Stream s) {
-  const void* k = reinterpret_cast<const void*>(prefill_hca_kernel<kApeF16>);  // per device: set on every launch
-  KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(hca_smem_bytes())));
+  const void* k = reinterpret_cast<const void*>(prefill_hca_kernel<kApeF16>);
+  smem_opt_in(k, hca_smem_bytes(), current_device());
+  // The carveout is a per-device attribute too: set on every launch.
   KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   prefill_hca_kernel<kApeF16><<<static_cast<unsigned>(blocks), kHcaThreads, hca_smem_bytes(), native(s)>>>(p, g);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 prefill_hca_kernel");
@@ -305,12 +299,6 @@ FastShape fast_shape(const CompressorParams& p) {
   return FastShape::None;
 }
 
-// KVCORE_DSV4_PREFILL=generic turns the fast path off (the general kernel alone, for A/B runs).
-bool fast_path_enabled() {
-  const char* v = std::getenv("KVCORE_DSV4_PREFILL");
-  return v == nullptr || std::strcmp(v, "generic") != 0;
-}
-
 constexpr int64_t kMaxGrid = 65535LL * 1024;  // far below grid.x's 2^31 - 1
 
 }  // namespace
@@ -318,7 +306,7 @@ constexpr int64_t kMaxGrid = 65535LL * 1024;  // far below grid.x's 2^31 - 1
 bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
   *state_done = false;
   const FastShape shape = fast_shape(p);
-  if (!fast_path_enabled() || shape == FastShape::None) return false;
+  if (shape == FastShape::None) return false;
   const int64_t w0 = p.pos / p.ratio, w1 = (p.pos + p.n_tokens) / p.ratio;
   // The first window whose candidates (and, with overlap, the previous window's) are all in the chunk.
   const int64_t first = (p.pos + p.ratio - 1) / p.ratio + (p.overlap ? 1 : 0);
@@ -353,4 +341,4 @@ bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done) {
   return true;
 }
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

@@ -8,11 +8,13 @@
 #include "kvcore/stream.hpp"
 #include "ops/dsv4_params.hpp"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
 
-// false: the fast path does not apply (another shape, unaligned inputs, no window that it
-// would take, or KVCORE_DSV4_PREFILL=generic): nothing was launched. true: every window was
+using namespace ::kvcore::dsv4;  // the ops layer's Params
+
+// false: the fast path does not apply (another shape, unaligned inputs, or no window that it
+// would take): nothing was launched. true: every window was
 // launched, and *state_done says whether the state update was too (else it is the caller's).
 bool prefill_fast(const CompressorParams& p, Stream s, bool* state_done);
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

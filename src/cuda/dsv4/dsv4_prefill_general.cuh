@@ -7,7 +7,7 @@
 
 #include "cuda/dsv4/dsv4_common.cuh"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
 
 // One block per window completed by the chunk; candidates from the chunk or the state.
 // Two instantiations, so each gets its own registers: the 8-candidate register pool (CSA,
@@ -86,4 +86,4 @@ __device__ inline void prefill_state_row(const CompressorParams& p, int32_t r, i
   }
 }
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

@@ -11,7 +11,7 @@
 #include "cuda/dsv4/dsv4_common.cuh"
 #include "kvcore/math/fp8_block.hpp"
 
-namespace kvcore::dsv4::cuda {
+namespace kvcore::ops::cuda::dsv4 {
 
 __device__ __forceinline__ float quad_at(const float4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
@@ -132,4 +132,4 @@ __device__ inline void finish_indexer_quad(const CompressorParams& p, int64_t w,
   *reinterpret_cast<float4*>(static_cast<float*>(p.rows) + w * p.rows_stride + d) = make_float4(y[0], y[1], y[2], y[3]);
 }
 
-}  // namespace kvcore::dsv4::cuda
+}  // namespace kvcore::ops::cuda::dsv4

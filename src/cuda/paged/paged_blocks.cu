@@ -1,11 +1,12 @@
-// Copy-on-write block copies for PagedCache: grid (pair, array); each CTA copies
-// one block of one array, 16 bytes at a time when the block size allows it.
+// PagedCache's block kernels (src/ops/paged_blocks_params.hpp): copy-on-write block copies,
+// grid (pair, array), each CTA copying one block of one array 16 bytes at a time when the
+// block size allows it; and the mirror edits, a thread per cell.
 #include <cuda_runtime.h>
 
-#include "cache/paged_blocks.hpp"
 #include "cuda/common/check.cuh"
+#include "ops/paged_blocks_params.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 namespace {
 
@@ -60,39 +61,38 @@ __global__ void paged_set_cells_kernel(int32_t* positions, int32_t* pending, uin
 
 }  // namespace
 
-void paged_set_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* slots, const int32_t* stored,
-                     int32_t n, Stream stream) {
-  if (n == 0) return;
-  paged_set_cells_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, native(stream)>>>(positions, pending, valid,
-                                                                                              slots, stored, n);
+void paged_set_cells(const PagedSetCellsParams& p, Stream stream) {
+  if (p.n == 0) return;
+  const PagedCellArrays& c = p.cells;
+  paged_set_cells_kernel<<<static_cast<unsigned>((p.n + 255) / 256), 256, 0, native(stream)>>>(c.positions, c.pending, c.valid,
+                                                                                                p.slots, p.stored, p.n);
   KVCORE_CUDA_CHECK_LAUNCH("paged_set_cells_kernel");
 }
 
-void paged_scatter_cells(int32_t* positions, int32_t* pending, uint8_t* valid, const int32_t* packed, int32_t n_blocks,
-                         int32_t block_size, Stream stream) {
-  const int64_t n = static_cast<int64_t>(n_blocks) * block_size;
+void paged_scatter_cells(const PagedScatterCellsParams& p, Stream stream) {
+  const PagedCellArrays& c = p.cells;
+  const int64_t n = static_cast<int64_t>(p.n_blocks) * c.block_size;
   if (n == 0) return;
   paged_scatter_cells_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, native(stream)>>>(
-      positions, pending, valid, packed, n, n_blocks, block_size);
+      c.positions, c.pending, c.valid, p.packed, n, p.n_blocks, c.block_size);
   KVCORE_CUDA_CHECK_LAUNCH("paged_scatter_cells_kernel");
 }
 
-void paged_edit_cells(int32_t* positions, int32_t* pending, const uint8_t* valid, const int32_t* blocks, int32_t n_blocks,
-                      int32_t block_size, int32_t delta, int32_t pending_delta, bool clear_pending, Stream stream,
-                      const int32_t* maybe_block_delta) {
-  const int64_t n = static_cast<int64_t>(n_blocks) * block_size;
+void paged_edit_cells(const PagedEditCellsParams& p, Stream stream) {
+  const PagedCellArrays& c = p.cells;
+  const int64_t n = static_cast<int64_t>(p.n_blocks) * c.block_size;
   if (n == 0) return;
   paged_edit_cells_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, native(stream)>>>(
-      positions, pending, valid, blocks, n, block_size, delta, pending_delta, clear_pending, maybe_block_delta);
+      c.positions, c.pending, c.valid, p.blocks, n, c.block_size, p.delta, p.pending_delta, p.clear_pending,
+      p.maybe_block_delta);
   KVCORE_CUDA_CHECK_LAUNCH("paged_edit_cells_kernel");
 }
 
-void paged_copy_blocks(const PagedPoolArray* arrays, int32_t n_arrays, const int32_t* pairs, int32_t n_pairs,
-                       Stream stream) {
-  if (n_arrays == 0 || n_pairs == 0) return;
-  const dim3 grid(static_cast<unsigned>(n_pairs), static_cast<unsigned>(n_arrays));
-  paged_copy_blocks_kernel<<<grid, 256, 0, native(stream)>>>(arrays, pairs);
+void paged_copy_blocks(const PagedCopyBlocksParams& p, Stream stream) {
+  if (p.n_arrays == 0 || p.n_pairs == 0) return;
+  const dim3 grid(static_cast<unsigned>(p.n_pairs), static_cast<unsigned>(p.n_arrays));
+  paged_copy_blocks_kernel<<<grid, 256, 0, native(stream)>>>(p.arrays, p.pairs);
   KVCORE_CUDA_CHECK_LAUNCH("paged_copy_blocks_kernel");
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

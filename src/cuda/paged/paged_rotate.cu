@@ -5,7 +5,7 @@
 #include "cuda/common/check.cuh"
 #include "ops/paged_rotate.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 namespace {
 
@@ -40,4 +40,4 @@ void paged_rotate_layers(const PagedRotateParams& p, Stream stream) {
   KVCORE_CUDA_CHECK_LAUNCH("paged_rotate_kernel");
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

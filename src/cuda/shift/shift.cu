@@ -17,16 +17,10 @@
 // bands (plus one memset of the counters). tests/shift_tiling_test.cpp
 // replays this protocol under random interleavings.
 //
-// That first kernel stays selectable (KVCORE_SHIFT_KERNEL=single), and so does
-// its pipelined form below (two tile buffers, the next tile loading while
-// the current one rotates, waits and stores), which with a single band
-// (n_discard >= n_moved: no overlap) deals tiles statically: no atomics, no
-// counters, no memset. (The single kernel keeps its ticket counter even then:
-// dealing its tiles statically cost 5-10% on the H200, GPU run 4 -- the
-// counter balances blocks that run at different speeds.)
+// The single tile kernel keeps its ticket counter even without overlap: the counter
+// balances blocks that run at different speeds, which static dealing cannot.
 //
-// Which kernel runs is one rule, src/cuda/shift/shift_kernel_choice.hpp (KVCORE_SHIFT_KERNEL
-// forces one). The chain kernel
+// Which kernel runs is one rule, src/cuda/shift/shift_kernel_choice.hpp. The chain kernel
 // (src/cuda/shift/shift_chain.hpp) needs no ordering between threads at all:
 // a thread owns the units at one row position u of the tokens r, r + D,
 // r + 2D, ... and walks them in order, so whatever it overwrites it has read
@@ -36,40 +30,32 @@
 // shared memory; FP8 keys (64- or 128-dim heads, fully rotated) get a thread per
 // head in a second launch. Other layouts (FP8 keys with partial rotary or bigger
 // heads, interleaved pairs in rows aligned to one element) take the single tile
-// kernel. Without overlap, the flat kernel (src/cuda/shift/shift_flat.hpp) moves the
-// rows like a plain copy: a 2-D grid over the tensors, items in registers, 16-byte
-// chunks even for rows whose stride allows only 8 (the DeepSeek-V4 row). The sweep
-// kernels (src/cuda/shift/shift_sweep.hpp) are written like the copy-ceiling kernel: one
-// index of 16-byte chunks over all tensors that the grid walks as one window, K
-// rotated in registers (NeoX partners by warp shuffle); their dynamic form, which
-// hands out 16 KB tickets so faster blocks take more, is the default for 16-bit rows
-// without overlap (90-92% of copy at 32k/128k tokens, run B).
+// kernel. The sweep kernel (src/cuda/shift/shift_sweep.hpp) is written like a plain
+// copy: one index of 16-byte chunks over all tensors that blocks walk in 16 KB tickets,
+// K rotated in registers (NeoX partners by warp shuffle); it serves 16-bit rows
+// without overlap.
 //
 // rope_shift_rows: one block per row (grid-stride), one warp per head,
 // rotating in place in global memory.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/shift/shift_chain.hpp"
-#include "cuda/shift/shift_flat.hpp"
 #include "cuda/shift/shift_kernel_choice.hpp"
 #include "cuda/shift/shift_sweep.hpp"
 #include "cuda/shift/shift_tiling.hpp"
 #include "kvcore/math/shift_rotate.hpp"
 #include "ops/shift_params.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 namespace {
 
 using math::RopeLayout;
@@ -251,150 +237,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
 }
 
 
-// The pipelined variant: two tile buffers per block, so the next
-// tile's loads are in flight while the current tile is rotated, waits for its
-// band and is stored; the ticket after next is taken one iteration ahead so no
-// atomic's latency sits between two tiles. Protocol per iteration, holding
-// `cur` (loads issued) and ticket `nxt`:
-//   wait for cur's loads; barrier; count cur as read; take ticket nxt2;
-//   issue nxt's loads into the other buffer; rotate cur; wait for band(cur) - 1;
-//   barrier; store cur; cur = nxt, nxt = nxt2.
-// A block counts a tile only after it stored its previous one, i.e. after its
-// own wait; the tile's bytes were read no later than that. Deadlock-free by
-// induction on the band: a block waiting on band b - 1 holds tickets of band
-// >= b, every ticket of band b - 1 is held by a block whose waits concern
-// bands <= b - 2 before that tile is counted. tests/shift_tiling_test.cpp
-// replays exactly this order (reads modelled at the latest moment: the count).
-constexpr int kMinBlocksPipelined = 6;  // 6 x (2 x 16 KB + 3 KB) of shared memory per SM
-constexpr int kPipelinedSmemBytes = 2 * kTileBytes;
-
-__device__ __forceinline__ void issue_tile_loads(const LaunchParams& p, const shift_plan::Tile& tl, uint8_t* buf, bool fp8) {
-  const shift_plan::TileStream& st = p.streams[tl.stream];
-  const int64_t src = p.n_keep + p.n_discard + tl.t0;
-  const int chunk_bytes = tl.nh * st.t.head_bytes;
-  load_rows_any(st.vec, buf, st.t.base + src * st.t.token_stride + int64_t{tl.h0} * st.t.head_bytes, st.t.token_stride,
-                tl.nt, chunk_bytes);
-  if (fp8 && st.t.kind == ShiftKind::Fp8)
-    load_rows_any(st.scale_vec, buf + align16(tl.nt * chunk_bytes),
-                  st.t.maybe_scales + src * st.t.scale_token_stride + int64_t{tl.h0} * st.t.scale_head_bytes,
-                  st.t.scale_token_stride, tl.nt, tl.nh * st.t.scale_head_bytes);
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPipelined)
-    shift_dense_pipelined_kernel(const __grid_constant__ LaunchParams p) {
-  extern __shared__ __align__(16) uint8_t tiles[];  // [2][kTileBytes]
-  __shared__ float s_cos[math::RopeTable::kMaxPairs], s_sin[math::RopeTable::kMaxPairs];
-  __shared__ float s_scratch[kFp8 ? kWarps * ops::kShiftMaxFp8HeadDim : 1];
-  __shared__ int s_tk[2], s_layer;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int total = static_cast<int>(p.total_tiles);
-
-  // One band (n_discard >= n_moved: sources and destinations are disjoint): nothing is
-  // ordered, so tiles are dealt statically (block i takes i, i + grid, ...), with no
-  // atomics and no counters. Several bands: tickets from the shared counter.
-  const bool dealt = p.n_bands == 1;
-  const int grid = static_cast<int>(gridDim.x);
-  if (tid == 0) {
-    s_layer = -1;
-    if (dealt) {
-      s_tk[0] = static_cast<int>(blockIdx.x);
-      s_tk[1] = s_tk[0] < total ? s_tk[0] + grid : total;
-    } else {
-      s_tk[0] = atomicAdd(p.counters, 1);
-      s_tk[1] = s_tk[0] < total ? atomicAdd(p.counters, 1) : total;
-    }
-  }
-  __syncthreads();
-  int cur = s_tk[0];
-  int slot = 1;  // s_tk[slot] holds the ticket after cur
-  int buf = 0;
-  if (cur < total) issue_tile_loads(p, shift_plan::decode_ticket(p, cur), tiles, kFp8);
-
-  while (cur < total) {
-    const shift_plan::Tile tl = shift_plan::decode_ticket(p, cur);
-    const shift_plan::TileStream& st = p.streams[tl.stream];
-    const bool rotates = st.t.kind != ShiftKind::Copy;
-    const bool new_layer = rotates && st.t.layer != s_layer;  // s_layer last written before the previous barrier
-    if (new_layer) {
-      const int n_pairs = p.layout[st.t.layer].n_pairs();
-      const int off = p.pair_offset[st.t.layer];
-      for (int i = tid; i < n_pairs; i += kThreads) {
-        s_cos[i] = p.cos_t[off + i];
-        s_sin[i] = p.sin_t[off + i];
-      }
-    }
-    cp_async_wait_all();  // only cur's group is outstanding here
-    __syncthreads();      // (A) cur in shared memory for every thread; cos/sin ready; previous stores done with the other buffer
-    const int nxt = s_tk[slot];
-    if (tid == 0) {
-      if (new_layer) s_layer = st.t.layer;
-      // s_tk[slot ^ 1] was last read before barrier (A)
-      if (dealt) {
-        s_tk[slot ^ 1] = nxt < total ? nxt + grid : total;
-      } else {
-        atomicAdd(p.counters + 1 + tl.band, 1);  // cur's sources may now be overwritten
-        s_tk[slot ^ 1] = nxt < total ? atomicAdd(p.counters, 1) : total;
-      }
-    }
-    uint8_t* tile = tiles + buf * kTileBytes;
-    if (nxt < total) issue_tile_loads(p, shift_plan::decode_ticket(p, nxt), tiles + (buf ^ 1) * kTileBytes, kFp8);
-
-    const int chunk_bytes = tl.nh * st.t.head_bytes;
-    const int scale_off = align16(tl.nt * chunk_bytes);
-    if (rotates) {
-      const RopeLayout l = p.layout[st.t.layer];
-      const WarpLanes lanes{lane};
-      float* scratch = kFp8 ? s_scratch + warp * ops::kShiftMaxFp8HeadDim : nullptr;
-      for (int u = warp; u < tl.nt * tl.nh; u += kWarps)
-        rotate_head(st.t.kind, tile + u * st.t.head_bytes, tile + scale_off + u * st.t.scale_head_bytes, l, s_cos, s_sin,
-                    scratch, lanes);
-    }
-    if (tid == 0 && tl.band > 0) {  // band b - 1, whose sources these writes overwrite, must have been read
-      const volatile int* done = p.counters + tl.band;
-      while (*done < p.tiles_full) __nanosleep(64);
-      __threadfence();
-    }
-    __syncthreads();  // (B) rotation done, band ready; also orders s_tk / s_layer writes before the next reads
-    const int64_t dst = p.n_keep + tl.t0;
-    store_rows_any(st.vec, st.t.base + dst * st.t.token_stride + int64_t{tl.h0} * st.t.head_bytes, tile, st.t.token_stride,
-                   tl.nt, chunk_bytes);
-    if (kFp8 && st.t.kind == ShiftKind::Fp8)
-      store_rows_any(st.scale_vec, st.t.maybe_scales + dst * st.t.scale_token_stride + int64_t{tl.h0} * st.t.scale_head_bytes,
-                     tile + scale_off, st.t.scale_token_stride, tl.nt, tl.nh * st.t.scale_head_bytes);
-    cur = nxt;
-    slot ^= 1;
-    buf ^= 1;
-  }
-  cp_async_wait_all();  // nothing is outstanding here; kept so no copy can outlive the block
-}
-
-int sm_count(int device);
-
 template <class Kernel>
-int resident_blocks(Kernel* k, int device, int dynamic_smem) {
+int resident_blocks(Kernel* k, int device) {
   // Ask for the largest shared-memory carveout: the occupancy below is what the launch gets.
   KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  if (dynamic_smem > 0)
-    KVCORE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_smem));
   int per_sm = 0;
-  KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, dynamic_smem));
+  KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, 0));
   return std::max(per_sm, 1) * sm_count(device);
 }
 
-// Resident blocks of a shift kernel on the whole device (cached with the kernel's
+// Resident blocks of the tile kernel on the whole device (cached with the kernel's
 // attributes, which are per device; call under workspace_mutex()).
-int blocks_per_sm(int device, bool fp8, bool pipelined) {
-  static std::map<std::tuple<int, bool, bool>, int> cache;
-  int& n = cache[{device, fp8, pipelined}];
-  if (n == 0) {
-    if (pipelined)
-      n = fp8 ? resident_blocks(shift_dense_pipelined_kernel<true>, device, kPipelinedSmemBytes)
-              : resident_blocks(shift_dense_pipelined_kernel<false>, device, kPipelinedSmemBytes);
-    else
-      n = fp8 ? resident_blocks(shift_dense_kernel<true>, device, 0) : resident_blocks(shift_dense_kernel<false>, device, 0);
-  }
+int blocks_per_sm(int device, bool fp8) {
+  static std::map<std::pair<int, bool>, int> cache;
+  int& n = cache[{device, fp8}];
+  if (n == 0) n = fp8 ? resident_blocks(shift_dense_kernel<true>, device) : resident_blocks(shift_dense_kernel<false>, device);
   return n;
 }
 
@@ -454,12 +311,6 @@ int* workspace(int device, cudaStream_t s, size_t bytes) {
   return e.first;
 }
 
-int sm_count(int device) {
-  int n = 0;
-  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  return n;
-}
-
 }  // namespace
 
 void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
@@ -469,45 +320,31 @@ void shift_dense(const ops::ShiftDenseParams& p, Stream stream) {
   const int64_t counters_per_launch = 1 + plan.n_bands;
   const size_t ws_bytes = sizeof(int) * static_cast<size_t>(counters_per_launch) * plan.launches.size();
   const std::lock_guard<std::mutex> lock(workspace_mutex());
-  const std::optional<ShiftKernel> forced = parse_shift_kernel(std::getenv("KVCORE_SHIFT_KERNEL"));
-  ShiftKernel kernel = choose_shift_kernel(forced, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved, plan.any_dsv4});
-  if (kernel == ShiftKernel::Sweep || kernel == ShiftKernel::SweepDyn) {
-    const bool dynamic = kernel == ShiftKernel::SweepDyn && plan.n_bands == 1;
-    int* counters = nullptr;  // the dynamic kernel's tickets (one counter per launch)
-    if (dynamic) {
+  ShiftKernel kernel = choose_shift_kernel(p.kernel, ShiftCall{plan.any_fp8, p.n_discard < p.n_moved, plan.any_dsv4});
+  if (kernel == ShiftKernel::Sweep) {
+    int* counters = nullptr;  // the sweep kernel's tickets (one counter per launch)
+    if (plan.n_bands == 1) {
       const size_t bytes = sizeof(int) * 2 * plan.launches.size();
       counters = workspace(p.device_index, s, bytes);
       KVCORE_CUDA_CHECK(cudaMemsetAsync(counters, 0, bytes, s));
     }
-    if (shift_sweep::launch(plan, dynamic, forced.has_value(), p.device_index, s, counters)) return;
-    kernel = ShiftKernel::Single;  // a layout the sweep kernels do not handle, or narrow bands
-  }
-  if (kernel == ShiftKernel::Flat) {
-    if (shift_flat::launch(plan, p.device_index, s)) return;
-    kernel = ShiftKernel::Single;  // overlap, FP8 keys, or a layout the flat kernel does not handle
+    if (shift_sweep::launch(plan, p.device_index, s, counters)) return;
+    kernel = ShiftKernel::Single;  // overlap, or a layout the sweep kernel does not handle
   }
   if (kernel == ShiftKernel::Chain) {
     if (shift_chain::launch(plan, p.device_index, s)) return;
     kernel = ShiftKernel::Single;  // a layout the chain kernels do not handle (or too many columns for 32 bits)
   }
-  const bool pipelined = kernel == ShiftKernel::Pipelined;
-  const int max_blocks = blocks_per_sm(p.device_index, plan.any_fp8, pipelined);
+  const int max_blocks = blocks_per_sm(p.device_index, plan.any_fp8);
   int* ws = workspace(p.device_index, s, ws_bytes);
-  // The pipelined kernel deals a single band's tiles statically and never touches the counters.
-  if (!(pipelined && plan.n_bands == 1)) KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
+  KVCORE_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
   for (size_t g = 0; g < plan.launches.size(); ++g) {
     LaunchParams& L = *plan.launches[g];
     L.counters = ws + g * counters_per_launch;
     const int grid = static_cast<int>(std::min<int64_t>(L.total_tiles, max_blocks));
-    if (pipelined) {
-      if (plan.any_fp8) shift_dense_pipelined_kernel<true><<<grid, kThreads, kPipelinedSmemBytes, s>>>(L);
-      else shift_dense_pipelined_kernel<false><<<grid, kThreads, kPipelinedSmemBytes, s>>>(L);
-      KVCORE_CUDA_CHECK_LAUNCH("shift_dense_pipelined_kernel");
-    } else {
-      if (plan.any_fp8) shift_dense_kernel<true><<<grid, kThreads, 0, s>>>(L);
-      else shift_dense_kernel<false><<<grid, kThreads, 0, s>>>(L);
-      KVCORE_CUDA_CHECK_LAUNCH("shift_dense_kernel");
-    }
+    if (plan.any_fp8) shift_dense_kernel<true><<<grid, kThreads, 0, s>>>(L);
+    else shift_dense_kernel<false><<<grid, kThreads, 0, s>>>(L);
+    KVCORE_CUDA_CHECK_LAUNCH("shift_dense_kernel");
   }
 }
 
@@ -525,4 +362,4 @@ void rope_shift_rows(const ops::RopeShiftRowsParams& p, Stream stream) {
   KVCORE_CUDA_CHECK_LAUNCH("rope_shift_rows_kernel");
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -13,11 +13,12 @@
 #include <utility>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/common/fp8_hw.cuh"
 #include "cuda/shift/shift_chain.hpp"
 #include "cuda/shift/shift_chunk_io.cuh"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 namespace {
 
 constexpr int kChainThreads = 256;
@@ -79,10 +80,10 @@ constexpr int kFp8MinBlocks = 2;  // <= 128 registers: 32 hold the head, the res
 
 struct Fp8HwCodec {  // hardware conversions: the same codes as math/fp8.hpp (fp8_hw.cuh)
   __device__ static void decode2(uint32_t two, float& a, float& b) {
-    const float2 f = cuda_fp8::decode2(two);
+    const float2 f = fp8_hw::decode2(two);
     a = f.x, b = f.y;
   }
-  __device__ static uint32_t encode2(float a, float b, float inv) { return cuda_fp8::encode2_scaled(a, b, inv); }
+  __device__ static uint32_t encode2(float a, float b, float inv) { return fp8_hw::encode2_scaled(a, b, inv); }
 };
 
 template <int HD, bool kInterleaved>
@@ -125,10 +126,9 @@ __global__ void __launch_bounds__(kChainThreads, kFp8MinBlocks)
 
 template <class Kernel>
 int64_t resident_threads(Kernel* k, int device) {
-  int per_sm = 0, sms = 0;
+  int per_sm = 0;
   KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kChainThreads, 0));
-  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return int64_t{std::max(per_sm, 1)} * sms * kChainThreads;
+  return int64_t{std::max(per_sm, 1)} * sm_count(device) * kChainThreads;
 }
 
 // Threads of a chain kernel resident on the whole device (fp8_hd 0: the main kernel).
@@ -172,4 +172,4 @@ bool shift_chain::launch(const shift_plan::Plan& plan, int device, void* stream)
   return true;
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -32,7 +32,7 @@
 #include "kvcore/math/rope.hpp"
 #include "ops/shift_params.hpp"
 
-namespace kvcore::cuda::shift_chain {
+namespace kvcore::ops::cuda::shift_chain {
 
 inline constexpr int kItems = 4;  // (unit, step) items a thread loads before it stores
 #if defined(__CUDA_ARCH__)
@@ -83,8 +83,7 @@ struct Item {
 };
 
 // Where unit u (< units_per_row) of a row lies: its byte offset in the row, the distance to
-// its rotation partner (0: not rotated) and its first pair (-1: none). Shared by the chain
-// and flat kernels.
+// its rotation partner (0: not rotated) and its first pair (-1: none).
 struct UnitPlace {
   int64_t off = 0;
   int32_t partner = 0;
@@ -472,4 +471,4 @@ inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan
 // nothing queued, when some tensor is not handled (src/cuda/shift/shift_chain.cu).
 bool launch(const shift_plan::Plan& plan, int device, void* stream);
 
-}  // namespace kvcore::cuda::shift_chain
+}  // namespace kvcore::ops::cuda::shift_chain

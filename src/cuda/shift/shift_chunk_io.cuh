@@ -1,5 +1,5 @@
 // Register moves of one shift unit (1, 2, 4, 8 or 16 bytes) between global memory and a
-// shift_chain::Chunk, shared by the chain and flat shift kernels. Streaming loads: a shift
+// shift_chain::Chunk, for the chain shift kernel. Streaming loads: a shift
 // reads every byte once.
 #pragma once
 #include <cuda_runtime.h>
@@ -8,7 +8,7 @@
 
 #include "cuda/shift/shift_chain.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
 using shift_chain::Chunk;
 
@@ -40,4 +40,4 @@ __device__ __forceinline__ void store_chunk(uint8_t* g, const Chunk& c, int vec)
   }
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

@@ -1,40 +1,26 @@
 // Which CUDA kernel runs shift_dense: one rule, in plain C++ so a CPU test
-// checks it (tests/shift_kernel_choice_test.cpp).
+// checks it (tests/shift_kernel_choice_test.cpp). Benchmarks and tests may force a
+// kernel through ShiftDenseParams::kernel (src/ops/tuning.hpp).
 //
-// KVCORE_SHIFT_KERNEL=sweep_dyn|sweep|flat|chain|single|pipelined forces a kernel
-// (benchmarks compare them in one run); any other value, or none, leaves the
-// choice to the measured rule (H200; shares of copy bandwidth):
-//   FP8 keys                     -> chain     (51% of copy vs 22% for the tile kernels, runs 4-9)
-//   DeepSeek-V4 rows             -> single    (half: 65/71% vs the sweep's 59/64%, run B)
-//   overlap (n_discard < moved)  -> single    (d256: 70/71% vs the sweep's 64/66%, run B)
-//   16-bit rows, no overlap      -> sweep_dyn (half: 77/91/92% at 4k/32k/128k vs single's
-//                                              69/82/80%, run B)
-// A kernel that does not take the call's layout falls back along
-//   flat -> single (overlap, FP8 keys, or a layout the unit decomposition rejects)
+// The rule follows where each kernel reaches the highest share of copy bandwidth
+// (the measurements are in bench/results, shift_*):
+//   FP8 keys                     -> chain: a head per thread in registers, no shared-memory
+//                                   staging or barriers, which the requantizing rotation needs
+//   DeepSeek-V4 rows, or overlap -> single: band-ordered tiles keep every layout and band
+//                                   width busy where the sweep's one-window walk cannot
+//   16-bit rows, no overlap      -> sweep: one contiguous window of 16-byte chunks, tickets
+//                                   so faster blocks take more (closest to a plain copy)
+// A kernel that does not take the call's layout falls back to single, which takes every
+// layout:
 //   chain -> single (a layout the chain kernels do not handle)
-//   sweep, sweep_dyn -> single (FP8 keys, rows not 8-byte aligned, heads over 512 bytes or
-//                               not a power of two, 584-byte rows with odd n_discard; unforced
-//                               also overlap with bands too narrow to fill the device)
-// (sweep_dyn with overlap is the static sweep) so the tile kernel, which takes every layout,
-// always ends the chain.
+//   sweep -> single (overlap, FP8 keys, rows not 8-byte aligned, heads over 512 bytes or
+//                    not a power of two, 584-byte rows with odd n_discard)
 #pragma once
-#include <cstring>
-#include <optional>
+#include "ops/shift_params.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 
-enum class ShiftKernel { Flat, Chain, Single, Pipelined, Sweep, SweepDyn };
-
-inline std::optional<ShiftKernel> parse_shift_kernel(const char* v) {
-  if (!v) return std::nullopt;
-  if (std::strcmp(v, "flat") == 0) return ShiftKernel::Flat;
-  if (std::strcmp(v, "chain") == 0) return ShiftKernel::Chain;
-  if (std::strcmp(v, "single") == 0) return ShiftKernel::Single;
-  if (std::strcmp(v, "pipelined") == 0) return ShiftKernel::Pipelined;
-  if (std::strcmp(v, "sweep") == 0) return ShiftKernel::Sweep;
-  if (std::strcmp(v, "sweep_dyn") == 0) return ShiftKernel::SweepDyn;
-  return std::nullopt;
-}
+using ops::ShiftKernel;
 
 struct ShiftCall {
   bool any_fp8_keys = false;   // some K tensor holds e4m3 codes + ue8m0 scales
@@ -42,12 +28,12 @@ struct ShiftCall {
   bool any_dsv4_rows = false;  // some K tensor holds DeepSeek-V4 packed rows
 };
 
-// The kernel tried first; the launcher falls back as described above.
-inline ShiftKernel choose_shift_kernel(std::optional<ShiftKernel> forced, const ShiftCall& call) {
-  if (forced) return *forced;
+// The kernel tried first (never Auto); the launcher falls back as described above.
+inline ShiftKernel choose_shift_kernel(ShiftKernel requested, const ShiftCall& call) {
+  if (requested != ShiftKernel::Auto) return requested;
   if (call.any_fp8_keys) return ShiftKernel::Chain;
   if (call.any_dsv4_rows || call.overlap) return ShiftKernel::Single;
-  return ShiftKernel::SweepDyn;
+  return ShiftKernel::Sweep;
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

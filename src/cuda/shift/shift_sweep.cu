@@ -12,18 +12,18 @@
 #include <mutex>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
 #include "cuda/shift/shift_sweep.hpp"
 
-namespace kvcore::cuda {
+namespace kvcore::ops::cuda {
 namespace {
 
 using shift_chain::Chunk;
 
 constexpr int kSweepThreads = 256;
 
-// A chunk is 16 bytes, or 8 at the ends of a range. Without overlap nothing the kernel
-// reads is written while it runs, so loads may take the read-only path (ld.global.nc); with
-// overlap they are plain. (Evict-first hints, ld/st.global.cs, measured the same: run B.)
+// A chunk is 16 bytes, or 8 at the ends of a range. Loads may take the read-only path
+// (ld.global.nc) when nothing the kernel reads is written while it runs.
 __device__ __forceinline__ Chunk load_chunk(const uint8_t* g, int bytes, bool read_only) {
   if (bytes == 8) {
     const uint2 v = read_only ? __ldg(reinterpret_cast<const uint2*>(g)) : *reinterpret_cast<const uint2*>(g);
@@ -87,36 +87,11 @@ __device__ __forceinline__ void load_tables(const shift_sweep::Params& p, float*
   }
 }
 
-// The static form: 4 chunks in flight per thread, 1024 threads per SM (8 chunks at 512
-// threads per SM measured 47-66% of copy, run B).
-constexpr int kBatch = 4;
-
-template <bool kRange>
-__global__ void __launch_bounds__(kSweepThreads, 4) shift_sweep_kernel(const __grid_constant__ shift_sweep::Params p) {
-  __shared__ float s_cos[shift_sweep::kMaxPairs], s_sin[shift_sweep::kMaxPairs];
-  load_tables(p, s_cos, s_sin);
-  __syncthreads();  // the only barrier
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  const uint32_t n_threads = gridDim.x * kSweepThreads;
-  const bool read_only = p.n_bands == 1;
-  shift_sweep::Cursor cur;
-  cur.pos = blockIdx.x * kSweepThreads + threadIdx.x;
-  TrigCache trig;
-  while (cur.b < p.n_bands) {
-    shift_sweep::Item it[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      it[k] = shift_sweep::locate(p, cur);
-      shift_sweep::advance(p, cur, n_threads);
-    }
-    move_batch<kBatch, kRange>(p, it, lane, read_only, s_cos, s_sin, trig);
-  }
-}
-
-// The dynamic form, for shifts without overlap (one band): blocks take tickets of
-// kSweepThreads * kDynBatch contiguous chunk positions from a counter (zeroed by the caller),
-// so blocks that run faster take more of them (the tile kernel's reason for its counter);
-// the next ticket is taken while the current one moves.
+// Shifts without overlap (one band): blocks take tickets of kSweepThreads * kDynBatch
+// contiguous chunk positions from a counter (zeroed by the caller), so blocks that run
+// faster take more of them (the tile kernel's reason for its counter); the next ticket is
+// taken while the current one moves. Nothing the kernel reads is written while it runs, so
+// loads take the read-only path.
 using shift_sweep::kDynBatch;
 static_assert(shift_sweep::kDynThreads == kSweepThreads);
 constexpr uint32_t kDynTicket = kSweepThreads * kDynBatch;
@@ -156,49 +131,32 @@ int64_t resident_blocks(const void* kernel, int device) {
   const std::lock_guard<std::mutex> lock(m);
   int64_t& n = cache[{kernel, device}];
   if (n == 0) {
-    int per_sm = 0, sms = 0;
+    int per_sm = 0;
     KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSweepThreads, 0));
-    KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    n = int64_t{std::max(per_sm, 1)} * sms;
+    n = int64_t{std::max(per_sm, 1)} * sm_count(device);
   }
   return n;
 }
 
-const void* static_kernel(bool range) {
-  return range ? reinterpret_cast<const void*>(shift_sweep_kernel<true>) : reinterpret_cast<const void*>(shift_sweep_kernel<false>);
-}
-
 }  // namespace
 
-bool shift_sweep::launch(const shift_plan::Plan& plan, bool dynamic, bool forced, int device, void* stream, int* counters) {
+bool shift_sweep::launch(const shift_plan::Plan& plan, int device, void* stream, int* counters) {
+  if (plan.n_bands != 1 || counters == nullptr) return false;  // overlap: the chunks of a band wait on the previous one
   auto launches = make_launches(plan);
   if (launches.empty()) return false;
-  dynamic = dynamic && plan.n_bands == 1 && counters != nullptr;  // with overlap: the static sweep
-  // With overlap a thread's chunks are one band apart: bands narrower than half the device
-  // leave it mostly idle, and the tile kernel does better there.
-  if (!forced)
-    for (const auto& P : launches)
-      if (P->n_bands > 1 && 2 * P->width < resident_blocks(static_kernel(P->range != 0), device) * kSweepThreads) return false;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   for (size_t g = 0; g < launches.size(); ++g) {
     shift_sweep::Params& P = *launches[g];
     const bool range = P.range != 0;
-    if (dynamic) {
-      P.band_len = static_cast<uint32_t>(round_up(P.width, kDynTicket));
-      const void* k = range ? reinterpret_cast<const void*>(shift_sweep_dyn_kernel<true>)
-                            : reinterpret_cast<const void*>(shift_sweep_dyn_kernel<false>);
-      const int64_t blocks = std::min<int64_t>(resident_blocks(k, device), P.band_len / kDynTicket);
-      if (range) shift_sweep_dyn_kernel<true><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
-      else shift_sweep_dyn_kernel<false><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
-    } else {
-      const int64_t threads = set_grid(P, resident_blocks(static_kernel(range), device) * kSweepThreads, kSweepThreads);
-      const unsigned grid = static_cast<unsigned>(threads / kSweepThreads);
-      if (range) shift_sweep_kernel<true><<<grid, kSweepThreads, 0, s>>>(P);
-      else shift_sweep_kernel<false><<<grid, kSweepThreads, 0, s>>>(P);
-    }
-    KVCORE_CUDA_CHECK_LAUNCH("shift_sweep_kernel");
+    P.band_len = static_cast<uint32_t>(round_up(P.width, kDynTicket));
+    const void* k = range ? reinterpret_cast<const void*>(shift_sweep_dyn_kernel<true>)
+                          : reinterpret_cast<const void*>(shift_sweep_dyn_kernel<false>);
+    const int64_t blocks = std::min<int64_t>(resident_blocks(k, device), P.band_len / kDynTicket);
+    if (range) shift_sweep_dyn_kernel<true><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
+    else shift_sweep_dyn_kernel<false><<<static_cast<unsigned>(blocks), kSweepThreads, 0, s>>>(P, counters + g);
+    KVCORE_CUDA_CHECK_LAUNCH("shift_sweep_dyn_kernel");
   }
   return true;
 }
 
-}  // namespace kvcore::cuda
+}  // namespace kvcore::ops::cuda

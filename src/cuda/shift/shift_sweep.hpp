@@ -1,27 +1,17 @@
-// The "sweep" form of the CUDA shift_dense kernel: written like the plain copy
-// kernel that defines the copy ceiling. One index space of 16-byte chunks over
-// every tensor of a launch; thread t takes chunks t, t + T, t + 2T, ... (T =
-// all threads of the grid), so at any moment the grid works on one contiguous
-// window of the call's bytes, every warp on 512 contiguous bytes. No shared
-// memory staging, no atomics, no counters, no memset.
+// The "sweep" form of the CUDA shift_dense kernel, for shifts without overlap
+// (n_discard >= n_moved): written like the plain copy kernel that defines the copy
+// ceiling. One index space of 16-byte chunks over every tensor of a launch, walked
+// in tickets of 16 KB of contiguous chunk positions that blocks take from a counter
+// (faster blocks take more), so at any moment the grid works on one contiguous
+// window of the call's bytes, every warp on 512 contiguous bytes. No shared memory
+// staging and no barrier inside a ticket.
 //
-// The dynamic form (the default without overlap) walks the same index in tickets
-// of 16 KB of contiguous chunk positions that blocks take from a counter, so
-// faster blocks take more: 90.5% / 91.9% of copy at 32k / 128k tokens against
-// 89.3% / 90.3% for the static walk and 81.8% / 80.2% for the tile kernel (H200,
-// run B). Evict-first hints and 8 chunks per thread at half the threads did not
-// help (run B).
-//
-// Overlap (n_discard < n_moved) is ordered by the chain argument of
-// shift_chain.hpp, laid out in bands: the index space is band-major, band b
-// holding tokens [bD, (b+1)D) of every tensor at the same place in each band,
-// and a band is `band_len` chunks long, a multiple of T. The store of chunk i
-// overwrites the source of chunk i - band_len only, which the same thread
-// loaded one or more of its steps before (a thread loads a whole batch before
-// it stores any of it). Without overlap there is one band and no constraint.
+// The index space is laid out in bands (band b holding tokens [bD, (b+1)D) of every
+// tensor at the same place in each band, a band `band_len` chunks long); without
+// overlap a shift has one band, so nothing the kernel reads is written while it runs.
 //
 // Rotation happens in registers. Each tensor's part of a band starts at a
-// multiple of 32 chunks and T and band_len are multiples of 32, so the chunk a
+// multiple of 32 chunks and tickets and band_len are multiples of 32, so the chunk a
 // lane holds is always at position lane % (chunks per head) of a head (heads
 // of at most 32 chunks, a power of two): a lane's cos/sin never change within
 // a layer's table, and a NeoX partner chunk is in the same warp,
@@ -31,7 +21,7 @@
 // size are multiples of 16 bytes, heads of 16..512 bytes (a power of two), the
 // rotated region on 16-byte boundaries ("units"). Tensors whose rows allow only
 // 8-byte accesses but are packed back to back (the 584-byte DeepSeek-V4 row) are
-// moved as one byte range per band ("range", as in shift_flat.hpp): aligned
+// moved as one byte range per band ("range"): aligned
 // 16-byte chunks, 8-byte halves at the ends, 16-bit interleaved pairs rotated
 // word by word (their cos/sin vary along the range: read from shared memory).
 // It needs the same phase mod 16 at source and destination (D * row a multiple
@@ -46,10 +36,10 @@
 #include "cuda/shift/shift_chain.hpp"
 #include "kvcore/math/dsv4_row.hpp"
 
-namespace kvcore::cuda::shift_sweep {
+namespace kvcore::ops::cuda::shift_sweep {
 
 inline constexpr int kMaxPairs = 1024;  // cos/sin entries per launch (layers sharing a table share entries)
-// The dynamic kernel (shift_sweep.cu, no overlap): a ticket is kDynBatch chunk positions for
+// The kernel (shift_sweep.cu): a ticket is kDynBatch chunk positions for
 // each of kDynThreads threads, contiguous.
 inline constexpr int kDynThreads = 256, kDynBatch = 4;
 
@@ -78,7 +68,7 @@ struct Stream {
 struct Params {
   int32_t range = 0;  // every stream a range (1) or units (0)
   int32_t n_streams = 0, n_pairs = 0, n_bands = 0;
-  uint32_t band_len = 0;  // chunks per band, a multiple of the grid's threads (set_grid)
+  uint32_t band_len = 0;  // chunks per band: width rounded up to whole tickets
   int64_t width = 0;      // chunk positions used in a band: streams[n_streams - 1].end
   Stream streams[shift_plan::kMaxStreams];
   float cos_t[kMaxPairs], sin_t[kMaxPairs];
@@ -91,15 +81,6 @@ struct Cursor {
   uint32_t pos = 0;
   int32_t s = 0;
 };
-
-KVCORE_HD void advance(const Params& p, Cursor& c, uint32_t n_threads) {
-  c.pos += n_threads;  // band_len < 2^31 and n_threads <= band_len: no wrap
-  if (c.pos >= p.band_len) {
-    c.pos -= p.band_len;  // band_len is a multiple of n_threads: one band at most
-    ++c.b;
-    c.s = 0;
-  }
-}
 
 // One chunk of a thread: its stream (-1: none, a band's padding) and source (null: padding
 // inside the stream's place). Both are the same for the 32 lanes of a warp except src.
@@ -347,20 +328,9 @@ inline std::vector<std::unique_ptr<Params>> make_launches(const shift_plan::Plan
   return out;
 }
 
-// Threads of the grid (a multiple of `block`, at most max(resident, block)) and band_len:
-// every thread gets the same number of chunks per band, as few as the resident threads allow.
-inline int64_t set_grid(Params& P, int64_t resident, int32_t block) {
-  const int64_t per_thread = std::max<int64_t>(1, (P.width + resident - 1) / resident);
-  const int64_t threads = round_up((P.width + per_thread - 1) / per_thread, block);
-  P.band_len = static_cast<uint32_t>(round_up(P.width, threads));
-  return threads;
-}
+// Runs the plan with the sweep kernel (src/cuda/shift/shift_sweep.cu) on `stream` (a
+// cudaStream_t); `counters`: 2 * plan.launches.size() ints zeroed on the stream. False, with
+// nothing queued, when it does not apply: overlap, no counters, or a layout it does not take.
+bool launch(const shift_plan::Plan& plan, int device, void* stream, int* counters);
 
-// Runs the plan with the sweep kernel on `stream` (a cudaStream_t), the dynamic form
-// (src/cuda/shift/shift_sweep.cu) when `dynamic`, there is no overlap and `counters` is given (2 *
-// plan.launches.size() ints zeroed on the stream), else the static one. False, with nothing
-// queued, when it does not apply, or (unless `forced`) when a shift with overlap has too few
-// chunks per band to fill the device.
-bool launch(const shift_plan::Plan& plan, bool dynamic, bool forced, int device, void* stream, int* counters);
-
-}  // namespace kvcore::cuda::shift_sweep
+}  // namespace kvcore::ops::cuda::shift_sweep

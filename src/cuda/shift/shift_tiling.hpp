@@ -19,7 +19,7 @@
 #include "kvcore/math/hd.hpp"
 #include "ops/shift_params.hpp"
 
-namespace kvcore::cuda::shift_plan {
+namespace kvcore::ops::cuda::shift_plan {
 
 inline constexpr int kTileBytes = 16384;    // shared memory per tile
 inline constexpr int kMaxStreams = 80;      // tensors per launch
@@ -200,4 +200,4 @@ inline Plan make_plan(const ops::ShiftDenseParams& p) {
   return plan;
 }
 
-}  // namespace kvcore::cuda::shift_plan
+}  // namespace kvcore::ops::cuda::shift_plan

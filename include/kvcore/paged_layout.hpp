@@ -17,6 +17,8 @@
 //   (cells used in each sequence's last block, 1..block_size; a sequence with no block has
 //   indptr[b] == indptr[b+1]). Cell j of sequence b lives in block indices[indptr[b] + j / block_size]
 //   at slot j % block_size. Dead cells may sit anywhere; readers skip them.
+//
+// Thread safety: plain data and constexpr index math; safe to use concurrently.
 #pragma once
 #include <cstdint>
 

@@ -1,0 +1,130 @@
+// The snapshot loader under attack: any byte string goes through snapshot_inspect() and then
+// snapshot_decode() into a small cache. Only kvcore::Error may come out, and a refused load must
+// leave the cache as it was (checked with debug_state()).
+//
+// Built three ways:
+//   - with libFuzzer (KVCORE_LIBFUZZER, scripts/fuzz-snapshot.sh): the fuzz target;
+//   - as a normal program (ctest persist_fuzz_corpus_replay): replays every file of the corpus
+//     directories given on the command line, so CI runs the corpus without clang;
+//   - `--write-seeds DIR`: writes the small seed snapshots fuzz/corpus/snapshot/ holds.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kvcore/cache/paged_cache.hpp"
+#include "kvcore/error.hpp"
+#include "kvcore/persist/snapshot.hpp"
+
+namespace {
+
+using namespace kvcore;
+
+// The layout every seed uses (small: the fuzzer mutates few payload bytes and many structure bytes).
+PagedCacheConfig fuzz_config(RopeMode mode, KvFormat f) {
+  PagedCacheConfig c;
+  c.n_layers = 1;
+  c.n_kv_heads = 1;
+  c.head_dim = 64;
+  c.v_head_dim = 64;
+  c.block_size = 2;
+  c.num_blocks = 12;
+  c.k_format = f;
+  c.v_format = f;
+  c.rope = {RopeSpec::plain(64, 10000.0)};
+  c.rope_mode = mode;
+  return c;
+}
+
+constexpr const char* kModel = "fuzz-model";
+
+void load_one(const uint8_t* data, size_t size, RopeMode mode, KvFormat f) {
+  PagedCache cache(fuzz_config(mode, f), Device::cpu());
+  const SeqId keep = cache.create();  // something the failed loads must not disturb
+  std::vector<float> k(64 * 3, 0.5f), v(64 * 3, -0.25f);
+  const int32_t pos[3] = {0, 1, 2};
+  cache.append(keep, pos, TensorRef(k.data(), DType::F32, Device::cpu(), {1, 3, 1, 64}),
+               TensorRef(v.data(), DType::F32, Device::cpu(), {1, 3, 1, 64}));
+  const std::string before = cache.debug_state();
+  const int32_t delta = size > 0 ? static_cast<int32_t>(data[size - 1] % 5) - 2 : 0;
+  try {
+    const SnapshotLoaded got = snapshot_decode(cache, {data, size}, {kModel, mode == RopeMode::RopeOnRead ? delta : 0});
+    for (SeqId id : got.ids) {  // what was loaded must be readable and editable
+      cache.read(id, 0);
+      cache.truncate(id, 0);
+    }
+  } catch (const Error&) {
+    if (cache.debug_state() != before) {
+      std::fprintf(stderr, "a refused load changed the cache\n");
+      std::abort();
+    }
+  }
+}
+
+void write_seeds(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  int n = 0;
+  for (RopeMode mode : {RopeMode::RopeStored, RopeMode::RopeOnRead})
+    for (KvFormat f : {KvFormat::F16, KvFormat::Fp8}) {
+      PagedCache c(fuzz_config(mode, f), Device::cpu());
+      const SeqId a = c.create();
+      std::vector<float> k(64 * 5), v(64 * 5);
+      for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = static_cast<float>(i % 7) - 3.0f;
+        v[i] = static_cast<float>(i % 5) * 0.5f;
+      }
+      const int32_t pos[5] = {0, 1, 2, 3, 4};
+      c.append(a, pos, TensorRef(k.data(), DType::F32, Device::cpu(), {1, 5, 1, 64}),
+               TensorRef(v.data(), DType::F32, Device::cpu(), {1, 5, 1, 64}));
+      const SeqId b = c.fork(a);
+      c.truncate(b, 3);
+      c.shift(a, 1, 2);
+      const std::string path = dir + "/seed-" + std::to_string(n++) + ".kvcs";
+      snapshot_save(c, path, kModel);
+    }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  try {
+    snapshot_inspect({data, size});
+  } catch (const Error&) {
+  }
+  load_one(data, size, RopeMode::RopeOnRead, KvFormat::F16);
+  load_one(data, size, RopeMode::RopeStored, KvFormat::Fp8);
+  return 0;
+}
+
+#ifndef KVCORE_LIBFUZZER
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--write-seeds") {
+    write_seeds(argv[2]);
+    return 0;
+  }
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR_OR_FILE... | --write-seeds DIR\n", argv[0]);
+    return 2;
+  }
+  size_t files = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::vector<std::filesystem::path> paths;
+    if (std::filesystem::is_directory(argv[i])) {
+      for (const auto& e : std::filesystem::directory_iterator(argv[i]))
+        if (e.is_regular_file()) paths.push_back(e.path());
+    } else {
+      paths.push_back(argv[i]);
+    }
+    for (const auto& p : paths) {
+      const std::vector<uint8_t> bytes = read_file_bytes(p.string());
+      LLVMFuzzerTestOneInput(bytes.data(), bytes.size());
+      ++files;
+    }
+  }
+  std::printf("replayed %zu files\n", files);
+  return files > 0 ? 0 : 1;
+}
+#endif
