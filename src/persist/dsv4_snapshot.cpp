@@ -60,8 +60,8 @@ std::string dsv4_layout_fingerprint(const Dsv4Cache& c) {
      << "\nquant " << (g.quant == Dsv4Quant::On ? "on" : "off") << "\ncompressed_packed " << c.compressed_packed()
      << "\nindexer_packed " << c.indexer_packed() << "\neps " << persist::hex_double(g.eps) << "\n";
   os << "compressed_rope " << persist::rope_spec_line(g.compressed_rope) << "\n";
-  if (g.compressed_rope_table) {
-    const math::RopeTable& t = *g.compressed_rope_table;
+  if (g.maybe_compressed_rope_table) {
+    const math::RopeTable& t = *g.maybe_compressed_rope_table;
     os << "compressed_rope_table n_pairs=" << t.layout.n_pairs() << " attention_factor=" << persist::hex_double(t.attention_factor)
        << " freq_xxh3=" << persist::xxh3_64(t.freq, sizeof(float) * static_cast<size_t>(t.layout.n_pairs())) << "\n";
   }
