@@ -22,7 +22,6 @@
 #include <filesystem>
 #include <memory>
 #include <random>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -171,11 +170,17 @@ void redis_cases(cli::BenchOptions& opt) {
     const std::string out =
         run("redis-benchmark -h 127.0.0.1 -p " + std::to_string(server.port()) + " -a " + server.password() +
             " -c 1 -P 1 -t set,get -q -n " + std::to_string(n) + " -d " + std::to_string(value + kSealHeaderBytes));
+    // The summary line "<OP>: <number> requests per second" (progress lines say "rps=" instead).
     auto rps = [&](const char* op) {
-      std::smatch m;
-      const std::regex re(std::string(op) + ": ([0-9.]+) requests per second");
-      require(std::regex_search(out, m, re), ErrorCode::DeviceError, "bench persist: no ", op, " figure in: ", out);
-      return std::stod(m[1]);
+      const std::string key = std::string(op) + ": ", tail = " requests per second";
+      for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at + 1)) {
+        const char* begin = out.c_str() + at + key.size();
+        char* end = nullptr;
+        const double v = std::strtod(begin, &end);
+        if (end != begin && out.compare(static_cast<size_t>(end - out.c_str()), tail.size(), tail) == 0) return v;
+      }
+      require(false, ErrorCode::DeviceError, "bench persist: no ", op, " figure in: ", out);
+      return 0.0;
     };
     const double set_rps = rps("SET"), get_rps = rps("GET");
     server.admin({"FLUSHALL"});
