@@ -87,6 +87,22 @@ int32_t q_heads(const Tensor& q, const char* op) {
   return static_cast<int32_t>(q.ref.size(1));
 }
 
+// Plans one step over the caller's pages and runs it once: the tail both one-shot entry points share.
+nb::object plan_and_run(PagesArgs& a, const Tensor& tq, nb::handle q, nb::handle out, nb::handle stream, bool prefill,
+                        const char* op) {
+  const int32_t hq = q_heads(tq, op);
+  Output o = output(out, "out", q, shape_of_q(tq), tq.ref.dtype());
+  const Stream s = resolve_stream(stream, tq.ref.device());
+  a.schedule.stream = s;
+  {
+    nb::gil_scoped_release g;
+    const AttentionPlan plan = prefill ? AttentionPlan::prefill(a.kv, hq, a.step, a.schedule)
+                                       : AttentionPlan::decode(a.kv, hq, a.step, a.schedule);
+    plan.run(tq.ref, a.kv, o.t.ref, a.layer, s);
+  }
+  return o.obj;
+}
+
 }  // namespace
 
 void bind_attention_ops(nb::module_& m) {
@@ -101,15 +117,7 @@ void bind_attention_ops(nb::module_& m) {
         PagesArgs a;
         fill(a, k, v, indptr, indices, last_page_len, k_scale, v_scale, positions, valid, pos_offset, softmax_scale,
              sinks, window, q_positions, rope_on_read, num_splits, max_seq_cells, workspace, check_tables);
-        const int32_t hq = q_heads(tq, "attention_decode");
-        Output o = output(out, "out", q, shape_of_q(tq), tq.ref.dtype());
-        const Stream s = resolve_stream(stream, tq.ref.device());
-        a.schedule.stream = s;
-        {
-          nb::gil_scoped_release g;
-          AttentionPlan::decode(a.kv, hq, a.step, a.schedule).run(tq.ref, a.kv, o.t.ref, a.layer, s);
-        }
-        return o.obj;
+        return plan_and_run(a, tq, q, out, stream, false, "attention_decode");
       },
       "q"_a.none(), "k"_a.none(), "v"_a.none(), "indptr"_a.none(), "indices"_a.none(), "last_page_len"_a.none(),
       nb::kw_only(), "out"_a = nb::none(), "k_scale"_a = nb::none(), "v_scale"_a = nb::none(),
@@ -134,15 +142,7 @@ void bind_attention_ops(nb::module_& m) {
              sinks, window, q_positions, rope_on_read, num_splits, max_seq_cells, workspace, check_tables);
         a.qo_indptr = to_tensor(qo_indptr, "qo_indptr");
         a.step.qo_indptr = a.qo_indptr.ref;
-        const int32_t hq = q_heads(tq, "attention_prefill");
-        Output o = output(out, "out", q, shape_of_q(tq), tq.ref.dtype());
-        const Stream s = resolve_stream(stream, tq.ref.device());
-        a.schedule.stream = s;
-        {
-          nb::gil_scoped_release g;
-          AttentionPlan::prefill(a.kv, hq, a.step, a.schedule).run(tq.ref, a.kv, o.t.ref, a.layer, s);
-        }
-        return o.obj;
+        return plan_and_run(a, tq, q, out, stream, true, "attention_prefill");
       },
       "q"_a.none(), "qo_indptr"_a.none(), "k"_a.none(), "v"_a.none(), "indptr"_a.none(), "indices"_a.none(),
       "last_page_len"_a.none(), nb::kw_only(), "out"_a = nb::none(), "k_scale"_a = nb::none(),
