@@ -209,14 +209,14 @@ class KvcoreCache(Cache):
         else:
             new_valid = attention_mask[:, -n_new:].to(torch.bool)
             counts = new_valid.sum(dim=1).tolist()
+        if max(counts) > self.window - self.n_keep:
+            raise kvcore.InvalidArgumentError(
+                f"InvalidArgument: KvcoreCache: {max(counts)} new tokens in one step, window {self.window} keeps "
+                f"{self.n_keep}: feed the prompt in chunks of at most {self.window - self.n_keep}")
         positions, seqs, seq_counts = [], [], []
         for s, c in zip(self.seqs, counts):
             if c == 0:
                 continue
-            if c > self.window - self.n_keep:
-                raise kvcore.InvalidArgumentError(
-                    f"InvalidArgument: KvcoreCache: {c} new tokens in one step, window {self.window} keeps "
-                    f"{self.n_keep}: feed the prompt in chunks of at most {self.window - self.n_keep}")
             info = self.paged.info(s)
             if info.n_live + c > self.window:
                 n_discard = max(self.n_discard, info.n_live + c - self.window)
@@ -262,6 +262,7 @@ class KvcoreCache(Cache):
         if step["q_positions"] is not None:
             kvcore.rope_apply(q_rows, step["q_positions"], self.rope)
         out = plan.run(layer, q_rows)
+        self._layer = None  # the next attention call must follow its own update()
         if rows is None:
             return out.view(B, T, Hq, D)
         full = out.new_zeros(B * T, Hq, out.shape[-1])
