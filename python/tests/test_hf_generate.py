@@ -13,7 +13,7 @@ Tolerances (rel = max |kvcore - HF| / max |HF| over the vocabulary, at each step
   effect on the logits is bounded by that step times one attention weight, so the bound allows
   it for bf16 and FP8 (1e-3 and 1e-2) where a step is 2^-8 and 2^-3 of the value.
 - Without the codec on HF's side (the price of the format itself, not a correctness check):
-  f16 within 1e-2 and the same tokens; measured values are printed by bench/hf_oracle_report.py.
+  f16 within 1e-2 of HF eager run over the same tokens.
 """
 
 import pytest
@@ -74,14 +74,14 @@ def test_narrow_pages_match_eager_through_the_codec(arch, fmt, bound, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_f16_pages_near_plain_eager(device):
+    """The price of f16 pages themselves: HF eager (no codec, one forward over the tokens kvcore
+    generated, so a flipped near-tie changes nothing) against kvcore's logits at each step."""
     m = model("llama", device=device)
     ids = prompt(12, device=device)
-    ref_seq, ref_logits = run_eager(m, ids)
     (seq, logits), _ = run_kvcore(m, ids, window=1024, k_format="f16")
-    # a random model's near-ties may flip a token: compare the steps before the first difference
-    same = (seq[0, 12:] == ref_seq[0, 12:]).long().cumprod(0).sum().item()
-    assert same >= 16
-    assert rel_per_step(logits[:, :same], ref_logits[:, :same]).max().item() < 1e-2
+    with torch.no_grad():
+        ref_logits = m(seq[:, :-1]).logits[:, 11:]
+    assert rel_per_step(logits, ref_logits).max().item() < 1e-2
 
 
 def test_the_codec_oracle_can_fail():
