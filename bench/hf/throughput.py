@@ -1,5 +1,6 @@
 """Decode tokens/s of transformers models with kvcore's cache ("kvcore" attention, f16 / FP8 pages)
-against HF's default cache (DynamicCache) with sdpa, at a given context and batch.
+against HF's default cache (DynamicCache) with sdpa (HF's default) and eager attention, at a given
+context and batch.
 
 The caches are filled with random K/V to `context` tokens (no prefill compute: the prompt's
 content does not change a decode step's cost), then `steps` decode steps of the model run, each
@@ -99,6 +100,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="model dtype (default: f32 on cpu, bf16 on cuda)")
     ap.add_argument("--formats", nargs="+", default=["f16", "fp8"])
+    ap.add_argument("--hf-impls", nargs="+", default=["sdpa", "eager"], help="HF attention with DynamicCache")
     ap.add_argument("--share", action="store_true", help="time kvcore's part of a step")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -116,14 +118,15 @@ def main():
             row = dict(model=a.model, device=a.device, dtype=str(dtype).split(".")[-1], batch=batch, context=ctx,
                        threads=torch.get_num_threads(), torch=torch.__version__,
                        transformers=__import__("transformers").__version__)
-            try:
-                model.set_attn_implementation("sdpa")
-                cache = fill_dynamic(model, batch, ctx, a.device, dtype)
-                t = decode(model, cache, batch, a.steps, a.device)
-                row["hf_sdpa_dynamic_tok_s"] = batch / t
-                del cache
-            except torch.OutOfMemoryError:
-                row["hf_sdpa_dynamic_tok_s"] = None
+            for impl in a.hf_impls:
+                try:
+                    model.set_attn_implementation(impl)
+                    cache = fill_dynamic(model, batch, ctx, a.device, dtype)
+                    t = decode(model, cache, batch, a.steps, a.device)
+                    row[f"hf_{impl}_dynamic_tok_s"] = batch / t
+                    del cache
+                except torch.OutOfMemoryError:
+                    row[f"hf_{impl}_dynamic_tok_s"] = None
             if a.device != "cpu":
                 torch.cuda.empty_cache()
             for fmt in a.formats:

@@ -138,7 +138,7 @@ class KvcoreCache(Cache):
                 f"InvalidArgument: KvcoreCache.crop: {remove} tokens to remove, {self._consumed} consumed")
         for s in self.seqs:
             live = self.paged.info(s).n_live
-            if remove > live - self.n_keep and remove > live:
+            if remove > live:
                 raise kvcore.InvalidArgumentError(
                     f"InvalidArgument: KvcoreCache.crop: {remove} tokens to remove, sequence {s} holds {live}")
         for s in self.seqs:
