@@ -16,10 +16,43 @@
 #include "kvcore/error.hpp"
 #include "kvcore/ops/attention.hpp"
 #include "kvcore/transfer/transfer.hpp"
+#include "paged_model.hpp"
 
 namespace transfer_test {
 
 using namespace kvcore;
+
+inline std::vector<int32_t> iota_from(int32_t first, int32_t n) {
+  std::vector<int32_t> p(n);
+  for (int32_t i = 0; i < n; ++i) p[i] = first + i;
+  return p;
+}
+
+inline void append_random(PagedCache& c, SeqId id, int32_t n, std::mt19937_64& rng) {
+  const PagedCacheConfig& cfg = c.config();
+  const int32_t first = c.info(id).last_position + 1;
+  paged_test::Source k = paged_test::make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.head_dim, DType::F32, c.device(), false);
+  paged_test::Source v = cfg.v_head_dim ? paged_test::make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.v_head_dim,
+                                                                  DType::F32, c.device(), false)
+                                        : paged_test::Source{};
+  c.append(id, iota_from(first, n), k.tensor, v.tensor);
+}
+
+// A plain sequence, a fork of it extended (shares its full blocks), a shifted one, and a
+// truncated one (stale bytes past its span on the sender).
+inline std::vector<SeqId> fill(PagedCache& c, std::mt19937_64& rng) {
+  const SeqId a = c.create();
+  append_random(c, a, 21, rng);
+  const SeqId f = c.fork(a);
+  append_random(c, f, 5, rng);
+  const SeqId s = c.create();
+  append_random(c, s, 30, rng);
+  c.shift(s, 3, 9);
+  const SeqId t = c.create();
+  append_random(c, t, 19, rng);
+  c.truncate(t, 11);
+  return {a, f, s, t};
+}
 
 // Runs `send` on a second thread and `receive` here; returns the exceptions each threw.
 struct BothEnds {

@@ -40,7 +40,7 @@ void launch(const BlockCopy& c, Stream stream) {
   const int64_t slices = (c.block_bytes + kSliceBytes - 1) / kSliceBytes;
   require_arg(slices <= 65535, "transfer: block of ", c.block_bytes, " bytes is too large for the block copy kernel");
   const dim3 grid(static_cast<unsigned>(c.n), static_cast<unsigned>(slices));
-  block_copy_kernel<kGather><<<grid, kThreads, 0, native(stream)>>>(c.pool, c.block_bytes, c.blocks, c.staging, vec16);
+  block_copy_kernel<kGather><<<grid, kThreads, 0, ops::cuda::native(stream)>>>(c.pool, c.block_bytes, c.blocks, c.staging, vec16);
   KVCORE_CUDA_CHECK_LAUNCH("block_copy_kernel");
 }
 
