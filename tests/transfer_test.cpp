@@ -38,12 +38,12 @@ TEST(TransferChunks, CoverEveryBlockOfEveryArrayOnceInPayloadOrder) {
   const std::vector<int64_t> bb = {256, 32, 256, 32};
   for (uint64_t chunk : {uint64_t{1}, uint64_t{32}, uint64_t{300}, uint64_t{1000}, uint64_t{1} << 30}) {
     SCOPED_TRACE(chunk);
-    const std::vector<transfer::PagedChunk> cs = transfer::paged_chunks(bb, 5, chunk);
+    const std::vector<xfer::PagedChunk> cs = xfer::paged_chunks(bb, 5, chunk);
     uint64_t total = 0;
     int32_t array = 0, next = 0;
-    for (const transfer::PagedChunk& c : cs) {
+    for (const xfer::PagedChunk& c : cs) {
       uint64_t in_chunk = 0;
-      for (const transfer::PagedSegment& s : c.segments) {
+      for (const xfer::PagedSegment& s : c.segments) {
         if (next == 5) {
           ++array;
           next = 0;
@@ -63,7 +63,7 @@ TEST(TransferChunks, CoverEveryBlockOfEveryArrayOnceInPayloadOrder) {
     EXPECT_EQ(next, 5);
     EXPECT_EQ(total, 5u * (256 + 32 + 256 + 32));
   }
-  EXPECT_TRUE(transfer::paged_chunks(bb, 0, 100).empty());
+  EXPECT_TRUE(xfer::paged_chunks(bb, 0, 100).empty());
 }
 
 TEST(TransferChunks, GatherThenScatterMovesExactlyTheListedBlocks) {
@@ -71,10 +71,10 @@ TEST(TransferChunks, GatherThenScatterMovesExactlyTheListedBlocks) {
   std::vector<uint8_t> pool(10 * bb), staging(3 * bb), back(10 * bb, 0xee);
   for (size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<uint8_t>(i * 7 + 3);
   const std::vector<int32_t> blocks = {7, 2, 9};
-  transfer::gather_blocks({pool.data(), bb, blocks.data(), 3, staging.data()}, Device::cpu(), {});
+  xfer::gather_blocks({pool.data(), bb, blocks.data(), 3, staging.data()}, Device::cpu(), {});
   for (int i = 0; i < 3; ++i)
     EXPECT_TRUE(std::equal(staging.begin() + i * bb, staging.begin() + (i + 1) * bb, pool.begin() + blocks[i] * bb));
-  transfer::scatter_blocks({back.data(), bb, blocks.data(), 3, staging.data()}, Device::cpu(), {});
+  xfer::scatter_blocks({back.data(), bb, blocks.data(), 3, staging.data()}, Device::cpu(), {});
   for (int32_t b = 0; b < 10; ++b) {
     const bool listed = std::find(blocks.begin(), blocks.end(), b) != blocks.end();
     for (int64_t j = 0; j < bb; ++j)
@@ -83,16 +83,16 @@ TEST(TransferChunks, GatherThenScatterMovesExactlyTheListedBlocks) {
 }
 
 TEST(TransferProtocol, HeaderAndReplyRoundTripAndDamageIsCorrupt) {
-  transfer::Header h;
-  h.kind = transfer::kKindPaged;
+  xfer::Header h;
+  h.kind = xfer::kKindPaged;
   h.packing = TransferPacking::InPlace;
   h.manifest_bytes = 1234;
   h.payload_bytes = 1ull << 33;
   h.chunk_bytes = 1 << 20;
   h.fingerprint_hash = 0x0123456789abcdefull;
-  const std::vector<uint8_t> b = transfer::encode_header(h);
-  ASSERT_EQ(b.size(), transfer::kHeaderBytes);
-  const transfer::Header g = transfer::decode_header(b);
+  const std::vector<uint8_t> b = xfer::encode_header(h);
+  ASSERT_EQ(b.size(), xfer::kHeaderBytes);
+  const xfer::Header g = xfer::decode_header(b);
   EXPECT_EQ(g.kind, h.kind);
   EXPECT_EQ(g.packing, h.packing);
   EXPECT_EQ(g.manifest_bytes, h.manifest_bytes);
@@ -103,24 +103,24 @@ TEST(TransferProtocol, HeaderAndReplyRoundTripAndDamageIsCorrupt) {
     std::vector<uint8_t> d = b;
     d[i] ^= 0x10;
     try {
-      transfer::decode_header(d);
+      xfer::decode_header(d);
       ADD_FAILURE() << "byte " << i << " flipped: accepted";
     } catch (const Error& e) {
       // The version fields are checked after the checksum: every flip is Corrupt.
       EXPECT_EQ(e.code(), ErrorCode::Corrupt) << "byte " << i << ": " << e.what();
     }
   }
-  EXPECT_THROW(transfer::decode_header(std::span<const uint8_t>(b.data(), 63)), Error);
+  EXPECT_THROW(xfer::decode_header(std::span<const uint8_t>(b.data(), 63)), Error);
 
-  transfer::Reply r;
+  xfer::Reply r;
   r.ok = false;
   r.code = ErrorCode::OutOfMemory;
   r.message = std::string(400, 'x');  // cut to what the reply holds
-  const transfer::Reply q = transfer::decode_reply(transfer::encode_reply(r));
+  const xfer::Reply q = xfer::decode_reply(xfer::encode_reply(r));
   EXPECT_FALSE(q.ok);
   EXPECT_EQ(q.code, ErrorCode::OutOfMemory);
-  EXPECT_EQ(q.message, std::string(transfer::kReplyBytes - 8, 'x'));
-  EXPECT_TRUE(transfer::decode_reply(transfer::encode_reply({})).ok);
+  EXPECT_EQ(q.message, std::string(xfer::kReplyBytes - 8, 'x'));
+  EXPECT_TRUE(xfer::decode_reply(xfer::encode_reply({})).ok);
 }
 
 TEST(TransferPaged, ReceivedSequencesAreBitIdenticalRemappedAndAttendTheSame) {
@@ -376,4 +376,27 @@ TEST(TransferDsv4, SequenceArrivesCompleteAndFaultsLeaveTheTargetEmpty) {
       dsv4_append_tokens(dst, d1, 45, 30);
       EXPECT_TRUE(dsv4_same_sequence(src, s0, dst, d1));
     }
+}
+
+TEST(TransferPaged, KeptBuffersServeLaterTransfersOfOtherSizes) {
+  std::mt19937_64 rng(17);
+  PagedCache src(small_config(KvFormat::Fp8, RopeMode::RopeStored, 8, 60), Device::cpu());
+  const std::vector<SeqId> ids = fill(src, rng);
+  PagedCache dst(small_config(KvFormat::Fp8, RopeMode::RopeStored, 8, 120), Device::cpu());
+  TransferBuffers send_buf, recv_buf;
+  auto [a, b] = LoopbackTransport::pair(Device::cpu());
+  // One sequence, then all of them (larger lists and staging), then one again (reused as is).
+  for (size_t n : {size_t{1}, ids.size(), size_t{1}}) {
+    SCOPED_TRACE(n);
+    const std::vector<SeqId> some(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
+    TransferOptions so = options(TransferPacking::Packed, 700), ro = options(TransferPacking::Packed);
+    so.maybe_buffers = &send_buf;
+    ro.maybe_buffers = &recv_buf;
+    PagedReceived got;
+    const BothEnds r = run_both([&] { transfer_send(src, some, *a, so); }, [&] { got = transfer_receive(dst, *b, ro); });
+    ASSERT_FALSE(r.send_error) << message_of(r.send_error);
+    ASSERT_FALSE(r.receive_error) << message_of(r.receive_error);
+    for (size_t i = 0; i < n; ++i) EXPECT_TRUE(same_sequence_bytes(src, ids[i], dst, got.ids[i]));
+    EXPECT_FALSE(recv_buf.staging[0].empty());
+  }
 }

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-namespace kvcore::transfer {
+namespace kvcore::xfer {
 
 void gather_blocks(const BlockCopy& c, Device device, Stream stream) {
   if (c.n == 0) return;
@@ -38,4 +38,4 @@ void use_device(Device device) {
   (void)device;
 }
 
-}  // namespace kvcore::transfer
+}  // namespace kvcore::xfer

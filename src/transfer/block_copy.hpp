@@ -6,7 +6,7 @@
 #include "kvcore/device.hpp"
 #include "kvcore/stream.hpp"
 
-namespace kvcore::transfer {
+namespace kvcore::xfer {
 
 // Block list `blocks` [n] lives on `device` (a device copy on CUDA). Block b of the pool is
 // bytes [b * block_bytes, (b + 1) * block_bytes) of `pool`; the staging buffer holds the n
@@ -31,4 +31,4 @@ void scatter_blocks(const BlockCopy& c, Stream stream);
 void use_device(int index);
 }  // namespace cuda
 
-}  // namespace kvcore::transfer
+}  // namespace kvcore::xfer

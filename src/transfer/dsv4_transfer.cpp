@@ -20,7 +20,7 @@ namespace kvcore {
 
 namespace {
 
-using transfer::Control;
+using xfer::Control;
 
 std::vector<persist::Dsv4Part> all_parts(const Dsv4Cache& c, SeqId seq, std::span<const int64_t> lengths) {
   std::vector<persist::Dsv4Part> parts;
@@ -56,12 +56,12 @@ int64_t post_grouped(Transport& t, const std::vector<TransferOp>& ops, int32_t p
 }  // namespace
 
 TransferStats transfer_send(Dsv4Cache& c, SeqId seq, Transport& t, const TransferOptions& o) {
-  transfer::check_options(o, "transfer_send(Dsv4Cache)");
+  xfer::check_options(o, "transfer_send(Dsv4Cache)");
   require_arg(c.contains(seq), "transfer_send(Dsv4Cache): seq ", seq, " is not a sequence of this cache");
   const Device dev = c.device();
   require_arg(dev == t.device(), "transfer_send(Dsv4Cache): the cache is on ", dev.str(), ", the transport on ",
               t.device().str());
-  transfer::use_device(dev);
+  xfer::use_device(dev);
   std::vector<int64_t> lengths;
   for (int32_t l = 0; l < c.n_layers(); ++l) lengths.push_back(c.length(seq, l));
   const std::vector<persist::Dsv4Part> parts = all_parts(c, seq, lengths);
@@ -70,32 +70,33 @@ TransferStats transfer_send(Dsv4Cache& c, SeqId seq, Transport& t, const Transfe
   singles.emplace_back(persist::kDsv4Lengths, persist::dsv4_encode_lengths(c, seq));
   const std::vector<uint8_t> manifest =
       persist::encode_container(persist::kKindDsv4Sequence, fingerprint, o.model_id, std::move(singles), {}).concat();
-  transfer::Header h;
-  h.kind = transfer::kKindDsv4;
+  xfer::Header h;
+  h.kind = xfer::kKindDsv4;
   h.packing = o.packing;
   h.manifest_bytes = manifest.size();
   h.payload_bytes = total_bytes(parts);
   h.chunk_bytes = o.chunk_bytes;
   h.fingerprint_hash = persist::xxh3_64(fingerprint.data(), fingerprint.size());
-  const std::vector<uint8_t> header = transfer::encode_header(h);
+  const std::vector<uint8_t> header = xfer::encode_header(h);
   TransferStats st;
   st.payload_bytes = h.payload_bytes;
   st.manifest_bytes = h.manifest_bytes;
   st.packing = o.packing;
 
-  Control ctl(t);
-  const transfer::Reply reply = transfer::abort_on_failure(t, [&] {
+  TransferBuffers local;  // outlives the abort a failure triggers
+  TransferBuffers& buf = o.maybe_buffers ? *o.maybe_buffers : local;
+  Control ctl(t, buf.control);
+  const xfer::Reply reply = xfer::abort_on_failure(t, [&] {
     ctl.send({header, manifest});
     return ctl.recv_reply();
   });
-  if (!reply.ok) transfer::throw_refused(reply, "transfer_send(Dsv4Cache)");
-  Buffer staging;  // outlives the abort a failure triggers
-  transfer::abort_on_failure(t, [&] {
+  if (!reply.ok) xfer::throw_refused(reply, "transfer_send(Dsv4Cache)");
+  xfer::abort_on_failure(t, [&] {
     std::vector<TransferOp> ops;
     if (o.packing == TransferPacking::InPlace) {
       for (const persist::Dsv4Part& p : parts) ops.push_back(TransferOp::send(p.view.data(), p.bytes));
     } else {
-      staging = Buffer(std::max<uint64_t>(h.payload_bytes, 1), dev);
+      const Buffer& staging = xfer::grow(buf.staging[0], std::max<uint64_t>(h.payload_bytes, 1), dev);
       uint64_t at = 0;
       for (const persist::Dsv4Part& p : parts) {
         copy_bytes(staging.as<uint8_t>() + at, dev, p.view.data(), dev, p.bytes, c.config().stream);
@@ -106,30 +107,31 @@ TransferStats transfer_send(Dsv4Cache& c, SeqId seq, Transport& t, const Transfe
     }
     st.n_ops = static_cast<int64_t>(ops.size());
     st.n_groups = post_grouped(t, ops, o.ops_per_group);
-    const transfer::Reply ack = ctl.recv_reply();
-    if (!ack.ok) transfer::throw_refused(ack, "transfer_send(Dsv4Cache) (commit)");
+    const xfer::Reply ack = ctl.recv_reply();
+    if (!ack.ok) xfer::throw_refused(ack, "transfer_send(Dsv4Cache) (commit)");
   });
   return st;
 }
 
 TransferStats transfer_receive(Dsv4Cache& c, SeqId into, Transport& t, const TransferOptions& o) {
-  transfer::check_options(o, "transfer_receive(Dsv4Cache)");
+  xfer::check_options(o, "transfer_receive(Dsv4Cache)");
   const Device dev = c.device();
   require_arg(dev == t.device(), "transfer_receive(Dsv4Cache): the cache is on ", dev.str(), ", the transport on ",
               t.device().str());
-  transfer::use_device(dev);
-  Control ctl(t);
-  const auto [h, manifest] = transfer::abort_on_failure(t, [&] {
-    const transfer::Header hd = transfer::decode_header(ctl.recv(transfer::kHeaderBytes));
+  xfer::use_device(dev);
+  TransferBuffers local;  // outlives the abort a failure triggers
+  TransferBuffers& buf = o.maybe_buffers ? *o.maybe_buffers : local;
+  Control ctl(t, buf.control);
+  const auto [h, manifest] = xfer::abort_on_failure(t, [&] {
+    const xfer::Header hd = xfer::decode_header(ctl.recv(xfer::kHeaderBytes));
     return std::make_pair(hd, ctl.recv(hd.manifest_bytes));
   });
 
   TransferStats st;
   std::vector<int64_t> lengths;
   std::vector<persist::Dsv4Part> parts;
-  Buffer staging;  // outlives the abort a failure triggers
   try {
-    require_arg(h.kind == transfer::kKindDsv4, "transfer_receive(Dsv4Cache): the sender sends PagedCache sequences");
+    require_arg(h.kind == xfer::kKindDsv4, "transfer_receive(Dsv4Cache): the sender sends PagedCache sequences");
     require_arg(c.contains(into), "transfer_receive(Dsv4Cache): seq ", into, " is not a sequence of this cache");
     for (int32_t l = 0; l < c.n_layers(); ++l)
       require_arg(c.length(into, l) == 0, "transfer_receive(Dsv4Cache): sequence ", into, " layer ", l, " holds ",
@@ -149,10 +151,10 @@ TransferStats transfer_receive(Dsv4Cache& c, SeqId into, Transport& t, const Tra
     parts = all_parts(c, into, lengths);
     require(h.payload_bytes == total_bytes(parts), ErrorCode::Corrupt, "transfer_receive(Dsv4Cache): header says ",
             h.payload_bytes, " payload bytes, these lengths need ", total_bytes(parts));
-    staging = Buffer(std::max<uint64_t>(h.payload_bytes, 1), dev);  // OutOfMemory: a refusal
+    xfer::grow(buf.staging[0], std::max<uint64_t>(h.payload_bytes, 1), dev);  // OutOfMemory: a refusal
   } catch (const std::exception& e) {
     try {
-      ctl.send_reply(transfer::reply_of(e));
+      ctl.send_reply(xfer::reply_of(e));
     } catch (...) {
       t.abort();
     }
@@ -162,7 +164,8 @@ TransferStats transfer_receive(Dsv4Cache& c, SeqId into, Transport& t, const Tra
   st.manifest_bytes = h.manifest_bytes;
   st.packing = h.packing;
 
-  transfer::abort_on_failure(t, [&] {
+  const Buffer& staging = buf.staging[0];
+  xfer::abort_on_failure(t, [&] {
     ctl.send_reply({});  // accepted
     std::vector<TransferOp> ops;
     if (h.packing == TransferPacking::InPlace) {
@@ -179,7 +182,7 @@ TransferStats transfer_receive(Dsv4Cache& c, SeqId into, Transport& t, const Tra
   });
   // Every byte arrived: write the (empty) sequence, then its lengths. A device failure here
   // leaves it empty (lengths 0), as it was, and breaks the link (the sender waits for a commit).
-  transfer::abort_on_failure(t, [&] {
+  xfer::abort_on_failure(t, [&] {
     uint64_t at = 0;
     for (const persist::Dsv4Part& p : parts) {
       copy_bytes(p.view.data(), dev, staging.as<uint8_t>() + at, dev, p.bytes, c.config().stream);

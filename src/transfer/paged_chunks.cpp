@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace kvcore::transfer {
+namespace kvcore::xfer {
 
 std::vector<PagedChunk> paged_chunks(std::span<const int64_t> array_block_bytes, int32_t n_blocks, uint64_t chunk_bytes) {
   std::vector<PagedChunk> out;
@@ -21,4 +21,4 @@ std::vector<PagedChunk> paged_chunks(std::span<const int64_t> array_block_bytes,
   return out;
 }
 
-}  // namespace kvcore::transfer
+}  // namespace kvcore::xfer

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-namespace kvcore::transfer {
+namespace kvcore::xfer {
 
 struct PagedSegment {
   int32_t array = 0;       // pool array index
@@ -20,4 +20,4 @@ struct PagedChunk {
 
 std::vector<PagedChunk> paged_chunks(std::span<const int64_t> array_block_bytes, int32_t n_blocks, uint64_t chunk_bytes);
 
-}  // namespace kvcore::transfer
+}  // namespace kvcore::xfer

@@ -17,8 +17,8 @@ namespace kvcore {
 
 namespace {
 
-using transfer::Control;
-using transfer::PagedChunk;
+using xfer::Control;
+using xfer::PagedChunk;
 
 uint64_t max_chunk(const std::vector<PagedChunk>& chunks) {
   uint64_t m = 1;
@@ -51,12 +51,19 @@ std::vector<TransferOp> in_place_ops(const std::vector<PagedPoolArray>& arrays, 
 // Gathers (sender) or scatters (receiver) one chunk between the pools and `staging`.
 void move_chunk(const PagedChunk& c, const std::vector<PagedPoolArray>& arrays, const int32_t* blocks_dev, uint8_t* staging,
                 bool gather, Device dev, Stream stream) {
-  for (const transfer::PagedSegment& s : c.segments) {
+  for (const xfer::PagedSegment& s : c.segments) {
     const PagedPoolArray& a = arrays[static_cast<size_t>(s.array)];
-    const transfer::BlockCopy bc{a.base, a.block_bytes, blocks_dev + s.first, s.n, staging + s.offset};
-    if (gather) transfer::gather_blocks(bc, dev, stream);
-    else transfer::scatter_blocks(bc, dev, stream);
+    const xfer::BlockCopy bc{a.base, a.block_bytes, blocks_dev + s.first, s.n, staging + s.offset};
+    if (gather) xfer::gather_blocks(bc, dev, stream);
+    else xfer::scatter_blocks(bc, dev, stream);
   }
+}
+
+// `v` copied into `b` (grown when too small).
+const Buffer& upload(Buffer& b, const std::vector<int32_t>& v, Device dev) {
+  xfer::grow(b, std::max<size_t>(v.size(), 1) * sizeof(int32_t), dev);
+  copy_bytes(b.data(), dev, v.data(), Device::cpu(), v.size() * sizeof(int32_t));
+  return b;
 }
 
 // The first line where two fingerprints differ, for a refusal's message.
@@ -75,40 +82,41 @@ std::string fingerprint_difference(const std::string& theirs, const std::string&
 }  // namespace
 
 TransferStats transfer_send(PagedCache& cache, std::span<const SeqId> seqs, Transport& t, const TransferOptions& o) {
-  transfer::check_options(o, "transfer_send");
+  xfer::check_options(o, "transfer_send");
   require_arg(!seqs.empty(), "transfer_send: no sequence to send");
   const Device dev = cache.device();
   require_arg(dev == t.device(), "transfer_send: the cache is on ", dev.str(), ", the transport on ", t.device().str());
-  transfer::use_device(dev);
+  xfer::use_device(dev);
   const PagedExportPlan plan = paged_export_plan(cache, seqs);
   const PagedExport& ex = plan.manifest;
   const std::string fingerprint = layout_fingerprint(cache.config());
   const std::vector<uint8_t> manifest = persist::encode_snapshot(ex, fingerprint, o.model_id).concat();
-  transfer::Header h;
-  h.kind = transfer::kKindPaged;
+  xfer::Header h;
+  h.kind = xfer::kKindPaged;
   h.packing = o.packing;
   h.manifest_bytes = manifest.size();
   h.payload_bytes = static_cast<uint64_t>(ex.payload_bytes());
   h.chunk_bytes = o.chunk_bytes;
   h.fingerprint_hash = persist::xxh3_64(fingerprint.data(), fingerprint.size());
-  const std::vector<uint8_t> header = transfer::encode_header(h);
+  const std::vector<uint8_t> header = xfer::encode_header(h);
 
   TransferStats st;
   st.payload_bytes = h.payload_bytes;
   st.manifest_bytes = h.manifest_bytes;
   st.n_blocks = ex.n_blocks;
   st.packing = o.packing;
-  Control ctl(t);
-  const transfer::Reply reply = transfer::abort_on_failure(t, [&] {
+  // Buffers in flight outlive the abort that a failure triggers (freeing them first could wait
+  // on a transfer kernel that only the abort ends).
+  TransferBuffers local;
+  TransferBuffers& buf = o.maybe_buffers ? *o.maybe_buffers : local;
+  Control ctl(t, buf.control);
+  const xfer::Reply reply = xfer::abort_on_failure(t, [&] {
     ctl.send({header, manifest});
     return ctl.recv_reply();
   });
-  if (!reply.ok) transfer::throw_refused(reply, "transfer_send");
+  if (!reply.ok) xfer::throw_refused(reply, "transfer_send");
 
-  // Buffers in flight outlive the abort that a failure triggers (freeing them first could wait
-  // on a transfer kernel that only the abort ends).
-  Buffer blocks_dev, staging[2];
-  transfer::abort_on_failure(t, [&] {
+  xfer::abort_on_failure(t, [&] {
     const std::vector<PagedPoolArray> arrays = paged_pool_arrays(cache);
     const Stream stream = cache.config().stream;
     if (o.packing == TransferPacking::InPlace) {
@@ -116,11 +124,12 @@ TransferStats transfer_send(PagedCache& cache, std::span<const SeqId> seqs, Tran
       st.n_ops = static_cast<int64_t>(ops.size());
       st.n_groups = post_grouped(t, ops, o.ops_per_group);
     } else {
-      const std::vector<PagedChunk> chunks = transfer::paged_chunks(ex.array_block_bytes, ex.n_blocks, o.chunk_bytes);
-      blocks_dev = Buffer::from_host(plan.cache_blocks, dev);
+      const std::vector<PagedChunk> chunks = xfer::paged_chunks(ex.array_block_bytes, ex.n_blocks, o.chunk_bytes);
+      const Buffer& blocks_dev = upload(buf.blocks, plan.cache_blocks, dev);
       const uint64_t cap = max_chunk(chunks);
-      staging[0] = Buffer(cap, dev);
-      staging[1] = Buffer(chunks.size() > 1 ? cap : 1, dev);
+      Buffer* staging = buf.staging;
+      xfer::grow(staging[0], cap, dev);
+      xfer::grow(staging[1], chunks.size() > 1 ? cap : 1, dev);
       std::vector<uint64_t> group(chunks.size());
       // Two chunks in flight: chunk c + 1 is gathered while chunk c is sent.
       for (size_t c = 0; c < chunks.size(); ++c) {
@@ -139,29 +148,31 @@ TransferStats transfer_send(PagedCache& cache, std::span<const SeqId> seqs, Tran
       t.wait_all();
       st.n_ops = st.n_groups = static_cast<int64_t>(chunks.size());
     }
-    const transfer::Reply ack = ctl.recv_reply();
-    if (!ack.ok) transfer::throw_refused(ack, "transfer_send (commit)");
+    const xfer::Reply ack = ctl.recv_reply();
+    if (!ack.ok) xfer::throw_refused(ack, "transfer_send (commit)");
   });
   return st;
 }
 
 PagedReceived transfer_receive(PagedCache& cache, Transport& t, const TransferOptions& o) {
-  transfer::check_options(o, "transfer_receive");
+  xfer::check_options(o, "transfer_receive");
   const Device dev = cache.device();
   require_arg(dev == t.device(), "transfer_receive: the cache is on ", dev.str(), ", the transport on ", t.device().str());
-  transfer::use_device(dev);
-  Control ctl(t);
+  xfer::use_device(dev);
+  TransferBuffers local;  // outlives the abort a failure triggers (see transfer_send)
+  TransferBuffers& buf = o.maybe_buffers ? *o.maybe_buffers : local;
+  Control ctl(t, buf.control);
   // A header that fails its checks leaves the stream unreadable: the link is broken.
-  const auto [h, manifest] = transfer::abort_on_failure(t, [&] {
-    const transfer::Header hd = transfer::decode_header(ctl.recv(transfer::kHeaderBytes));
+  const auto [h, manifest] = xfer::abort_on_failure(t, [&] {
+    const xfer::Header hd = xfer::decode_header(ctl.recv(xfer::kHeaderBytes));
     return std::make_pair(hd, ctl.recv(hd.manifest_bytes));
   });
 
   PagedReceived out;
   bool accepted = false;
-  Buffer blocks_dev, staging[2];  // outlive the abort a failure triggers (see transfer_send)
+  Buffer* staging = buf.staging;
   try {
-    require_arg(h.kind == transfer::kKindPaged, "transfer_receive: the sender sends a Dsv4Cache sequence, this is a PagedCache");
+    require_arg(h.kind == xfer::kKindPaged, "transfer_receive: the sender sends a Dsv4Cache sequence, this is a PagedCache");
     persist::ParsedSnapshot p = persist::parse_snapshot(manifest, /*with_payload=*/false);
     const std::string mine = layout_fingerprint(cache.config());
     require_arg(p.summary.fingerprint == mine, "transfer_receive: another layout: ",
@@ -191,12 +202,11 @@ PagedReceived transfer_receive(PagedCache& cache, Transport& t, const TransferOp
       const Stream stream = cache.config().stream;
       std::vector<PagedChunk> chunks;
       if (h.packing == TransferPacking::Packed) {
-        chunks = transfer::paged_chunks(ex.array_block_bytes, ex.n_blocks, h.chunk_bytes);
-        const std::vector<int32_t> dst(blocks.begin(), blocks.end());
-        blocks_dev = Buffer::from_host(dst, dev);
+        chunks = xfer::paged_chunks(ex.array_block_bytes, ex.n_blocks, h.chunk_bytes);
+        upload(buf.blocks, std::vector<int32_t>(blocks.begin(), blocks.end()), dev);
         const uint64_t cap = max_chunk(chunks);
-        staging[0] = Buffer(cap, dev);
-        staging[1] = Buffer(chunks.size() > 1 ? cap : 1, dev);
+        xfer::grow(staging[0], cap, dev);
+        xfer::grow(staging[1], chunks.size() > 1 ? cap : 1, dev);
       }
       ctl.send_reply({});  // accepted: every check passed and the blocks are taken (not committed)
       accepted = true;
@@ -215,7 +225,7 @@ PagedReceived transfer_receive(PagedCache& cache, Transport& t, const TransferOp
         for (size_t c = 0; c < chunks.size(); ++c) {
           if (c + 1 < chunks.size()) post_recv(c + 1);  // its buffer's last scatter (chunk c - 1) finished
           t.wait(group[c]);
-          move_chunk(chunks[c], arrays, blocks_dev.as<int32_t>(), staging[c % 2].as<uint8_t>(), false, dev, stream);
+          move_chunk(chunks[c], arrays, buf.blocks.as<int32_t>(), staging[c % 2].as<uint8_t>(), false, dev, stream);
           synchronize(dev, stream);
         }
         out.stats.n_ops = out.stats.n_groups = static_cast<int64_t>(chunks.size());
@@ -233,7 +243,7 @@ PagedReceived transfer_receive(PagedCache& cache, Transport& t, const TransferOp
   } catch (const std::exception& e) {
     if (!accepted) {  // refused before any payload: tell the sender, keep the link
       try {
-        ctl.send_reply(transfer::reply_of(e));
+        ctl.send_reply(xfer::reply_of(e));
       } catch (...) {
         t.abort();
       }

@@ -9,7 +9,7 @@
 #include "persist/bytes.hpp"
 #include "persist/checksum.hpp"
 
-namespace kvcore::transfer {
+namespace kvcore::xfer {
 
 namespace {
 constexpr char kMagic[8] = {'K', 'V', 'C', 'X', 'F', 'E', 'R', '\0'};
@@ -91,7 +91,7 @@ void Control::send(std::initializer_list<std::span<const uint8_t>> messages) {
   std::vector<uint8_t> host;
   host.reserve(total);
   for (auto m : messages) host.insert(host.end(), m.begin(), m.end());
-  Buffer dev(std::max<size_t>(total, 1), t_.device());
+  Buffer& dev = grow(scratch_, std::max<size_t>(total, 1), t_.device());
   copy_bytes(dev.data(), t_.device(), host.data(), Device::cpu(), total);
   std::vector<TransferOp> ops;
   size_t at = 0;
@@ -99,13 +99,13 @@ void Control::send(std::initializer_list<std::span<const uint8_t>> messages) {
     ops.push_back(TransferOp::send(dev.as<uint8_t>() + at, m.size()));
     at += m.size();
   }
-  transfer::abort_on_failure(t_, [&] { t_.wait(t_.post(ops)); });  // abort before `dev` is freed
+  xfer::abort_on_failure(t_, [&] { t_.wait(t_.post(ops)); });
 }
 
 std::vector<uint8_t> Control::recv(size_t bytes) {
-  Buffer dev(std::max<size_t>(bytes, 1), t_.device());
+  Buffer& dev = grow(scratch_, std::max<size_t>(bytes, 1), t_.device());
   const TransferOp op = TransferOp::recv(dev.data(), bytes);
-  transfer::abort_on_failure(t_, [&] { t_.wait(t_.post({&op, 1})); });
+  xfer::abort_on_failure(t_, [&] { t_.wait(t_.post({&op, 1})); });
   std::vector<uint8_t> host(bytes);
   copy_bytes(host.data(), Device::cpu(), dev.data(), t_.device(), bytes);
   return host;
@@ -131,6 +131,14 @@ void throw_refused(const Reply& r, const char* what) {
   throw Error(r.code, detail::concat(what, ": the receiver refused: ", r.message));
 }
 
+Buffer& grow(Buffer& b, size_t bytes, Device dev) {
+  if (b.size() < bytes || b.device() != dev) {
+    b = Buffer();  // the old one first: the pool may not hold both
+    b = Buffer(bytes, dev);
+  }
+  return b;
+}
+
 void check_options(const TransferOptions& o, const char* what) {
   require_arg(o.packing == TransferPacking::Packed || o.packing == TransferPacking::InPlace, what, ": packing ",
               static_cast<uint32_t>(o.packing), " is not Packed or InPlace");
@@ -138,4 +146,4 @@ void check_options(const TransferOptions& o, const char* what) {
   require_arg(o.ops_per_group > 0, what, ": ops_per_group ", o.ops_per_group, " must be positive");
 }
 
-}  // namespace kvcore::transfer
+}  // namespace kvcore::xfer

@@ -7,11 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "kvcore/buffer.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/transfer/transfer.hpp"
 #include "kvcore/transfer/transport.hpp"
 
-namespace kvcore::transfer {
+namespace kvcore::xfer {
 
 inline constexpr uint16_t kProtocolMajor = 1, kProtocolMinor = 0;
 inline constexpr size_t kHeaderBytes = 64, kReplyBytes = 256;
@@ -41,7 +42,8 @@ Reply decode_reply(std::span<const uint8_t> bytes);  // Corrupt when malformed
 // The control channel: small host messages through a device buffer of the transport's device.
 class Control {
  public:
-  explicit Control(Transport& t) : t_(t) {}
+  // `scratch`: the device buffer messages pass through (grown when too small).
+  Control(Transport& t, Buffer& scratch) : t_(t), scratch_(scratch) {}
   // Posts sends of each message as one group and waits for it.
   void send(std::initializer_list<std::span<const uint8_t>> messages);
   std::vector<uint8_t> recv(size_t bytes);
@@ -50,7 +52,11 @@ class Control {
 
  private:
   Transport& t_;
+  Buffer& scratch_;
 };
+
+// `b` itself when it holds at least `bytes` on `dev`, else a new buffer of that size there.
+Buffer& grow(Buffer& b, size_t bytes, Device dev);
 
 // What a refusal or a failure reports to the peer.
 Reply reply_of(const std::exception& e);
@@ -70,4 +76,4 @@ auto abort_on_failure(Transport& t, F&& f) -> decltype(f()) {
 
 void check_options(const TransferOptions& o, const char* what);
 
-}  // namespace kvcore::transfer
+}  // namespace kvcore::xfer

@@ -32,15 +32,15 @@ TEST(TransferCuda, BlockGatherAndScatterMatchTheCpu) {
     const int32_t n = static_cast<int32_t>(blocks.size());
     const Buffer pool_d = Buffer::from_host(pool, gpu), blocks_d = Buffer::from_host(blocks, gpu);
     Buffer staging_d(static_cast<size_t>(n * bb), gpu);
-    transfer::gather_blocks({pool_d.as<uint8_t>(), bb, blocks_d.as<int32_t>(), n, staging_d.as<uint8_t>()}, gpu, {});
+    xfer::gather_blocks({pool_d.as<uint8_t>(), bb, blocks_d.as<int32_t>(), n, staging_d.as<uint8_t>()}, gpu, {});
     std::vector<uint8_t> want(static_cast<size_t>(n * bb));
-    transfer::gather_blocks({pool.data(), bb, blocks.data(), n, want.data()}, Device::cpu(), {});
+    xfer::gather_blocks({pool.data(), bb, blocks.data(), n, want.data()}, Device::cpu(), {});
     EXPECT_EQ(staging_d.to_host<uint8_t>(), want);
     // Scatter into a zeroed pool: the listed blocks come back, the others stay zero.
     std::vector<uint8_t> zero(pool.size(), 0), back = zero;
     const Buffer back_d = Buffer::from_host(zero, gpu);
-    transfer::scatter_blocks({back_d.as<uint8_t>(), bb, blocks_d.as<int32_t>(), n, staging_d.as<uint8_t>()}, gpu, {});
-    transfer::scatter_blocks({back.data(), bb, blocks.data(), n, want.data()}, Device::cpu(), {});
+    xfer::scatter_blocks({back_d.as<uint8_t>(), bb, blocks_d.as<int32_t>(), n, staging_d.as<uint8_t>()}, gpu, {});
+    xfer::scatter_blocks({back.data(), bb, blocks.data(), n, want.data()}, Device::cpu(), {});
     EXPECT_EQ(back_d.to_host<uint8_t>(), back);
   }
 }

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcore/buffer.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/transfer/transport.hpp"
@@ -53,11 +54,21 @@ enum class TransferPacking : uint32_t {
   InPlace = 1,  // one send per block per pool array: no staging, many small sends
 };
 
+// Device buffers a transfer uses (control messages, block lists, staging chunks). Pass one in
+// TransferOptions::maybe_buffers to keep them between calls: a loop of transfers then allocates
+// nothing after the first (cudaMalloc / cudaFree cost more than a small transfer). One object
+// serves one transfer at a time, on one device; buffers too small or on another device are
+// replaced.
+struct TransferBuffers {
+  Buffer control, blocks, staging[2];
+};
+
 struct TransferOptions {
   std::string model_id;                      // both ends must give the same
   TransferPacking packing = TransferPacking::Packed;  // the sender's choice; the header carries it
   size_t chunk_bytes = size_t{64} << 20;     // packed: staging chunk (two are allocated)
   int32_t ops_per_group = 1024;              // in place: sends or receives per grouped call
+  TransferBuffers* maybe_buffers = nullptr;  // null: allocated per call
 };
 
 struct TransferStats {

@@ -8,7 +8,7 @@
 #include "cuda/common/check.cuh"
 #include "transfer/block_copy.hpp"
 
-namespace kvcore::transfer::cuda {
+namespace kvcore::xfer::cuda {
 
 namespace {
 
@@ -50,4 +50,4 @@ void gather_blocks(const BlockCopy& c, Stream stream) { launch<true>(c, stream);
 void scatter_blocks(const BlockCopy& c, Stream stream) { launch<false>(c, stream); }
 void use_device(int index) { KVCORE_CUDA_CHECK(cudaSetDevice(index)); }
 
-}  // namespace kvcore::transfer::cuda
+}  // namespace kvcore::xfer::cuda
