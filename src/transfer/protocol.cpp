@@ -55,7 +55,7 @@ Header decode_header(std::span<const uint8_t> bytes) {
   require(h.kind == kKindPaged || h.kind == kKindDsv4, ErrorCode::Corrupt, "transfer: header kind ", h.kind, " is unknown");
   require(packing <= 1, ErrorCode::Corrupt, "transfer: header packing ", packing, " is unknown");
   h.packing = static_cast<TransferPacking>(packing);
-  require(h.manifest_bytes > 0 && h.manifest_bytes <= (uint64_t{1} << 32), ErrorCode::Corrupt, "transfer: manifest of ",
+  require(h.manifest_bytes > 0 && h.manifest_bytes <= (uint64_t{1} << 30), ErrorCode::Corrupt, "transfer: manifest of ",
           h.manifest_bytes, " bytes is out of range");
   require(h.chunk_bytes > 0, ErrorCode::Corrupt, "transfer: chunk_bytes is 0");
   return h;

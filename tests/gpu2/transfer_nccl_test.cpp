@@ -109,7 +109,7 @@ TEST(TransferNccl, WithinOneProcessBitIdenticalAndADeadSenderChangesNothing) {
       EXPECT_EQ(attention_over(src, ids[i], 4, 9 + i), attention_over(dst, got.ids[i], 4, 9 + i)) << i;
     }
   }
-  // The sender dies after header and manifest (2 posts: those, then the reply's receive).
+  // The sender dies mid-payload: its posts are header and manifest, the reply, the first chunk.
   const UsedState before = used_state(dst);
   Dying dying(*a, 3);
   const BothEnds r = run_both([&] { transfer_send(src, ids, dying, opts(TransferPacking::Packed)); },
