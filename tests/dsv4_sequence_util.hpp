@@ -1,5 +1,6 @@
 // Filling and comparing Dsv4Cache sequences of the three-layer test stack (Window, CSA, HCA):
-// weights, tokens [p, p + len) of every layer from fixed seeds, and an every-read comparison.
+// weights, tokens [p, p + len) of every layer from fixed seeds (on the cache's device), and an
+// every-read comparison.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -7,7 +8,9 @@
 #include <vector>
 
 #include "dsv4_test_util.hpp"
+#include "kvcore/buffer.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
+#include "kvcore/runtime.hpp"
 
 namespace kvcore::testing {
 
@@ -39,17 +42,26 @@ inline void dsv4_append_tokens(Dsv4Cache& cache, SeqId seq, int p, int len) {
         vec->insert(vec->end(), r.begin(), r.end());
       }
     }
+    // On the cache's device (host views on the CPU).
+    const Device dv = cache.device();
+    auto put = [&](std::vector<float>& v, Buffer& b, int w) {
+      if (dv.is_cpu()) return view(v, {len, w});
+      b = Buffer::from_host(v, dv);
+      return TensorRef(b.data(), DType::F32, dv, {len, w});
+    };
+    Buffer bkv, bcc, bcz, bic, biz;
     Dsv4TokenInputs in;
-    in.kv = view(kv, {len, 512});
+    in.kv = put(kv, bkv, 512);
     if (wc) {
-      in.comp_c = view(cc, {len, wc});
-      in.comp_z = view(cz, {len, wc});
+      in.comp_c = put(cc, bcc, wc);
+      in.comp_z = put(cz, bcz, wc);
     }
     if (cfg.layers[l] == Dsv4LayerKind::CSA) {
-      in.idx_c = view(ic, {len, wi});
-      in.idx_z = view(iz, {len, wi});
+      in.idx_c = put(ic, bic, wi);
+      in.idx_z = put(iz, biz, wi);
     }
     cache.append(seq, l, p, in);
+    if (dv.is_cuda()) synchronize(dv);
   }
 }
 

@@ -93,6 +93,7 @@ TransferStats transfer_send(Dsv4Cache& c, SeqId seq, Transport& t, const Transfe
   if (!reply.ok) xfer::throw_refused(reply, "transfer_send(Dsv4Cache)");
   xfer::abort_on_failure(t, [&] {
     std::vector<TransferOp> ops;
+    synchronize(dev, c.config().stream);  // the transport's stream does not wait for the cache's
     if (o.packing == TransferPacking::InPlace) {
       for (const persist::Dsv4Part& p : parts) ops.push_back(TransferOp::send(p.view.data(), p.bytes));
     } else {

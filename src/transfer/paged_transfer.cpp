@@ -119,6 +119,8 @@ TransferStats transfer_send(PagedCache& cache, std::span<const SeqId> seqs, Tran
   xfer::abort_on_failure(t, [&] {
     const std::vector<PagedPoolArray> arrays = paged_pool_arrays(cache);
     const Stream stream = cache.config().stream;
+    // The transport's stream does not wait for the cache's: the pool bytes must be final first.
+    synchronize(dev, stream);
     if (o.packing == TransferPacking::InPlace) {
       const std::vector<TransferOp> ops = in_place_ops(arrays, plan.cache_blocks, TransferOp::Send);
       st.n_ops = static_cast<int64_t>(ops.size());
@@ -208,6 +210,7 @@ PagedReceived transfer_receive(PagedCache& cache, Transport& t, const TransferOp
         xfer::grow(staging[0], cap, dev);
         xfer::grow(staging[1], chunks.size() > 1 ? cap : 1, dev);
       }
+      synchronize(dev, stream);  // nothing of the cache's still in flight touches these blocks
       ctl.send_reply({});  // accepted: every check passed and the blocks are taken (not committed)
       accepted = true;
       if (h.packing == TransferPacking::InPlace) {

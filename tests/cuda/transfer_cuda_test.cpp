@@ -1,7 +1,8 @@
 // KV transfer on one GPU (label gpu): the CUDA block gather / scatter against the CPU's on awkward
 // block sizes (unaligned, one slice, several slices), and whole transfers over the loopback
 // transport between two caches on the same GPU -- bit-identical, same attention outputs, and a
-// peer dying mid-payload leaving the receiver as it was. (Two GPUs: tests/gpu2/.)
+// peer dying mid-payload leaving the receiver as it was; a Dsv4Cache sequence the same way.
+// (Two GPUs: tests/gpu2/.)
 #include <gtest/gtest.h>
 
 #include <random>
@@ -10,6 +11,7 @@
 #include "kvcore/transfer/loopback.hpp"
 #include "paged_configs.hpp"
 #include "transfer/block_copy.hpp"
+#include "dsv4_sequence_util.hpp"
 #include "transfer_test_util.hpp"
 
 using namespace kvcore;
@@ -82,4 +84,37 @@ TEST(TransferCuda, LoopbackBetweenTwoCachesOnOneGpuIsBitIdentical) {
           EXPECT_EQ(attention_over(src, ids[i], 4, 50 + i), attention_over(dst, got.ids[i], 4, 50 + i)) << i;
         }
       }
+}
+
+TEST(TransferCuda, Dsv4SequenceOverLoopbackOnOneGpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  using namespace kvcore::testing;
+  const Device gpu = Device::cuda(0);
+  Dsv4CacheConfig cfg;
+  cfg.layers = {Dsv4LayerKind::Window, Dsv4LayerKind::CSA, Dsv4LayerKind::HCA};
+  cfg.hca_ratio = 16;
+  cfg.index_topk = 8;
+  cfg.max_context = 96;
+  cfg.max_seqs = 2;
+  cfg.window = 32;
+  for (TransferPacking p : {TransferPacking::Packed, TransferPacking::InPlace}) {
+    SCOPED_TRACE(p == TransferPacking::Packed ? "packed" : "in place");
+    Dsv4Cache src(cfg, gpu), dst(cfg, gpu);
+    dsv4_set_test_weights(src);
+    dsv4_set_test_weights(dst);
+    const SeqId s0 = src.create(), d0 = dst.create();
+    dsv4_append_tokens(src, s0, 0, 45);
+    TransferOptions o;
+    o.model_id = "dsv4";
+    o.packing = p;
+    o.chunk_bytes = 10000;
+    auto [a, b] = LoopbackTransport::pair(gpu);
+    const BothEnds r = run_both([&] { transfer_send(src, s0, *a, o); }, [&] { transfer_receive(dst, d0, *b, o); });
+    ASSERT_FALSE(r.send_error) << message_of(r.send_error);
+    ASSERT_FALSE(r.receive_error) << message_of(r.receive_error);
+    EXPECT_TRUE(dsv4_same_sequence(src, s0, dst, d0));
+    dsv4_append_tokens(src, s0, 45, 20);
+    dsv4_append_tokens(dst, d0, 45, 20);
+    EXPECT_TRUE(dsv4_same_sequence(src, s0, dst, d0));
+  }
 }
