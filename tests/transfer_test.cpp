@@ -400,3 +400,45 @@ TEST(TransferPaged, KeptBuffersServeLaterTransfersOfOtherSizes) {
     EXPECT_FALSE(recv_buf.staging[0].empty());
   }
 }
+
+TEST(TransferPaged, EveryFlippedHeaderOrManifestByteIsRefusedAndChangesNothing) {
+  std::mt19937_64 rng(23);
+  PagedCache src(small_config(KvFormat::Fp8, RopeMode::RopeOnRead, 8, 40), Device::cpu());
+  const std::vector<SeqId> ids = fill(src, rng);
+  PagedCache dst(small_config(KvFormat::Fp8, RopeMode::RopeOnRead, 8, 48), Device::cpu());
+  const SeqId resident = dst.create();
+  append_random(dst, resident, 12, rng);
+  const UsedState before = used_state(dst);
+  // Send 0 is the header, send 1 the manifest; every 5th byte of each, and the last ones.
+  for (int64_t send : {int64_t{0}, int64_t{1}}) {
+    const size_t n = send == 0 ? xfer::kHeaderBytes : 1400;  // the manifest is longer; bytes past it are not flipped
+    for (size_t byte = 0; byte < n; byte += (byte + 5 < n ? 5 : 1)) {
+      auto [a, b] = LoopbackTransport::pair(Device::cpu(), 2000);
+      a->inject({LoopbackFault::FlipByte, send, byte});
+      const BothEnds r = run_both([&] { transfer_send(src, ids, *a, options(TransferPacking::Packed)); },
+                                  [&] { transfer_receive(dst, *b, options(TransferPacking::Packed)); });
+      ASSERT_TRUE(r.receive_error) << "send " << send << " byte " << byte << ": accepted";
+      EXPECT_EQ(code_of(r.receive_error), ErrorCode::Corrupt) << "send " << send << " byte " << byte << ": "
+                                                               << message_of(r.receive_error);
+      EXPECT_TRUE(r.send_error) << "send " << send << " byte " << byte;
+      ASSERT_TRUE(used_state(dst) == before) << "send " << send << " byte " << byte;
+    }
+  }
+}
+
+TEST(TransferPaged, AnEmptySequenceTravelsInBothPackings) {
+  PagedCache src(small_config(KvFormat::F16, RopeMode::RopeOnRead, 8, 8), Device::cpu());
+  const SeqId empty = src.create();
+  PagedCache dst(small_config(KvFormat::F16, RopeMode::RopeOnRead, 8, 8), Device::cpu());
+  auto [a, b] = LoopbackTransport::pair(Device::cpu());
+  for (TransferPacking p : {TransferPacking::Packed, TransferPacking::InPlace}) {
+    PagedReceived got;
+    const BothEnds r = run_both([&] { transfer_send(src, {&empty, 1}, *a, options(p)); },
+                                [&] { got = transfer_receive(dst, *b, options(p)); });
+    ASSERT_FALSE(r.send_error) << message_of(r.send_error);
+    ASSERT_FALSE(r.receive_error) << message_of(r.receive_error);
+    ASSERT_EQ(got.ids.size(), 1u);
+    EXPECT_EQ(dst.info(got.ids[0]).n_live, 0);
+    EXPECT_EQ(got.stats.payload_bytes, 0u);
+  }
+}
