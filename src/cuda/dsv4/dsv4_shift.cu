@@ -45,13 +45,14 @@ __device__ void plain_row(const Dsv4ShiftJob& j, const uint8_t* src, uint8_t* ds
   const T* from = reinterpret_cast<const T*>(src);
   T* to = reinterpret_cast<T*>(dst);
   const math::RopeLayout& l = j.layout;
-  for (int d = lane; d < j.dim; d += 32)
-    if (!l.rotates(d)) to[d] = from[d];
+  if (src != dst)  // in place, the dims that do not rotate are already where they belong
+    for (int d = lane; d < j.dim; d += 32)
+      if (!l.rotates(d)) to[d] = from[d];
   for (int i = lane; i < l.n_pairs(); i += 32) {
-    float x0 = math::to_f32(from[l.dim0(i)]), x1 = math::to_f32(from[l.dim1(i)]);
+    float x0 = to_f32(from[l.dim0(i)]), x1 = to_f32(from[l.dim1(i)]);
     math::rotate_pair(x0, x1, c[i], s[i]);
-    to[l.dim0(i)] = math::from_f32<T>(x0);
-    to[l.dim1(i)] = math::from_f32<T>(x1);
+    to[l.dim0(i)] = from_f32<T>(x0);
+    to[l.dim1(i)] = from_f32<T>(x1);
   }
 }
 
