@@ -357,6 +357,8 @@ void Dsv4Cache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
           "): sequence ", seq, " holds ", L, " tokens, more than the window of ", W, ", and the kept tail of ", tail,
           " tokens is shorter than the window: the new window would need raw rows of kept tokens before ", n_keep,
           " that the ring has evicted (keep at least ", W, " tokens after the discarded range)");
+  require(n_discard < (1 << 24), ErrorCode::NotSupported, "Dsv4Cache::shift: n_discard = ", n_discard,
+          " must be < 2^24 (the accurate angle reduction of a shift needs it)");
   // The row-job kernels carry up to 64 pairs per RoPE table.
   require(cfg.n_rot <= 128, ErrorCode::NotSupported, "Dsv4Cache::shift: n_rot = ", cfg.n_rot, " > 128 is not supported");
   const bool has_window = std::find(cfg.layers.begin(), cfg.layers.end(), Dsv4LayerKind::Window) != cfg.layers.end();
