@@ -18,6 +18,7 @@
 #include "dsv4_shift_util.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/math/dsv4_row.hpp"
+#include "kvcore/ops/attention_dsv4.hpp"
 
 using namespace kvcore;
 using namespace kvcore::testing;
@@ -418,6 +419,76 @@ TEST(Dsv4Shift, DecodingAfterAShiftMatchesACompactedCache) {
     decode_after_shift(mode, 150, 32, 64);  // ring rows in place
     decode_after_shift(mode, 150, 16, 48);  // ring rows permuted
     decode_after_shift(mode, 117, 16, 16);  // indexer rows moving over themselves
+  }
+}
+
+// Decode attention (window + every visible compressed row + no sink) for one query after a
+// shift, on the shifted cache and on the compacted one: the same within the tails' rounding.
+// Few tokens are decoded after the shift, so the window still holds moved raw rows.
+double attention_out(const ShiftStack& st, const Dsv4Cache& c, SeqId seq, int l, const std::vector<float>& q_rot,
+                     std::vector<float>& out) {
+  const int H = 8, hd = st.cfg.head_dim, W = st.cfg.window, len = c.length(seq, l);
+  const TensorRef ring = c.raw_ring(seq, l);
+  std::vector<int32_t> wlen{std::min(len, W)}, qpos{len - 1};
+  Dsv4AttentionStep step;
+  step.window_len = TensorRef(wlen.data(), DType::I32, Device::cpu(), {1});
+  step.q_positions = TensorRef(qpos.data(), DType::I32, Device::cpu(), {1});
+  Dsv4AttentionLayer layer;
+  layer.window_kv = TensorRef(ring.data(), ring.dtype(), Device::cpu(), {1, W, hd});
+  std::vector<int32_t> idx;
+  if (st.cfg.layers[l] != Dsv4LayerKind::Window) {
+    const int rows = c.compressed_rows(seq, l);
+    for (int i = 0; i < rows; ++i) idx.push_back(i);
+    layer.comp_rows = TensorRef(c.compressed_store(seq, l).data(), DType::U8, Device::cpu(), {rows, 584});
+    layer.comp_idx = TensorRef(idx.data(), DType::I32, Device::cpu(), {1, rows});
+  }
+  layer.rope = &st.raw_table(l);
+  out.assign(static_cast<size_t>(H) * hd, 0.0f);
+  std::vector<float> q = q_rot;
+  Dsv4AttentionPlan::decode(layer, H, step)
+      .run(TensorRef(q.data(), DType::F32, Device::cpu(), {1, H, hd}), layer,
+           TensorRef(out.data(), DType::F32, Device::cpu(), {1, H, hd}));
+  double n = 0;
+  for (float v : out) n += double(v) * v;
+  return std::sqrt(n);
+}
+
+TEST(Dsv4Shift, AttentionAfterAShiftMatchesACompactedCache) {
+  ShiftStack st(Dsv4Quant::On, true);
+  const int L = 150, K = 32, D = 64, T = 5, m4 = st.cfg.csa_ratio, H = 8, hd = st.cfg.head_dim;
+  std::vector<int> a_ids = ShiftStack::ids(0, L);
+  for (int j = K + D - m4; j < K + D; ++j) a_ids[j] = j - D;  // the same lookback across the cut (see above)
+  std::vector<int> b_ids(a_ids.begin(), a_ids.begin() + K);
+  b_ids.insert(b_ids.end(), a_ids.begin() + K + D, a_ids.end());
+  Dsv4Cache a(st.cfg, Device::cpu()), b(st.cfg, Device::cpu());
+  const SeqId sa = a.create(), sb = b.create();
+  for (Dsv4Cache* c : {&a, &b}) st.set_weights(*c);
+  st.append(a, sa, 0, a_ids);
+  st.append(b, sb, 0, b_ids);
+  a.shift(sa, K, D);
+  st.append(a, sa, L - D, ShiftStack::ids(3000, T));
+  st.append(b, sb, L - D, ShiftStack::ids(3000, T));
+  for (int l = 0; l < st.n_layers(); ++l) {
+    std::vector<float> q = randn(static_cast<size_t>(H) * hd, 77 + l);
+    for (int h = 0; h < H; ++h) math::rope_rotate_row(q.data() + h * hd, st.raw_table(l), static_cast<float>(L - D + T - 1), 1.0f);
+    std::vector<float> oa, ob;
+    const double na = attention_out(st, a, sa, l, q, oa);
+    attention_out(st, b, sb, l, q, ob);
+    double e = 0;
+    for (size_t i = 0; i < oa.size(); ++i) e += double(oa[i] - ob[i]) * (oa[i] - ob[i]);
+    e = std::sqrt(e) / na;
+    // A control the bound must reject: the query rotated D positions off, as a query meets keys
+    // whose rotation is off by D (a shift that moved rows without rotating them).
+    std::vector<float> qc = q, oc;
+    for (int h = 0; h < H; ++h) math::rope_rotate_row(qc.data() + h * hd, st.raw_table(l), static_cast<float>(D), 1.0f);
+    attention_out(st, a, sa, l, qc, oc);
+    double ec = 0;
+    for (size_t i = 0; i < oa.size(); ++i) ec += double(oc[i] - ob[i]) * (oc[i] - ob[i]);
+    ec = std::sqrt(ec) / na;
+    std::printf("[dsv4 shift] attention after shift, layer %d (%s): |A - B| / |A| = %.2e (control, off by D: %.2e)\n", l,
+                dsv4_layer_kind_name(st.cfg.layers[l]), e, ec);
+    EXPECT_LT(e, 4e-3) << "layer " << l;
+    EXPECT_GT(ec, 10 * 4e-3) << "layer " << l << ": the control should miss the bound";
   }
 }
 
