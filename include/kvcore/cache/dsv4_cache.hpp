@@ -138,7 +138,9 @@ class Dsv4Cache {
   // must hold the same length L; n_keep and n_discard must be multiples of shift_granule()
   // (InvalidArgument otherwise, or when n_keep + n_discard > L). NotSupported when L > window
   // and the kept tail L - n_keep - n_discard is shorter than the window (the new window would
-  // need raw rows of kept tokens the ring already evicted). n_discard == 0 changes nothing.
+  // need raw rows of kept tokens the ring already evicted; also for n_rot > 128, n_discard >= 2^24,
+  // or unpacked f32 rows wider than 2048 dims). n_discard == 0 changes nothing. CPU and CUDA
+  // write the same bytes; the moved rows' RoPE tails take one more rounding of their storage.
   void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
   // The alignment shift() needs: the lcm of the compression ratios of the layer kinds present
   // (128 for DeepSeek-V4; 1 for window-only stacks).
