@@ -6,16 +6,17 @@
 # SmolLM2's and Llama-3-8B's shapes, bf16).
 #   KVCORE_GIT_COMMIT=<hash> OUT=<dir> bash bench/gpu/hf.sh            # tests + throughput
 #   HF_STAGES="tests" bash bench/gpu/hf.sh                                # only the tests (~1-2 min)
-# The real SmolLM2 GGUF (98 MB) is larger than what one device call carries (64 MiB); where it is
-# present (KVCORE_SMOLLM2_DIR holding SmolLM2-135M-Instruct.Q4_1.gguf, and the `gguf` wheel on
-# PYTHONPATH) the demo runs on CUDA too.
+# The real SmolLM2 GGUF (98 MB) is larger than what one device call carries (64 MiB):
+# bench/gpu/hf_stage.sh splits it in two for two calls (it prints them). Where the model is present
+# (KVCORE_SMOLLM2_DIR holding SmolLM2-135M-Instruct.Q4_1.gguf, and the `gguf` package importable),
+# the demo and the StreamingLLM perplexity run on CUDA too (stages demo, ppl).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 BUILD=${BUILD:-build}
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
-STAGES=${HF_STAGES:-"build tests throughput demo"}
+STAGES=${HF_STAGES:-"build tests throughput demo ppl"}
 COMMIT=${KVCORE_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "== $(date +%T) $*"; }
@@ -49,4 +50,9 @@ fi
 if has demo && [ -n "${KVCORE_SMOLLM2_DIR:-}" ]; then
   log "demo: SmolLM2-135M-Instruct on CUDA"
   "$PY" -m kvcore.hf.demo --device cuda --compare 2>&1 | tail -8 | tee "$OUT/hf-demo.log"
+fi
+if has ppl && [ -n "${KVCORE_SMOLLM2_DIR:-}" ]; then
+  log "StreamingLLM perplexity: 16k tokens of the Debian Reference, windows 256 512 1024"
+  "$PY" bench/hf/streaming_ppl.py --device cuda --tokens 16384 --windows 256 512 1024 --chunk 16 \
+    --text-file "$KVCORE_SMOLLM2_DIR/debian-reference.en.txt.gz" --out "$OUT/hf-ppl" 2>&1 | grep -v Warn | tail -30
 fi

@@ -29,9 +29,12 @@ import time
 TEXT = "/usr/share/debian-reference/debian-reference.en.txt.gz"
 
 
-def text_of_debian_reference(cache_dir):
-    """The Debian Reference as plain text: the installed file, else extracted from the package."""
-    if os.path.exists(TEXT):
+def text_of_debian_reference(cache_dir, text_file=None):
+    """The Debian Reference as plain text: text_file, the installed file, else extracted from the
+    package."""
+    if text_file:
+        path = text_file
+    elif os.path.exists(TEXT):
         path = TEXT
     else:
         path = os.path.join(cache_dir, "debian-reference.en.txt.gz")
@@ -101,6 +104,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True, help="output path prefix (.json, .md, .png are added)")
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/kvcore"))
+    ap.add_argument("--text-file", default=None, help="debian-reference.en.txt.gz where apt is not at hand")
     a = ap.parse_args()
 
     import torch
@@ -109,7 +113,7 @@ def main():
     from kvcore.hf import smollm2
 
     model, tok = smollm2.load(device=a.device)
-    ids = tok(text_of_debian_reference(a.cache_dir), return_tensors="pt").input_ids[:, :a.tokens].to(a.device)
+    ids = tok(text_of_debian_reference(a.cache_dir, a.text_file), return_tensors="pt").input_ids[:, :a.tokens].to(a.device)
     n = ids.shape[1]
     print(f"{n} tokens of the Debian Reference", file=sys.stderr)
     results = {}

@@ -102,6 +102,7 @@ def main():
     ap.add_argument("--formats", nargs="+", default=["f16", "fp8"])
     ap.add_argument("--hf-impls", nargs="+", default=["sdpa", "eager"], help="HF attention with DynamicCache")
     ap.add_argument("--share", action="store_true", help="time kvcore's part of a step")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
@@ -110,6 +111,8 @@ def main():
     import kvcore
     import kvcore.hf
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype) if a.dtype else (torch.float32 if a.device == "cpu" else torch.bfloat16)
     model = build(a.model, a.device, dtype)
     rows = []
