@@ -5,9 +5,12 @@
 #   bash bench/gpu/hf_stage.sh        # here; then the two device calls it prints
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PY:-build/pyenv/bin/python}
+PY=${PY:-python3}
 grep -qx '/.hf-stage-a/' "$(git rev-parse --git-path info/exclude)" 2>/dev/null || printf '/.hf-stage-a/\n/.hf-stage-b/\n' >> "$(git rev-parse --git-path info/exclude)"
-dir=$(PYTHONPATH=build/python "$PY" -c "from kvcore.hf import smollm2; print(smollm2.fetch()[0])")
+dir=$(PYTHONPATH=python "$PY" -c "
+import importlib.util as u, sys
+spec = u.spec_from_file_location('smollm2', 'python/kvcore/hf/smollm2.py')
+m = u.module_from_spec(spec); spec.loader.exec_module(m); print(m.fetch()[0])")
 rm -rf .hf-stage-a .hf-stage-b && mkdir -p .hf-stage-a .hf-stage-b
 split -n 2 -d "$dir/SmolLM2-135M-Instruct.Q4_1.gguf" .hf-stage-a/gguf.part
 mv .hf-stage-a/gguf.part01 .hf-stage-b/
