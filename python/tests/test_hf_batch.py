@@ -118,6 +118,11 @@ def test_refusals_name_the_argument_and_change_nothing():
         kvcore_hf.KvcoreCache(m, window=4, n_keep=4)
     with pytest.raises(kvcore.InvalidArgumentError, match="n_discard"):
         kvcore_hf.KvcoreCache(m, window=64, n_keep=4, n_discard=61)
+    with pytest.raises(kvcore.InvalidArgumentError, match="k_format"):
+        kvcore_hf.KvcoreCache(m, k_format="fp8", v_format="f16")  # attention reads K and V of one type
+    with pytest.raises(kvcore.InvalidArgumentError, match="rope_mode"):
+        kvcore_hf.KvcoreCache(m, rope_mode="later")
+    assert not hasattr(m.model.rotary_emb.forward, "kvcore_original")  # refused before touching the model
     m.set_attn_implementation("kvcore")
     try:
         cache = kvcore_hf.KvcoreCache(m, window=32, n_keep=4)

@@ -91,13 +91,14 @@ class KvcoreCache(Cache):
                 f"{window - n_keep}]")
         self.rope = rope_spec_from_config(config)
         n_layers = config.num_hidden_layers
+        self._paged_args = dict(n_layers=n_layers, n_kv_heads=config.num_key_value_heads,
+                                head_dim=head_dim_of(config), rope=self.rope, block_size=block_size,
+                                k_format=k_format, v_format=v_format, rope_mode=rope_mode)
+        kvcore.PagedCache(num_blocks=1, **self._paged_args)  # refuses bad formats now, not at the first forward
         super().__init__(layers=[KvcoreLayer(self) for _ in range(n_layers)])
         attach(model)
         self.window, self.n_keep = int(window), int(n_keep)
         self.n_discard = int(n_discard) if n_discard is not None else max(1, (window - n_keep) // 2)
-        self._paged_args = dict(n_layers=n_layers, n_kv_heads=config.num_key_value_heads,
-                                head_dim=head_dim_of(config), rope=self.rope, block_size=block_size,
-                                k_format=k_format, v_format=v_format, rope_mode=rope_mode)
         self._max_batch_size, self._num_blocks = max_batch_size, num_blocks
         self.paged = None  # the kvcore.PagedCache, made at the first forward
         self.seqs = []  # kvcore sequence id of each batch row
