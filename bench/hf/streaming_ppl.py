@@ -105,7 +105,14 @@ def main():
     ap.add_argument("--out", required=True, help="output path prefix (.json, .md, .png are added)")
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/kvcore"))
     ap.add_argument("--text-file", default=None, help="debian-reference.en.txt.gz where apt is not at hand")
+    ap.add_argument("--from-json", default=None, help="only rewrite the table and plot of an earlier run")
     a = ap.parse_args()
+    if a.from_json:
+        with open(a.from_json) as f:
+            d = json.load(f)
+        write_table(a.out + ".md", d["meta"], d["results"], d["meta"]["tokens"])
+        plot(a.out + ".png", d["results"], d["meta"]["tokens"])
+        return
 
     import torch
 
@@ -159,7 +166,7 @@ def save(path, meta, results):
 
 
 def bins(n):
-    edges = [0, 1024, 2048, 4096, 8192, 12288, 16384, 32768]
+    edges = list(range(0, n + 256, 256)) if n <= 4096 else [0, 1024, 2048, 4096, 8192, 12288, 16384, 32768]
     return [(lo, min(hi, n)) for lo, hi in zip(edges, edges[1:]) if lo < n - 1]
 
 
@@ -178,7 +185,8 @@ def write_table(path, meta, results, n):
     print("\n".join(lines))
 
 
-def plot(path, results, n, bin_tokens=256):
+def plot(path, results, n, bin_tokens=None):
+    bin_tokens = bin_tokens or max(32, min(256, n // 32))
     try:
         import matplotlib
 
