@@ -64,11 +64,6 @@ const char* pool_dtype_name(DType t) {
   }
 }
 
-nb::object specs_list(const PagedCacheConfig& cfg) {
-  nb::list out;
-  for (const PagedPoolSpec& s : paged_pool_specs(cfg)) out.append(nb::cast(s));
-  return out;
-}
 
 PagedCacheConfig make_config(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
                              std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
@@ -282,7 +277,7 @@ void bind_paged_cache(nb::module_& m) {
              std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
              std::optional<std::string> v_format, const std::string& rope_mode, bool strict_positions,
              bool kvcore_attention) {
-            return specs_list(make_config(n_layers, n_kv_heads, head_dim, num_blocks, v_head_dim, block_size, k_format,
+            return paged_pool_specs(make_config(n_layers, n_kv_heads, head_dim, num_blocks, v_head_dim, block_size, k_format,
                                           v_format, rope, rope_mode, strict_positions, kvcore_attention));
           },
           "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "num_blocks"_a, nb::kw_only(), "rope"_a,
