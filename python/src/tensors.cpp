@@ -48,11 +48,46 @@ nb::dlpack::dtype dl_dtype(DType t) {
   }
 }
 
+// torch.Tensor, once torch is imported (looked up in sys.modules; never freed: it lives as long as
+// the interpreter), else null.
+PyObject* torch_tensor_type() {
+  static PyObject* type = nullptr;
+  if (type) return type;
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (!torch) return nullptr;
+  nb::object t = nb::borrow(torch).attr("Tensor");
+  type = t.release().ptr();
+  return type;
+}
+
+// A torch tensor's DLPack capsule without stream synchronization. torch's __dlpack__() with no
+// stream (what a generic consumer passes) makes the legacy default stream wait for torch's current
+// one, an event record and wait per tensor: it costs microseconds and is illegal while a CUDA graph
+// is being captured. kvcore's work runs on torch's current stream (or on the caller's stream=,
+// whose ordering is the caller's), so it asks for none: stream=-1 in the DLPack protocol.
+bool torch_capsule(nb::handle obj, const char* name, nb::object& capsule) {
+  PyObject* type = torch_tensor_type();
+  if (!type || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(type))) return false;
+  try {
+    capsule = obj.attr("__dlpack__")(nb::arg("stream") = -1);
+  } catch (nb::python_error& e) {
+    throw Error(ErrorCode::InvalidArgument, detail::concat("argument '", name, "': this ", py_type_name(obj),
+                                                           " could not be taken through DLPack: ",
+                                                           nb::str(e.value()).c_str()));
+  }
+  return true;
+}
+
 }  // namespace
 
 Tensor to_tensor(nb::handle obj, const char* name, DType u8_as) {
   Tensor t;
-  if (obj.is_none() || !nb::try_cast(obj, t.held, /*convert=*/false)) {
+  nb::object capsule;
+  if (!obj.is_none() && torch_capsule(obj, name, capsule)) {
+    if (!nb::try_cast(capsule, t.held, /*convert=*/false))
+      throw Error(ErrorCode::InvalidArgument,
+                  detail::concat("argument '", name, "': torch's DLPack capsule was refused"));
+  } else if (obj.is_none() || !nb::try_cast(obj, t.held, /*convert=*/false)) {
     if (!obj.is_none() && nb::hasattr(obj, "__dlpack__"))
       throw Error(ErrorCode::InvalidArgument,
                   detail::concat("argument '", name, "': this ", py_type_name(obj),

@@ -76,3 +76,14 @@ def test_engine_allocated_torch_pools(device):
         assert part.data_ptr() == pools[i].data_ptr()
     assert cache.k_pool(0, framework="torch").dtype == torch.float8_e4m3fn
     assert pools[0][:16].view(torch.uint8).any()  # K codes landed in the engine's tensor
+
+
+def test_torch_tensors_that_dlpack_refuses():
+    x = torch.randn(4, 192, requires_grad=True)
+    before = x.detach().clone()
+    with pytest.raises(kvcore.InvalidArgumentError, match="argument 'src'.*require gradient"):
+        kvcore.fp8_round_trip_rows(x, 64, out=x.detach())
+    assert torch.equal(x.detach(), before)
+    p = torch.nn.Parameter(torch.randn(4, 192), requires_grad=False)  # a torch.Tensor subclass
+    out = kvcore.fp8_round_trip_rows(p, 64)
+    np.testing.assert_array_equal(out.numpy(), fp8_round_trip_ref(p.numpy(), 64))
