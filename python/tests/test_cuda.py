@@ -6,7 +6,7 @@ accounting sees them, kvcore adds none to it) and the cache writes into them; ou
 the caller's tensors (zero copy, by data pointer). Every result is also checked against a float64
 reference. Run on the GPU machine:
 
-    bash bench/gpu/python_cuda.sh        (builds the module with CUDA, then runs this suite)
+    OUT=out bash bench/gpu-python.sh     (builds the module with CUDA, runs this suite, then the overhead bench)
 """
 
 import gc
