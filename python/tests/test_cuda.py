@@ -136,7 +136,8 @@ def test_fp8_pools_are_float8_views_of_what_read_decodes():
     assert view.shape == (64, 16, 2, 64) and scales.shape == (64, 16, 2, 1) and scales.dtype == torch.uint8
     assert view.data_ptr() == cache.k_pool(1, framework="torch").data_ptr()  # a view, not a copy
     blocks = torch.from_numpy(cache.block_tables([s])["indices"]).long().cuda()
-    codes = view[blocks].reshape(-1, 2, 64)[:37].float()
+    # (indexing float8 tensors is not implemented everywhere: gather the bytes, then view them)
+    codes = view.view(torch.uint8)[blocks].view(torch.float8_e4m3fn).reshape(-1, 2, 64)[:37].float()
     scale = torch.pow(2.0, scales[blocks].reshape(-1, 2, 1)[:37].float() - 127.0)
     _, k, _ = cache.read(s, 1)
     torch.testing.assert_close((codes * scale).cpu(), torch.from_numpy(k), rtol=0, atol=0)
@@ -167,10 +168,11 @@ def test_engine_pools_are_torch_memory():
     assert pools[0][:4].view(torch.uint8).any()  # written through the engine's tensor
     del pools
     gc.collect()
-    assert torch.cuda.memory_allocated() >= with_pools  # the cache keeps the engine's tensors alive
+    held = torch.cuda.memory_allocated()
+    assert held >= with_pools  # the cache keeps the engine's tensors alive
     del cache
     gc.collect()
-    assert torch.cuda.memory_allocated() <= with_pools - sum(sp.bytes for sp in specs)
+    assert held - torch.cuda.memory_allocated() >= sum(sp.bytes for sp in specs)  # and lets them go with it
 
 
 def test_cuda_views_outlive_the_cache_name():
