@@ -81,7 +81,7 @@ def test_engine_allocated_torch_pools(device):
 def test_torch_tensors_that_dlpack_refuses():
     x = torch.randn(4, 192, requires_grad=True)
     before = x.detach().clone()
-    with pytest.raises(kvcore.InvalidArgumentError, match="argument 'src'.*require gradient"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="argument 'src'.*requires grad"):
         kvcore.fp8_round_trip_rows(x, 64, out=x.detach())
     assert torch.equal(x.detach(), before)
     p = torch.nn.Parameter(torch.randn(4, 192), requires_grad=False)  # a torch.Tensor subclass
