@@ -28,10 +28,7 @@ build() {  # $1: ON or OFF (stable ABI)
     { grep -E 'error|Error' -A3 "$LOG" | head -60; exit 1; }
   ls "$BUILD"/python/kvcore/_ext*.so | tee -a "$LOG"
 }
-probe() {  # a kvcore error and a nanobind argument error, with torch imported first and without
-  local ok=0
-  for first in torch none; do
-    PYTHONPATH="$BUILD/python" timeout 120 "$PY" -X faulthandler - "$first" >> "$LOG" 2>&1 <<'PYEOF'
+cat > /tmp/kvcore_probe.py <<'PYEOF'
 import sys
 if sys.argv[1] == "torch":
     import torch  # noqa: F401
@@ -45,9 +42,18 @@ try:
 except TypeError:
     print("probe (" + sys.argv[1] + " first): argument error raised as TypeError")
 PYEOF
+probe() {  # a kvcore error and a nanobind argument error, with torch imported first and without
+  local ok=0
+  for first in torch none; do
+    PYTHONPATH="$BUILD/python" timeout 120 "$PY" -X faulthandler /tmp/kvcore_probe.py "$first" >> "$LOG" 2>&1
     local rc=$?
     log "probe with $first imported first: exit $rc"
-    [ "$rc" -eq 0 ] || ok=1
+    if [ "$rc" -ne 0 ]; then
+      ok=1
+      local dbg=$(command -v gdb || command -v cuda-gdb || true)  # the image has cuda-gdb, no gdb
+      [ -n "$dbg" ] && PYTHONPATH="$BUILD/python" timeout 120 "$dbg" -batch -ex run -ex bt \
+        --args "$PY" /tmp/kvcore_probe.py "$first" 2>&1 | grep -E "^#|signal|SIG" | head -40 | tee -a "$LOG"
+    fi
   done
   return $ok
 }
