@@ -6,12 +6,12 @@ FP8 pages, 64 cached tokens); shift on a 20000-token sequence. The fastest of 15
 timed in process CPU time (run with OMP_NUM_THREADS=1), since the machine may be shared: time spent
 descheduled does not count.
 
---device cuda: the same on cuda:0 with torch CUDA tensors (calls are launched, not waited for; the
+--torch: the same with torch CPU tensors. --device cuda: the same on cuda:0 with torch CUDA tensors (calls are launched, not waited for; the
 stream is drained between loops, so the figure is a call's host time), plus FlashInfer's
 BatchDecodeWithPagedKVCacheWrapper.run() at the same shapes (f16 pages, its NHD layout, planned
 once) when flashinfer is importable: the host time of its Python call, beside kvcore's plan.run.
 
-    PYTHONPATH=build/python python python/bench/overhead.py build/python/kvcore_overhead_cpp [--device cuda]
+    PYTHONPATH=build/python python python/bench/overhead.py build/python/kvcore_overhead_cpp [--torch | --device cuda]
 """
 
 import argparse
@@ -48,6 +48,15 @@ class Host:
 
     def array(self, a):
         return np.ascontiguousarray(a)
+
+
+class HostTorch(Host):
+    """torch tensors on the CPU."""
+
+    def array(self, a):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(a))
 
 
 class Cuda:
@@ -135,9 +144,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("exe", help="kvcore_overhead_cpp, built beside the module")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--torch", action="store_true", help="CPU: torch tensors instead of numpy arrays")
     args = ap.parse_args()
-    on = Cuda() if args.device == "cuda" else Host()
-    print(f"Device: {args.device}")
+    on = Cuda() if args.device == "cuda" else HostTorch() if args.torch else Host()
+    print(f"Device: {args.device}, tensors: {'torch' if args.torch or args.device == 'cuda' else 'numpy'}")
     print("| call | shape | C++ (us) | Python (us) | added by Python (us) |")
     print("|---|---|---|---|---|")
     measure(args.exe, on, 1, 1, 64, 1, "f16")  # tiny work: the difference is the binding
