@@ -32,9 +32,16 @@ if "$PY" -c "import flashinfer" 2>/dev/null; then
   FI_PID=$!
 fi
 
+# NCCL: beside CUDA where the toolkit has it, else PyTorch's wheel of it (nvidia-nccl-*).
+NCCL_ARGS=()
+nccl_dir=$("$PY" -c "import importlib.util as u; s = u.find_spec('nvidia.nccl'); print(s.submodule_search_locations[0])" 2>/dev/null)
+if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/include/nccl.h" ] && ls "$nccl_dir"/lib/libnccl.so* >/dev/null 2>&1; then
+  NCCL_ARGS=(-DKVCORE_NCCL_INCLUDE="$nccl_dir/include" -DKVCORE_NCCL_LIBRARY="$(ls "$nccl_dir"/lib/libnccl.so* | head -1)")
+fi
 log "build $COMMIT (every target, Python module)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DKVCORE_WERROR=OFF \
-      -DKVCORE_PYTHON=ON -DPython_EXECUTABLE="$PY" -DKVCORE_GIT_COMMIT="$COMMIT" >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+      -DKVCORE_PYTHON=ON -DPython_EXECUTABLE="$PY" -DKVCORE_GIT_COMMIT="$COMMIT" "${NCCL_ARGS[@]}" >> "$OUT/build.log" 2>&1 ||
+  { tail -30 "$OUT/build.log"; exit 1; }
 grep -E "kvcore: " "$OUT/build.log" | head
 cmake --build build -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -60; exit 1; }
 log "built"
