@@ -51,6 +51,39 @@ HWY_INLINE hn::Vec<DF> LoadE4m3Over256(DF df, const uint8_t* row, int64_t d) {
 #endif
 }
 
+// LoadE4m3Over256 for bytes known to hold no NaN code (|code| != 0x7f), in fewer
+// instructions where the target converts f16 in hardware: the byte sign-extended
+// to 16 bits and shifted left by 7 holds the f16 with the byte's exponent and
+// mantissa bits in place, its sign in bits 15 and 14; clearing bit 14 leaves it.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadE4m3Over256Finite(DF df, const uint8_t* row, int64_t d) {
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  return LoadE4m3Over256(df, row, d);
+#else
+  const hn::Rebind<int8_t, DF> d8;
+  const hn::Rebind<int16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto h = hn::And(hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(row) + d))),
+                         hn::Set(d16, static_cast<int16_t>(-16385)));  // 0xbfff: every bit but 14
+  return hn::PromoteTo(df, hn::BitCast(dh, h));
+#endif
+}
+
+// Whether bytes [0, n) of an e4m3 row hold a NaN code (n a multiple of 8).
+HWY_INLINE bool E4m3RowHasNan(const uint8_t* row, int64_t n) {
+  const hn::ScalableTag<uint8_t> d8;
+  const hn::CappedTag<uint8_t, 8> d8t;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d8));
+  auto hit = hn::Zero(d8);
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hit = hn::Or(hit, hn::VecFromMask(d8, hn::Eq(hn::And(hn::LoadU(d8, row + i), hn::Set(d8, 0x7f)), hn::Set(d8, 0x7f))));
+  bool any = !hn::AllFalse(d8, hn::Ne(hit, hn::Zero(d8)));
+  for (; i < n; i += 8)
+    any |= !hn::AllFalse(d8t, hn::Eq(hn::And(hn::LoadU(d8t, row + i), hn::Set(d8t, 0x7f)), hn::Set(d8t, 0x7f)));
+  return any;
+}
+
 // Lanes(df) f16 values at p as f32, exactly (math::f16_bits_to_f32): the hardware
 // conversion where the target has one (F16C), else the bits placed in an f32
 // times 2^112 (exact for normals and subnormals), infinities and NaN by select.
