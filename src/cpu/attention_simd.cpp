@@ -77,6 +77,8 @@ struct Tile {
   float* cs;             // rope on read: [kTile][padded pairs] cos and sin at each visible key's position
   float* sn;
   int32_t pairs_p;
+  int32_t n_next;
+  int64_t next_cells[kTile];  // the next tile's cells (visible or not), for prefetching
 };
 
 template <math::KvElem E>
@@ -103,18 +105,6 @@ template <math::KvElem E, bool kFinite = false, class D>
 HWY_INLINE hn::Vec<D> LoadScaled(D d, const KvRow& row, int32_t off) {
   if constexpr (E != math::KvElem::E4M3) return LoadKv<E>(d, row.data, off);
   else return hn::Mul(LoadOver256<kFinite>(d, row, off), hn::Set(d, 256.0f * ChunkScale<E>(row, off)));
-}
-
-template <math::KvElem E>
-KvRow RowOf(const PagedAttentionParams& p, bool is_k, int64_t cell, int32_t kvh) {
-  const int64_t row = cell * p.layout.n_kv_heads + kvh;
-  constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
-  KvRow r{static_cast<const uint8_t*>(is_k ? p.k : p.v) + row * p.layout.head_dim * kBytes, nullptr, 1.0f};
-  if (p.scale_mode == math::KvScaleMode::Ue8m0Per64)
-    r.scale_u8 = (is_k ? p.maybe_k_scale_u8 : p.maybe_v_scale_u8) + row * (p.layout.head_dim / 64);
-  else if (p.scale_mode == math::KvScaleMode::F32PerRow)
-    r.scale_f32 = (is_k ? p.maybe_k_scale_f32 : p.maybe_v_scale_f32)[row];
-  return r;
 }
 
 // Scores of K rows rows[0 .. kK) against query heads g0 .. g0 + kG, into
@@ -159,11 +149,46 @@ HWY_INLINE void DotsKeys(const Task& t, const KvRow* rows, int32_t g0, int32_t j
   }
 }
 
+// One cache line toward L2 (a tile ahead is more than L1 holds). An asm statement on
+// x86: GCC deletes loops whose only effect is __builtin_prefetch (it assumes such
+// loops finish without effects).
+HWY_INLINE void PrefetchLine(const uint8_t* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+// The next tile's K and V bytes of the task's kv heads (a contiguous run per cell),
+// asked for in address order a few lines at a time while the current tile is
+// computed: spread over the work, since a burst of requests fills the core's miss
+// queues and stalls it, and in order, so that the L2 stream prefetcher follows on.
+struct NextRows {
+  const uint8_t* k;  // K and V pools at the first kv head's row of cell 0
+  const uint8_t* v;
+  const int64_t* cells;  // the next tile's cells
+  int64_t cell_bytes;    // n_kv_heads rows
+  int64_t run_lines;     // 64-byte lines per cell run
+  int64_t total;         // lines in all: cells x run_lines
+  int64_t cursor = 0;
+
+  HWY_INLINE void ask(int64_t lines) {
+    const int64_t end = std::min(total, cursor + lines);
+    for (; cursor < end; ++cursor) {
+      const int64_t off = cells[cursor / run_lines] * cell_bytes + cursor % run_lines * 64;
+      PrefetchLine(k + off);
+      PrefetchLine(v + off);
+    }
+  }
+};
+
 // Scores of the tile's visible cells for every head of the task's group, kKeys
 // rows at a time (tile.krows is padded to a multiple of kKeys).
 template <math::KvElem E, bool kFinite>
-void ScoresAll(const Task& t, const Tile& tile) {
+void ScoresAll(const Task& t, const Tile& tile, NextRows& next, int64_t lines_per_block) {
   for (int32_t j0 = 0; j0 < tile.n_vis; j0 += kKeys) {
+    next.ask(lines_per_block);
     for (int32_t g0 = 0; g0 < t.G; g0 += kHeads) {
       switch (std::min(kHeads, t.G - g0)) {
         case 1: DotsKeys<E, kFinite, kKeys, 1>(t, tile.krows + j0, g0, j0); break;
@@ -254,17 +279,6 @@ void SoftmaxTile(const Task& t, math::OnlineSoftmax* sm) {
   }
 }
 
-// One cache line toward L2 (a tile ahead is more than L1 holds). An asm statement on
-// x86: GCC deletes loops whose only effect is __builtin_prefetch (it assumes such
-// loops finish without effects).
-HWY_INLINE void PrefetchLine(const uint8_t* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht1 %0" : : "m"(*p));
-#else
-  __builtin_prefetch(p, 0, 2);
-#endif
-}
-
 // Asks for the K and V rows of cells [j0, j1) of sequence b, kv heads [h0, h1) (contiguous
 // in a cell), ahead of their use: blocks sit anywhere, which the hardware prefetchers
 // cannot follow.
@@ -307,9 +321,35 @@ void ListVisible(const PagedAttentionParams& p, int32_t b, int32_t t0, int32_t n
 template <math::KvElem E>
 void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& tile) {
   const int32_t n = tile.n_vis;
+  // Field by field: whole KvRow values built on the stack cost a store-forwarding stall each.
+  constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
+  const int64_t nkv = p.layout.n_kv_heads, row_bytes = int64_t{t.D} * kBytes;
+  const auto* kb = static_cast<const uint8_t*>(p.k) + kvh * row_bytes;
+  const auto* vb = static_cast<const uint8_t*>(p.v) + kvh * row_bytes;
   for (int32_t j = 0; j < n; ++j) {
-    tile.krows[j] = RowOf<E>(p, true, tile.cells[j], kvh);
-    tile.vrows[j] = RowOf<E>(p, false, tile.cells[j], kvh);
+    tile.krows[j].data = kb + tile.cells[j] * nkv * row_bytes;
+    tile.vrows[j].data = vb + tile.cells[j] * nkv * row_bytes;
+  }
+  if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
+    const int64_t chunks = t.D / 64;
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t row = tile.cells[j] * nkv + kvh;
+      tile.krows[j].scale_u8 = p.maybe_k_scale_u8 + row * chunks;
+      tile.vrows[j].scale_u8 = p.maybe_v_scale_u8 + row * chunks;
+      tile.krows[j].scale_f32 = tile.vrows[j].scale_f32 = 1.0f;
+    }
+  } else if (p.scale_mode == math::KvScaleMode::F32PerRow) {
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t row = tile.cells[j] * nkv + kvh;
+      tile.krows[j].scale_u8 = tile.vrows[j].scale_u8 = nullptr;
+      tile.krows[j].scale_f32 = p.maybe_k_scale_f32[row];
+      tile.vrows[j].scale_f32 = p.maybe_v_scale_f32[row];
+    }
+  } else {
+    for (int32_t j = 0; j < n; ++j) {
+      tile.krows[j].scale_u8 = tile.vrows[j].scale_u8 = nullptr;
+      tile.krows[j].scale_f32 = tile.vrows[j].scale_f32 = 1.0f;
+    }
   }
   if (p.rope_on_read) {
     const DF df;
@@ -320,7 +360,9 @@ void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& t
       for (; d + N <= t.D; d += N) hn::StoreU(LoadScaled<E>(df, tile.krows[j], d), df, row + d);
       if (d < t.D) hn::StoreU(LoadScaled<E>(DTail(), tile.krows[j], d), DTail(), row + d);
       RotatePairs(p.rope.layout, row, row, tile.cs + j * tile.pairs_p, tile.sn + j * tile.pairs_p);
-      tile.krows[j] = KvRow{reinterpret_cast<const uint8_t*>(row), nullptr, 1.0f};
+      tile.krows[j].data = reinterpret_cast<const uint8_t*>(row);
+      tile.krows[j].scale_u8 = nullptr;
+      tile.krows[j].scale_f32 = 1.0f;
     }
   }
   for (int32_t j = n; j % kKeys != 0; ++j) tile.krows[j] = tile.krows[0];
@@ -340,7 +382,7 @@ template <math::KvElem E>
 void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-  const int32_t D = p.layout.head_dim, G = p.group, H = h1 - h0;
+  const int32_t D = p.layout.head_dim, G = p.group, H = h1 - h0, bs = p.layout.block_size;
   const int32_t Dp = (D + 2 * N - 1) / (2 * N) * (2 * N);
   const int32_t n_pairs = p.rope_on_read ? p.rope.layout.n_pairs() : 0;
   const int32_t pairs_p = (n_pairs + 15) / 16 * 16;
@@ -387,9 +429,21 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, i
   PrefetchCells(p, b, h0, h1, range.begin, std::min(range.begin + kTile, range.end), row_bytes);
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
-    PrefetchCells(p, b, h0, h1, t0 + kTile, std::min(t0 + 2 * kTile, range.end), row_bytes);
+    tile.n_next = std::max(0, std::min(kTile, range.end - (t0 + kTile)));
+    for (int32_t i = 0; i < tile.n_next; ++i) {
+      const int32_t j = t0 + kTile + i;
+      tile.next_cells[i] = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs);
+    }
     ListVisible(p, b, t0, n, q_pos + pos_off, tile);
-    if (tile.n_vis == 0) continue;
+    const int64_t run_lines = (H * row_bytes + 63) / 64;
+    NextRows next{static_cast<const uint8_t*>(p.k) + h0 * row_bytes, static_cast<const uint8_t*>(p.v) + h0 * row_bytes,
+                  tile.next_cells, p.layout.n_kv_heads * row_bytes, run_lines, tile.n_next * run_lines};
+    const int64_t blocks = int64_t{H} * ((tile.n_vis + kKeys - 1) / kKeys);
+    const int64_t lines_per_block = blocks > 0 ? (next.total + blocks - 1) / blocks : 0;
+    if (tile.n_vis == 0) {
+      next.ask(next.total);
+      continue;
+    }
     if (p.rope_on_read)  // math::rope_rotate_row's cos and sin, once per cell for every head
       for (int32_t j = 0; j < tile.n_vis; ++j)
         RopeCosSinRow(tile.freq, n_pairs, static_cast<float>(attention_key_position(p, tile.cells[j], b)),
@@ -399,9 +453,9 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, i
       TileRows<E>(p, t, h0 + kh, tile);
       // E4M3 rows without NaN codes (all of them but corrupted or hand-made ones) take the shorter decode.
       const bool finite = E == math::KvElem::E4M3 && !TileHasNan(tile, D, p.rope_on_read);
-      if (p.rope_on_read) ScoresAll<math::KvElem::F32, false>(t, tile);
-      else if (finite) ScoresAll<E, true>(t, tile);
-      else ScoresAll<E, false>(t, tile);
+      if (p.rope_on_read) ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
+      else if (finite) ScoresAll<E, true>(t, tile, next, lines_per_block);
+      else ScoresAll<E, false>(t, tile, next, lines_per_block);
       SoftmaxTile(t, scratch.sm.data() + kh * G);
       if (finite) ValuePassAll<E, true>(t, tile.vrows, tile.n_vis);
       else ValuePassAll<E, false>(t, tile.vrows, tile.n_vis);
