@@ -117,12 +117,22 @@ HWY_INLINE void DotsKeys(const Task& t, const KvRow* rows, int32_t g0, int32_t j
   hn::Vec<DF> a[kK][kG];
   for (int k = 0; k < kK; ++k)
     for (int g = 0; g < kG; ++g) a[k][g] = hn::Zero(df);
+  // E4M3: each row's scale times 2^8, once per chunk of 64 dims (UE8M0) or per row.
+  hn::Vec<DF> sc[kK];
+  const bool per_chunk = E == math::KvElem::E4M3 && rows[0].scale_u8 != nullptr;
+  const auto scales_at = [&](int32_t d) {
+    for (int k = 0; k < kK; ++k) sc[k] = hn::Set(df, 256.0f * ChunkScale<E>(rows[k], d));
+  };
+  if constexpr (E == math::KvElem::E4M3) scales_at(0);
   int32_t d = 0;
   for (; d + N <= t.D; d += N) {
+    if (per_chunk && d > 0 && d % 64 == 0) scales_at(d);
     hn::Vec<DF> q[kG];
     for (int g = 0; g < kG; ++g) q[g] = hn::LoadU(df, t.q + (g0 + g) * t.Dp + d);
     for (int k = 0; k < kK; ++k) {
-      const auto kv = LoadScaled<E, kFinite>(df, rows[k], d);
+      hn::Vec<DF> kv;
+      if constexpr (E == math::KvElem::E4M3) kv = hn::Mul(LoadOver256<kFinite>(df, rows[k], d), sc[k]);
+      else kv = LoadKv<E>(df, rows[k].data, d);
       for (int g = 0; g < kG; ++g) a[k][g] = hn::MulAdd(q[g], kv, a[k][g]);
     }
   }
