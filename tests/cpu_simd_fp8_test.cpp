@@ -95,6 +95,42 @@ TEST(CpuSimdFp8, PackAndUnpackGiveTheScalarBytesOnEveryTarget) {
       }
 }
 
+// fp8_round_trip_rows on every target: the scalar path's f32 values (NaN compared as
+// NaN: payloads may differ), out of place and in place, full and partial blocks.
+TEST(CpuSimdFp8, RoundTripGivesTheScalarValuesOnEveryTarget) {
+  std::mt19937_64 rng(5);
+  const Device c = Device::cpu();
+  const int64_t rows = 23;
+  for (int n_nope : {448, 100, 64})
+    for (bool in_place : {false, true}) {
+      const int n_rot = n_nope == 64 ? 0 : 64, cols = n_nope + n_rot;
+      std::vector<uint8_t> bytes = values(DType::F32, size_t(rows) * cols, rng);
+      std::vector<float> src(size_t(rows) * cols);
+      std::memcpy(src.data(), bytes.data(), bytes.size());
+      auto run = [&] {
+        std::vector<float> in = src, out(src.size(), -7.0f);
+        std::vector<float>& dst = in_place ? in : out;
+        fp8_round_trip_rows(TensorRef(in.data(), DType::F32, c, {rows, cols}), TensorRef(dst.data(), DType::F32, c, {rows, cols}),
+                            n_rot);
+        return dst;
+      };
+      std::vector<float> want;
+      {
+        cpu::SimdPin pin(cpu::kSimdScalar);
+        want = run();
+      }
+      for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+        cpu::SimdPin pin(t.bits);
+        const std::vector<float> got = run();
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+          ASSERT_EQ(0, std::memcmp(&got[i], &want[i], 4))
+              << t.name << " n_nope " << n_nope << (in_place ? " in place" : "") << " value " << i;
+        }
+      }
+    }
+}
+
 // Values that sit on and next to every rounding boundary of the e4m3 grid: the midpoint
 // of each pair of neighbouring codes (a tie, rounded to the even code), one f32 ulp
 // either side of it, the codes themselves, f32 subnormals and zeros, both signs. Each
