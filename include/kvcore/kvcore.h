@@ -266,8 +266,9 @@ KVC_API kvc_status kvc_dsv4_compressed_rows(const kvc_dsv4_cache* cache, int64_t
  * up to cap floats into out; *n_floats receives the size (nothing written when it exceeds cap). */
 KVC_API kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int64_t seq, int32_t layer, int32_t which, float* out,
                                  size_t cap, size_t* n_floats);
-/* Always fails: KVC_E_NOT_SUPPORTED (compressor windows straddle any cut), or
- * KVC_E_INVALID_ARGUMENT for a bad range. */
+/* Dsv4Cache::shift (docs/specs/dsv4-context-shift.md): KVC_E_INVALID_ARGUMENT for a bad range or
+ * counts that are not multiples of the lcm of the compression ratios, KVC_E_NOT_SUPPORTED when the
+ * kept tail is shorter than the window of a sequence longer than it. */
 KVC_API kvc_status kvc_dsv4_shift(kvc_dsv4_cache* cache, int64_t seq, int32_t n_keep, int32_t n_discard);
 
 #ifdef __cplusplus

@@ -320,8 +320,9 @@ void bind_dsv4(nb::module_& m) {
           "seq"_a, "layer"_a, "q"_a.none(), "weights"_a.none(), "first_query_pos"_a, "scores"_a.none(), "out"_a.none(),
           "dsv4_indexer_topk over this sequence's indexer rows of a CSA layer.")
       .def("shift", &Dsv4Cache::shift, "seq"_a, "n_keep"_a, "n_discard"_a,
-           "DeepSeek-V4 caches cannot shift (compressor windows straddle any cut): raises\n"
-           "NotSupportedError (InvalidArgumentError first when the range itself is bad).")
+           "Context shift (docs/specs/dsv4-context-shift.md): drops tokens [n_keep, n_keep + n_discard),\n"
+           "re-rotates what follows. InvalidArgumentError for a bad range or counts off shift_granule;\n"
+           "NotSupportedError when the kept tail is shorter than the window of a longer sequence.")
       .def_prop_ro("allocated_bytes", &Dsv4Cache::allocated_bytes);
 }
 

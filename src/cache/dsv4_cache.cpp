@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "cache/dsv4_export.hpp"
@@ -13,6 +14,8 @@
 #include "kvcore/runtime.hpp"
 #include "ops/checks.hpp"
 #include "ops/dsv4_checks.hpp"
+#include "ops/dsv4_shift.hpp"
+#include "ops/shift_params.hpp"
 
 namespace kvcore {
 
@@ -133,6 +136,7 @@ struct Dsv4Cache::Impl {
   std::map<SeqId, int32_t> slots;   // live sequence -> its storage slot
   std::vector<int32_t> free_slots;  // a stack: back() is the next slot handed out
   SeqId next_id = 0;
+  Buffer shift_scratch;  // snapshots of shift(): grown on demand, kept for the next shift
 
   int32_t n_layers() const { return static_cast<int32_t>(layers.size()); }
   const Layer& layer_of(const char* what, int32_t layer) const {
@@ -322,17 +326,84 @@ void Dsv4Cache::truncate(SeqId seq, int32_t n) {
   for (int32_t li = 0; li < m.n_layers(); ++li) m.len(slot, li) = 0;
 }
 
-void Dsv4Cache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
+int32_t Dsv4Cache::shift_granule() const {
   const Impl& m = impl();
+  int64_t g = 1;  // each ratio is <= 4096 and at most two kinds exist: the lcm fits
+  for (const Impl::Layer& L : m.layers)
+    if (L.kind != Dsv4LayerKind::Window) g = std::lcm(g, static_cast<int64_t>(m.cfg.ratio(L.kind)));
+  return static_cast<int32_t>(g);
+}
+
+void Dsv4Cache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
+  Impl& m = impl();
+  const Dsv4CacheConfig& cfg = m.cfg;
   const int32_t slot = m.slot_of("shift", seq);
   const int32_t L = m.len(slot, 0);
+  for (int32_t li = 1; li < m.n_layers(); ++li)
+    KVCORE_DSV4_CHECK(m.len(slot, li) == L, "Dsv4Cache::shift: every layer of sequence ", seq,
+                      " must hold the same number of tokens; layer 0 holds ", L, ", layer ", li, " holds ", m.len(slot, li),
+                      " (finish the step's appends first)");
   KVCORE_DSV4_CHECK(n_keep >= 0 && n_discard >= 0 && static_cast<int64_t>(n_keep) + n_discard <= L,
                     "Dsv4Cache::shift: need 0 <= n_keep and 0 <= n_discard with n_keep + n_discard <= ", L,
                     " (the sequence length), got n_keep ", n_keep, ", n_discard ", n_discard);
-  throw Error(ErrorCode::NotSupported,
-              detail::concat("Dsv4Cache::shift(n_keep ", n_keep, ", n_discard ", n_discard,
-                             "): DeepSeek-V4 caches cannot shift: compressor windows straddle the cut and compressed "
-                             "rows pool tokens across it (a rule for cuts at multiples of every ratio is not implemented)"));
+  const int32_t g = shift_granule();
+  KVCORE_DSV4_CHECK(n_keep % g == 0 && n_discard % g == 0, "Dsv4Cache::shift: n_keep (", n_keep, ") and n_discard (",
+                    n_discard, ") must be multiples of ", g,
+                    " (the lcm of the compression ratios): a cut inside a window would split a compressed row");
+  if (n_discard == 0) return;
+  const int32_t W = cfg.window;
+  const int64_t tail = static_cast<int64_t>(L) - n_keep - n_discard;
+  require(!(L > W && tail < W), ErrorCode::NotSupported, "Dsv4Cache::shift(n_keep ", n_keep, ", n_discard ", n_discard,
+          "): sequence ", seq, " holds ", L, " tokens, more than the window of ", W, ", and the kept tail of ", tail,
+          " tokens is shorter than the window: the new window would need raw rows of kept tokens before ", n_keep,
+          " that the ring has evicted (keep at least ", W, " tokens after the discarded range)");
+  require(n_discard < (1 << 24), ErrorCode::NotSupported, "Dsv4Cache::shift: n_discard = ", n_discard,
+          " must be < 2^24 (the accurate angle reduction of a shift needs it)");
+  // The row-job kernels carry up to 64 pairs per RoPE table.
+  require(cfg.n_rot <= 128, ErrorCode::NotSupported, "Dsv4Cache::shift: n_rot = ", cfg.n_rot, " > 128 is not supported");
+  const bool has_window = std::find(cfg.layers.begin(), cfg.layers.end(), Dsv4LayerKind::Window) != cfg.layers.end();
+  const bool has_comp = std::any_of(cfg.layers.begin(), cfg.layers.end(), [](Dsv4LayerKind k) { return k != Dsv4LayerKind::Window; });
+  require(!has_comp || m.comp_packed || cfg.head_dim * 4 <= ops::kShiftMaxHeadBytes, ErrorCode::NotSupported,
+          "Dsv4Cache::shift: f32 compressed rows of head_dim ", cfg.head_dim, " exceed the ", ops::kShiftMaxHeadBytes,
+          " bytes the row shift takes");
+  math::RopeTable window_table{};
+  if (has_window) {
+    try {
+      window_table = make_rope_table(cfg.window_rope, cfg.head_dim);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::InvalidArgument, detail::concat("Dsv4Cache::shift: Dsv4CacheConfig.window_rope does not fit head_dim ",
+                                                             cfg.head_dim, ": ", e.what()));
+    }
+    require(window_table.layout.n_rot <= 128, ErrorCode::NotSupported, "Dsv4Cache::shift: window_rope rotates ",
+            window_table.layout.n_rot, " dims, more than the 128 supported");
+  }
+
+  ops::Dsv4ShiftCall call;
+  call.comp_rope = &m.comp_rope;
+  call.idx_rope = &m.idx_rope;
+  call.quant = cfg.quant == Dsv4Quant::On;
+  call.rows_packed = m.comp_packed;
+  call.idx_packed = m.idx_packed;
+  call.window = W;
+  call.head_dim = cfg.head_dim;
+  call.index_dim = cfg.index_dim;
+  call.length = L;
+  call.n_keep = n_keep;
+  call.n_discard = n_discard;
+  call.device = m.device;
+  call.stream = cfg.stream;
+  for (int32_t li = 0; li < m.n_layers(); ++li) {
+    const Impl::Layer& Ly = m.layers[li];
+    ops::Dsv4ShiftLayerViews v;
+    v.ring = m.ring(slot, li);
+    v.raw_rope = Ly.kind == Dsv4LayerKind::Window ? &window_table : &m.comp_rope;
+    v.ratio = cfg.ratio(Ly.kind);
+    if (Ly.kind != Dsv4LayerKind::Window) v.rows = m.comp_store(slot, li);
+    if (Ly.kind == Dsv4LayerKind::CSA) v.idx_rows = m.idx_store(slot, li);
+    call.layers.push_back(v);
+  }
+  ops::dsv4_shift_sequence(call, m.shift_scratch);
+  for (int32_t li = 0; li < m.n_layers(); ++li) m.len(slot, li) = L - n_discard;
 }
 
 // ---- weights -------------------------------------------------------------------------

@@ -27,7 +27,9 @@ std::vector<int64_t> paged_array_block_bytes(const PagedCache& cache) {
   return v;
 }
 
-PagedExport paged_export(PagedCache& cache, std::span<const SeqId> seqs) {
+std::vector<PagedPoolArray> paged_pool_arrays(const PagedCache& cache) { return PagedCacheAccess::impl(cache).arrays; }
+
+PagedExportPlan paged_export_plan(PagedCache& cache, std::span<const SeqId> seqs) {
   PagedCache::Impl& m = PagedCacheAccess::impl(cache);
   m.check_usable();
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -36,13 +38,14 @@ PagedExport paged_export(PagedCache& cache, std::span<const SeqId> seqs) {
   }
   m.rotate_pending();  // K must be rotated to its stored position before its bytes leave (RopeStored)
   const int32_t bs = m.cfg.block_size;
-  PagedExport ex;
+  PagedExportPlan plan;
+  PagedExport& ex = plan.manifest;
   ex.block_size = bs;
   ex.array_block_bytes = paged_array_block_bytes(cache);
-  std::vector<int32_t> cache_block;            // export index -> cache block
-  std::vector<int32_t> index_of(m.cfg.num_blocks, -1);  // cache block -> export index
-  std::vector<int32_t> span;                   // export index -> cells spanned by its widest holder
-  std::vector<int32_t> offset;                 // export index -> its holders' position offset
+  std::vector<int32_t>& cache_block = plan.cache_blocks;  // export index -> cache block
+  std::vector<int32_t> index_of(m.cfg.num_blocks, -1);   // cache block -> export index
+  std::vector<int32_t>& span = plan.spans;               // export index -> cells spanned by its widest holder
+  std::vector<int32_t> offset;                           // export index -> its holders' position offset
   for (SeqId id : seqs) {
     const PagedSeq& s = m.meta.seq(id);
     PagedExport::Seq es{id, s.n_cells, s.n_live, {}};
@@ -70,7 +73,16 @@ PagedExport paged_export(PagedCache& cache, std::span<const SeqId> seqs) {
       ex.valid[k] = m.meta.valid[c];
       ex.positions[k] = m.meta.valid[c] ? m.meta.pos(c) - offset[e] : 0;
     }
+  return plan;
+}
 
+PagedExport paged_export(PagedCache& cache, std::span<const SeqId> seqs) {
+  PagedExportPlan plan = paged_export_plan(cache, seqs);
+  PagedCache::Impl& m = PagedCacheAccess::impl(cache);
+  PagedExport& ex = plan.manifest;
+  const std::vector<int32_t>& cache_block = plan.cache_blocks;
+  const std::vector<int32_t>& span = plan.spans;
+  const int32_t bs = ex.block_size;
   ex.payload.assign(static_cast<size_t>(ex.payload_bytes()), 0);
   uint8_t* out = ex.payload.data();
   for (const PagedPoolArray& a : m.arrays) {
@@ -87,10 +99,10 @@ PagedExport paged_export(PagedCache& cache, std::span<const SeqId> seqs) {
       std::memset(out + e * a.block_bytes + span[e] * cell_bytes, 0, static_cast<size_t>((bs - span[e]) * cell_bytes));
     out += ex.n_blocks * a.block_bytes;
   }
-  return ex;
+  return std::move(plan.manifest);
 }
 
-void paged_export_check(const PagedExport& ex) {
+void paged_export_check(const PagedExport& ex, bool with_payload) {
   const int32_t bs = ex.block_size;
   require(bs > 0 && bs <= 4096, ErrorCode::Corrupt, "snapshot: block_size ", bs, " outside [1, 4096]");
   require(ex.n_blocks >= 0, ErrorCode::Corrupt, "snapshot: block count ", ex.n_blocks, " is negative");
@@ -99,8 +111,8 @@ void paged_export_check(const PagedExport& ex) {
           ex.positions.size(), " / ", ex.valid.size(), " entries, expected ", cells);
   for (int64_t b : ex.array_block_bytes)
     require(b > 0 && b % bs == 0, ErrorCode::Corrupt, "snapshot: array block bytes ", b, " not a positive multiple of ", bs);
-  require(static_cast<int64_t>(ex.payload.size()) == ex.payload_bytes(), ErrorCode::Corrupt, "snapshot: payload holds ",
-          ex.payload.size(), " bytes, expected ", ex.payload_bytes());
+  require(!with_payload || static_cast<int64_t>(ex.payload.size()) == ex.payload_bytes(), ErrorCode::Corrupt,
+          "snapshot: payload holds ", ex.payload.size(), " bytes, expected ", ex.payload_bytes());
   std::vector<uint8_t> held(static_cast<size_t>(ex.n_blocks), 0);
   for (const PagedExport::Seq& s : ex.seqs) {
     require(s.n_cells >= 0 && s.n_live >= 0 && s.n_live <= s.n_cells, ErrorCode::Corrupt, "snapshot: sequence ", s.id,
@@ -138,6 +150,26 @@ std::vector<SeqId> paged_import(PagedCache& cache, const PagedExport& ex, int32_
   PagedCache::Impl& m = PagedCacheAccess::impl(cache);
   m.check_usable();
   paged_export_check(ex);
+  return paged_import_with(cache, ex, position_delta, [&](std::span<const int32_t> block) {
+    const uint8_t* in = ex.payload.data();
+    for (const PagedPoolArray& a : m.arrays) {
+      for (int32_t e = 0; e < ex.n_blocks;) {
+        int32_t n = 1;
+        while (e + n < ex.n_blocks && block[e + n] == block[e] + n) ++n;
+        copy_bytes(a.base + block[e] * a.block_bytes, m.dev, in + e * a.block_bytes, Device::cpu(),
+                   static_cast<size_t>(n * a.block_bytes), m.cfg.stream);
+        e += n;
+      }
+      in += ex.n_blocks * a.block_bytes;
+    }
+  });
+}
+
+std::vector<SeqId> paged_import_with(PagedCache& cache, const PagedExport& ex, int32_t position_delta,
+                                     const PagedPayloadWriter& write_payload) {
+  PagedCache::Impl& m = PagedCacheAccess::impl(cache);
+  m.check_usable();
+  paged_export_check(ex, /*with_payload=*/false);
   const int32_t bs = m.cfg.block_size;
   require_arg(ex.block_size == bs, "paged_import: block_size ", ex.block_size, " differs from the cache's ", bs);
   require_arg(ex.array_block_bytes == paged_array_block_bytes(cache),
@@ -183,19 +215,7 @@ std::vector<SeqId> paged_import(PagedCache& cache, const PagedExport& ex, int32_
     ids.push_back(txn.add_seq(std::move(ps)));
   }
   // The blocks are free until the commit: writing their bytes first keeps the strong guarantee.
-  m.finish(txn, {}, [&] {
-    const uint8_t* in = ex.payload.data();
-    for (const PagedPoolArray& a : m.arrays) {
-      for (int32_t e = 0; e < ex.n_blocks;) {
-        int32_t n = 1;
-        while (e + n < ex.n_blocks && block[e + n] == block[e] + n) ++n;
-        copy_bytes(a.base + block[e] * a.block_bytes, m.dev, in + e * a.block_bytes, Device::cpu(),
-                   static_cast<size_t>(n * a.block_bytes), m.cfg.stream);
-        e += n;
-      }
-      in += ex.n_blocks * a.block_bytes;
-    }
-  });
+  m.finish(txn, {}, [&] { write_payload(block); });
   return ids;
 }
 

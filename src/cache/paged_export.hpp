@@ -4,10 +4,12 @@
 // (file format, checksums, tiers) works on PagedExport and never sees the cache's insides.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "kvcore/cache/paged_cache.hpp"
+#include "ops/paged_blocks_params.hpp"
 
 namespace kvcore {
 
@@ -41,6 +43,29 @@ std::vector<int64_t> paged_array_block_bytes(const PagedCache& cache);
 // listed sequences (distinct ids) out. Blocks shared between them are exported once.
 PagedExport paged_export(PagedCache& cache, std::span<const SeqId> seqs);
 
+// paged_export without the payload copy (payload left empty), for callers that move the pool
+// bytes themselves (KV transfer): also says where each export block lives in the cache and how
+// many of its cells the widest holder spans (the cells past it are not part of the export).
+struct PagedExportPlan {
+  PagedExport manifest;
+  std::vector<int32_t> cache_blocks;  // [n_blocks]
+  std::vector<int32_t> spans;         // [n_blocks]
+};
+PagedExportPlan paged_export_plan(PagedCache& cache, std::span<const SeqId> seqs);
+
+// Every pool array of the cache (base address on the cache's device, bytes per block), in the
+// order of PagedExport::array_block_bytes.
+std::vector<PagedPoolArray> paged_pool_arrays(const PagedCache& cache);
+
+// paged_import with the payload written by the caller: runs every check of paged_import on
+// `manifest` (whose payload is ignored) and takes its blocks off the free list inside a
+// transaction, then calls write_payload(blocks) -- blocks[e] is the cache block export block e
+// lands in -- which must write every pool byte of those blocks; only then commits. If
+// write_payload throws, the transaction rolls back: the cache is exactly as before.
+using PagedPayloadWriter = std::function<void(std::span<const int32_t> blocks)>;
+std::vector<SeqId> paged_import_with(PagedCache& cache, const PagedExport& manifest, int32_t position_delta,
+                                     const PagedPayloadWriter& write_payload);
+
 // Checks `ex` against the cache (array sizes, block size, structure: block indices, spans,
 // live counts, positions >= 0 after adding position_delta, strictly increasing when the cache
 // requires it; a position delta only in rope-on-read) and that enough blocks are free, then adds
@@ -49,8 +74,9 @@ PagedExport paged_export(PagedCache& cache, std::span<const SeqId> seqs);
 std::vector<SeqId> paged_import(PagedCache& cache, const PagedExport& ex, int32_t position_delta = 0);
 
 // The structural checks of paged_import that need no cache (the snapshot parser uses them):
-// throws Corrupt naming the first broken rule.
-void paged_export_check(const PagedExport& ex);
+// throws Corrupt naming the first broken rule. with_payload false: a manifest, whose payload
+// travels separately (its size is not checked).
+void paged_export_check(const PagedExport& ex, bool with_payload = true);
 
 }  // namespace kvcore
 

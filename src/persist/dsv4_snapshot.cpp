@@ -8,6 +8,7 @@
 #include "kvcore/runtime.hpp"
 #include "persist/bytes.hpp"
 #include "persist/checksum.hpp"
+#include "persist/dsv4_parts.hpp"
 #include "persist/file_io.hpp"
 #include "persist/fingerprint.hpp"
 #include "persist/snapshot_format.hpp"
@@ -16,30 +17,9 @@ namespace kvcore {
 
 namespace {
 
-// The views a sequence's layer consists of, in file order, with the bytes of each that count.
-struct Part {
-  TensorRef view;
-  size_t bytes;
-};
+using Part = persist::Dsv4Part;
 std::vector<Part> layer_parts(const Dsv4Cache& c, SeqId seq, int32_t layer, int64_t length) {
-  std::vector<Part> parts;
-  const TensorRef ring = c.raw_ring(seq, layer);
-  parts.push_back({ring, static_cast<size_t>(ring.span_bytes())});
-  const Dsv4LayerKind k = c.kind(layer);
-  if (k == Dsv4LayerKind::Window) return parts;
-  const int32_t r = c.config().ratio(k);
-  for (bool indexer : {false, true}) {
-    if (indexer && k != Dsv4LayerKind::CSA) break;
-    const TensorRef kv = c.state(seq, layer, indexer ? Dsv4State::IndexerKv : Dsv4State::CompressorKv);
-    const TensorRef score = c.state(seq, layer, indexer ? Dsv4State::IndexerScore : Dsv4State::CompressorScore);
-    parts.push_back({kv, static_cast<size_t>(kv.span_bytes())});
-    parts.push_back({score, static_cast<size_t>(score.span_bytes())});
-    const TensorRef rows = indexer ? c.indexer_store(seq, layer) : c.compressed_store(seq, layer);
-    const int64_t n = length / (indexer ? c.config().csa_ratio : r);
-    const size_t row_bytes = static_cast<size_t>(rows.span_bytes() / rows.size(0));
-    parts.push_back({rows, static_cast<size_t>(n) * row_bytes});
-  }
-  return parts;
+  return persist::dsv4_layer_parts(c, seq, layer, length);
 }
 
 void check_seq(const Dsv4Cache& c, const char* what, SeqId seq) {
@@ -70,12 +50,9 @@ std::string dsv4_layout_fingerprint(const Dsv4Cache& c) {
 
 std::vector<uint8_t> snapshot_encode(Dsv4Cache& c, SeqId seq, std::string_view model_id) {
   check_seq(c, "snapshot_encode(Dsv4Cache)", seq);
-  persist::ByteWriter lens;
-  lens.put(static_cast<uint32_t>(c.n_layers()));
   std::vector<uint8_t> payload;
   for (int32_t l = 0; l < c.n_layers(); ++l) {
     const int64_t len = c.length(seq, l);
-    lens.put(len);
     for (const Part& p : layer_parts(c, seq, l, len)) {
       const size_t at = payload.size();
       payload.resize(at + p.bytes);
@@ -83,7 +60,7 @@ std::vector<uint8_t> snapshot_encode(Dsv4Cache& c, SeqId seq, std::string_view m
     }
   }
   std::vector<std::pair<uint32_t, std::vector<uint8_t>>> singles;
-  singles.emplace_back(persist::kDsv4Lengths, std::move(lens.out));
+  singles.emplace_back(persist::kDsv4Lengths, persist::dsv4_encode_lengths(c, seq));
   return persist::encode_container(persist::kKindDsv4Sequence, dsv4_layout_fingerprint(c), model_id, std::move(singles),
                                    payload)
       .concat();
@@ -102,17 +79,10 @@ void snapshot_decode(Dsv4Cache& c, SeqId seq, std::span<const uint8_t> bytes, st
               "the cache's\n", mine);
   require_arg(k.summary.model_id == model_id, "snapshot: model id '", k.summary.model_id, "' of the file differs from '",
               model_id, "'");
-  persist::ByteReader r(k.single(persist::kDsv4Lengths), "lengths chunk");
-  const uint32_t n = r.get<uint32_t>("n_layers");
-  require(n == static_cast<uint32_t>(c.n_layers()), ErrorCode::Corrupt, "snapshot: ", n, " layers, the layout has ",
-          c.n_layers());
-  std::vector<int64_t> lengths = r.array<int64_t>(n, "lengths");
-  r.expect_end();
+  const std::vector<int64_t> lengths = persist::dsv4_parse_lengths(c, k.single(persist::kDsv4Lengths));
   uint64_t want = 0;
   std::vector<std::vector<Part>> parts;
   for (int32_t l = 0; l < c.n_layers(); ++l) {
-    require(lengths[l] >= 0 && lengths[l] <= c.config().max_context, ErrorCode::Corrupt, "snapshot: layer ", l, " length ",
-            lengths[l], " outside [0, ", c.config().max_context, "]");
     parts.push_back(layer_parts(c, seq, l, lengths[l]));
     for (const Part& p : parts.back()) want += p.bytes;
   }

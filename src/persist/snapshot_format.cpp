@@ -227,7 +227,7 @@ std::span<const uint8_t> Container::single(uint32_t type) const {
   return it->second;
 }
 
-ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
+ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes, bool with_payload) {
   Container c = parse_container(bytes);
   ParsedSnapshot out;
   out.summary = std::move(c.summary);
@@ -255,8 +255,9 @@ ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
     require(b > 0 && b <= (int64_t{1} << 40), ErrorCode::Corrupt, "snapshot: array block bytes ", b, " out of range");
     per_block += b;
   }
-  require(payload_bytes == static_cast<uint64_t>(per_block) * n_blocks, ErrorCode::Corrupt, "snapshot: payload holds ",
-          payload_bytes, " bytes, ", n_blocks, " blocks of ", per_block, " need ", static_cast<uint64_t>(per_block) * n_blocks);
+  const uint64_t want_payload = with_payload ? static_cast<uint64_t>(per_block) * n_blocks : 0;
+  require(payload_bytes == want_payload, ErrorCode::Corrupt, "snapshot: payload holds ", payload_bytes, " bytes, ", n_blocks,
+          " blocks of ", per_block, " need ", want_payload);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     PagedExport::Seq s;
     s.id = sr.get<int64_t>("sequence id");
@@ -275,7 +276,7 @@ ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes) {
   for (uint8_t v : ex.valid) require(v <= 1, ErrorCode::Corrupt, "snapshot: a validity byte is ", int(v), ", not 0 or 1");
   ex.payload.reserve(payload_bytes);
   for (auto p : payload) ex.payload.insert(ex.payload.end(), p.begin(), p.end());
-  paged_export_check(ex);
+  paged_export_check(ex, with_payload);
 
   sum.block_size = ex.block_size;
   sum.n_blocks = ex.n_blocks;

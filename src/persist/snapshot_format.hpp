@@ -53,6 +53,8 @@ struct ParsedSnapshot {
   PagedExport ex;
 };
 // Throws Corrupt (truncated, bad checksum, broken structure) or InvalidArgument (newer major).
-ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes);
+// with_payload false: a manifest (KV transfer), a container that must hold no payload chunk;
+// the export's payload stays empty and travels separately.
+ParsedSnapshot parse_snapshot(std::span<const uint8_t> bytes, bool with_payload = true);
 
 }  // namespace kvcore::persist

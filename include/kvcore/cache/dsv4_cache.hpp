@@ -12,8 +12,8 @@
 // are named maybe_*; every failing call throws kvcore::Error naming the argument and changes
 // nothing; a moved-from cache throws on every call.
 //
-// Thread safety: none inside. Calls that change the cache (create, erase, truncate, append,
-// set_weights) must not overlap any other call on the same cache; const calls may run
+// Thread safety: none inside. Calls that change the cache (create, erase, truncate, shift,
+// append, set_weights) must not overlap any other call on the same cache; const calls may run
 // concurrently with each other. Distinct caches share nothing.
 #pragma once
 #include <cstdint>
@@ -55,6 +55,9 @@ struct Dsv4CacheConfig {
   RopeSpec compressed_rope = RopeSpec::deepseek_v4_compressed();
   // Overrides the table built from compressed_rope when set (e.g. an oracle's exact f32 frequencies).
   std::optional<math::RopeTable> maybe_compressed_rope_table;
+  // RoPE of the raw rows of window-only layers (the engine applies it; shift() re-rotates with it).
+  // CSA/HCA layers' raw rows use the compressed RoPE (or its table).
+  RopeSpec window_rope = RopeSpec::deepseek_v4_window();
   Stream stream;  // CUDA stream of every device operation of the cache
 
   static std::vector<Dsv4LayerKind> v4_flash_schedule();  // 43: 2 window, then CSA (even) / HCA (odd)
@@ -129,9 +132,19 @@ class Dsv4Cache {
   // current length of every layer are possible: the compressor states cannot be rewound
   // (NotSupported otherwise; InvalidArgument when n is outside [0, length]).
   void truncate(SeqId seq, int32_t n);
-  // DeepSeek-V4 caches cannot shift: compressor windows straddle any cut. Throws
-  // NotSupported (InvalidArgument first when the range itself is bad).
+  // Context shift (docs/specs/dsv4-context-shift.md): drop tokens [n_keep, n_keep + n_discard)
+  // of every layer; later tokens move down by n_discard and their RoPE tails (raw rows,
+  // compressed rows, indexer rows) rotate by -n_discard; compressor states stay. Every layer
+  // must hold the same length L; n_keep and n_discard must be multiples of shift_granule()
+  // (InvalidArgument otherwise, or when n_keep + n_discard > L). NotSupported when L > window
+  // and the kept tail L - n_keep - n_discard is shorter than the window (the new window would
+  // need raw rows of kept tokens the ring already evicted; also for n_rot > 128, n_discard >= 2^24,
+  // or unpacked f32 rows wider than 2048 dims). n_discard == 0 changes nothing. CPU and CUDA
+  // write the same bytes; the moved rows' RoPE tails take one more rounding of their storage.
   void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
+  // The alignment shift() needs: the lcm of the compression ratios of the layer kinds present
+  // (128 for DeepSeek-V4; 1 for window-only stacks).
+  int32_t shift_granule() const;
 
   // ---- writing ----
   // Appends tokens pos .. pos + n - 1 of sequence `seq` to `layer`; pos must be
