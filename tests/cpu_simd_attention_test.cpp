@@ -11,7 +11,9 @@
 // neighbouring value: one ulp of those formats.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <random>
 #include <string>
 
 #include "attention_test_util.hpp"
@@ -150,6 +152,64 @@ TEST(CpuSimdAttention, PrefillCausal) {
     s.sinks = true;
     s.seed = 300 + static_cast<uint64_t>(kv);
     check_all_targets(s);
+  }
+}
+
+// E4M3 pages: every code (subnormals and 448 included) against the scalar path, and
+// NaN codes (0x7f / 0xff, which send a tile to the NaN-aware decode) in two live V
+// rows: NaN exactly in the outputs the scalar path makes NaN. (A NaN code in a K row
+// gives a NaN score, whose weight neither path defines: exp2 of NaN.)
+TEST(CpuSimdAttention, E4m3EveryCodeAndNanCodes) {
+  for (int variant = 0; variant < 3; ++variant) {
+    CaseSpec s;
+    s.kv = DType::E4M3;
+    s.head_dim = variant == 2 ? 64 : 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {70, 33, 5};
+    s.dead_rate = 0.1;
+    s.rope_on_read = variant == 1;
+    s.seed = 500 + static_cast<uint64_t>(variant);
+    HostCase c = make_case(s);
+    std::mt19937_64 rng(s.seed);
+    const int64_t n = static_cast<int64_t>(c.k.size());
+    for (int64_t i = 0; i < n; ++i) {  // live rows: any code but NaN
+      if ((c.k[i] & 0x7f) == 0x7f) continue;
+      c.k[i] = static_cast<uint8_t>(rng() % 0x7f | (rng() & 0x80));
+      c.v[i] = static_cast<uint8_t>(rng() % 0x7f | (rng() & 0x80));
+    }
+    if (variant != 2) {  // a NaN code in a live V row of sequence 0 (kv head 1) and of sequence 1 (kv head 0)
+      const int bs = s.block_size, D = s.head_dim;
+      const int64_t cell0 = int64_t{c.indices[c.indptr[0] + 9 / bs]} * bs + 9 % bs;
+      const int64_t cell1 = int64_t{c.indices[c.indptr[1] + 20 / bs]} * bs + 20 % bs;
+      ASSERT_TRUE(c.valid[cell0] && c.valid[cell1]);
+      c.v[c.row_of(cell0, 1) * D + 37] = 0x7f;
+      c.v[c.row_of(cell1, 0) * D + 5] = 0xff;
+    }
+    std::vector<float> scalar;
+    {
+      cpu::SimdPin pin(cpu::kSimdScalar);
+      scalar = run_op(c, Device::cpu(), 2);
+    }
+    int nan_outputs = 0;
+    double mag = 1;
+    for (float x : scalar) {
+      if (std::isnan(x)) ++nan_outputs;
+      else mag = std::max(mag, double(std::abs(x)));
+    }
+    if (variant != 2) EXPECT_GT(nan_outputs, 0);
+    else EXPECT_EQ(nan_outputs, 0);
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      const std::vector<float> got = run_op(c, Device::cpu(), 2);
+      ASSERT_EQ(got.size(), scalar.size());
+      double err = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(std::isnan(got[i]), std::isnan(scalar[i])) << t.name << " variant " << variant << " output " << i;
+        if (!std::isnan(scalar[i])) err = std::max(err, std::abs(double(got[i]) - double(scalar[i])));
+      }
+      EXPECT_LE(err / mag, tol_vs_scalar(s)) << t.name << " variant " << variant;
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 // shift_dense: the SIMD rotation on every compiled target this machine supports
 // writes the scalar path's bytes (f32, f16, bf16 keys, NeoX and interleaved
-// pairs, head and tail slices, DeepSeek-V4 packed rows; FP8 keys stay scalar).
+// pairs, head and tail slices, DeepSeek-V4 packed rows; FP8 keys stay scalar). Moved
+// heads rotate from their old row into the new one: the copied dims around the rotated
+// ones (NeoX head and tail slices) are part of the bytes checked.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -24,8 +26,13 @@ TEST(CpuSimdShift, EveryTargetGivesTheScalarBytes) {
     s.head_dim = 96;
     s.v_head_dim = 96;
     specs.push_back(s);
+    s.rope = RopeSpec::plain(32, 1e4, RopePairing::NeoX);  // NeoX tail: copied dims before the rotated ones
+    s.rope.slice = RopeSlice::Tail;
+    specs.push_back(s);
     s.rope = RopeSpec::llama3_8b();
     s.rope.n_rot = 40;
+    s.head_dim = 128;
+    s.v_head_dim = 128;
     specs.push_back(s);
   }
   LayerSpec d;

@@ -121,6 +121,37 @@ KVC_API void kvc_paged_config_init(kvc_paged_config* cfg);
 KVC_API kvc_status kvc_paged_create(const kvc_paged_config* cfg, kvc_device device, kvc_paged_cache** out);
 KVC_API void kvc_paged_free(kvc_paged_cache* cache);
 
+/* Pool memory the engine allocates (so its allocator accounts for it). kvc_paged_pool_specs lists
+ * the arrays a cache of *cfg needs, in the order kvc_paged_create_with_pools takes them: per layer
+ * K data, K scales (FP8 K), V data (v_head_dim > 0), V scales (FP8 V). Each has num_blocks + 1
+ * blocks: the last is the cache's zero block, which the engine must not write. */
+#define KVC_POOL_K 0
+#define KVC_POOL_K_SCALES 1
+#define KVC_POOL_V 2
+#define KVC_POOL_V_SCALES 3
+#define KVC_POOL_ALIGNMENT 16 /* bytes: every array's data pointer */
+typedef struct kvc_pool_spec {
+  uint32_t struct_size;
+  int32_t layer;
+  int32_t part;      /* KVC_POOL_* */
+  DLDataType dtype;  /* FP8 codes and UE8M0 scales: uint8 (kDLUInt, 8 bits) */
+  int64_t shape[4];  /* [num_blocks + 1, block_size, n_kv_heads, row width], contiguous */
+  int64_t bytes;
+} kvc_pool_spec;
+KVC_API void kvc_pool_spec_init(kvc_pool_spec* spec);
+/* Writes up to cap specs into out (an array of structs of out[0].struct_size bytes each, filled
+ * with kvc_pool_spec_init) and the number the config needs into *n (nothing is written when it
+ * exceeds cap: KVC_E_INVALID_ARGUMENT). */
+KVC_API kvc_status kvc_paged_pool_specs(const kvc_paged_config* cfg, kvc_pool_spec* out, size_t cap, size_t* n);
+/* A cache over the caller's pools[0 .. n_pools): exactly the arrays kvc_paged_pool_specs lists
+ * (dtype, shape, contiguous, KVC_POOL_ALIGNMENT-aligned, on `device`, not overlapping). The cache
+ * zeroes them and never frees them: keep them allocated until kvc_paged_free. */
+KVC_API kvc_status kvc_paged_create_with_pools(const kvc_paged_config* cfg, kvc_device device, const DLTensor* pools,
+                                               size_t n_pools, kvc_paged_cache** out);
+/* The stream of the cache's later operations (cfg->stream until then). Work already queued stays
+ * on its stream: ordering across a change is the caller's. */
+KVC_API kvc_status kvc_paged_set_stream(kvc_paged_cache* cache, void* stream);
+
 KVC_API kvc_status kvc_paged_seq_create(kvc_paged_cache* cache, int64_t* out_seq);
 /* A new sequence sharing every block of seq (copy on first write). */
 KVC_API kvc_status kvc_paged_seq_fork(kvc_paged_cache* cache, int64_t seq, int64_t* out_seq);
@@ -270,6 +301,70 @@ KVC_API kvc_status kvc_dsv4_read(const kvc_dsv4_cache* cache, int64_t seq, int32
  * counts that are not multiples of the lcm of the compression ratios, KVC_E_NOT_SUPPORTED when the
  * kept tail is shorter than the window of a sequence longer than it. */
 KVC_API kvc_status kvc_dsv4_shift(kvc_dsv4_cache* cache, int64_t seq, int32_t n_keep, int32_t n_discard);
+
+/* ---- persistence: snapshots (kvcore/persist/snapshot.hpp) ------------------------------------ */
+/* Saves seqs[0 .. n_seqs) of the cache (n_seqs 0: every sequence) to path: a temporary file in the
+ * same directory, fsync'ed and renamed over path (after a crash path holds the old file or the new
+ * one). model_id: the caller's name of what made the K/V (model, revision, dtype, ...). */
+KVC_API kvc_status kvc_snapshot_save(kvc_paged_cache* cache, const char* path, const char* model_id,
+                                     const int64_t* seqs, size_t n_seqs);
+/* Loads path's sequences as new sequences of the cache: out_ids[i] receives the new id of the i-th
+ * saved sequence, *n_loaded their count (nothing is loaded when it exceeds cap:
+ * KVC_E_INVALID_ARGUMENT). Everything is checked before the cache is touched: a truncated or
+ * corrupted file is KVC_E_CORRUPT; another layout or model id KVC_E_INVALID_ARGUMENT; too few free
+ * blocks KVC_E_OUT_OF_MEMORY. position_delta (KVC_ROPE_ON_READ caches only) is added to every
+ * loaded position. */
+KVC_API kvc_status kvc_snapshot_load(kvc_paged_cache* cache, const char* path, const char* model_id,
+                                     int32_t position_delta, int64_t* out_ids, size_t cap, size_t* n_loaded);
+
+typedef struct kvc_snapshot_info {
+  uint32_t struct_size;
+  uint32_t major, minor; /* format version */
+  uint32_t kind;         /* 1: PagedCache sequences, 2: a Dsv4Cache sequence */
+  uint64_t file_bytes;
+  int64_t n_chunks;
+  int64_t n_seqs;
+  int32_t block_size, n_blocks;
+  int64_t bytes_per_block;
+} kvc_snapshot_info;
+KVC_API void kvc_snapshot_info_init(kvc_snapshot_info* info);
+/* Checks the file as a load would, without a cache (KVC_E_CORRUPT / KVC_E_INVALID_ARGUMENT), and
+ * fills *info; text (may be NULL) receives up to cap bytes of the readable description (NUL
+ * terminated, cut to fit) and *text_len (may be NULL) its full length. */
+KVC_API kvc_status kvc_snapshot_inspect(const char* path, kvc_snapshot_info* info, char* text, size_t cap,
+                                        size_t* text_len);
+/* One Dsv4Cache sequence (kvcore/persist/dsv4_snapshot.hpp); load needs an empty sequence. */
+KVC_API kvc_status kvc_dsv4_snapshot_save(kvc_dsv4_cache* cache, int64_t seq, const char* path, const char* model_id);
+KVC_API kvc_status kvc_dsv4_snapshot_load(kvc_dsv4_cache* cache, int64_t seq, const char* path, const char* model_id);
+
+/* ---- persistence: prefix caching (kvcore/persist/prefix_cache.hpp) -------------------------- */
+/* Reuse of full blocks computed from the same tokens under the same salt (model, adapter, tenant:
+ * bytes, salt_len of them). Free a prefix cache before its PagedCache. */
+typedef struct kvc_prefix_cache kvc_prefix_cache;
+typedef struct kvc_prefix_stats {
+  uint32_t struct_size;
+  int64_t queries, hit_queries, blocks_hit, blocks_missed, blocks_published, holders, evictions;
+} kvc_prefix_stats;
+/* seed 0: a random one. */
+KVC_API kvc_status kvc_prefix_create(kvc_paged_cache* cache, uint64_t seed, kvc_prefix_cache** out);
+KVC_API void kvc_prefix_free(kvc_prefix_cache* prefix);
+/* A new sequence holding the longest cached prefix of prompt[0 .. n) in full blocks; *reused_tokens
+ * (may be NULL) receives how many tokens it holds (a multiple of block_size). Append the rest. */
+KVC_API kvc_status kvc_prefix_seq_create(kvc_prefix_cache* prefix, const int32_t* prompt, size_t n, const char* salt,
+                                         size_t salt_len, int64_t* out_seq, int32_t* reused_tokens);
+/* Publishes the full blocks of seq's unedited prefix: tokens[i] is the id of its token i.
+ * *published (may be NULL) receives the tokens now published. */
+KVC_API kvc_status kvc_prefix_publish(kvc_prefix_cache* prefix, int64_t seq, const int32_t* tokens, size_t n,
+                                      const char* salt, size_t salt_len, int32_t* published);
+/* Edits of sequences made by kvc_prefix_seq_create go through these (or are reported). */
+KVC_API kvc_status kvc_prefix_shift(kvc_prefix_cache* prefix, int64_t seq, int32_t n_keep, int32_t n_discard);
+KVC_API kvc_status kvc_prefix_truncate(kvc_prefix_cache* prefix, int64_t seq, int32_t n);
+KVC_API kvc_status kvc_prefix_note_edit(kvc_prefix_cache* prefix, int64_t seq, int32_t first_token);
+KVC_API kvc_status kvc_prefix_erase(kvc_prefix_cache* prefix, int64_t seq);
+/* Drops least recently used cached prefixes until the cache has free_blocks free; *ok = 1 when it has. */
+KVC_API kvc_status kvc_prefix_evict(kvc_prefix_cache* prefix, int32_t free_blocks, int32_t* ok);
+KVC_API kvc_status kvc_prefix_clear(kvc_prefix_cache* prefix);
+KVC_API kvc_status kvc_prefix_stats_get(const kvc_prefix_cache* prefix, kvc_prefix_stats* out);
 
 #ifdef __cplusplus
 }

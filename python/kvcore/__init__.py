@@ -7,7 +7,9 @@ new tensors of the input's framework. CUDA work runs on torch's current stream u
 ``stream=`` says otherwise. Failures raise :class:`kvcore.Error` subclasses that are also
 ``ValueError`` / ``MemoryError`` / ``NotImplementedError`` / ``RuntimeError``.
 
-Start with :class:`kvcore.PagedCache` (``help(kvcore.PagedCache)``).
+Start with :class:`kvcore.PagedCache` (``help(kvcore.PagedCache)``). Persistence: ``PagedCache.save`` /
+``load`` / ``snapshot`` / ``restore``, :func:`kvcore.snapshot_inspect`, :class:`kvcore.PrefixCache`.
+Pool memory your own allocator owns: ``PagedCache.pool_specs`` and ``PagedCache(..., pools=)``.
 """
 
 from ._ext import (  # noqa: F401
@@ -22,6 +24,9 @@ from ._ext import (  # noqa: F401
     OutOfMemoryError,
     PagedCache,
     PagedStats,
+    PoolSpec,
+    PrefixCache,
+    PrefixStats,
     RopeSpec,
     SeqInfo,
     Ticket,
@@ -47,6 +52,8 @@ from ._ext import (  # noqa: F401
     rope_apply,
     rope_shift_rows,
     shift_dense,
+    snapshot_describe,
+    snapshot_inspect,
     version,
 )
 

@@ -11,6 +11,7 @@ from kvcore import (
     OutOfMemoryError as OutOfMemoryError
 )
 
+import os
 from typing import Any, TypeAlias
 
 Tensor: TypeAlias = Any
@@ -255,6 +256,30 @@ class PagedStats:
 
     def __repr__(self) -> str: ...
 
+class PoolSpec:
+    """
+    One pool array a PagedCache needs (PagedCache.pool_specs): its layer, part ('k',
+    'k_scales', 'v', 'v_scales'), shape [num_blocks + 1, block_size, n_kv_heads, width],
+    dtype (as torch names it; uint8 also serves for float8_e4m3fn) and size in bytes.
+    """
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def part(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
 class Ticket:
     """
     Cells reserved for one step's new tokens (PagedCache.reserve). Store each layer with
@@ -336,7 +361,7 @@ class PagedCache:
     (k_pool(layer), ...) keep the cache alive.
     """
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True, device: str | int = 'cpu', stream: int | Any | None = None) -> None:
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True, device: str | int = 'cpu', stream: int | Any | None = None, pools: Sequence[Tensor] | None = None) -> None:
         """
         Allocate the pools: num_blocks blocks of block_size cells per layer.
         rope: a RopeSpec (or one per layer); k_format/v_format: 'f32', 'f16', 'bf16', 'fp8' (e4m3 + one
@@ -345,40 +370,61 @@ class PagedCache:
         strict_positions: positions must increase along a sequence; kvcore_attention: refuse at once
         formats kvcore's attention cannot read (False: pages for an engine's own attention);
         device 'cpu' or 'cuda:N';
-        stream: the CUDA stream of every cache operation (default: torch's current stream).
+        stream: the CUDA stream of the construction (default: torch's current stream); every later
+        call runs on its own stream= or, without one, on torch's current stream at the call;
+        pools: pool memory the caller allocated (so its allocator accounts for it): one tensor per
+        array of PagedCache.pool_specs(...) with the same arguments, in that order, each of exactly
+        that shape and dtype (uint8 also for float8_e4m3fn), contiguous, 16-byte aligned, on the
+        cache's device. The cache zeroes them, writes only through them and keeps them alive.
+        """
+
+    @staticmethod
+    def pool_specs(n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True) -> list[PoolSpec]:
+        """
+        The pool arrays a cache of this configuration needs (PoolSpec list, in the order
+        PagedCache(..., pools=) takes them): per layer k, k_scales (fp8 K), v (v_head_dim > 0),
+        v_scales (fp8 V). An engine allocates them itself, e.g.
+            pools = [torch.empty(s.shape, dtype=getattr(torch, s.dtype), device='cuda') for s in specs]
+        Each has num_blocks + 1 blocks: the last is the cache's zero block (never write it).
+        """
+
+    @property
+    def pools(self) -> tuple[Tensor, ...] | None:
+        """
+        The caller's pool tensors given to the constructor (a tuple), or None when the cache allocated them.
         """
 
     def create(self) -> int:
         """A new empty sequence; returns its id."""
 
-    def fork(self, seq: int) -> int:
+    def fork(self, seq: int, *, stream: int | Any | None = None) -> int:
         """
         A new sequence sharing every block of seq (copied on first write); returns its id.
         """
 
-    def erase(self, seq: int) -> None:
+    def erase(self, seq: int, *, stream: int | Any | None = None) -> None:
         """Free a sequence (blocks shared with others stay)."""
 
-    def append(self, seq: int, positions: Tensor, k: Tensor, v: Tensor | None = None) -> None:
+    def append(self, seq: int, positions: Tensor, k: Tensor, v: Tensor | None = None, *, stream: int | Any | None = None) -> None:
         """
         Append n tokens to every layer at once: positions (n ints), k [n_layers, n, n_kv_heads, head_dim],
         v [n_layers, n, n_kv_heads, v_head_dim] (None without V), f32/f16/bf16 on the cache's device.
         """
 
-    def reserve(self, seqs: int | Sequence[int], positions: Tensor, counts: Sequence[int] | None = None, *, reuse: Ticket | None = None) -> Tensor:
+    def reserve(self, seqs: int | Sequence[int], positions: Tensor, counts: Sequence[int] | None = None, *, reuse: Ticket | None = None, stream: int | Any | None = None) -> Tensor:
         """
         Reserve cells for new tokens: counts[i] tokens of seqs[i] (distinct ids; seqs may be one int,
         then counts defaults to len(positions)); positions concatenated in that order. The tokens are
         live at once; store() writes them layer by layer. reuse: refill this Ticket (no allocation).
         """
 
-    def store(self, ticket: Ticket, layer: int, k: Tensor, v: Tensor | None = None) -> None:
+    def store(self, ticket: Ticket, layer: int, k: Tensor, v: Tensor | None = None, *, stream: int | Any | None = None) -> None:
         """
         Write one layer of the ticket's tokens: k [n_tokens, n_kv_heads, head_dim], v [n_tokens,
         n_kv_heads, v_head_dim] (f32/f16/bf16; rotated at their positions in rope_mode='stored').
         """
 
-    def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
+    def shift(self, seq: int, n_keep: int, n_discard: int, *, stream: int | Any | None = None) -> None:
         """
         Context shift: keep tokens [0, n_keep), drop [n_keep, n_keep + n_discard); later tokens move down
         by n_discard positions (metadata only in rope_mode='on_read'; rotations deferred to prepare()
@@ -393,21 +439,21 @@ class PagedCache:
     def can_fit(self, seqs: int | Sequence[int], counts: object) -> bool:
         """Whether the pool has the blocks reserve(seqs, ..., counts) would take."""
 
-    def remove_positions(self, seq: int, p0: int, p1: int | None = None) -> None:
+    def remove_positions(self, seq: int, p0: int, p1: int | None = None, *, stream: int | Any | None = None) -> None:
         """
         Drop every token of seq whose position p has p0 <= p < p1 (None: to the end); llama.cpp's seq_rm.
         """
 
-    def add_positions(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
+    def add_positions(self, seq: int, p0: int, p1: int | None, delta: int, *, stream: int | Any | None = None) -> None:
         """
         Add delta to the positions of seq's tokens with p0 <= p < p1 (None: to the end); llama.cpp's
         seq_add. Rope-stored keys are re-rotated at the next prepare(); rope-on-read: metadata only.
         """
 
-    def truncate(self, seq: int, n: int) -> None:
+    def truncate(self, seq: int, n: int, *, stream: int | Any | None = None) -> None:
         """Keep the first n tokens (speculative-decoding rollback)."""
 
-    def prepare(self) -> None:
+    def prepare(self, *, stream: int | Any | None = None) -> None:
         """
         Apply what shifts left pending (rotations, position offsets). plan() and read() need no call.
         """
@@ -415,7 +461,7 @@ class PagedCache:
     @property
     def needs_prepare(self) -> bool: ...
 
-    def plan(self, ticket_or_seqs: Ticket | int | Sequence[int], q_positions: Tensor | None = None, *, softmax_scale: float | None = None, window: int = 0, sinks: Tensor | None = None, num_splits: int = 0, check_tables: bool = True) -> AttentionPlan:
+    def plan(self, ticket_or_seqs: Ticket | int | Sequence[int], q_positions: Tensor | None = None, *, softmax_scale: float | None = None, window: int = 0, sinks: Tensor | None = None, num_splits: int = 0, check_tables: bool = True, stream: int | Any | None = None) -> AttentionPlan:
         """
         Plan this step's attention. With a Ticket: its sequences, one query row per reserved token
         (decode when every count is 1, else causal prefill), at the tokens' positions. With seq ids:
@@ -423,13 +469,13 @@ class PagedCache:
         softmax_scale: default head_dim**-0.5; window: sliding window (0: none); sinks: f32 [n_q_heads].
         """
 
-    def read(self, seq: int, layer: int) -> tuple:
+    def read(self, seq: int, layer: int, *, stream: int | Any | None = None) -> tuple:
         """
         Host copy of one layer of a sequence as numpy: (positions int32 [n], k float32 [n, heads, head_dim]
         rotated at current positions, v float32 [n, heads, v_head_dim] or None).
         """
 
-    def block_tables(self, seqs: int | Sequence[int], offsets: bool = False) -> dict:
+    def block_tables(self, seqs: int | Sequence[int], offsets: bool = False, *, stream: int | Any | None = None) -> dict:
         """
         Host copies (numpy int32) of the CSR block tables of seqs: a dict with indptr, indices,
         last_page_len, pos_offset (key position = positions[cell] - pos_offset[b]; 0 unless offsets=True).
@@ -510,6 +556,35 @@ class PagedCache:
     def device(self) -> str: ...
 
     def __repr__(self) -> str: ...
+
+    def save(self, path: str | os.PathLike[str], model_id: str | bytes, seqs: int | Sequence[int] | None = None) -> None:
+        """
+        Save seqs (default: every sequence) to path, atomically (a temporary file, fsync, rename).
+        model_id (str or bytes) names what made the K/V (model, revision, dtype); load() must give the same.
+        """
+
+    def load(self, path: str | os.PathLike[str], model_id: str | bytes, *, position_delta: int = 0) -> dict:
+        """
+        Load a snapshot's sequences as new sequences; returns {saved id: new id}. Checks everything
+        before the cache is touched: CorruptError (truncated or altered file), InvalidArgumentError
+        (another layout or model_id), OutOfMemoryError (too few free blocks); the cache is then
+        unchanged. position_delta (rope_mode='on_read' only) moves every loaded position.
+        """
+
+    def snapshot(self, model_id: str | bytes, seqs: int | Sequence[int] | None = None) -> bytes:
+        """
+        The snapshot of seqs (default: every sequence) as bytes (the file format of save()).
+        """
+
+    def restore(self, data: bytes, model_id: str | bytes, *, position_delta: int = 0) -> dict:
+        """load() from bytes made by snapshot(); the same checks and result."""
+
+    @property
+    def layout_fingerprint(self) -> str:
+        """
+        What makes this cache's bytes meaningful (formats, dims, block size, RoPE): a snapshot
+        loads only into a cache with the same text.
+        """
 
 class Dsv4Compressor:
     """
@@ -725,3 +800,121 @@ class Dsv4Cache:
 
     @property
     def allocated_bytes(self) -> int: ...
+
+    def save(self, seq: int, path: str | os.PathLike[str], model_id: str | bytes) -> None:
+        """
+        Save one sequence (every layer's window ring, compressor and indexer states and rows) to path.
+        """
+
+    def load(self, seq: int, path: str | os.PathLike[str], model_id: str | bytes) -> None:
+        """
+        Load a saved sequence into seq, which must be empty (truncate(seq, 0) first). Checked before
+        anything is written; on a refusal the cache is unchanged.
+        """
+
+    def snapshot(self, seq: int, model_id: str | bytes) -> bytes:
+        """save() as bytes."""
+
+    def restore(self, seq: int, data: bytes, model_id: str | bytes) -> None:
+        """load() from bytes made by snapshot()."""
+
+def snapshot_inspect(source: str | os.PathLike[str] | bytes) -> dict:
+    """
+    Check a snapshot (a path or its bytes) as a load would, without a cache, and describe it: a dict
+    with the format version, kind ('paged' or 'dsv4'), fingerprint, model_id, block counts and per
+    sequence saved id, length and positions. Raises CorruptError / InvalidArgumentError.
+    """
+
+def snapshot_describe(source: str | os.PathLike[str] | bytes) -> str:
+    """
+    snapshot_inspect() as readable text (what `kvcore snapshot inspect FILE` prints).
+    """
+
+class PrefixStats:
+    """Counts of a PrefixCache."""
+
+    @property
+    def queries(self) -> int: ...
+
+    @property
+    def hit_queries(self) -> int: ...
+
+    @property
+    def blocks_hit(self) -> int: ...
+
+    @property
+    def blocks_missed(self) -> int: ...
+
+    @property
+    def blocks_published(self) -> int: ...
+
+    @property
+    def holders(self) -> int: ...
+
+    @property
+    def evictions(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class PrefixCache:
+    """
+    Reuse of full blocks whose K/V came from the same tokens (automatic prefix caching) on one
+    PagedCache. A block's key chains the hashes of every earlier block's tokens, under a salt that
+    names what else changes K/V or who may see it (model, adapter, tenant): equal salts share,
+    others never do.
+
+        prefix = kvcore.PrefixCache(cache)
+        seq, reused = prefix.create(prompt, salt='tenant-a')   # reused tokens: full blocks
+        cache.append(seq, range(reused, len(prompt)), k, v)     # the rest of the prompt
+        prefix.publish(seq, prompt, salt='tenant-a')           # later prompts can reuse it
+
+    Edit its sequences through shift/truncate here (or report them with note_edit): only the
+    unedited prefix is published. Published blocks stay cached until evict(). Keeps its cache alive.
+    """
+
+    def __init__(self, cache: PagedCache, seed: int = 0) -> None:
+        """seed 0: a random hash seed (nobody outside can precompute collisions)."""
+
+    def create(self, prompt: Sequence[int], salt: str | bytes = '') -> tuple:
+        """
+        A new sequence holding the longest cached prefix of prompt (token ids) in full blocks;
+        returns (seq, reused_tokens). Append the rest of the prompt from token reused_tokens.
+        """
+
+    def publish(self, seq: int, tokens: Sequence[int], salt: str | bytes = '') -> int:
+        """
+        Publish the full blocks of seq's unedited prefix (tokens[i]: the id of its token i); returns the
+        tokens now published.
+        """
+
+    def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
+        """PagedCache.shift, keeping [0, n_keep) publishable."""
+
+    def truncate(self, seq: int, n: int) -> None:
+        """PagedCache.truncate, keeping [0, n) publishable."""
+
+    def note_edit(self, seq: int, first_token: int) -> None:
+        """Report an edit made elsewhere from token first_token on."""
+
+    def erase(self, seq: int) -> None:
+        """Erase a sequence (its published blocks stay cached)."""
+
+    def evict(self, free_blocks: int) -> bool:
+        """
+        Drop least recently used cached prefixes until the cache has free_blocks free; True when it has.
+        """
+
+    def clear(self) -> None:
+        """Drop every cached prefix."""
+
+    def stats(self) -> PrefixStats:
+        """Query, hit and publish counts."""
+
+    def holds(self, seq: int) -> bool:
+        """
+        Whether seq is one of the sequences that keep published prefixes cached.
+        """
+
+    @property
+    def cache(self) -> Tensor:
+        """The PagedCache."""

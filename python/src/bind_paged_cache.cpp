@@ -50,6 +50,21 @@ on the cache's device; they are used in place, never copied. Views of the pools
 
 void bump(PyPagedCache& c) { ++c.epoch; }
 
+// The stream of this call: `stream`, else torch's current stream (CUDA caches; CPU ignores it).
+void use_stream(PyPagedCache& c, nb::handle stream) {
+  const Device dev = c.cache.device();
+  if (dev.is_cuda()) c.cache.set_stream(resolve_stream(stream, dev));
+}
+
+const char* pool_dtype_name(DType t) {
+  switch (t) {
+    case DType::E4M3: return "float8_e4m3fn";
+    case DType::UE8M0: return "uint8";  // torch's float8_e8m0fnu is recent; bytes serve
+    default: return dtype_py_name(t);
+  }
+}
+
+
 PagedCacheConfig make_config(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
                              std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
                              std::optional<std::string> v_format, nb::handle rope, const std::string& rope_mode,
@@ -157,6 +172,21 @@ void bind_paged_cache(nb::module_& m) {
                               s.blocks_total, ", tokens_live=", s.tokens_live, ", tokens_dead=", s.tokens_dead, ")");
       });
 
+  nb::class_<PagedPoolSpec>(m, "PoolSpec",
+                            "One pool array a PagedCache needs (PagedCache.pool_specs): its layer, part ('k',\n"
+                            "'k_scales', 'v', 'v_scales'), shape [num_blocks + 1, block_size, n_kv_heads, width],\n"
+                            "dtype (as torch names it; uint8 also serves for float8_e4m3fn) and size in bytes.")
+      .def_ro("layer", &PagedPoolSpec::layer)
+      .def_prop_ro("part", [](const PagedPoolSpec& s) { return pool_part_name(s.part); })
+      .def_prop_ro("shape", [](const PagedPoolSpec& s) { return nb::make_tuple(s.shape[0], s.shape[1], s.shape[2], s.shape[3]); })
+      .def_prop_ro("dtype", [](const PagedPoolSpec& s) { return pool_dtype_name(s.dtype); })
+      .def_ro("bytes", &PagedPoolSpec::bytes)
+      .def("__repr__", [](const PagedPoolSpec& s) {
+        return detail::concat("PoolSpec(layer=", s.layer, ", part='", pool_part_name(s.part), "', shape=(", s.shape[0],
+                              ", ", s.shape[1], ", ", s.shape[2], ", ", s.shape[3], "), dtype='", pool_dtype_name(s.dtype),
+                              "')");
+      });
+
   nb::class_<capi::Ticket>(m, "Ticket",
                            "Cells reserved for one step's new tokens (PagedCache.reserve). Store each layer with\n"
                            "PagedCache.store(ticket, layer, k, v); stale once one of its sequences changes again.\n"
@@ -190,19 +220,44 @@ void bind_paged_cache(nb::module_& m) {
           [](PyPagedCache* self, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
              nb::handle rope, std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
              std::optional<std::string> v_format, const std::string& rope_mode, bool strict_positions,
-             bool kvcore_attention, nb::handle device, nb::handle stream) {
+             bool kvcore_attention, nb::handle device, nb::handle stream, nb::handle pools) {
             PagedCacheConfig cfg = make_config(n_layers, n_kv_heads, head_dim, num_blocks, v_head_dim, block_size,
                                                k_format, v_format, rope, rope_mode, strict_positions,
                                                kvcore_attention);
             const Device dev = parse_device(device);
             cfg.stream = resolve_stream(stream, dev);
-            nb::gil_scoped_release g;
-            new (self) PyPagedCache{PagedCache(std::move(cfg), dev), 0};
+            std::optional<PagedCache> built;
+            if (pools.is_none()) {
+              {
+                nb::gil_scoped_release g;
+                built.emplace(std::move(cfg), dev);
+              }
+              new (self) PyPagedCache{{}, nb::none(), std::move(*built), 0};
+              return;
+            }
+            require_arg(nb::isinstance<nb::list>(pools) || nb::isinstance<nb::tuple>(pools),
+                        "argument 'pools' must be a list of tensors (PagedCache.pool_specs), got ",
+                        nb::type_name(pools.type()).c_str());
+            std::vector<Tensor> held;
+            std::vector<TensorRef> refs;
+            const nb::tuple given = nb::tuple(pools);
+            for (size_t i = 0; i < given.size(); ++i) {
+              const std::string name = detail::concat("pools[", i, "]");
+              held.push_back(to_tensor(given[i], name.c_str()));
+              refs.push_back(held.back().ref);
+            }
+            std::vector<nb::ndarray<>> arrays;
+            for (Tensor& t : held) arrays.push_back(std::move(t.held));
+            {
+              nb::gil_scoped_release g;
+              built.emplace(std::move(cfg), dev, refs);
+            }
+            new (self) PyPagedCache{std::move(arrays), given, std::move(*built), 0};
           },
           "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "num_blocks"_a, nb::kw_only(), "rope"_a,
           "v_head_dim"_a = nb::none(), "block_size"_a = 16, "k_format"_a = "f16", "v_format"_a = nb::none(),
           "rope_mode"_a = "stored", "strict_positions"_a = true, "kvcore_attention"_a = true, "device"_a = "cpu",
-          "stream"_a = nb::none(),
+          "stream"_a = nb::none(), "pools"_a = nb::none(),
           "Allocate the pools: num_blocks blocks of block_size cells per layer.\n"
           "rope: a RopeSpec (or one per layer); k_format/v_format: 'f32', 'f16', 'bf16', 'fp8' (e4m3 + one\n"
           "UE8M0 scale per 64 dims); v_head_dim 0: no V pools; rope_mode 'stored' (K rotated when written)\n"
@@ -210,13 +265,39 @@ void bind_paged_cache(nb::module_& m) {
           "strict_positions: positions must increase along a sequence; kvcore_attention: refuse at once\n"
           "formats kvcore's attention cannot read (False: pages for an engine's own attention);\n"
           "device 'cpu' or 'cuda:N';\n"
-          "stream: the CUDA stream of every cache operation (default: torch's current stream).")
+          "stream: the CUDA stream of the construction (default: torch's current stream); every later\n"
+          "call runs on its own stream= or, without one, on torch's current stream at the call;\n"
+          "pools: pool memory the caller allocated (so its allocator accounts for it): one tensor per\n"
+          "array of PagedCache.pool_specs(...) with the same arguments, in that order, each of exactly\n"
+          "that shape and dtype (uint8 also for float8_e4m3fn), contiguous, 16-byte aligned, on the\n"
+          "cache's device. The cache zeroes them, writes only through them and keeps them alive.")
+      .def_static(
+          "pool_specs",
+          [](int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks, nb::handle rope,
+             std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
+             std::optional<std::string> v_format, const std::string& rope_mode, bool strict_positions,
+             bool kvcore_attention) {
+            return paged_pool_specs(make_config(n_layers, n_kv_heads, head_dim, num_blocks, v_head_dim, block_size, k_format,
+                                          v_format, rope, rope_mode, strict_positions, kvcore_attention));
+          },
+          "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "num_blocks"_a, nb::kw_only(), "rope"_a,
+          "v_head_dim"_a = nb::none(), "block_size"_a = 16, "k_format"_a = "f16", "v_format"_a = nb::none(),
+          "rope_mode"_a = "stored", "strict_positions"_a = true, "kvcore_attention"_a = true,
+          "The pool arrays a cache of this configuration needs (PoolSpec list, in the order\n"
+          "PagedCache(..., pools=) takes them): per layer k, k_scales (fp8 K), v (v_head_dim > 0),\n"
+          "v_scales (fp8 V). An engine allocates them itself, e.g.\n"
+          "    pools = [torch.empty(s.shape, dtype=getattr(torch, s.dtype), device='cuda') for s in specs]\n"
+          "Each has num_blocks + 1 blocks: the last is the cache's zero block (never write it).")
+      .def_prop_ro(
+          "pools", [](const PyPagedCache& c) -> nb::object { return c.pools; },
+          "The caller's pool tensors given to the constructor (a tuple), or None when the cache allocated them.")
       // ---- sequences ----
       .def(
           "create", [](PyPagedCache& c) { bump(c); return c.cache.create(); }, "A new empty sequence; returns its id.")
       .def(
           "fork",
-          [](PyPagedCache& c, SeqId seq) {
+          [](PyPagedCache& c, SeqId seq, nb::handle stream) {
+            use_stream(c, stream);
             SeqId r;
             {
               nb::gil_scoped_release g;
@@ -225,20 +306,22 @@ void bind_paged_cache(nb::module_& m) {
             bump(c);
             return r;
           },
-          "seq"_a, "A new sequence sharing every block of seq (copied on first write); returns its id.")
+          "seq"_a, nb::kw_only(), "stream"_a = nb::none(), "A new sequence sharing every block of seq (copied on first write); returns its id.")
       .def(
           "erase",
-          [](PyPagedCache& c, SeqId seq) {
+          [](PyPagedCache& c, SeqId seq, nb::handle stream) {
+            use_stream(c, stream);
             {
               nb::gil_scoped_release g;
               c.cache.erase(seq);
             }
             bump(c);
           },
-          "seq"_a, "Free a sequence (blocks shared with others stay).")
+          "seq"_a, nb::kw_only(), "stream"_a = nb::none(), "Free a sequence (blocks shared with others stay).")
       .def(
           "append",
-          [](PyPagedCache& c, SeqId seq, nb::handle positions, nb::handle k, nb::handle v) {
+          [](PyPagedCache& c, SeqId seq, nb::handle positions, nb::handle k, nb::handle v, nb::handle stream) {
+            use_stream(c, stream);
             const std::vector<int32_t> pos = host_i32(positions, "positions");
             Tensor tk = to_tensor(k, "k"), tv = to_optional_tensor(v, "v");
             {
@@ -247,13 +330,14 @@ void bind_paged_cache(nb::module_& m) {
             }
             bump(c);
           },
-          "seq"_a, "positions"_a.none(), "k"_a.none(), "v"_a = nb::none(),
+          "seq"_a, "positions"_a.none(), "k"_a.none(), "v"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
           "Append n tokens to every layer at once: positions (n ints), k [n_layers, n, n_kv_heads, head_dim],\n"
           "v [n_layers, n, n_kv_heads, v_head_dim] (None without V), f32/f16/bf16 on the cache's device.")
       .def(
           "reserve",
           [](PyPagedCache& c, nb::handle seqs, nb::handle positions, nb::handle counts,
-             capi::Ticket* reuse) -> nb::object {
+             capi::Ticket* reuse, nb::handle stream) -> nb::object {
+            use_stream(c, stream);
             const std::vector<int64_t> s = host_i64(seqs, "seqs");
             const std::vector<int32_t> pos = host_i32(positions, "positions");
             std::vector<int32_t> cnt;
@@ -279,30 +363,33 @@ void bind_paged_cache(nb::module_& m) {
             bump(c);
             return nb::cast(std::move(t));
           },
-          "seqs"_a, "positions"_a.none(), "counts"_a = nb::none(), nb::kw_only(), "reuse"_a = nb::none(),
+          "seqs"_a, "positions"_a.none(), "counts"_a = nb::none(), nb::kw_only(), "reuse"_a = nb::none(), "stream"_a = nb::none(),
           "Reserve cells for new tokens: counts[i] tokens of seqs[i] (distinct ids; seqs may be one int,\n"
           "then counts defaults to len(positions)); positions concatenated in that order. The tokens are\n"
           "live at once; store() writes them layer by layer. reuse: refill this Ticket (no allocation).")
       .def(
           "store",
-          [](PyPagedCache& c, const capi::Ticket& ticket, int32_t layer, nb::handle k, nb::handle v) {
+          [](PyPagedCache& c, const capi::Ticket& ticket, int32_t layer, nb::handle k, nb::handle v,
+             nb::handle stream) {
+            use_stream(c, stream);
             Tensor tk = to_tensor(k, "k"), tv = to_optional_tensor(v, "v");
             nb::gil_scoped_release g;
             c.cache.store(ticket.t, layer, tk.ref, tv.ref);
           },
-          "ticket"_a, "layer"_a, "k"_a.none(), "v"_a = nb::none(),
+          "ticket"_a, "layer"_a, "k"_a.none(), "v"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
           "Write one layer of the ticket's tokens: k [n_tokens, n_kv_heads, head_dim], v [n_tokens,\n"
           "n_kv_heads, v_head_dim] (f32/f16/bf16; rotated at their positions in rope_mode='stored').")
       .def(
           "shift",
-          [](PyPagedCache& c, SeqId seq, int32_t n_keep, int32_t n_discard) {
+          [](PyPagedCache& c, SeqId seq, int32_t n_keep, int32_t n_discard, nb::handle stream) {
+            use_stream(c, stream);
             {
               nb::gil_scoped_release g;
               c.cache.shift(seq, n_keep, n_discard);
             }
             bump(c);
           },
-          "seq"_a, "n_keep"_a, "n_discard"_a,
+          "seq"_a, "n_keep"_a, "n_discard"_a, nb::kw_only(), "stream"_a = nb::none(),
           "Context shift: keep tokens [0, n_keep), drop [n_keep, n_keep + n_discard); later tokens move down\n"
           "by n_discard positions (metadata only in rope_mode='on_read'; rotations deferred to prepare()\n"
           "in 'stored').")
@@ -321,40 +408,44 @@ void bind_paged_cache(nb::module_& m) {
           "seqs"_a, "counts"_a, "Whether the pool has the blocks reserve(seqs, ..., counts) would take.")
       .def(
           "remove_positions",
-          [](PyPagedCache& c, SeqId seq, int32_t p0, std::optional<int32_t> p1) {
+          [](PyPagedCache& c, SeqId seq, int32_t p0, std::optional<int32_t> p1, nb::handle stream) {
+            use_stream(c, stream);
             {
               nb::gil_scoped_release g;
               c.cache.remove_positions(seq, p0, p1.value_or(PagedCache::kPosEnd));
             }
             bump(c);
           },
-          "seq"_a, "p0"_a, "p1"_a = nb::none(),
+          "seq"_a, "p0"_a, "p1"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
           "Drop every token of seq whose position p has p0 <= p < p1 (None: to the end); llama.cpp's seq_rm.")
       .def(
           "add_positions",
-          [](PyPagedCache& c, SeqId seq, int32_t p0, std::optional<int32_t> p1, int32_t delta) {
+          [](PyPagedCache& c, SeqId seq, int32_t p0, std::optional<int32_t> p1, int32_t delta, nb::handle stream) {
+            use_stream(c, stream);
             {
               nb::gil_scoped_release g;
               c.cache.add_positions(seq, p0, p1.value_or(PagedCache::kPosEnd), delta);
             }
             bump(c);
           },
-          "seq"_a, "p0"_a, "p1"_a, "delta"_a,
+          "seq"_a, "p0"_a, "p1"_a, "delta"_a, nb::kw_only(), "stream"_a = nb::none(),
           "Add delta to the positions of seq's tokens with p0 <= p < p1 (None: to the end); llama.cpp's\n"
           "seq_add. Rope-stored keys are re-rotated at the next prepare(); rope-on-read: metadata only.")
       .def(
           "truncate",
-          [](PyPagedCache& c, SeqId seq, int32_t n) {
+          [](PyPagedCache& c, SeqId seq, int32_t n, nb::handle stream) {
+            use_stream(c, stream);
             {
               nb::gil_scoped_release g;
               c.cache.truncate(seq, n);
             }
             bump(c);
           },
-          "seq"_a, "n"_a, "Keep the first n tokens (speculative-decoding rollback).")
+          "seq"_a, "n"_a, nb::kw_only(), "stream"_a = nb::none(), "Keep the first n tokens (speculative-decoding rollback).")
       .def(
           "prepare",
-          [](PyPagedCache& c) {
+          [](PyPagedCache& c, nb::handle stream) {
+            use_stream(c, stream);
             const bool pending = c.cache.needs_prepare();
             {
               nb::gil_scoped_release g;
@@ -362,13 +453,15 @@ void bind_paged_cache(nb::module_& m) {
             }
             if (pending) bump(c);
           },
+          nb::kw_only(), "stream"_a = nb::none(),
           "Apply what shifts left pending (rotations, position offsets). plan() and read() need no call.")
       .def_prop_ro("needs_prepare", [](const PyPagedCache& c) { return c.cache.needs_prepare(); })
       // ---- attention ----
       .def(
           "plan",
           [](CacheRef self, nb::handle what, nb::handle q_positions, std::optional<float> softmax_scale,
-             int32_t window, nb::handle sinks, int32_t num_splits, bool check_tables) {
+             int32_t window, nb::handle sinks, int32_t num_splits, bool check_tables, nb::handle stream) {
+            use_stream(*self.p, stream);
             const bool is_ticket = nb::isinstance<capi::Ticket>(what);
             const capi::Ticket* ticket = is_ticket ? &nb::cast<const capi::Ticket&>(what) : nullptr;
             std::vector<SeqId> seqs;
@@ -384,7 +477,7 @@ void bind_paged_cache(nb::module_& m) {
             return plan;
           },
           "ticket_or_seqs"_a, "q_positions"_a = nb::none(), nb::kw_only(), "softmax_scale"_a = nb::none(),
-          "window"_a = 0, "sinks"_a = nb::none(), "num_splits"_a = 0, "check_tables"_a = true,
+          "window"_a = 0, "sinks"_a = nb::none(), "num_splits"_a = 0, "check_tables"_a = true, "stream"_a = nb::none(),
           "Plan this step's attention. With a Ticket: its sequences, one query row per reserved token\n"
           "(decode when every count is 1, else causal prefill), at the tokens' positions. With seq ids:\n"
           "one query row each, at q_positions (default: each sequence's last position).\n"
@@ -392,7 +485,8 @@ void bind_paged_cache(nb::module_& m) {
       // ---- reading ----
       .def(
           "read",
-          [](PyPagedCache& c, SeqId seq, int32_t layer) {
+          [](PyPagedCache& c, SeqId seq, int32_t layer, nb::handle stream) {
+            use_stream(c, stream);
             PagedReadBack r;
             const bool pending = c.cache.needs_prepare();
             {
@@ -409,12 +503,13 @@ void bind_paged_cache(nb::module_& m) {
                                : numpy_from(std::move(r.v), {n, H, static_cast<size_t>(cfg.v_head_dim)});
             return nb::make_tuple(pos, k, v);
           },
-          "seq"_a, "layer"_a,
+          "seq"_a, "layer"_a, nb::kw_only(), "stream"_a = nb::none(),
           "Host copy of one layer of a sequence as numpy: (positions int32 [n], k float32 [n, heads, head_dim]\n"
           "rotated at current positions, v float32 [n, heads, v_head_dim] or None).")
       .def(
           "block_tables",
-          [](PyPagedCache& c, nb::handle seqs, bool offsets) {
+          [](PyPagedCache& c, nb::handle seqs, bool offsets, nb::handle stream) {
+            use_stream(c, stream);
             const std::vector<SeqId> s = host_i64(seqs, "seqs");
             BlockTable csr;
             const bool pending = c.cache.needs_prepare();
@@ -434,7 +529,7 @@ void bind_paged_cache(nb::module_& m) {
             }
             return d;
           },
-          "seqs"_a, "offsets"_a = false,
+          "seqs"_a, "offsets"_a = false, nb::kw_only(), "stream"_a = nb::none(),
           "Host copies (numpy int32) of the CSR block tables of seqs: a dict with indptr, indices,\n"
           "last_page_len, pos_offset (key position = positions[cell] - pos_offset[b]; 0 unless offsets=True).")
       .def(

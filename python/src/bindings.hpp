@@ -8,4 +8,5 @@ void bind_ops(nanobind::module_& m);
 void bind_attention_ops(nanobind::module_& m);
 void bind_paged_cache(nanobind::module_& m);
 void bind_dsv4(nanobind::module_& m);
+void bind_persist(nanobind::module_& m);  // after bind_paged_cache and bind_dsv4: adds methods to their classes
 }  // namespace kvcore::py

@@ -12,4 +12,5 @@ NB_MODULE(_ext, m) {
   kvcore::py::bind_attention_ops(m);
   kvcore::py::bind_paged_cache(m);
   kvcore::py::bind_dsv4(m);
+  kvcore::py::bind_persist(m);
 }

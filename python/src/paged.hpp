@@ -16,6 +16,11 @@
 namespace kvcore::py {
 
 struct PyPagedCache {
+  // Caller pool memory (PagedCache(..., pools=)): the DLPack exports that keep it allocated, and
+  // the caller's tensors as given (None when the cache allocated its pools). Declared before
+  // `cache`, so they outlive it.
+  std::vector<nb::ndarray<>> pool_arrays;
+  nb::object pools;
   PagedCache cache;
   uint64_t epoch = 0;  // bumped by every call that changes metadata
 };

@@ -48,11 +48,55 @@ nb::dlpack::dtype dl_dtype(DType t) {
   }
 }
 
+// torch.Tensor and torch.utils.dlpack.to_dlpack, once torch is imported (looked up in sys.modules;
+// never freed: they live as long as the interpreter), else null.
+struct TorchApi {
+  PyObject* tensor_type = nullptr;
+  PyObject* to_dlpack = nullptr;
+};
+const TorchApi* torch_api() {
+  static TorchApi api;
+  if (api.tensor_type) return &api;
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (!torch) return nullptr;
+  nb::object to_dlpack = nb::module_::import_("torch.utils.dlpack").attr("to_dlpack");
+  api.to_dlpack = to_dlpack.release().ptr();
+  api.tensor_type = nb::object(nb::borrow(torch).attr("Tensor")).release().ptr();
+  return &api;
+}
+
+// A torch tensor's DLPack capsule, taken with torch.utils.dlpack.to_dlpack. Not through
+// Tensor.__dlpack__(), which a generic consumer calls: that Python method costs microseconds per
+// tensor, and without a stream argument it makes the legacy default stream wait for torch's
+// current one (an event record and wait per tensor, illegal while a CUDA graph is captured).
+// kvcore's work runs on torch's current stream (or on the caller's stream=, whose ordering is the
+// caller's), so no synchronization is wanted. Tensors that require grad are refused as
+// __dlpack__ refuses them.
+bool torch_capsule(nb::handle obj, const char* name, nb::object& capsule) {
+  const TorchApi* torch = torch_api();
+  if (!torch || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(torch->tensor_type))) return false;
+  require_arg(!nb::cast<bool>(obj.attr("requires_grad")), "argument '", name,
+              "': a torch tensor that requires grad (pass tensor.detach())");
+  try {
+    capsule = nb::handle(torch->to_dlpack)(obj);
+  } catch (nb::python_error& e) {
+    throw Error(ErrorCode::InvalidArgument, detail::concat("argument '", name, "': this ", py_type_name(obj),
+                                                           " could not be taken through DLPack: ",
+                                                           nb::str(e.value()).c_str()));
+  }
+  return true;
+}
+
 }  // namespace
 
 Tensor to_tensor(nb::handle obj, const char* name, DType u8_as) {
   Tensor t;
-  if (obj.is_none() || !nb::try_cast(obj, t.held, /*convert=*/false)) {
+  nb::object capsule;
+  if (!obj.is_none() && torch_capsule(obj, name, capsule)) {
+    if (!nb::try_cast(capsule, t.held, /*convert=*/false))
+      throw Error(ErrorCode::InvalidArgument,
+                  detail::concat("argument '", name, "': torch's DLPack capsule was refused"));
+  } else if (obj.is_none() || !nb::try_cast(obj, t.held, /*convert=*/false)) {
     if (!obj.is_none() && nb::hasattr(obj, "__dlpack__"))
       throw Error(ErrorCode::InvalidArgument,
                   detail::concat("argument '", name, "': this ", py_type_name(obj),

@@ -68,11 +68,11 @@ KvPool PagedCache::Impl::pool(bool is_k, int32_t layer) const {
   if (!is_k && !has_v()) return p;
   p.format = f;
   p.head_dim = hd;
-  const Buffer& data = is_k ? k_data[layer] : v_data[layer];
-  p.data = TensorRef(data.data(), kv_format_dtype(f), dev, {cfg.num_blocks, cfg.block_size, cfg.n_kv_heads, kv_row_width(f, hd)});
+  const PoolMem& data = is_k ? k_data[layer] : v_data[layer];
+  p.data = TensorRef(data.data, kv_format_dtype(f), dev, {cfg.num_blocks, cfg.block_size, cfg.n_kv_heads, kv_row_width(f, hd)});
   if (kv_format_has_scales(f)) {
-    const Buffer& s = is_k ? k_scales[layer] : v_scales[layer];
-    p.scales = TensorRef(s.data(), DType::UE8M0, dev, {cfg.num_blocks, cfg.block_size, cfg.n_kv_heads, hd / 64});
+    const PoolMem& s = is_k ? k_scales[layer] : v_scales[layer];
+    p.scales = TensorRef(s.data, DType::UE8M0, dev, {cfg.num_blocks, cfg.block_size, cfg.n_kv_heads, hd / 64});
   }
   return p;
 }
@@ -175,8 +175,94 @@ void PagedCache::Impl::copy_blocks(const std::vector<int32_t>& pairs) {
   synchronize(dev, cfg.stream);  // the scratch list is reused by the next call; also surfaces faults here
 }
 
-PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make_unique<Impl>()) {
+const char* pool_part_name(PoolPart part) {
+  switch (part) {
+    case PoolPart::KData: return "k";
+    case PoolPart::KScales: return "k_scales";
+    case PoolPart::VData: return "v";
+    case PoolPart::VScales: return "v_scales";
+  }
+  return "?";
+}
+
+std::vector<PagedPoolSpec> paged_pool_specs(const PagedCacheConfig& config) {
   config.validate();
+  // One block more than the pools expose: the all-zero block (Impl::zero_block()).
+  const int64_t blocks = static_cast<int64_t>(config.num_blocks) + 1;
+  std::vector<PagedPoolSpec> specs;
+  auto add = [&](int32_t layer, PoolPart part, DType dtype, int64_t width) {
+    PagedPoolSpec s;
+    s.layer = layer;
+    s.part = part;
+    s.dtype = dtype;
+    s.shape = {blocks, config.block_size, config.n_kv_heads, width};
+    s.bytes = blocks * config.block_size * config.n_kv_heads * width * static_cast<int64_t>(dtype_size(dtype));
+    specs.push_back(s);
+  };
+  for (int32_t l = 0; l < config.n_layers; ++l) {
+    add(l, PoolPart::KData, kv_format_dtype(config.k_format), kv_row_width(config.k_format, config.head_dim));
+    if (kv_format_has_scales(config.k_format)) add(l, PoolPart::KScales, DType::UE8M0, config.head_dim / 64);
+    if (config.v_head_dim > 0) {
+      add(l, PoolPart::VData, kv_format_dtype(config.v_format), kv_row_width(config.v_format, config.v_head_dim));
+      if (kv_format_has_scales(config.v_format)) add(l, PoolPart::VScales, DType::UE8M0, config.v_head_dim / 64);
+    }
+  }
+  return specs;
+}
+
+namespace {
+
+std::string shape_text(const std::array<int64_t, 4>& s) {
+  return detail::concat("[", s[0], ", ", s[1], ", ", s[2], ", ", s[3], "]");
+}
+
+// Refuses (InvalidArgument naming pools[i]) caller pool memory that is not exactly what `specs` asks for.
+void check_pools(std::span<const TensorRef> pools, const std::vector<PagedPoolSpec>& specs, Device device) {
+  require_arg(pools.size() == specs.size(), "PagedCache: pools holds ", pools.size(), " arrays, the config needs ",
+              specs.size(), " (paged_pool_specs: per layer k, k_scales for fp8 K, v, v_scales for fp8 V)");
+  struct Range {
+    uintptr_t lo, hi;
+    size_t i;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    const TensorRef& t = pools[i];
+    const PagedPoolSpec& s = specs[i];
+    const std::string what = detail::concat("PagedCache: pools[", i, "] (layer ", s.layer, " ", pool_part_name(s.part), ")");
+    require_arg(t.data() != nullptr, what, " has no memory");
+    require_arg(t.device() == device, what, " is on ", t.device().str(), ", the cache on ", device.str());
+    const bool u8_ok = t.dtype() == DType::U8 && dtype_size(s.dtype) == 1;
+    require_arg(t.dtype() == s.dtype || u8_ok, what, " has dtype ", dtype_name(t.dtype()), ", needs ",
+                dtype_name(s.dtype), dtype_size(s.dtype) == 1 && s.dtype != DType::U8 ? " (or u8)" : "");
+    bool shape_ok = t.ndim() == 4;
+    for (int d = 0; shape_ok && d < 4; ++d) shape_ok = t.size(d) == s.shape[d];
+    require_arg(shape_ok, what, " has shape ", t.shape_str(), ", needs ", shape_text(s.shape),
+                " (num_blocks + 1 blocks: the last is the cache's zero block)");
+    require_arg(t.is_contiguous(), what, " must be contiguous");
+    const uintptr_t p = reinterpret_cast<uintptr_t>(t.data());
+    require_arg(p % PagedPoolSpec::kAlignment == 0, what, " at ", t.data(), " is not ", PagedPoolSpec::kAlignment,
+                "-byte aligned");
+    ranges.push_back({p, p + static_cast<uintptr_t>(s.bytes), i});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+  for (size_t j = 1; j < ranges.size(); ++j)
+    require_arg(ranges[j].lo >= ranges[j - 1].hi, "PagedCache: pools[", ranges[j - 1].i, "] and pools[", ranges[j].i,
+                "] overlap (every pool array needs its own memory)");
+}
+
+}  // namespace
+
+PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make_unique<Impl>()) {
+  impl().init(std::move(config), device, nullptr);
+}
+
+PagedCache::PagedCache(PagedCacheConfig config, Device device, std::span<const TensorRef> pools)
+    : impl_(std::make_unique<Impl>()) {
+  impl().init(std::move(config), device, &pools);
+}
+
+void PagedCache::Impl::init(PagedCacheConfig config, Device device, const std::span<const TensorRef>* maybe_pools) {
+  const std::vector<PagedPoolSpec> specs = paged_pool_specs(config);  // validates the config
   checks::device_known("PagedCache", device);
   checks::backend_available("PagedCache", device);
   if (config.kvcore_attention && config.k_format != KvFormat::Dsv4Row) {
@@ -188,12 +274,13 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
                 ", head_dim ", config.head_dim, ", v_head_dim ", config.v_head_dim,
                 "); set kvcore_attention = false for pages an engine reads itself");
   }
-  Impl& m = impl();
+  require_arg(!config.debug_mirror || device.is_cpu(), "PagedCacheConfig.debug_mirror is for CPU caches, got ", device.str());
+  if (maybe_pools) check_pools(*maybe_pools, specs, device);
+  Impl& m = *this;
   m.cfg = std::move(config);
   m.dev = device;
   m.lay = PagedLayout{m.cfg.block_size, m.cfg.n_kv_heads, m.cfg.head_dim};
   m.meta.init(m.cfg.block_size, m.cfg.num_blocks);
-  require_arg(!m.cfg.debug_mirror || device.is_cpu(), "PagedCacheConfig.debug_mirror is for CPU caches, got ", device.str());
   for (int32_t l = 0; l < m.cfg.n_layers; ++l) m.rope.push_back(make_rope_table(m.cfg.rope_for(l), m.cfg.head_dim));
   m.shared_angles = m.cfg.rope_mode == RopeMode::RopeStored && m.rope[0].layout.n_pairs() > 0;
   for (const math::RopeTable& t : m.rope)
@@ -203,25 +290,25 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
   static std::atomic<uint64_t> next_cache_id{1};
   m.id = next_cache_id.fetch_add(1);
   m.ticket_key = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^ (m.id * 0x9e3779b97f4a7c15ull);
-  // One block more than the pools expose: the all-zero block (Impl::zero_block()).
-  const int64_t cells_heads = (m.num_cells() + m.cfg.block_size) * m.cfg.n_kv_heads;
-  auto alloc = [&](std::vector<Buffer>& v, int64_t bytes_per_row) {
-    Buffer b(static_cast<size_t>(cells_heads * bytes_per_row), device);
-    fill_bytes(b.data(), device, 0, b.size(), m.cfg.stream);
-    v.push_back(std::move(b));
-    m.arrays.push_back({v.back().as<uint8_t>(), bytes_per_row * m.cfg.block_size * m.cfg.n_kv_heads});
-    m.bytes_per_block += m.arrays.back().block_bytes;
-  };
-  auto data_bytes = [](KvFormat f, int32_t hd) {
-    return static_cast<int64_t>(kv_row_width(f, hd)) * static_cast<int64_t>(dtype_size(kv_format_dtype(f)));
-  };
-  for (int32_t l = 0; l < m.cfg.n_layers; ++l) {
-    alloc(m.k_data, data_bytes(m.cfg.k_format, m.cfg.head_dim));
-    if (kv_format_has_scales(m.cfg.k_format)) alloc(m.k_scales, m.cfg.head_dim / 64);
-    if (m.has_v()) {
-      alloc(m.v_data, data_bytes(m.cfg.v_format, m.cfg.v_head_dim));
-      if (kv_format_has_scales(m.cfg.v_format)) alloc(m.v_scales, m.cfg.v_head_dim / 64);
+  m.owns_pools = maybe_pools == nullptr;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const PagedPoolSpec& s = specs[i];
+    PoolMem mem;
+    if (maybe_pools) {
+      mem.data = static_cast<uint8_t*>((*maybe_pools)[i].data());
+    } else {
+      mem.owned = Buffer(static_cast<size_t>(s.bytes), device);
+      mem.data = mem.owned.as<uint8_t>();
     }
+    fill_bytes(mem.data, device, 0, static_cast<size_t>(s.bytes), m.cfg.stream);
+    std::vector<PoolMem>& v = s.part == PoolPart::KData    ? m.k_data
+                              : s.part == PoolPart::KScales ? m.k_scales
+                              : s.part == PoolPart::VData   ? m.v_data
+                                                            : m.v_scales;
+    v.push_back(std::move(mem));
+    const int64_t block_bytes = s.bytes / s.shape[0];
+    m.arrays.push_back({v.back().data, block_bytes});
+    m.bytes_per_block += block_bytes;
   }
   if (m.mirrored()) {
     m.pos_dev = Buffer(static_cast<size_t>(m.num_cells()) * 4, device);
@@ -230,6 +317,8 @@ PagedCache::PagedCache(PagedCacheConfig config, Device device) : impl_(std::make
     m.sync_cells(0, m.cfg.num_blocks);
   }
   if (device.is_cuda()) m.arrays_dev = Buffer::from_host(m.arrays, device);
+  // Caller memory is zeroed on the caller's stream: finish before the caller sees the cache.
+  if (maybe_pools && device.is_cuda()) synchronize(device, m.cfg.stream);
 }
 
 PagedCache::Impl& PagedCache::impl() {
@@ -248,6 +337,8 @@ PagedCache& PagedCache::operator=(PagedCache&&) noexcept = default;
 
 const PagedCacheConfig& PagedCache::config() const { return impl().cfg; }
 Device PagedCache::device() const { return impl().dev; }
+bool PagedCache::owns_pools() const { return impl().owns_pools; }
+void PagedCache::set_stream(Stream stream) { impl().cfg.stream = stream; }
 PagedLayout PagedCache::layout() const { return impl().lay; }
 
 TensorRef PagedCache::positions() const {
@@ -361,8 +452,8 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
   if (m.has_v()) out.v.reserve(static_cast<size_t>(s.n_live) * H * DV);
 
   // Bring one block of a pool array to the host (a view on the CPU).
-  auto block_bytes = [&](const Buffer& buf, int64_t block_bytes, int32_t b, std::vector<uint8_t>& tmp) -> const uint8_t* {
-    const uint8_t* src = buf.as<uint8_t>() + b * block_bytes;
+  auto block_bytes = [&](const Impl::PoolMem& buf, int64_t block_bytes, int32_t b, std::vector<uint8_t>& tmp) -> const uint8_t* {
+    const uint8_t* src = buf.data + b * block_bytes;
     if (m.dev.is_cpu()) return src;
     tmp.resize(static_cast<size_t>(block_bytes));
     copy_bytes(tmp.data(), Device::cpu(), src, m.dev, tmp.size(), m.cfg.stream);

@@ -15,7 +15,13 @@ struct PagedCache::Impl {
   PagedLayout lay;
   PagedMeta meta;
   std::vector<math::RopeTable> rope;  // per layer
-  std::vector<Buffer> k_data, k_scales, v_data, v_scales;  // per layer
+  // One pool array: memory the cache allocated (owned), or the caller's (owned empty).
+  struct PoolMem {
+    Buffer owned;
+    uint8_t* data = nullptr;
+  };
+  std::vector<PoolMem> k_data, k_scales, v_data, v_scales;  // per layer
+  bool owns_pools = true;
   // CUDA mirrors of the per-cell arrays (on the CPU the host arrays are the contract arrays).
   Buffer pos_dev, valid_dev, pending_dev;
   // Every pool array, for copy-on-write block copies (device table on CUDA).
@@ -46,6 +52,8 @@ struct PagedCache::Impl {
                    const int32_t* maybe_block_delta = nullptr);
   void mirror_scatter(const int32_t* packed, int32_t n_blocks);
   void mirror_set_cells(const int32_t* slots, const int32_t* stored, int32_t n);  // device lists
+  // The constructors' body: validates, then allocates the pools (maybe_pools: the caller's, checked).
+  void init(PagedCacheConfig config, Device device, const std::span<const TensorRef>* maybe_pools);
   void check_usable() const;
   int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
 

@@ -3,15 +3,12 @@
 #include <vector>
 
 #include "capi/capi_guard.hpp"
+#include "capi/handles.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
 
 using namespace kvcore;
 using capi::guard;
 using capi::need;
-
-struct kvc_dsv4_cache {
-  Dsv4Cache cache;
-};
 
 namespace {
 

@@ -4,27 +4,13 @@
 #include <vector>
 
 #include "capi/capi_guard.hpp"
+#include "capi/handles.hpp"
 #include "capi/paged_plan.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 
 using namespace kvcore;
 using capi::guard;
 using capi::need;
-
-// The handles. epoch counts the metadata changes made through the C API, so a plan can tell it
-// went stale.
-struct kvc_paged_cache {
-  PagedCache cache;
-  uint64_t epoch = 0;
-};
-struct kvc_ticket {
-  capi::Ticket t;
-};
-struct kvc_attention_plan {
-  kvc_paged_cache* owner;
-  uint64_t epoch;
-  capi::PagedPlan plan;
-};
 
 namespace {
 
@@ -54,6 +40,28 @@ capi::PagedPlanOptions plan_options(const kvc_attention_options* opt, const char
 
 }  // namespace
 
+PagedCacheConfig capi::paged_config(const kvc_paged_config* cfg, const char* fn) {
+  const kvc_paged_config c = capi::read_versioned(cfg, config_defaults(), fn, "cfg");
+  PagedCacheConfig p;
+  p.n_layers = c.n_layers;
+  p.n_kv_heads = c.n_kv_heads;
+  p.head_dim = c.head_dim;
+  p.v_head_dim = c.v_head_dim;
+  p.block_size = c.block_size;
+  p.num_blocks = c.num_blocks;
+  p.k_format = format(c.k_format, fn, "k_format");
+  p.v_format = format(c.v_format, fn, "v_format");
+  require_arg(c.rope_mode == KVC_ROPE_STORED || c.rope_mode == KVC_ROPE_ON_READ, fn, ": rope_mode ", c.rope_mode,
+              " is not KVC_ROPE_STORED or KVC_ROPE_ON_READ");
+  p.rope_mode = c.rope_mode == KVC_ROPE_STORED ? RopeMode::RopeStored : RopeMode::RopeOnRead;
+  p.strict_positions = c.strict_positions != 0;
+  require_arg(c.n_rope >= 1 && c.rope, fn, ": rope must point to n_rope >= 1 specs, got n_rope ", c.n_rope);
+  for (int32_t i = 0; i < c.n_rope; ++i) p.rope.push_back(capi::rope_spec(&c.rope[i], fn));
+  p.stream = capi::stream(c.stream);
+  p.kvcore_attention = c.kvcore_attention != 0;
+  return p;
+}
+
 extern "C" {
 
 void kvc_paged_config_init(kvc_paged_config* cfg) {
@@ -81,24 +89,7 @@ kvc_status kvc_paged_create(const kvc_paged_config* cfg, kvc_device device, kvc_
   return guard([&] {
     constexpr const char* fn = "kvc_paged_create";
     need(out, fn, "out");
-    const kvc_paged_config c = capi::read_versioned(cfg, config_defaults(), fn, "cfg");
-    PagedCacheConfig p;
-    p.n_layers = c.n_layers;
-    p.n_kv_heads = c.n_kv_heads;
-    p.head_dim = c.head_dim;
-    p.v_head_dim = c.v_head_dim;
-    p.block_size = c.block_size;
-    p.num_blocks = c.num_blocks;
-    p.k_format = format(c.k_format, fn, "k_format");
-    p.v_format = format(c.v_format, fn, "v_format");
-    require_arg(c.rope_mode == KVC_ROPE_STORED || c.rope_mode == KVC_ROPE_ON_READ, fn, ": rope_mode ", c.rope_mode,
-                " is not KVC_ROPE_STORED or KVC_ROPE_ON_READ");
-    p.rope_mode = c.rope_mode == KVC_ROPE_STORED ? RopeMode::RopeStored : RopeMode::RopeOnRead;
-    p.strict_positions = c.strict_positions != 0;
-    require_arg(c.n_rope >= 1 && c.rope, fn, ": rope must point to n_rope >= 1 specs, got n_rope ", c.n_rope);
-    for (int32_t i = 0; i < c.n_rope; ++i) p.rope.push_back(capi::rope_spec(&c.rope[i], fn));
-    p.stream = capi::stream(c.stream);
-    p.kvcore_attention = c.kvcore_attention != 0;
+    PagedCacheConfig p = capi::paged_config(cfg, fn);
     auto h = std::unique_ptr<kvc_paged_cache>(new kvc_paged_cache{PagedCache(std::move(p), capi::device(device)), 0});
     *out = h.release();
   });

@@ -1,7 +1,11 @@
 #include "kvcore/buffer.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <utility>
 
 #include "core/cuda_backend.hpp"
@@ -14,9 +18,19 @@ Buffer::Buffer(size_t bytes, Device device, size_t alignment) : bytes_(bytes), d
   require_arg(alignment > 0 && (alignment & (alignment - 1)) == 0, "Buffer: alignment must be a power of two, got ", alignment);
   if (bytes == 0) return;
   if (device.is_cpu()) {
+    // Large buffers (K/V pools, read block by block in any order) go on 2 MiB pages where
+    // the kernel gives them on request (transparent huge pages in "madvise" mode): with
+    // 4 KiB pages every scattered block costs TLB misses and the hardware prefetchers
+    // stop at each page.
+    constexpr size_t kHuge = size_t{2} << 20;
+    const bool huge = bytes >= 2 * kHuge;
+    if (huge) alignment = std::max(alignment, kHuge);
     const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     data_ = std::aligned_alloc(alignment, rounded);
     require(data_ != nullptr, ErrorCode::OutOfMemory, "Buffer: cannot allocate ", bytes, " bytes on cpu");
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (huge) (void)madvise(data_, rounded, MADV_HUGEPAGE);  // a hint: where refused, small pages serve
+#endif
     return;
   }
 #if KVCORE_WITH_CUDA

@@ -2,16 +2,18 @@
 // once with Highway and compiled for every target of simd_config.hpp.
 //
 // A task covers one query row, a range of kv heads and one split of the cells.
-// Per tile of kTile cells, cell by cell and within a cell head by head (a cell's
-// heads lie side by side, so the task reads contiguous runs): each visible K row
-// is decoded to f32 once (rotated when rope-on-read asks, with cos/sin computed
-// once per cell), then dotted with every query head of its group (four heads at
-// a time, vectors over head dims). Per kv head, the tile's scores get one rescale
-// and exp2 per query head (vectors over cells); then the value pass walks the
-// head dims in vector columns and, per column, every visible V row, so each
-// group's accumulators stay in registers while the rows stream by. The next
-// tile's rows are prefetched into L2. Shapes: any head dim that is a multiple of
-// 8 (a column is a full vector, or 8 lanes at the end).
+// Per tile of kTile cells: the visible cells are listed once (block table, masks);
+// then per kv head, the score pass takes kKeys K rows at a time and walks the head
+// dims in vectors: each vector of each row is decoded to f32 once and multiplied
+// into every query head of the group, whose query vectors are loaded once for the
+// kKeys rows; each (row, head) keeps a vector accumulator, reduced across lanes once
+// at the end, four sums at a time. Rope on read decodes and rotates the tile's K
+// rows into an f32 buffer first (cos/sin once per cell for every head). The tile's
+// scores get one rescale and exp2 per query head (vectors over cells); then the
+// value pass walks the head dims in columns of kCols vectors and, per column, every
+// visible V row, so the group's accumulators stay in registers while the rows
+// stream by. The next tile's rows are prefetched into L2. Shapes: any head dim
+// that is a multiple of 8 (a column is a full vector, or 8 lanes at the end).
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -36,8 +38,18 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using DTail = hn::CappedTag<float, 8>;  // the last 8 dims when a full vector holds 16
 
-constexpr int32_t kTile = 32;  // cells per tile (a multiple of every target's lane count)
+constexpr int32_t kTile = 32;  // cells per tile (a multiple of every target's lane count and of kKeys)
 constexpr int32_t kHeads = 4;  // query heads per register block
+// Register blocking: K rows per score block and vectors per value column. Targets
+// with 32 vector registers hold 4 rows x 4 heads of score accumulators (plus 4 query
+// vectors) and 4 heads x 4 vectors of value accumulators; the others half of each.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kKeys = 4;
+constexpr int kCols = 4;
+#else
+constexpr int kKeys = 2;
+constexpr int kCols = 2;
+#endif
 
 // A K or V row of one (cell, kv head): its bytes and its e4m3 scales.
 struct KvRow {
@@ -48,16 +60,25 @@ struct KvRow {
 
 struct Task {
   const PagedAttentionParams& p;
-  int32_t D, G, Dp;  // head dim, group size, head dim padded to two vectors (q, acc and krow strides)
+  int32_t D, G, Dp;  // head dim, group size, head dim padded to two vectors (q and acc strides)
   float* q;          // [G][Dp] scaled queries, zero padded
   float* acc;        // [G][Dp]
-  float* krow;       // [Dp] the current K row as f32, zero padded (shared by the task's kv heads)
-  float* s;          // [G][kTile] scores, then weights
-  float* w;          // [G][kTile] weights of the visible cells, in order
-  KvRow* vrows;      // [kTile] V rows of the visible cells
-  float* freq;       // rope-on-read: [padded pairs] frequencies, zero padded
-  float* cs;         // rope-on-read: [padded pairs] cos and sin at the current key's position
+  float* s;          // [G][kTile] scores, then weights, of the tile's visible cells in order (-inf past them)
+};
+
+// What the tile's kv heads share: the visible cells and, per kv head in turn, their rows.
+struct Tile {
+  int32_t n_vis;
+  int64_t cells[kTile];  // the visible cells, in order
+  KvRow krows[kTile];    // K rows of the current kv head (padded to a multiple of kKeys)
+  KvRow vrows[kTile];    // V rows of the current kv head
+  float* kbuf;           // rope on read: [kTile][Dp] the rotated K rows as f32
+  float* freq;           // rope on read: [padded pairs] frequencies, zero padded
+  float* cs;             // rope on read: [kTile][padded pairs] cos and sin at each visible key's position
   float* sn;
+  int32_t pairs_p;
+  int32_t n_next;
+  int64_t next_cells[kTile];  // the next tile's cells (visible or not), for prefetching
 };
 
 template <math::KvElem E>
@@ -69,76 +90,150 @@ HWY_INLINE float ChunkScale(const KvRow& row, int32_t d) {
   }
 }
 
+// An e4m3 row's values at dims [off, off + Lanes(d)), 2^-8 times the e4m3 values.
+template <bool kFinite, class D>
+HWY_INLINE hn::Vec<D> LoadOver256(D d, const KvRow& row, int32_t off) {
+  if constexpr (kFinite) return LoadE4m3Over256Finite(d, row.data, off);
+  else return LoadE4m3Over256(d, row.data, off);
+}
+
 // The row's values at dims [off, off + Lanes(d)) times their scale. E4M3 multiplies the
 // widened byte by 256 * scale at once: the same value as the scalar path's
 // (value * 256) * scale unless 256 * scale overflows (scales of 2^120 and more).
-template <math::KvElem E, class D>
+// kFinite: the row holds no e4m3 NaN code (E4m3RowHasNan), which a shorter decode needs.
+template <math::KvElem E, bool kFinite = false, class D>
 HWY_INLINE hn::Vec<D> LoadScaled(D d, const KvRow& row, int32_t off) {
   if constexpr (E != math::KvElem::E4M3) return LoadKv<E>(d, row.data, off);
-  else return hn::Mul(LoadE4m3Over256(d, row.data, off), hn::Set(d, 256.0f * ChunkScale<E>(row, off)));
+  else return hn::Mul(LoadOver256<kFinite>(d, row, off), hn::Set(d, 256.0f * ChunkScale<E>(row, off)));
 }
 
-template <math::KvElem E>
-KvRow RowOf(const PagedAttentionParams& p, bool is_k, int64_t cell, int32_t kvh) {
-  const int64_t row = cell * p.layout.n_kv_heads + kvh;
-  constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
-  KvRow r{static_cast<const uint8_t*>(is_k ? p.k : p.v) + row * p.layout.head_dim * kBytes, nullptr, 1.0f};
-  if (p.scale_mode == math::KvScaleMode::Ue8m0Per64)
-    r.scale_u8 = (is_k ? p.maybe_k_scale_u8 : p.maybe_v_scale_u8) + row * (p.layout.head_dim / 64);
-  else if (p.scale_mode == math::KvScaleMode::F32PerRow)
-    r.scale_f32 = (is_k ? p.maybe_k_scale_f32 : p.maybe_v_scale_f32)[row];
-  return r;
-}
-
-// krow[0, D) = the K row as f32.
-template <math::KvElem E>
-void DecodeRow(const Task& t, const KvRow& row) {
+// Scores of K rows rows[0 .. kK) against query heads g0 .. g0 + kG, into
+// s[g][j0 + k]: each vector of dims of each row is decoded once and multiplied into
+// every head; the heads' query vectors are loaded once for all kK rows.
+template <math::KvElem E, bool kFinite, int kK, int kG>
+HWY_INLINE void DotsKeys(const Task& t, const KvRow* rows, int32_t g0, int32_t j0) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  hn::Vec<DF> a[kK][kG];
+  for (int k = 0; k < kK; ++k)
+    for (int g = 0; g < kG; ++g) a[k][g] = hn::Zero(df);
+  // E4M3: each row's scale times 2^8, once per chunk of 64 dims (UE8M0) or per row.
+  hn::Vec<DF> sc[kK];
+  const bool per_chunk = E == math::KvElem::E4M3 && rows[0].scale_u8 != nullptr;
+  const auto scales_at = [&](int32_t d) {
+    for (int k = 0; k < kK; ++k) sc[k] = hn::Set(df, 256.0f * ChunkScale<E>(rows[k], d));
+  };
+  if constexpr (E == math::KvElem::E4M3) scales_at(0);
   int32_t d = 0;
-  for (; d + N <= t.D; d += N) hn::StoreU(LoadScaled<E>(df, row, d), df, t.krow + d);
-  if (d < t.D) {
-    const DTail dt;
-    hn::StoreU(LoadScaled<E>(dt, row, d), dt, t.krow + d);
-  }
-}
-
-// Scores of heads g0 .. g0 + kG against krow, into s[g][i].
-template <int kG>
-void Dots(const Task& t, int32_t g0, int32_t i) {
-  const DF df;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-  hn::Vec<DF> a0[kG], a1[kG];
-  for (int g = 0; g < kG; ++g) a0[g] = a1[g] = hn::Zero(df);
-  for (int32_t d = 0; d < t.Dp; d += 2 * N) {
-    const auto k0 = hn::LoadU(df, t.krow + d), k1 = hn::LoadU(df, t.krow + d + N);
-    for (int g = 0; g < kG; ++g) {
-      const float* qg = t.q + (g0 + g) * t.Dp + d;
-      a0[g] = hn::MulAdd(hn::LoadU(df, qg), k0, a0[g]);
-      a1[g] = hn::MulAdd(hn::LoadU(df, qg + N), k1, a1[g]);
+  for (; d + N <= t.D; d += N) {
+    if (per_chunk && d > 0 && d % 64 == 0) scales_at(d);
+    hn::Vec<DF> q[kG];
+    for (int g = 0; g < kG; ++g) q[g] = hn::LoadU(df, t.q + (g0 + g) * t.Dp + d);
+    for (int k = 0; k < kK; ++k) {
+      hn::Vec<DF> kv;
+      if constexpr (E == math::KvElem::E4M3) kv = hn::Mul(LoadOver256<kFinite>(df, rows[k], d), sc[k]);
+      else kv = LoadKv<E>(df, rows[k].data, d);
+      for (int g = 0; g < kG; ++g) a[k][g] = hn::MulAdd(q[g], kv, a[k][g]);
     }
   }
-  if constexpr (kG == 4) {
-    float sums[4];
-    SumOfLanes4(df, hn::Add(a0[0], a1[0]), hn::Add(a0[1], a1[1]), hn::Add(a0[2], a1[2]), hn::Add(a0[3], a1[3]), sums);
-    for (int g = 0; g < 4; ++g) t.s[(g0 + g) * kTile + i] = sums[g];
-  } else {
-    for (int g = 0; g < kG; ++g) t.s[(g0 + g) * kTile + i] = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0[g], a1[g])));
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (hn::MaxLanes(df) >= 16) {
+    if (d < t.D) {  // the last 8 dims of a 16-lane vector; q is zero padded past D
+      const hn::Half<DF> dh;
+      hn::Vec<DF> q[kG];
+      for (int g = 0; g < kG; ++g) q[g] = hn::LoadU(df, t.q + (g0 + g) * t.Dp + d);
+      for (int k = 0; k < kK; ++k) {
+        const auto kv = hn::ZeroExtendVector(df, LoadScaled<E, kFinite>(dh, rows[k], d));
+        for (int g = 0; g < kG; ++g) a[k][g] = hn::MulAdd(q[g], kv, a[k][g]);
+      }
+    }
+  }
+#endif
+  for (int g = 0; g < kG; ++g) {
+    float* out = t.s + (g0 + g) * kTile + j0;
+    if constexpr (kK == 4) {
+      SumOfLanes4(df, a[0][g], a[1][g], a[2][g], a[3][g], out);
+    } else {
+      for (int k = 0; k < kK; ++k) out[k] = hn::GetLane(hn::SumOfLanes(df, a[k][g]));
+    }
   }
 }
 
-// acc[g][d .. d + kU * Lanes) += sum over the visible cells j of w[g][j] * V_j, heads g0 .. g0 + kG.
-template <math::KvElem E, int kG, int kU, class D>
-HWY_INLINE void ValueColumns(D dv, const Task& t, int32_t g0, int32_t n_vis, int32_t d) {
+// One cache line toward L2 (a tile ahead is more than L1 holds). An asm statement on
+// x86: GCC deletes loops whose only effect is __builtin_prefetch (it assumes such
+// loops finish without effects).
+HWY_INLINE void PrefetchLine(const uint8_t* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+// The next tile's K and V bytes of the task's kv heads (a contiguous run per cell),
+// asked for in address order a few lines at a time while the current tile is
+// computed: spread over the work, since a burst of requests fills the core's miss
+// queues and stalls it, and in order, so that the L2 stream prefetcher follows on.
+struct NextRows {
+  const uint8_t* k;  // K and V pools at the first kv head's row of cell 0
+  const uint8_t* v;
+  const int64_t* cells;  // the next tile's cells
+  int64_t cell_bytes;    // n_kv_heads rows
+  int64_t run_lines;     // 64-byte lines per cell run
+  int64_t total;         // lines in all: cells x run_lines
+  int64_t cursor = 0;
+
+  HWY_INLINE void ask(int64_t lines) {
+    const int64_t end = std::min(total, cursor + lines);
+    for (; cursor < end; ++cursor) {
+      const int64_t off = cells[cursor / run_lines] * cell_bytes + cursor % run_lines * 64;
+      PrefetchLine(k + off);
+      PrefetchLine(v + off);
+    }
+  }
+};
+
+// Scores of the tile's visible cells for every head of the task's group, kKeys
+// rows at a time (tile.krows is padded to a multiple of kKeys).
+template <math::KvElem E, bool kFinite>
+void ScoresAll(const Task& t, const Tile& tile, NextRows& next, int64_t lines_per_block) {
+  for (int32_t j0 = 0; j0 < tile.n_vis; j0 += kKeys) {
+    next.ask(lines_per_block);
+    for (int32_t g0 = 0; g0 < t.G; g0 += kHeads) {
+      switch (std::min(kHeads, t.G - g0)) {
+        case 1: DotsKeys<E, kFinite, kKeys, 1>(t, tile.krows + j0, g0, j0); break;
+        case 2: DotsKeys<E, kFinite, kKeys, 2>(t, tile.krows + j0, g0, j0); break;
+        case 3: DotsKeys<E, kFinite, kKeys, 3>(t, tile.krows + j0, g0, j0); break;
+        default: DotsKeys<E, kFinite, kKeys, 4>(t, tile.krows + j0, g0, j0); break;
+      }
+    }
+  }
+  for (int32_t g = 0; g < t.G; ++g)
+    for (int32_t j = tile.n_vis; j < kTile; ++j) t.s[g * kTile + j] = math::neg_inf_f32();
+}
+
+// acc[g][d .. d + kU * Lanes) += sum over the visible cells j of s[g][j] * V_j, heads g0 .. g0 + kG.
+// An e4m3 column lies inside one scale chunk of 64 dims (widths and offsets are powers
+// of two up to 64), so the chunk's scale (times 2^8) goes into the weights: a power of
+// two, exact either way.
+template <math::KvElem E, bool kFinite, int kG, int kU, class D>
+HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, int32_t d) {
   const int32_t N = static_cast<int32_t>(hn::Lanes(dv));
   hn::Vec<D> a[kG][kU];
   for (int g = 0; g < kG; ++g)
     for (int u = 0; u < kU; ++u) a[g][u] = hn::LoadU(dv, t.acc + (g0 + g) * t.Dp + d + u * N);
   for (int32_t j = 0; j < n_vis; ++j) {
     hn::Vec<D> v[kU];
-    for (int u = 0; u < kU; ++u) v[u] = LoadScaled<E>(dv, t.vrows[j], d + u * N);
+    float scale = 1.0f;
+    if constexpr (E == math::KvElem::E4M3) {
+      for (int u = 0; u < kU; ++u) v[u] = LoadOver256<kFinite>(dv, vrows[j], d + u * N);
+      scale = 256.0f * ChunkScale<E>(vrows[j], d);
+    } else {
+      for (int u = 0; u < kU; ++u) v[u] = LoadScaled<E>(dv, vrows[j], d + u * N);
+    }
     for (int g = 0; g < kG; ++g) {
-      const auto wg = hn::Set(dv, t.w[(g0 + g) * kTile + j]);
+      const float w = t.s[(g0 + g) * kTile + j];
+      const auto wg = hn::Set(dv, E == math::KvElem::E4M3 ? w * scale : w);
       for (int u = 0; u < kU; ++u) a[g][u] = hn::MulAdd(wg, v[u], a[g][u]);
     }
   }
@@ -146,35 +241,24 @@ HWY_INLINE void ValueColumns(D dv, const Task& t, int32_t g0, int32_t n_vis, int
     for (int u = 0; u < kU; ++u) hn::StoreU(a[g][u], dv, t.acc + (g0 + g) * t.Dp + d + u * N);
 }
 
-template <math::KvElem E, int kG>
-void ValuePass(const Task& t, int32_t g0, int32_t n_vis) {
+template <math::KvElem E, bool kFinite, int kG>
+void ValuePass(const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
   int32_t d = 0;
-  for (; d + 2 * N <= t.D; d += 2 * N) ValueColumns<E, kG, 2>(df, t, g0, n_vis, d);
-  for (; d + N <= t.D; d += N) ValueColumns<E, kG, 1>(df, t, g0, n_vis, d);
-  if (d < t.D) ValueColumns<E, kG, 1>(DTail(), t, g0, n_vis, d);
+  for (; d + kCols * N <= t.D; d += kCols * N) ValueColumns<E, kFinite, kG, kCols>(df, t, vrows, g0, n_vis, d);
+  for (; d + N <= t.D; d += N) ValueColumns<E, kFinite, kG, 1>(df, t, vrows, g0, n_vis, d);
+  if (d < t.D) ValueColumns<E, kFinite, kG, 1>(DTail(), t, vrows, g0, n_vis, d);
 }
 
-template <math::KvElem E>
-void ValuePassAll(const Task& t, int32_t n_vis) {
+template <math::KvElem E, bool kFinite>
+void ValuePassAll(const Task& t, const KvRow* vrows, int32_t n_vis) {
   for (int32_t g0 = 0; g0 < t.G; g0 += kHeads) {
     switch (std::min(kHeads, t.G - g0)) {
-      case 1: ValuePass<E, 1>(t, g0, n_vis); break;
-      case 2: ValuePass<E, 2>(t, g0, n_vis); break;
-      case 3: ValuePass<E, 3>(t, g0, n_vis); break;
-      default: ValuePass<E, 4>(t, g0, n_vis); break;
-    }
-  }
-}
-
-void DotsAll(const Task& t, int32_t i) {
-  for (int32_t g0 = 0; g0 < t.G; g0 += kHeads) {
-    switch (std::min(kHeads, t.G - g0)) {
-      case 1: Dots<1>(t, g0, i); break;
-      case 2: Dots<2>(t, g0, i); break;
-      case 3: Dots<3>(t, g0, i); break;
-      default: Dots<4>(t, g0, i); break;
+      case 1: ValuePass<E, kFinite, 1>(t, vrows, g0, n_vis); break;
+      case 2: ValuePass<E, kFinite, 2>(t, vrows, g0, n_vis); break;
+      case 3: ValuePass<E, kFinite, 3>(t, vrows, g0, n_vis); break;
+      default: ValuePass<E, kFinite, 4>(t, vrows, g0, n_vis); break;
     }
   }
 }
@@ -205,17 +289,6 @@ void SoftmaxTile(const Task& t, math::OnlineSoftmax* sm) {
   }
 }
 
-// One cache line toward L2 (a tile ahead is more than L1 holds). An asm statement on
-// x86: GCC deletes loops whose only effect is __builtin_prefetch (it assumes such
-// loops finish without effects).
-HWY_INLINE void PrefetchLine(const uint8_t* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht1 %0" : : "m"(*p));
-#else
-  __builtin_prefetch(p, 0, 2);
-#endif
-}
-
 // Asks for the K and V rows of cells [j0, j1) of sequence b, kv heads [h0, h1) (contiguous
 // in a cell), ahead of their use: blocks sit anywhere, which the hardware prefetchers
 // cannot follow.
@@ -236,40 +309,115 @@ void PrefetchCells(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t
 
 struct Scratch {
   std::vector<float> f;
-  std::vector<KvRow> rows;
   std::vector<math::OnlineSoftmax> sm;
   std::vector<Task> tasks;
+  Tile tile;
 };
 
-// Kv heads [h0, h1) of row r, split `split`. Cells are walked in order and, per cell,
-// the heads in order, so K (and, prefetched, V) are read as contiguous runs of
-// (h1 - h0) rows: the pool keeps a cell's heads side by side.
+// Lists the visible cells of cells [t0, t0 + n) of sequence b for a query at q_pos.
+void ListVisible(const PagedAttentionParams& p, int32_t b, int32_t t0, int32_t n, int32_t q_pos, Tile& tile) {
+  const int32_t bs = p.layout.block_size;
+  tile.n_vis = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t j = t0 + i;
+    const int64_t cell = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs);
+    if (attention_cell_visible(p, cell, q_pos)) tile.cells[tile.n_vis++] = cell;
+  }
+}
+
+// The K and V rows of the tile's visible cells for kv head kvh, padded to a multiple of
+// kKeys with the first row (their scores are overwritten with -inf). With rope on read
+// the K rows are decoded and rotated into tile.kbuf (cos/sin of tile.cs / tile.sn).
+template <math::KvElem E>
+void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& tile) {
+  const int32_t n = tile.n_vis;
+  // Field by field: whole KvRow values built on the stack cost a store-forwarding stall each.
+  constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
+  const int64_t nkv = p.layout.n_kv_heads, row_bytes = int64_t{t.D} * kBytes;
+  const auto* kb = static_cast<const uint8_t*>(p.k) + kvh * row_bytes;
+  const auto* vb = static_cast<const uint8_t*>(p.v) + kvh * row_bytes;
+  for (int32_t j = 0; j < n; ++j) {
+    tile.krows[j].data = kb + tile.cells[j] * nkv * row_bytes;
+    tile.vrows[j].data = vb + tile.cells[j] * nkv * row_bytes;
+  }
+  if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
+    const int64_t chunks = t.D / 64;
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t row = tile.cells[j] * nkv + kvh;
+      tile.krows[j].scale_u8 = p.maybe_k_scale_u8 + row * chunks;
+      tile.vrows[j].scale_u8 = p.maybe_v_scale_u8 + row * chunks;
+      tile.krows[j].scale_f32 = tile.vrows[j].scale_f32 = 1.0f;
+    }
+  } else if (p.scale_mode == math::KvScaleMode::F32PerRow) {
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t row = tile.cells[j] * nkv + kvh;
+      tile.krows[j].scale_u8 = tile.vrows[j].scale_u8 = nullptr;
+      tile.krows[j].scale_f32 = p.maybe_k_scale_f32[row];
+      tile.vrows[j].scale_f32 = p.maybe_v_scale_f32[row];
+    }
+  } else {
+    for (int32_t j = 0; j < n; ++j) {
+      tile.krows[j].scale_u8 = tile.vrows[j].scale_u8 = nullptr;
+      tile.krows[j].scale_f32 = tile.vrows[j].scale_f32 = 1.0f;
+    }
+  }
+  if (p.rope_on_read) {
+    const DF df;
+    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+    for (int32_t j = 0; j < n; ++j) {
+      float* row = tile.kbuf + j * t.Dp;
+      int32_t d = 0;
+      for (; d + N <= t.D; d += N) hn::StoreU(LoadScaled<E>(df, tile.krows[j], d), df, row + d);
+      if (d < t.D) hn::StoreU(LoadScaled<E>(DTail(), tile.krows[j], d), DTail(), row + d);
+      RotatePairs(p.rope.layout, row, row, tile.cs + j * tile.pairs_p, tile.sn + j * tile.pairs_p);
+      tile.krows[j].data = reinterpret_cast<const uint8_t*>(row);
+      tile.krows[j].scale_u8 = nullptr;
+      tile.krows[j].scale_f32 = 1.0f;
+    }
+  }
+  for (int32_t j = n; j % kKeys != 0; ++j) tile.krows[j] = tile.krows[0];
+}
+
+// Whether a K or V row of the tile's current kv head holds an e4m3 NaN code. (With rope
+// on read the K rows are f32 by now; their e4m3 decode already took the NaN-aware path.)
+bool TileHasNan(const Tile& tile, int32_t D, bool k_is_f32) {
+  for (int32_t j = 0; j < tile.n_vis; ++j)
+    if ((!k_is_f32 && E4m3RowHasNan(tile.krows[j].data, D)) || E4m3RowHasNan(tile.vrows[j].data, D)) return true;
+  return false;
+}
+
+// Kv heads [h0, h1) of row r, split `split`. Per tile, the visible cells are listed
+// once; then each kv head's scores, softmax step and values.
 template <math::KvElem E>
 void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-  const int32_t D = p.layout.head_dim, G = p.group, bs = p.layout.block_size, H = h1 - h0;
+  const int32_t D = p.layout.head_dim, G = p.group, H = h1 - h0, bs = p.layout.block_size;
   const int32_t Dp = (D + 2 * N - 1) / (2 * N) * (2 * N);
   const int32_t n_pairs = p.rope_on_read ? p.rope.layout.n_pairs() : 0;
   const int32_t pairs_p = (n_pairs + 15) / 16 * 16;
-  const int64_t per_head = 2 * G * Dp + 2 * G * kTile;  // q, acc, s, w
+  const int64_t per_head = 2 * G * Dp + G * kTile;  // q, acc, s
+  const int64_t rope_floats = p.rope_on_read ? kTile * Dp + pairs_p + 2 * kTile * pairs_p : 0;
   thread_local Scratch scratch;
-  scratch.f.assign(static_cast<size_t>(H * per_head + Dp + 3 * pairs_p), 0.0f);
-  scratch.rows.resize(static_cast<size_t>(H) * kTile);
+  scratch.f.assign(static_cast<size_t>(H * per_head + rope_floats), 0.0f);
   scratch.sm.assign(static_cast<size_t>(H) * G, math::OnlineSoftmax{});
   scratch.tasks.clear();
-  float* shared = scratch.f.data() + H * per_head;
-  float* rope = shared + Dp;
   for (int32_t h = 0; h < H; ++h) {
     float* f = scratch.f.data() + h * per_head;
-    scratch.tasks.push_back(Task{p, D, G, Dp, f, f + G * Dp, shared, f + 2 * G * Dp, f + 2 * G * Dp + G * kTile,
-                                 scratch.rows.data() + h * kTile, rope, rope + pairs_p, rope + 2 * pairs_p});
+    scratch.tasks.push_back(Task{p, D, G, Dp, f, f + G * Dp, f + 2 * G * Dp});
   }
-  for (int32_t i = 0; i < n_pairs; ++i) rope[i] = p.rope.freq[i];
+  Tile& tile = scratch.tile;
+  float* rope = scratch.f.data() + H * per_head;
+  tile.kbuf = rope;
+  tile.freq = rope + kTile * Dp;
+  tile.cs = tile.freq + pairs_p;
+  tile.sn = tile.cs + kTile * pairs_p;
+  tile.pairs_p = pairs_p;
+  for (int32_t i = 0; i < n_pairs; ++i) tile.freq[i] = p.rope.freq[i];
   const Task* tasks = scratch.tasks.data();
 
   const int32_t b = attention_row_seq(p, r);
-  const int32_t n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
+  const int32_t n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, p.layout.block_size);
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
   const int32_t q_pos = p.maybe_q_positions ? p.maybe_q_positions[r] : 0;
   const int32_t pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
@@ -291,39 +439,36 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, i
   PrefetchCells(p, b, h0, h1, range.begin, std::min(range.begin + kTile, range.end), row_bytes);
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
-    PrefetchCells(p, b, h0, h1, t0 + kTile, std::min(t0 + 2 * kTile, range.end), row_bytes);
-    int32_t n_vis = 0, vis[kTile];
-    for (int32_t i = 0; i < kTile; ++i) {
-      const int32_t j = t0 + i;
-      int64_t cell = -1;
-      if (i < n) {
-        cell = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs);
-        if (!attention_cell_visible(p, cell, q_pos + pos_off)) cell = -1;
-      }
-      if (cell < 0) {
-        for (int32_t kh = 0; kh < H; ++kh)
-          for (int32_t g = 0; g < G; ++g) tasks[kh].s[g * kTile + i] = math::neg_inf_f32();
-        continue;
-      }
-      if (p.rope_on_read)  // math::rope_rotate_row's cos and sin, once for every head of the cell
-        RopeCosSinRow(tasks[0].freq, n_pairs, static_cast<float>(attention_key_position(p, cell, b)),
-                      p.rope.attention_factor, tasks[0].cs, tasks[0].sn);
-      for (int32_t kh = 0; kh < H; ++kh) {
-        const Task& t = tasks[kh];
-        DecodeRow<E>(t, RowOf<E>(p, true, cell, h0 + kh));
-        if (p.rope_on_read) RotatePairs(p.rope.layout, t.krow, t.krow, t.cs, t.sn);
-        DotsAll(t, i);
-        t.vrows[n_vis] = RowOf<E>(p, false, cell, h0 + kh);
-      }
-      vis[n_vis++] = i;
+    tile.n_next = std::max(0, std::min(kTile, range.end - (t0 + kTile)));
+    for (int32_t i = 0; i < tile.n_next; ++i) {
+      const int32_t j = t0 + kTile + i;
+      tile.next_cells[i] = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs);
     }
+    ListVisible(p, b, t0, n, q_pos + pos_off, tile);
+    const int64_t run_lines = (H * row_bytes + 63) / 64;
+    NextRows next{static_cast<const uint8_t*>(p.k) + h0 * row_bytes, static_cast<const uint8_t*>(p.v) + h0 * row_bytes,
+                  tile.next_cells, p.layout.n_kv_heads * row_bytes, run_lines, tile.n_next * run_lines};
+    const int64_t blocks = int64_t{H} * ((tile.n_vis + kKeys - 1) / kKeys);
+    const int64_t lines_per_block = blocks > 0 ? (next.total + blocks - 1) / blocks : 0;
+    if (tile.n_vis == 0) {
+      next.ask(next.total);
+      continue;
+    }
+    if (p.rope_on_read)  // math::rope_rotate_row's cos and sin, once per cell for every head
+      for (int32_t j = 0; j < tile.n_vis; ++j)
+        RopeCosSinRow(tile.freq, n_pairs, static_cast<float>(attention_key_position(p, tile.cells[j], b)),
+                      p.rope.attention_factor, tile.cs + j * pairs_p, tile.sn + j * pairs_p);
     for (int32_t kh = 0; kh < H; ++kh) {
       const Task& t = tasks[kh];
+      TileRows<E>(p, t, h0 + kh, tile);
+      // E4M3 rows without NaN codes (all of them but corrupted or hand-made ones) take the shorter decode.
+      const bool finite = E == math::KvElem::E4M3 && !TileHasNan(tile, D, p.rope_on_read);
+      if (p.rope_on_read) ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
+      else if (finite) ScoresAll<E, true>(t, tile, next, lines_per_block);
+      else ScoresAll<E, false>(t, tile, next, lines_per_block);
       SoftmaxTile(t, scratch.sm.data() + kh * G);
-      // The visible cells' weights, compacted in the order of t.vrows.
-      for (int32_t g = 0; g < G; ++g)
-        for (int32_t j = 0; j < n_vis; ++j) t.w[g * kTile + j] = t.s[g * kTile + vis[j]];
-      if (n_vis > 0) ValuePassAll<E>(t, n_vis);
+      if (finite) ValuePassAll<E, true>(t, tile.vrows, tile.n_vis);
+      else ValuePassAll<E, false>(t, tile.vrows, tile.n_vis);
     }
   }
   for (int32_t kh = 0; kh < H; ++kh)

@@ -82,6 +82,7 @@ struct Unpack {
 }  // namespace
 
 void fp8_round_trip_rows(const Fp8RoundTripParams& p) {
+  if (simd_on() && fp8_simd_serves(p)) return fp8_round_trip_rows_simd(p);
   const int64_t ss = p.src_rows.col_stride, ds = p.dst_rows.col_stride;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < p.rows; ++r) {

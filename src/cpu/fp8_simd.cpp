@@ -2,7 +2,8 @@
 // at a time (amax, the UE8M0 exponent, the E4M3 codes by the integer rounding
 // of math::e4m3_encode per lane; decoding through the exact f16 widening), the
 // 16-bit tail converted a vector at a time; partial blocks by the shared
-// scalar helpers (math/fp8_block.hpp). Bytes equal the scalar kernels'.
+// scalar helpers (math/fp8_block.hpp); the f32 round trip as pack then unpack of
+// each block. Bytes equal the scalar kernels'.
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -88,6 +89,35 @@ void UnpackRows(const Fp8UnpackParams& p) {
   }
 }
 
+// fp8_round_trip_rows: per full block, the codes and scale of the pack path decoded as
+// the unpack path decodes them (unpack(pack(x)) is the round trip bit for bit); partial
+// blocks by the shared scalar helper; the tail copied unless it is the same memory.
+void RoundTripRows(const Fp8RoundTripParams& p) {
+  const hn::ScalableTag<float> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* s = p.src + p.src_rows.offset(r);
+    float* d = p.dst + p.dst_rows.offset(r);
+    for (int32_t off = 0; off < p.n_nope; off += kFp8Block) {
+      if (p.n_nope - off < kFp8Block) {
+        math::fp8_block_round_trip(s + off, 1, d + off, 1, p.n_nope - off);
+        continue;
+      }
+      HWY_ALIGN float block[kFp8Block];
+      HWY_ALIGN uint8_t codes[kFp8Block];
+      uint8_t sc;
+      for (int32_t i = 0; i < kFp8Block; i += N) hn::Store(hn::LoadU(df, s + off + i), df, block + i);
+      EncodeFp8Group(block, codes, &sc);
+      const auto scale = hn::Set(df, math::ue8m0_decode(sc));
+      for (int32_t i = 0; i < kFp8Block; i += N)
+        hn::StoreU(hn::Mul(hn::Mul(LoadE4m3Over256(df, codes, i), hn::Set(df, 256.0f)), scale), df, d + off + i);
+    }
+    if (s != d)
+      for (int32_t i = p.n_nope; i < p.cols; ++i) d[i] = s[i];
+  }
+}
+
 template <template <class, class> class Kernel, class P>
 void ByTypes(DType row_type, DType tail_type, const P& p) {
   const bool b = tail_type == DType::BF16;
@@ -110,6 +140,7 @@ struct Unpack {
 
 void Fp8PackRows(const Fp8PackParams& p) { ByTypes<Pack>(p.src_dtype, p.tail_dtype, p); }
 void Fp8UnpackRows(const Fp8UnpackParams& p) { ByTypes<Unpack>(p.dst_dtype, p.tail_dtype, p); }
+void Fp8RoundTripRows(const Fp8RoundTripParams& p) { RoundTripRows(p); }
 
 }  // namespace kvcore::ops::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -118,6 +149,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvcore::ops::cpu {
 HWY_EXPORT(Fp8PackRows);
 HWY_EXPORT(Fp8UnpackRows);
+HWY_EXPORT(Fp8RoundTripRows);
 
 bool fp8_simd_serves(const Fp8PackParams& p) {
   return p.src_rows.col_stride == 1 && p.code_rows.col_stride == 1 && (!p.maybe_tail || p.tail_rows.col_stride == 1);
@@ -127,5 +159,7 @@ bool fp8_simd_serves(const Fp8UnpackParams& p) {
 }
 void fp8_pack_rows_simd(const Fp8PackParams& p) { HWY_DYNAMIC_DISPATCH(Fp8PackRows)(p); }
 void fp8_unpack_rows_simd(const Fp8UnpackParams& p) { HWY_DYNAMIC_DISPATCH(Fp8UnpackRows)(p); }
+bool fp8_simd_serves(const Fp8RoundTripParams& p) { return p.src_rows.col_stride == 1 && p.dst_rows.col_stride == 1; }
+void fp8_round_trip_rows_simd(const Fp8RoundTripParams& p) { HWY_DYNAMIC_DISPATCH(Fp8RoundTripRows)(p); }
 }  // namespace kvcore::ops::cpu
 #endif  // HWY_ONCE

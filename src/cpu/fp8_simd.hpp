@@ -1,4 +1,4 @@
-// SIMD paths of the fp8 pack / unpack row codecs on the CPU (Highway, every
+// SIMD paths of the fp8 pack / unpack / round-trip row codecs on the CPU (Highway, every
 // target of simd_config.hpp): the scalar kernels' bytes. They serve rows whose
 // values, codes and tails are contiguous (column stride 1).
 #pragma once
@@ -9,4 +9,6 @@ bool fp8_simd_serves(const Fp8PackParams& p);
 bool fp8_simd_serves(const Fp8UnpackParams& p);
 void fp8_pack_rows_simd(const Fp8PackParams& p);
 void fp8_unpack_rows_simd(const Fp8UnpackParams& p);
+bool fp8_simd_serves(const Fp8RoundTripParams& p);
+void fp8_round_trip_rows_simd(const Fp8RoundTripParams& p);
 }  // namespace kvcore::ops::cpu

@@ -14,4 +14,8 @@ inline bool shift_simd_serves(ops::ShiftKind k) {
 }
 void shift_rotate_head_simd(ops::ShiftKind kind, uint8_t* head, const math::RopeLayout& l, const float* c,
                             const float* s);
+// A head moved from one row to another (distinct bytes) and rotated on the way: the
+// bits of a copy followed by shift_rotate_head_simd. Kinds of shift_simd_serves and Copy.
+void shift_move_head_simd(ops::ShiftKind kind, const uint8_t* from, uint8_t* to, int64_t head_bytes,
+                          const math::RopeLayout& l, const float* c, const float* s);
 }  // namespace kvcore::ops::cpu

@@ -51,6 +51,39 @@ HWY_INLINE hn::Vec<DF> LoadE4m3Over256(DF df, const uint8_t* row, int64_t d) {
 #endif
 }
 
+// LoadE4m3Over256 for bytes known to hold no NaN code (|code| != 0x7f), in fewer
+// instructions where the target converts f16 in hardware: the byte sign-extended
+// to 16 bits and shifted left by 7 holds the f16 with the byte's exponent and
+// mantissa bits in place, its sign in bits 15 and 14; clearing bit 14 leaves it.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadE4m3Over256Finite(DF df, const uint8_t* row, int64_t d) {
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  return LoadE4m3Over256(df, row, d);
+#else
+  const hn::Rebind<int8_t, DF> d8;
+  const hn::Rebind<int16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto h = hn::And(hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(row) + d))),
+                         hn::Set(d16, static_cast<int16_t>(-16385)));  // 0xbfff: every bit but 14
+  return hn::PromoteTo(df, hn::BitCast(dh, h));
+#endif
+}
+
+// Whether bytes [0, n) of an e4m3 row hold a NaN code (n a multiple of 8).
+HWY_INLINE bool E4m3RowHasNan(const uint8_t* row, int64_t n) {
+  const hn::ScalableTag<uint8_t> d8;
+  const hn::CappedTag<uint8_t, 8> d8t;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d8));
+  auto hit = hn::Zero(d8);
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hit = hn::Or(hit, hn::VecFromMask(d8, hn::Eq(hn::And(hn::LoadU(d8, row + i), hn::Set(d8, 0x7f)), hn::Set(d8, 0x7f))));
+  bool any = !hn::AllFalse(d8, hn::Ne(hit, hn::Zero(d8)));
+  for (; i < n; i += 8)
+    any |= !hn::AllFalse(d8t, hn::Eq(hn::And(hn::LoadU(d8t, row + i), hn::Set(d8t, 0x7f)), hn::Set(d8t, 0x7f)));
+  return any;
+}
+
 // Lanes(df) f16 values at p as f32, exactly (math::f16_bits_to_f32): the hardware
 // conversion where the target has one (F16C), else the bits placed in an f32
 // times 2^112 (exact for normals and subnormals), infinities and NaN by select.
@@ -110,34 +143,26 @@ HWY_INLINE hn::Vec<DF> Exp2NonPositive(DF df, hn::Vec<DF> x) {
 }
 
 // E4M3 codes (in u32 lanes) of already scaled values s, as math::e4m3_encode(
-// clamp(s, -448, 448)) computes them (math::e4m3_scaled's clamp included): the
-// same integer rounding on the float's bits, lane by lane.
+// clamp(s, -448, 448)) computes them (math::e4m3_scaled's clamp included), by two
+// roundings the hardware does exactly as math::minifloat_round_code: normal codes
+// (|s| >= 2^-6) round the float's bits to 3 mantissa bits, to nearest even, by an
+// integer add and shift (the exponent rebased from 127 to 7); subnormal codes are
+// the low bits of |s| + 2^14, a float sum whose ulp is the subnormal step 2^-9, so
+// the add rounds |s| to a multiple of it, to nearest even (2^-6 itself gives code
+// 8, the smallest normal, either way).
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> E4m3EncodeScaled(DF df, hn::Vec<DF> s) {
   const hn::RebindToSigned<DF> di;
-  s = hn::IfThenElse(hn::Gt(s, hn::Set(df, math::kE4M3Max)), hn::Set(df, math::kE4M3Max), s);
-  s = hn::IfThenElse(hn::Lt(s, hn::Set(df, -math::kE4M3Max)), hn::Set(df, -math::kE4M3Max), s);
   const auto u = hn::BitCast(di, s);
   const auto sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));  // arithmetic shift: the mask keeps bit 7
-  const auto a = hn::And(u, hn::Set(di, 0x7fffffff));
-  const auto nan = hn::Gt(a, hn::Set(di, 0x7f800000));
-  const auto sat = hn::Gt(a, hn::Set(di, 0x43dfffff));  // 448 (the clamp maps larger values and infinities here)
-  const auto e = hn::ShiftRight<23>(a);
-  const auto mant = hn::And(a, hn::Set(di, 0x7fffff));
-  const auto m = hn::IfThenElse(hn::Eq(e, hn::Zero(di)), mant, hn::Or(mant, hn::Set(di, 0x800000)));
-  const auto e_eff = hn::Max(e, hn::Set(di, 1));
-  const auto normal = hn::Gt(e_eff, hn::Set(di, 120));
-  // math::rne_shift(m, shift): shifts of 25 and more give 0 for m < 2^24, as 31 does
-  const auto shift = hn::IfThenElse(normal, hn::Set(di, 20), hn::Min(hn::Sub(hn::Set(di, 141), e_eff), hn::Set(di, 31)));
-  const auto q = hn::BitCast(di, hn::BitCast(hn::RebindToUnsigned<DF>(), m) >> hn::BitCast(hn::RebindToUnsigned<DF>(), shift));
-  const auto one = hn::Set(di, 1);
-  const auto rem = hn::And(m, hn::Sub(one << shift, one));
-  const auto half = one << hn::Sub(shift, one);
-  const auto up = hn::Or(hn::Gt(rem, half), hn::And(hn::Eq(rem, half), hn::Eq(hn::And(q, one), one)));
-  const auto r = hn::Add(q, hn::IfThenElseZero(up, one));
-  auto code = hn::IfThenElse(normal, hn::Add(hn::ShiftLeft<3>(hn::Sub(e_eff, hn::Set(di, 121))), r), r);
-  code = hn::Min(code, hn::Set(di, 0x7e));
-  code = hn::IfThenElse(sat, hn::Set(di, 0x7e), code);
+  const auto nan = hn::Gt(hn::And(u, hn::Set(di, 0x7fffffff)), hn::Set(di, 0x7f800000));
+  const auto x = hn::Min(hn::Abs(s), hn::Set(df, math::kE4M3Max));  // NaN lanes are replaced below
+  const auto a = hn::BitCast(di, x);
+  const auto odd = hn::And(hn::ShiftRight<20>(a), hn::Set(di, 1));
+  const auto normal = hn::Sub(hn::ShiftRight<20>(hn::Add(a, hn::Add(hn::Set(di, 0x7ffff), odd))), hn::Set(di, 120 << 3));
+  const auto big = hn::Set(df, 16384.0f);  // 2^14
+  const auto sub = hn::Sub(hn::BitCast(di, hn::Add(x, big)), hn::BitCast(di, big));
+  const auto code = hn::IfThenElse(hn::Lt(a, hn::Set(di, 0x3c800000)), sub, normal);  // 2^-6
   return hn::IfThenElse(nan, hn::Set(di, 0x7f), hn::Or(sign, code));
 }
 

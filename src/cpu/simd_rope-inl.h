@@ -137,6 +137,37 @@ HWY_INLINE void StoreFromF32(DF df, hn::Vec<DF> v, T* p) {
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// 2 * Lanes(df) values of T at p (pairs side by side) as f32: the first and the second
+// of each pair.
+template <class T, class DF>
+HWY_INLINE void LoadPairsAsF32(DF df, const T* p, hn::Vec<DF>& x0, hn::Vec<DF>& x1) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::LoadInterleaved2(df, p, x0, x1);
+  } else {
+    HWY_ALIGN float lanes[2 * hn::MaxLanes(df)];
+    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+    hn::Store(LoadAsF32(df, p), df, lanes);
+    hn::Store(LoadAsF32(df, p + N), df, lanes + N);
+    hn::LoadInterleaved2(df, lanes, x0, x1);
+  }
+}
+
+// y0 and y1 stored as pairs side by side at p (2 * Lanes(df) values of T).
+template <class T, class DF>
+HWY_INLINE void StorePairsFromF32(DF df, hn::Vec<DF> y0, hn::Vec<DF> y1, T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::StoreInterleaved2(y0, y1, df, p);
+  } else {
+    HWY_ALIGN float lanes[2 * hn::MaxLanes(df)];
+    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+    hn::StoreInterleaved2(y0, y1, df, lanes);
+    StoreFromF32(df, hn::Load(df, lanes), p);
+    StoreFromF32(df, hn::Load(df, lanes + N), p + N);
+  }
+}
+#endif
+
 // Rotates the pairs of one row (xr -> orow, which may be xr) by cs / sn, as
 // math::rotate_pair does pair by pair.
 template <class T>
@@ -159,6 +190,23 @@ HWY_INLINE void RotatePairs(const math::RopeLayout& l, const T* xr, T* orow, con
       StoreFromF32(df, y0, y0p + i);
       StoreFromF32(df, y1, y1p + i);
     }
+  } else {
+#if HWY_TARGET != HWY_SCALAR
+    // Interleaved pairs: a vector of pairs split into x0 and x1 lanes, rotated, and
+    // interleaved again (same products and sums as above).
+    const hn::ScalableTag<float> df;
+    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+    const T* xp = xr + l.first_dim;
+    T* yp = orow + l.first_dim;
+    for (; i + N <= n_pairs; i += N) {
+      hn::Vec<decltype(df)> x0, x1;
+      LoadPairsAsF32(df, xp + 2 * i, x0, x1);
+      const auto c = hn::LoadU(df, cs + i), s = hn::LoadU(df, sn + i);
+      const auto y0 = hn::Sub(hn::Mul(x0, c), hn::Mul(x1, s));
+      const auto y1 = hn::Add(hn::Mul(x0, s), hn::Mul(x1, c));
+      StorePairsFromF32(df, y0, y1, yp + 2 * i);
+    }
+#endif
   }
   for (; i < n_pairs; ++i) {
     const int32_t d0 = l.dim0(i), d1 = l.dim1(i);

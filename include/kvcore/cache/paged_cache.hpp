@@ -59,6 +59,7 @@
 // the same cache; const members may run concurrently with each other. A ticket belongs to one
 // thread at a time. Distinct caches share nothing.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -137,6 +138,27 @@ enum class PagedPositions : uint8_t {
 
 class AppendTicket;
 
+// Engine-owned pool memory. An engine may allocate the pools itself (so its allocator, e.g.
+// PyTorch's, accounts for them) and hand them to PagedCache(config, device, pools). The pools
+// are a list of arrays; paged_pool_specs(config) says what each must be, in the order the
+// constructor takes them: per layer K data, K scales (FP8 K only), V data (v_head_dim > 0), V
+// scales (FP8 V only). Every array has num_blocks + 1 blocks: block num_blocks is the cache's
+// zero block (kept all zeros; blocks are copied from it when they leave the free list), which
+// the engine must not write.
+enum class PoolPart : uint8_t { KData, KScales, VData, VScales };
+const char* pool_part_name(PoolPart part);  // "k", "k_scales", "v", "v_scales"
+
+struct PagedPoolSpec {
+  int32_t layer = 0;
+  PoolPart part = PoolPart::KData;
+  DType dtype = DType::F16;  // E4M3 codes and UE8M0 scales also accepted as U8 tensors
+  std::array<int64_t, 4> shape{};  // [num_blocks + 1, block_size, n_kv_heads, row width], contiguous
+  int64_t bytes = 0;
+  static constexpr size_t kAlignment = 16;  // bytes: the data pointer's alignment (vector loads)
+};
+// Throws what config.validate() throws.
+std::vector<PagedPoolSpec> paged_pool_specs(const PagedCacheConfig& config);
+
 // Read-back of one layer of one sequence as f32, K rotated to current positions.
 struct PagedReadBack {
   std::vector<int32_t> positions;  // [n_live]
@@ -147,6 +169,11 @@ struct PagedReadBack {
 class PagedCache {
  public:
   PagedCache(PagedCacheConfig config, Device device);
+  // Over pool memory the caller owns: pools[i] is the array paged_pool_specs(config)[i] describes
+  // (exact dtype, shape, contiguous, PagedPoolSpec::kAlignment-byte aligned, on `device`, no two
+  // arrays overlapping; each refusal is InvalidArgument naming pools[i]). The cache zeroes them
+  // and never frees them: they must stay allocated until the cache is destroyed.
+  PagedCache(PagedCacheConfig config, Device device, std::span<const TensorRef> pools);
   ~PagedCache();
   PagedCache(PagedCache&&) noexcept;
   PagedCache& operator=(PagedCache&&) noexcept;
@@ -235,6 +262,12 @@ class PagedCache {
   std::string debug_state() const;
   const PagedCacheConfig& config() const;
   Device device() const;
+  bool owns_pools() const;  // false when built over the caller's pool memory
+  // The stream of every later device operation (config().stream changes with it); lets a binding
+  // run each call on its caller's current stream. Work of earlier calls stays ordered on their
+  // streams: when the stream changes, ordering across the two is the caller's (as for any buffer
+  // two streams share), e.g. a block table still read on the old stream.
+  void set_stream(Stream stream);
   PagedLayout layout() const;
 
   struct Impl;
