@@ -216,8 +216,8 @@ TEST(AttentionPlan, CacheRefusesPagesAttentionCannotRead) {
     }
   };
   PagedCacheConfig c = base();
-  c.head_dim = c.v_head_dim = 96;
-  refused(c, "head_dim 96 has no attention kernel");
+  c.head_dim = c.v_head_dim = 72;
+  refused(c, "head_dim 72 has no attention kernel");
   c = base();
   c.k_format = KvFormat::Fp8;
   refused(c, "K pages are e4m3 but V pages are f16");
@@ -228,7 +228,7 @@ TEST(AttentionPlan, CacheRefusesPagesAttentionCannotRead) {
   refused(c, "v_head_dim 0 differs from head_dim 128");
   // The same configurations for an engine that reads the pools itself, and a Dsv4Row cache.
   c = base();
-  c.head_dim = c.v_head_dim = 96;
+  c.head_dim = c.v_head_dim = 72;
   c.kvcore_attention = false;
   EXPECT_NO_THROW(PagedCache(c, Device::cpu()));
   c = base();

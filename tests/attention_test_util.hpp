@@ -23,6 +23,7 @@ using namespace kvcore;
 
 struct CaseSpec {
   int n_q_heads = 8, n_kv_heads = 2, head_dim = 64, block_size = 16;
+  int v_head_dim = 0;       // width of V rows and of the output; 0: head_dim
   DType kv = DType::F16;  // F32, F16, BF16, E4M3
   bool f32_scales = false;  // E4M3: per (token, head) f32 scale instead of per-64 UE8M0
   DType q = DType::F32, out = DType::F32;
@@ -37,6 +38,7 @@ struct CaseSpec {
   bool pos_offsets = false;        // store positions + a per-sequence offset, pass table.pos_offset
   bool bare = false;               // pass no positions or valid flags (needs dead_rate 0; decode without window)
   uint64_t seed = 1;
+  int dv() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
 // Host copy of everything an attention call reads.
@@ -60,11 +62,12 @@ struct HostCase {
   int64_t row_of(int64_t cell, int head) const { return cell * spec.n_kv_heads + head; }
   double kv_value(bool is_k, int64_t cell, int head, int d) const {
     const auto& pool = is_k ? k : v;
-    const int64_t i = row_of(cell, head) * spec.head_dim + d;
+    const int width = is_k ? spec.head_dim : spec.dv();
+    const int64_t i = row_of(cell, head) * width + d;
     double x = math::kv_elem_to_f32(pool.data(), i, kv_elem());
     if (spec.kv == DType::E4M3) {
       if (spec.f32_scales) x *= (is_k ? k_sc32 : v_sc32)[row_of(cell, head)];
-      else x *= math::ue8m0_decode((is_k ? k_sc8 : v_sc8)[row_of(cell, head) * (spec.head_dim / 64) + d / 64]);
+      else x *= math::ue8m0_decode((is_k ? k_sc8 : v_sc8)[row_of(cell, head) * (width / 64) + d / 64]);
     }
     return x;
   }
@@ -105,7 +108,7 @@ inline HostCase make_case(const CaseSpec& s) {
   std::mt19937_64 rng(s.seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int batch = static_cast<int>(s.seq_cells.size());
-  const int bs = s.block_size, D = s.head_dim, nkv = s.n_kv_heads;
+  const int bs = s.block_size, D = s.head_dim, DV = s.dv(), nkv = s.n_kv_heads;
   // Blocks per sequence; sequences > 0 reuse the first shared_blocks of sequence 0.
   std::vector<int> nblk(batch);
   int total = 0;
@@ -127,15 +130,16 @@ inline HostCase make_case(const CaseSpec& s) {
   }
   // Pools: NaN everywhere, then live cells get values.
   const int64_t cells = int64_t{c.num_blocks} * bs;
-  const int64_t n = cells * nkv * D;
+  const int64_t n = cells * nkv * D, nv = cells * nkv * DV;
   c.k.assign(n * c.elem(), 0);
-  c.v.assign(n * c.elem(), 0);
-  for (int64_t i = 0; i < n; ++i) put_nan(c.k, s.kv, i), put_nan(c.v, s.kv, i);
+  c.v.assign(nv * c.elem(), 0);
+  for (int64_t i = 0; i < n; ++i) put_nan(c.k, s.kv, i);
+  for (int64_t i = 0; i < nv; ++i) put_nan(c.v, s.kv, i);
   c.positions.assign(cells, 777777);
   c.valid.assign(cells, 0);
   if (s.kv == DType::E4M3) {
     c.k_sc8.assign(cells * nkv * (D / 64), 0xff);
-    c.v_sc8 = c.k_sc8;
+    c.v_sc8.assign(cells * nkv * (DV / 64), 0xff);
     c.k_sc32.assign(cells * nkv, std::nanf(""));
     c.v_sc32 = c.k_sc32;
   }
@@ -156,20 +160,22 @@ inline HostCase make_case(const CaseSpec& s) {
       c.positions[cell] = pos++;
       for (int h = 0; h < nkv; ++h) {
         const int64_t row = cell * nkv + h;
-        for (int d = 0; d < D; ++d) {
-          const int64_t i = row * D + d;
+        // K and V values interleaved while both rows last (the draws of equal widths stay
+        // those of the cases written before V could differ), then the rest of the longer row.
+        for (int d = 0; d < std::max(D, DV); ++d) {
+          const int64_t i = row * D + d, iv = row * DV + d;
           if (s.kv == DType::E4M3) {
-            c.k[i] = static_cast<uint8_t>(code(rng) | (rng() & 0x80));
-            c.v[i] = static_cast<uint8_t>(code(rng) | (rng() & 0x80));
+            if (d < D) c.k[i] = static_cast<uint8_t>(code(rng) | (rng() & 0x80));
+            if (d < DV) c.v[iv] = static_cast<uint8_t>(code(rng) | (rng() & 0x80));
           } else {
-            put_f(c.k, s.kv, i, u(rng));
-            put_f(c.v, s.kv, i, u(rng));
+            if (d < D) put_f(c.k, s.kv, i, u(rng));
+            if (d < DV) put_f(c.v, s.kv, iv, u(rng));
           }
         }
         if (s.kv == DType::E4M3) {
-          for (int g = 0; g < D / 64; ++g) {
-            c.k_sc8[row * (D / 64) + g] = static_cast<uint8_t>(sexp(rng) - 4);
-            c.v_sc8[row * (D / 64) + g] = static_cast<uint8_t>(sexp(rng) - 4);
+          for (int g = 0; g < std::max(D, DV) / 64; ++g) {
+            if (g < D / 64) c.k_sc8[row * (D / 64) + g] = static_cast<uint8_t>(sexp(rng) - 4);
+            if (g < DV / 64) c.v_sc8[row * (DV / 64) + g] = static_cast<uint8_t>(sexp(rng) - 4);
           }
           c.k_sc32[row] = 0.01f + 0.05f * (u(rng) + 1.0f);
           c.v_sc32[row] = 0.01f + 0.05f * (u(rng) + 1.0f);
@@ -207,10 +213,10 @@ inline HostCase make_case(const CaseSpec& s) {
   return c;
 }
 
-// float64 reference: out[rows][n_q_heads][head_dim].
+// float64 reference: out[rows][n_q_heads][v_head_dim].
 inline std::vector<double> reference(const HostCase& c) {
   const auto& s = c.spec;
-  const int D = s.head_dim, bs = s.block_size, G = s.n_q_heads / s.n_kv_heads;
+  const int D = s.head_dim, DV = s.dv(), bs = s.block_size, G = s.n_q_heads / s.n_kv_heads;
   const math::RopeTable t = make_rope_table(c.rope, D);
   auto rotate = [&](std::vector<double>& x, double pos) {
     const double mag = t.attention_factor;
@@ -224,7 +230,7 @@ inline std::vector<double> reference(const HostCase& c) {
       x1 = y1;
     }
   };
-  std::vector<double> out(static_cast<size_t>(c.rows) * s.n_q_heads * D, 0.0);
+  std::vector<double> out(static_cast<size_t>(c.rows) * s.n_q_heads * DV, 0.0);
   const bool prefill = !c.qo_indptr.empty();
   for (int r = 0; r < c.rows; ++r) {
     const int b = c.seq_of_row(r);
@@ -255,10 +261,10 @@ inline std::vector<double> reference(const HostCase& c) {
       if (s.sinks) m = std::max(m, double{c.sinks[h]});
       double den = s.sinks ? std::exp(c.sinks[h] - m) : 0.0;
       for (double x : scores) den += std::exp(x - m);
-      double* o = &out[(static_cast<size_t>(r) * s.n_q_heads + h) * D];
+      double* o = &out[(static_cast<size_t>(r) * s.n_q_heads + h) * DV];
       for (size_t i = 0; i < keys.size(); ++i) {
         const double w = std::exp(scores[i] - m) / den;
-        for (int d = 0; d < D; ++d) o[d] += w * c.kv_value(false, keys[i], kvh, d);
+        for (int d = 0; d < DV; ++d) o[d] += w * c.kv_value(false, keys[i], kvh, d);
       }
     }
   }
@@ -294,9 +300,9 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
   const auto& s = c.spec;
   g.k = upload(c.k, d);
   g.v = upload(c.v, d);
-  const int64_t nb = c.num_blocks, bs = s.block_size, nkv = s.n_kv_heads, D = s.head_dim;
+  const int64_t nb = c.num_blocks, bs = s.block_size, nkv = s.n_kv_heads, D = s.head_dim, DV = s.dv();
   g.kv.k = TensorRef(g.k.data(), s.kv, d, {nb, bs, nkv, D});
-  g.kv.v = TensorRef(g.v.data(), s.kv, d, {nb, bs, nkv, D});
+  g.kv.v = TensorRef(g.v.data(), s.kv, d, {nb, bs, nkv, DV});
   if (s.kv == DType::E4M3) {
     if (s.f32_scales) {
       g.ks = upload(c.k_sc32, d);
@@ -307,7 +313,7 @@ inline void make_device_case(const HostCase& c, Device d, DeviceCase& g) {
       g.ks = upload(c.k_sc8, d);
       g.vs = upload(c.v_sc8, d);
       g.kv.k_scale = TensorRef(g.ks.data(), DType::UE8M0, d, {nb, bs, nkv, D / 64});
-      g.kv.v_scale = TensorRef(g.vs.data(), DType::UE8M0, d, {nb, bs, nkv, D / 64});
+      g.kv.v_scale = TensorRef(g.vs.data(), DType::UE8M0, d, {nb, bs, nkv, DV / 64});
     }
   }
   if (s.pos_offsets) {
@@ -391,9 +397,9 @@ inline std::vector<float> run_op(const HostCase& c, Device d, int num_splits = 0
   g.sched.num_splits = num_splits;
   g.tuning.kernel = static_cast<ops::AttentionKernel>(kernel_variant);
   const auto& s = c.spec;
-  const int64_t n = int64_t{c.rows} * s.n_q_heads * s.head_dim;
+  const int64_t n = int64_t{c.rows} * s.n_q_heads * s.dv();
   Buffer out(n * dtype_size(s.out), d);
-  TensorRef o(out.data(), s.out, d, {c.rows, s.n_q_heads, s.head_dim});
+  TensorRef o(out.data(), s.out, d, {c.rows, s.n_q_heads, s.dv()});
   g.run(o);
   std::vector<uint8_t> raw = out.to_host<uint8_t>();
   std::vector<float> f(n);

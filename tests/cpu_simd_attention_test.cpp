@@ -233,6 +233,7 @@ std::vector<float> run_params(const HostCase& c, int splits) {
   p.maybe_positions = c.positions.data();
   p.maybe_valid = c.valid.data();
   p.layout = PagedLayout{s.block_size, s.n_kv_heads, D};
+  p.v_head_dim = D;
   p.num_blocks = c.num_blocks;
   p.indptr = c.indptr.data();
   p.indices = c.indices.data();

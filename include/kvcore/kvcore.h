@@ -219,8 +219,9 @@ KVC_API kvc_status kvc_paged_plan_seqs(kvc_paged_cache* cache, const int64_t* se
                                        const int32_t* q_positions, const kvc_attention_options* opt,
                                        kvc_attention_plan** out);
 KVC_API void kvc_attention_plan_free(kvc_attention_plan* plan);
-/* out = attention(q) over layer's pages: q, out [n_rows, n_q_heads, head_dim], f32/f16/bf16. In
- * ROPE_ON_READ caches kvcore rotates q at its position; in ROPE_STORED q comes rotated. */
+/* out = attention(q) over layer's pages: q [n_rows, n_q_heads, head_dim], out [n_rows, n_q_heads,
+ * v_head_dim], f32/f16/bf16. In ROPE_ON_READ caches kvcore rotates q at its position; in
+ * ROPE_STORED q comes rotated. */
 KVC_API kvc_status kvc_attention_run(kvc_attention_plan* plan, int32_t layer, const DLTensor* q, const DLTensor* out,
                                      void* stream);
 

@@ -51,14 +51,15 @@ void attention_paged(const PagedAttentionParams& p) {
     }
   }
   const int64_t heads = int64_t{p.n_rows} * p.n_q_heads;
-#pragma omp parallel for schedule(static) if (heads * p.num_splits * p.layout.head_dim > (int64_t{1} << 18))
+  const int32_t dv = p.v_head_dim;  // partials and output are V rows
+#pragma omp parallel for schedule(static) if (heads * p.num_splits * dv > (int64_t{1} << 18))
   for (int64_t rh = 0; rh < heads; ++rh) {
     const int32_t r = static_cast<int32_t>(rh / p.n_q_heads), h = static_cast<int32_t>(rh % p.n_q_heads);
-    std::vector<float> row(static_cast<size_t>(p.layout.head_dim));
-    merge_partials(p.o_part + rh * p.num_splits * p.layout.head_dim, p.lse_part + rh * p.num_splits, p.num_splits,
-                   p.layout.head_dim, p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row.data());
+    std::vector<float> row(static_cast<size_t>(dv));
+    merge_partials(p.o_part + rh * p.num_splits * dv, p.lse_part + rh * p.num_splits, p.num_splits, dv,
+                   p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row.data());
     const int64_t off = int64_t{r} * p.out_row_stride + int64_t{h} * p.out_head_stride;
-    for (int32_t d = 0; d < p.layout.head_dim; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+    for (int32_t d = 0; d < dv; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
   }
 }
 

@@ -1,6 +1,6 @@
 // The scalar path of one CPU paged-attention task (attention_tasks.hpp): one
 // element at a time, the reference the SIMD kernels are tested against and the
-// fallback for head dims they do not serve. The task streams its cells in tiles
+// fallback for shapes they do not serve (V rows of another width than K rows). The task streams its cells in tiles
 // (scores first, one rescale per tile, then the value pass) and writes a
 // normalized partial.
 #include <algorithm>
@@ -15,9 +15,9 @@ namespace {
 
 constexpr int kTile = 32;
 
-// Dequantized K or V row of (cell, head) into dst[head_dim].
+// Dequantized K row (head_dim wide) or V row (v_head_dim wide) of (cell, head) into dst.
 void load_row(const PagedAttentionParams& p, bool is_k, int64_t cell, int32_t head, float* dst) {
-  const int32_t d_n = p.layout.head_dim;
+  const int32_t d_n = is_k ? p.layout.head_dim : p.v_head_dim;
   const int64_t row = (cell * p.layout.n_kv_heads + head);
   const void* base = is_k ? p.k : p.v;
   const int64_t off = row * d_n;
@@ -34,7 +34,7 @@ void load_row(const PagedAttentionParams& p, bool is_k, int64_t cell, int32_t he
 }  // namespace
 
 void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t split) {
-  const int32_t D = p.layout.head_dim, G = p.group, bs = p.layout.block_size;
+  const int32_t D = p.layout.head_dim, DV = p.v_head_dim, G = p.group, bs = p.layout.block_size;
   const int32_t b = attention_row_seq(p, r);
   const int32_t n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
@@ -42,7 +42,7 @@ void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh
   const int32_t pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
 
   // Queries of this kv head's group, rotated if asked, scaled into the log2 domain.
-  std::vector<float> q(static_cast<size_t>(G) * D), acc(static_cast<size_t>(G) * D, 0.0f);
+  std::vector<float> q(static_cast<size_t>(G) * D), acc(static_cast<size_t>(G) * DV, 0.0f);
   for (int32_t g = 0; g < G; ++g) {
     const int32_t h = kvh * G + g;
     float* qg = &q[static_cast<size_t>(g) * D];
@@ -53,7 +53,7 @@ void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh
     for (int32_t d = 0; d < D; ++d) qg[d] *= scale;
   }
   std::vector<math::OnlineSoftmax> sm(static_cast<size_t>(G));
-  std::vector<float> krow(static_cast<size_t>(D)), vrow(static_cast<size_t>(D));
+  std::vector<float> krow(static_cast<size_t>(D)), vrow(static_cast<size_t>(DV));
   std::vector<float> s(static_cast<size_t>(G) * kTile);
   int64_t cells[kTile];
 
@@ -84,9 +84,9 @@ void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh
       float mx = math::neg_inf_f32();
       for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, s[static_cast<size_t>(g) * kTile + i]);
       const float rescale = sm[g].begin_tile(mx);
-      float* ag = &acc[static_cast<size_t>(g) * D];
+      float* ag = &acc[static_cast<size_t>(g) * DV];
       if (rescale != 1.0f)
-        for (int32_t d = 0; d < D; ++d) ag[d] *= rescale;
+        for (int32_t d = 0; d < DV; ++d) ag[d] *= rescale;
       for (int32_t i = 0; i < n; ++i) {
         float& si = s[static_cast<size_t>(g) * kTile + i];
         si = sm[g].weight(si);  // score -> weight, reused by the value pass
@@ -98,8 +98,8 @@ void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh
       load_row(p, false, cells[i], kvh, vrow.data());
       for (int32_t g = 0; g < G; ++g) {
         const float w = s[static_cast<size_t>(g) * kTile + i];
-        float* ag = &acc[static_cast<size_t>(g) * D];
-        for (int32_t d = 0; d < D; ++d) ag[d] += w * vrow[d];
+        float* ag = &acc[static_cast<size_t>(g) * DV];
+        for (int32_t d = 0; d < DV; ++d) ag[d] += w * vrow[d];
       }
     }
   }
@@ -107,8 +107,8 @@ void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh
     const int32_t h = kvh * G + g;
     const int64_t part = (int64_t{r} * p.n_q_heads + h) * p.num_splits + split;
     const float inv = sm[g].l > 0.0f ? 1.0f / sm[g].l : 0.0f;
-    float* o = p.o_part + part * D;
-    for (int32_t d = 0; d < D; ++d) o[d] = acc[static_cast<size_t>(g) * D + d] * inv;
+    float* o = p.o_part + part * DV;
+    for (int32_t d = 0; d < DV; ++d) o[d] = acc[static_cast<size_t>(g) * DV + d] * inv;
     p.lse_part[part] = sm[g].lse();
   }
 }

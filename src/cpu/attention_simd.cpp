@@ -502,7 +502,9 @@ namespace kvcore::ops::cpu {
 
 HWY_EXPORT(AttentionTask);
 
-bool attention_simd_serves(const PagedAttentionParams& p) { return p.layout.head_dim % 8 == 0; }
+bool attention_simd_serves(const PagedAttentionParams& p) {
+  return p.layout.head_dim % 8 == 0 && p.v_head_dim == p.layout.head_dim;
+}
 
 void attention_task_simd(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
   HWY_DYNAMIC_DISPATCH(AttentionTask)(p, r, h0, h1, split);

@@ -9,11 +9,11 @@
 
 namespace kvcore::ops::cpu {
 
-// One element at a time: the reference and the fallback (any head dim).
+// One element at a time: the reference and the fallback (any head dims of K and V).
 void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t split);
 
-// Whether attention_task_simd serves p: head dims that are a multiple of 8
-// (every pool format, scale mode, group size and option).
+// Whether attention_task_simd serves p: head dims that are a multiple of 8, V rows as
+// wide as K rows (every pool format, scale mode, group size and option).
 bool attention_simd_serves(const PagedAttentionParams& p);
 
 // The SIMD kernel, on the target Highway dispatches to, for kv heads [h0, h1) at

@@ -146,16 +146,19 @@ int64_t check_tables(const char* op, const BlockTable& table, Device dev, int64_
 // The split-K factor `num_splits = 0` resolves to: on CUDA it fills the GPU in whole waves of
 // the kernel chosen for this shape; on the CPU about two tasks a thread.
 int32_t auto_splits(Device device, int64_t n_rows, int64_t n_kv_heads, int64_t n_q_heads, int64_t head_dim,
-                    math::KvElem kv, int64_t max_seq_cells, const ops::AttentionTuning& tuning, bool rope_on_read) {
+                    int64_t v_head_dim, math::KvElem kv, int64_t max_seq_cells, const ops::AttentionTuning& tuning,
+                    bool rope_on_read) {
   const int64_t group = std::max<int64_t>(1, n_q_heads / n_kv_heads);
 #if KVCORE_WITH_CUDA
   if (device.is_cuda())
     return ops::cuda::attention_choose_splits(device.index, n_rows, static_cast<int>(n_kv_heads), static_cast<int>(group),
-                                              static_cast<int>(head_dim), kv, static_cast<int>(tuning.kernel),
-                                              max_seq_cells, rope_on_read, tuning.fat_ctas);
+                                              static_cast<int>(head_dim), static_cast<int>(v_head_dim), kv,
+                                              static_cast<int>(tuning.kernel), max_seq_cells, rope_on_read,
+                                              tuning.fat_ctas);
 #endif
   (void)device;
   (void)head_dim;
+  (void)v_head_dim;
   (void)kv;
   (void)tuning;
   (void)rope_on_read;
@@ -211,15 +214,17 @@ void fill_pages(const PagedKV& pages, ops::PagedAttentionParams& p) {
   p.maybe_valid = pages.valid.empty() ? nullptr : pages.valid.data_as<const uint8_t>();
 }
 
-// q or out of a run: [n_rows, n_q_heads, head_dim] f32/f16/bf16 on the plan's device.
-void check_rows(const char* op, const char* name, const TensorRef& t, const AttentionPlan::Impl& m) {
+// q [n_rows, n_q_heads, head_dim] or out [n_rows, n_q_heads, v_head_dim] of a run: f32/f16/bf16 on
+// the plan's device.
+void check_rows(const char* op, const char* name, const TensorRef& t, const AttentionPlan::Impl& m, bool is_out) {
+  const int64_t width = is_out ? m.v_head_dim : m.head_dim;
   const bool ok = t.ndim() == 3 && (t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16) &&
                   t.data() != nullptr && t.device() == m.device && t.size(0) == m.base.n_rows &&
-                  t.size(1) == m.base.n_q_heads && t.size(2) == m.head_dim && t.stride(2) == 1 && t.stride(1) >= 0 &&
+                  t.size(1) == m.base.n_q_heads && t.size(2) == width && t.stride(2) == 1 && t.stride(1) >= 0 &&
                   t.stride(0) >= 0;
   if (!ok)
     require_arg(false, op, ": ", name, " must be f32, f16 or bf16 [n_rows = ", m.base.n_rows, ", n_q_heads = ",
-                m.base.n_q_heads, ", head_dim = ", m.head_dim, "] on ", m.device.str(),
+                m.base.n_q_heads, is_out ? ", v_head_dim = " : ", head_dim = ", width, "] on ", m.device.str(),
                 " with stride 1 in its last dim and no negative strides, got ", described(t));
 }
 
@@ -255,6 +260,8 @@ AttentionPlan plan_paged(bool prefill, const PagedKV& pages, int32_t n_q_heads, 
   ops::PagedAttentionParams& p = m->base;
   ops::attn::check_pools(op, pages, dev, head_dim, n_q_heads, p);
   m->head_dim = head_dim;
+  m->v_head_dim = p.v_head_dim;
+  const int64_t v_head_dim = p.v_head_dim;  // the width of the partials and the output
   m->pages = signature_of(pages);
   const bool rope_on_read = pages.rope_mode == RopeMode::RopeOnRead;
   if (rope_on_read) {
@@ -303,7 +310,7 @@ AttentionPlan plan_paged(bool prefill, const PagedKV& pages, int32_t n_q_heads, 
   int32_t splits = schedule.num_splits;
   const bool automatic = splits == 0;
   if (automatic)
-    splits = auto_splits(dev, n_rows, p.layout.n_kv_heads, n_q_heads, head_dim, p.kv_elem, cells, tuning, rope_on_read);
+    splits = auto_splits(dev, n_rows, p.layout.n_kv_heads, n_q_heads, head_dim, v_head_dim, p.kv_elem, cells, tuning, rope_on_read);
   std::byte* ws = nullptr;
   if (!schedule.maybe_workspace.empty()) {
     const TensorRef& w = schedule.maybe_workspace;
@@ -311,15 +318,15 @@ AttentionPlan plan_paged(bool prefill, const PagedKV& pages, int32_t n_q_heads, 
     require_arg(w.device() == dev, op, ": schedule.maybe_workspace is on ", w.device().str(), ", the pages on ", dev.str());
     require_arg(w.is_contiguous(), op, ": schedule.maybe_workspace must be contiguous");
     const size_t have = static_cast<size_t>(w.numel()) * w.element_size();
-    while (automatic && splits > 1 && attention_workspace_bytes(n_rows, n_q_heads, head_dim, splits) > have) --splits;
-    const size_t need = attention_workspace_bytes(n_rows, n_q_heads, head_dim, splits);
+    while (automatic && splits > 1 && attention_workspace_bytes(n_rows, n_q_heads, v_head_dim, splits) > have) --splits;
+    const size_t need = attention_workspace_bytes(n_rows, n_q_heads, v_head_dim, splits);
     require_arg(have >= need, op, ": schedule.maybe_workspace holds ", have, " bytes, ", need, " needed for ", splits,
                 " splits");
     require_arg(reinterpret_cast<uintptr_t>(w.data()) % 16 == 0, op, ": schedule.maybe_workspace must be 16-byte aligned");
     ws = static_cast<std::byte*>(w.data());
     m->workspace_bytes = need;
   } else {
-    m->workspace_bytes = attention_workspace_bytes(n_rows, n_q_heads, head_dim, splits);
+    m->workspace_bytes = attention_workspace_bytes(n_rows, n_q_heads, v_head_dim, splits);
     m->owned_workspace = Buffer(m->workspace_bytes, dev, 256);
     ws = static_cast<std::byte*>(m->owned_workspace.data());
   }
@@ -343,7 +350,7 @@ AttentionPlan plan_paged(bool prefill, const PagedKV& pages, int32_t n_q_heads, 
   p.max_seq_cells = cells;
   p.kernel_variant = kernel;
   p.o_part = reinterpret_cast<float*>(ws);
-  p.lse_part = p.o_part + n_rows * n_q_heads * splits * head_dim;
+  p.lse_part = p.o_part + n_rows * n_q_heads * splits * v_head_dim;
   p.device = dev.index;
   return AttentionPlanAccess::make(std::move(m));
 }
@@ -352,8 +359,8 @@ void run_params(const AttentionPlan& plan, const TensorRef& q, const PagedKV& pa
                 const AttentionLayer& layer, Stream stream, PagedAttentionParams& p) {
   const AttentionPlan::Impl& m = AttentionPlanAccess::impl(plan);
   const char* op = m.op;
-  check_rows(op, "q", q, m);
-  check_rows(op, "out", out, m);
+  check_rows(op, "q", q, m, false);
+  check_rows(op, "out", out, m, true);
   const PagesSignature sig = signature_of(pages);
   if (!(sig == m.pages)) pages_mismatch(op, m.pages, sig);
   p = m.base;

@@ -55,9 +55,10 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
                     t.dtype() == DType::E4M3,
                 op, ": ", name, " must be f32, f16, bf16 or e4m3, got ", dtype_name(t.dtype()));
   }
-  for (int d = 0; d < 4; ++d)
+  for (int d = 0; d < 3; ++d)
     require_arg(kv.k.size(d) == kv.v.size(d), op, ": pages.k ", shape_of(kv.k), " and pages.v ", shape_of(kv.v),
-                " must have one shape");
+                " must have the same blocks, block size and kv heads");
+  const int64_t v_head_dim = kv.v.size(3);
   const int64_t num_blocks = kv.k.size(0), block_size = kv.k.size(1), n_kv = kv.k.size(2);
   require_arg(kv.k.size(3) == head_dim, op, ": q has head_dim ", head_dim, " but the pools have ", kv.k.size(3));
   require_arg(block_size >= 1 && n_kv >= 1 && num_blocks >= 1, op, ": pools must be non-empty, got ", described(kv.k));
@@ -88,7 +89,7 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
                     " must be ue8m0 (per 64 dims) or f32 (per token and head), got ", dtype_name(s.dtype()));
         checks::ndim_is(op, name, s, 4);
         for (int d = 0; d < 3; ++d) checks::size_is(op, name, s, d, kv.k.size(d));
-        checks::size_is(op, name, s, 3, head_dim / 64);
+        checks::size_is(op, name, s, 3, (name[6] == 'k' ? head_dim : v_head_dim) / 64);
       }
     }
     require_arg((kv.k_scale.dtype() == DType::F32) == (kv.v_scale.dtype() == DType::F32), op,
@@ -121,6 +122,7 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
   p.layout.block_size = static_cast<int32_t>(block_size);
   p.layout.n_kv_heads = static_cast<int32_t>(n_kv);
   p.layout.head_dim = static_cast<int32_t>(head_dim);
+  p.v_head_dim = static_cast<int32_t>(v_head_dim);
   p.num_blocks = static_cast<int32_t>(num_blocks);
 }
 

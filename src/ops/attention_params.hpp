@@ -17,16 +17,17 @@ enum class QElem : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
 struct PagedAttentionParams {
   // ---- pages (one layer)
   const void* k;                      // [num_blocks, block_size, n_kv_heads, head_dim] of kv_elem
-  const void* v;                      // same shape
+  const void* v;                      // [num_blocks, block_size, n_kv_heads, v_head_dim] of kv_elem
   math::KvElem kv_elem;
   math::KvScaleMode scale_mode;
   const uint8_t* maybe_k_scale_u8;    // Ue8m0Per64: [num_blocks, block_size, n_kv_heads, head_dim / 64]
-  const uint8_t* maybe_v_scale_u8;
+  const uint8_t* maybe_v_scale_u8;    //             [num_blocks, block_size, n_kv_heads, v_head_dim / 64]
   const float* maybe_k_scale_f32;     // F32PerRow: [num_blocks, block_size, n_kv_heads]
   const float* maybe_v_scale_f32;
   const int32_t* maybe_positions;     // [num_blocks, block_size]
   const uint8_t* maybe_valid;         // [num_blocks, block_size]
-  PagedLayout layout;                 // block_size, n_kv_heads, head_dim
+  PagedLayout layout;                 // block_size, n_kv_heads, head_dim (of K and of q)
+  int32_t v_head_dim;                 // width of V rows, of the output and of the partials
   int32_t num_blocks;
   // ---- block tables (CSR)
   const int32_t* indptr;              // [batch + 1]
@@ -57,13 +58,13 @@ struct PagedAttentionParams {
   int32_t rotate_query;               // rotate q at q_positions first
   math::RopeTable rope;               // valid when rope_on_read
   // ---- output and split-K scratch
-  void* out;                          // [n_rows, n_q_heads, head_dim] of out_elem
+  void* out;                          // [n_rows, n_q_heads, v_head_dim] of out_elem
   QElem out_elem;
   int64_t out_row_stride, out_head_stride;
   int32_t num_splits;                 // >= 1
   int64_t max_seq_cells;              // planning hint: cells of the longest sequence (0: unknown)
   int32_t kernel_variant;             // CUDA: an ops::AttentionKernel (attention_tuning.hpp)
-  float* o_part;                      // [n_rows, n_q_heads, num_splits, head_dim] normalized partial outputs
+  float* o_part;                      // [n_rows, n_q_heads, num_splits, v_head_dim] normalized partial outputs
   float* lse_part;                    // [n_rows, n_q_heads, num_splits] log2-sum-exp2 of each partial
   int32_t device;                     // CUDA device index of every tensor
   Stream stream;
@@ -185,7 +186,8 @@ void attention_dsv4(const Dsv4AttentionParams& p);
 int sm_count(int device);
 // Split-K factor that fills the device in whole waves (uses the kernel's occupancy); fat_ctas
 // as AttentionTuning::fat_ctas.
-int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
+int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, int v_head_dim,
+                                math::KvElem kv,
                                 int kernel_variant, int64_t max_seq_cells, bool rope_on_read, bool fat_ctas);
 }  // namespace cuda
 

@@ -38,7 +38,8 @@ struct AttentionPlan::Impl {
   ops::PagedAttentionParams base{};
   ops::AttentionTuning tuning;
   PagesSignature pages;     // what every run's pages must match
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;     // of K and q
+  int64_t v_head_dim = 0;   // of V and the output
   Device device = Device::cpu();
   Buffer owned_workspace;   // when the schedule gave none
   size_t workspace_bytes = 0;

@@ -20,8 +20,12 @@ struct AttentionPagesFormat {
 // value (callers prefix the op or config name).
 //   - element types: f32, f16, bf16 or e4m3, K and V of one type (the kernels read both
 //     with one element decoder);
-//   - head dims: 64, 128, 256 or 512, V's equal to K's (the kernels keep one row width).
-// The rule is the same on the CPU and on CUDA today.
+//   - head dims: 64, 80, 96, 112, 128, 192, 256 or 512 with V's equal to K's, or K 576 with
+//     V 512 (DeepSeek-V2/V3 MLA: latent plus rope dims in K, the latent alone in V); each pair
+//     is a CUDA kernel instantiation;
+//   - e4m3 pages: head dims that are multiples of 64 (a UE8M0 scale covers 64 values; 80, 96
+//     and 112 are refused, also with per-row f32 scales, so that one rule serves both).
+// The rule is the same on the CPU and on CUDA.
 std::string attention_cannot_read(Device device, const AttentionPagesFormat& f);
 
 }  // namespace kvcore::ops

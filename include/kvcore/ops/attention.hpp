@@ -49,9 +49,13 @@ enum class RopeMode : uint8_t { RopeStored, RopeOnRead };
 
 // One layer's pages (kvcore/paged_layout.hpp). PagedCache::paged_kv(layer) fills every field.
 struct PagedKV {
-  TensorRef k, v;              // [num_blocks, block_size, n_kv_heads, head_dim]: f32, f16, bf16 or e4m3
-  TensorRef k_scale, v_scale;  // e4m3 only: UE8M0 (or u8) [num_blocks, block_size, n_kv_heads, head_dim / 64]
-                               //            or f32 [num_blocks, block_size, n_kv_heads]
+  // [num_blocks, block_size, n_kv_heads, head_dim] (K) and [.., v_head_dim] (V): f32, f16, bf16 or
+  // e4m3, both of one type. Head dims: 64, 80, 96, 112, 128, 192, 256 or 512 with V as wide as K,
+  // or K 576 with V 512 (DeepSeek-V2/V3 MLA); e4m3 needs multiples of 64.
+  TensorRef k, v;
+  // e4m3 only: UE8M0 (or u8) [num_blocks, block_size, n_kv_heads, head_dim / 64] (v_scale: v_head_dim / 64)
+  //            or f32 [num_blocks, block_size, n_kv_heads]
+  TensorRef k_scale, v_scale;
   TensorRef positions;         // i32 [num_blocks, block_size]; needed for window, causal, rope-on-read
   TensorRef valid;             // u8 [num_blocks, block_size]; empty: every spanned cell is live
   RopeMode rope_mode = RopeMode::RopeStored;
@@ -98,7 +102,7 @@ struct AttentionSchedule {
 
 // What the model fixes for a layer (it may differ between layers of one plan).
 struct AttentionLayer {
-  float softmax_scale = 0.0f;  // > 0; 0: head_dim^-0.5
+  float softmax_scale = 0.0f;  // > 0; 0: head_dim^-0.5 (K's head dim)
   int32_t window = 0;          // 0: no sliding window; else keys with q_pos - k_pos < window
   TensorRef maybe_sinks;       // f32 [n_q_heads]: per-head sink logits (empty: none)
 };
@@ -115,7 +119,7 @@ class AttentionPlan {
   static AttentionPlan prefill(const PagedKV& pages, int32_t n_q_heads, const AttentionStep& step,
                                const AttentionSchedule& schedule = {});
 
-  // q [n_rows, n_q_heads, head_dim] f32/f16/bf16 -> out of q's shape, f32/f16/bf16.
+  // q [n_rows, n_q_heads, head_dim] f32/f16/bf16 -> out [n_rows, n_q_heads, v_head_dim] f32/f16/bf16.
   // `pages` must match the planned shapes, formats and RoPE mode (Error otherwise).
   // The step's tables must not change between planning and the last run (re-plan after any
   // cache change); runs do not re-read them on the host.
@@ -141,7 +145,8 @@ class AttentionPlan {
   std::unique_ptr<Impl> impl_;
 };
 
-// Bytes of workspace a plan with these sizes needs for num_splits >= 1 splits.
+// Bytes of workspace a plan with these sizes needs for num_splits >= 1 splits; head_dim is the
+// output's (V's) head dim.
 size_t attention_workspace_bytes(int64_t n_rows, int64_t n_q_heads, int64_t head_dim, int32_t num_splits);
 
 }  // namespace kvcore

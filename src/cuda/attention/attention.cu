@@ -29,15 +29,19 @@ constexpr int kMaxSplits = 1024;
 // by one as the compiler issues them: a memory round trip per few splits.
 constexpr int kStageFloats = 8192;
 
-// DS: dims a CTA merges (HD, or 32 when few (row, head) pairs would leave most SMs idle: at
-// batch 1, 32 CTAs of 66 splits each waited on two stages of copies in turn).
+// DS: dims a CTA merges (HD, or 32 (16 where 32 does not divide HD) when few (row, head) pairs
+// would leave most SMs idle: at batch 1, 32 CTAs of 66 splits each waited on two stages of
+// copies in turn).
 template <int HD, int DS>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a) {
   static_assert(HD % DS == 0 && DS % 4 == 0, "whole 16-byte chunks of a split's slice");
+  static_assert(DS < kMergeThreads || DS % kMergeThreads == 0, "wide slices: whole dims a thread");
   constexpr int kSlices = HD / DS;
   constexpr int kStageSplits = kStageFloats / DS;
   constexpr int kParts = DS >= kMergeThreads ? 1 : kMergeThreads / DS;  // threads sharing a dim (split subsets)
   constexpr int kDims = DS >= kMergeThreads ? DS / kMergeThreads : 1;   // dims a thread sums
+  // Threads that sum (where DS does not divide kMergeThreads, the last few only copy).
+  constexpr int kSummers = DS >= kMergeThreads ? kMergeThreads : kParts * DS;
   __shared__ __align__(16) float stage[kStageFloats];
   __shared__ float w[kMaxSplits];
   __shared__ float part[kParts][DS];
@@ -82,11 +86,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
   float acc[kDims];
 #pragma unroll
   for (int k = 0; k < kDims; ++k) acc[k] = 0.0f;
+  const int q_end = tid < kSummers ? min(kStageSplits, a.splits) : 0;  // idle threads sum no split
   for (int s0 = 0; s0 < a.splits; s0 += kStageSplits) {
     kvcore::ops::cuda::cp_async_wait<0>();
     __syncthreads();  // the stage (and, the first time, the weights) visible to every thread
     const float inv = inv_s;
-    const int n = min(kStageSplits, a.splits - s0);
+    const int n = min(q_end, a.splits - s0);
     for (int i = q; i < n; i += kParts) {
       const float wi = w[s0 + i] * inv;
       if (wi != 0.0f)  // an empty split's partial is never read (0 * inf)
@@ -98,8 +103,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
       copy_stage(s0 + kStageSplits);
     }
   }
+  if (tid < kSummers)
 #pragma unroll
-  for (int k = 0; k < kDims; ++k) part[q][d0 + kMergeThreads * k] = acc[k];
+    for (int k = 0; k < kDims; ++k) part[q][d0 + kMergeThreads * k] = acc[k];
   __syncthreads();
   float* row = stage;  // the stage is free now
   for (int d = tid; d < DS; d += kMergeThreads) {
@@ -129,9 +135,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeArgs a)
 
 void launch_merge(const MergeArgs& a, cudaStream_t stream) {
   const int hd = a.head_dim;
-  if (a.splits > kMaxSplits || !(hd == 64 || hd == 128 || hd == 256 || hd == 512))
-    throw Error(ErrorCode::InvalidArgument, detail::concat("attention merge: splits ", a.splits, " / head_dim ", hd,
-                                                           " beyond the kernel's limits (1024 / 64, 128, 256 or 512)"));
+  const bool served = hd == 64 || hd == 80 || hd == 96 || hd == 112 || hd == 128 || hd == 192 || hd == 256 || hd == 512;
+  if (a.splits > kMaxSplits || !served)
+    throw Error(ErrorCode::InvalidArgument,
+                detail::concat("attention merge: splits ", a.splits, " / head_dim ", hd,
+                               " beyond the kernel's limits (1024 / 64, 80, 96, 112, 128, 192, 256 or 512)"));
   const int64_t blocks = int64_t{a.n_rows} * a.n_heads;
   if (blocks == 0) return;
   // Fewer (row, head) pairs than SMs: a CTA per 32 dims, so more SMs share the copies
@@ -139,11 +147,16 @@ void launch_merge(const MergeArgs& a, cudaStream_t stream) {
   const bool sliced = a.sm_count > 0 && !a.maybe_inverse_rope_pos && blocks < a.sm_count;
   // Programmatic dependent launch (Hopper): the merge grid is set up while the decode
   // kernel drains, instead of after it (the launch latency leaves the critical path).
-  const dim3 grid(static_cast<unsigned>(sliced ? blocks * (hd / 32) : blocks)), block(kMergeThreads);
+  const int slice = hd % 32 == 0 ? 32 : 16;
+  const dim3 grid(static_cast<unsigned>(sliced ? blocks * (hd / slice) : blocks)), block(kMergeThreads);
   auto go = [&](auto kernel) { kvcore::ops::cuda::launch_dependent(kernel, grid, block, 0, stream, a); };
   switch (hd) {
     case 64: return sliced ? go(merge_kernel<64, 32>) : go(merge_kernel<64, 64>);
+    case 80: return sliced ? go(merge_kernel<80, 16>) : go(merge_kernel<80, 80>);
+    case 96: return sliced ? go(merge_kernel<96, 32>) : go(merge_kernel<96, 96>);
+    case 112: return sliced ? go(merge_kernel<112, 16>) : go(merge_kernel<112, 112>);
     case 128: return sliced ? go(merge_kernel<128, 32>) : go(merge_kernel<128, 128>);
+    case 192: return sliced ? go(merge_kernel<192, 32>) : go(merge_kernel<192, 192>);
     case 256: return sliced ? go(merge_kernel<256, 32>) : go(merge_kernel<256, 256>);
     default: return sliced ? go(merge_kernel<512, 32>) : go(merge_kernel<512, 512>);
   }
@@ -162,29 +175,40 @@ int heads_per_cta(int hd, math::KvElem kv, int group) {
   return gmax;
 }
 
+// The SIMT kernel of the pages' (K, V) head dims: the pairs ops::attention_cannot_read accepts.
 void dispatch_hd(const PagedAttentionParams& p, int G, int chunks, dim3 grid, cudaStream_t stream, int* blocks_per_sm) {
-  switch (p.layout.head_dim) {
-    case 64: return attn::launch_paged_hd<64>(p, G, chunks, grid, stream, blocks_per_sm);
-    case 128: return attn::launch_paged_hd<128>(p, G, chunks, grid, stream, blocks_per_sm);
-    case 256: return attn::launch_paged_hd<256>(p, G, chunks, grid, stream, blocks_per_sm);
-    case 512: return attn::launch_paged_hd<512>(p, G, chunks, grid, stream, blocks_per_sm);
-    default: throw Error(ErrorCode::NotSupported, detail::concat("attention: head_dim ", p.layout.head_dim));
+  const int hd = p.layout.head_dim, hdv = p.v_head_dim;
+  if (hd == 576 && hdv == 512) return attn::launch_paged_hd<576, 512>(p, G, chunks, grid, stream, blocks_per_sm);
+  if (hd == hdv) {
+    switch (hd) {
+      case 64: return attn::launch_paged_hd<64, 64>(p, G, chunks, grid, stream, blocks_per_sm);
+      case 80: return attn::launch_paged_hd<80, 80>(p, G, chunks, grid, stream, blocks_per_sm);
+      case 96: return attn::launch_paged_hd<96, 96>(p, G, chunks, grid, stream, blocks_per_sm);
+      case 112: return attn::launch_paged_hd<112, 112>(p, G, chunks, grid, stream, blocks_per_sm);
+      case 128: return attn::launch_paged_hd<128, 128>(p, G, chunks, grid, stream, blocks_per_sm);
+      case 192: return attn::launch_paged_hd<192, 192>(p, G, chunks, grid, stream, blocks_per_sm);
+      case 256: return attn::launch_paged_hd<256, 256>(p, G, chunks, grid, stream, blocks_per_sm);
+      case 512: return attn::launch_paged_hd<512, 512>(p, G, chunks, grid, stream, blocks_per_sm);
+      default: break;
+    }
   }
+  throw Error(ErrorCode::NotSupported, detail::concat("attention: head_dim ", hd, " with v_head_dim ", hdv));
 }
 
 }  // namespace
 
-int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, math::KvElem kv,
-                                int kernel_variant, int64_t max_seq_cells, bool rope_on_read, bool fat_ctas) {
+int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int group, int head_dim, int v_head_dim,
+                                math::KvElem kv, int kernel_variant, int64_t max_seq_cells, bool rope_on_read,
+                                bool fat_ctas) {
   KVCORE_CUDA_CHECK(cudaSetDevice(device));
   if (kernel_variant == 4) kernel_variant = 0;  // the prefill kernel has no splits; others plan as automatic
-  const bool mma = mma_attn::serves_shape(head_dim, kv, kernel_variant);
+  const bool mma = v_head_dim == head_dim && mma_attn::serves_shape(head_dim, kv, kernel_variant);
   const int G = mma ? mma_attn::heads_per_cta(group) : heads_per_cta(head_dim, kv, group);
   const int chunks = (group + G - 1) / G;
   // Occupancy queries cost host time on every call: remember them per kernel choice.
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, int>, int> known;
-  const auto key = std::make_tuple(device, head_dim, static_cast<int>(kv), mma ? 3 : kernel_variant, G);
+  static std::map<std::tuple<int, int, int, int, int, int>, int> known;
+  const auto key = std::make_tuple(device, head_dim, v_head_dim, static_cast<int>(kv), mma ? 3 : kernel_variant, G);
   int per_sm = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -197,6 +221,7 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
     } else {
       PagedAttentionParams q{};
       q.layout.head_dim = head_dim;
+      q.v_head_dim = v_head_dim;
       q.kv_elem = kv;
       q.kernel_variant = kernel_variant;
       dispatch_hd(q, G, chunks, dim3(), nullptr, &per_sm);
@@ -266,7 +291,7 @@ void attention_paged(const PagedAttentionParams& p, const AttentionTuning& tunin
   m.n_rows = p.n_rows;
   m.n_heads = p.n_q_heads;
   m.splits = p.num_splits;
-  m.head_dim = hd;
+  m.head_dim = p.v_head_dim;  // the partials are V rows
   m.maybe_sinks = p.maybe_sinks;
   m.out = p.out;
   m.out_elem = p.out_elem;
