@@ -794,8 +794,9 @@ class Dsv4Cache:
 
     def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
         """
-        DeepSeek-V4 caches cannot shift (compressor windows straddle any cut): raises
-        NotSupportedError (InvalidArgumentError first when the range itself is bad).
+        Context shift (docs/specs/dsv4-context-shift.md): drops tokens [n_keep, n_keep + n_discard),
+        re-rotates what follows. InvalidArgumentError for a bad range or counts off shift_granule;
+        NotSupportedError when the kept tail is shorter than the window of a longer sequence.
         """
 
     @property
