@@ -66,9 +66,6 @@ Timing time_graph(int device, int reps, int warmup, const std::function<void(Str
 // time work on this one too), for caches whose work a CUDA graph must capture; destroyed by
 // destroy_stream().
 Stream make_blocking_stream(int device);
-// A stream that does not synchronize with the legacy default stream (as a fresh capture stream
-// of time_graph): work timed on it eagerly must end in a synchronize.
-Stream make_nonblocking_stream(int device);
 void destroy_stream(Stream s);
 // Host time of one call (validation, planning, enqueue): the median of 5 calls, each made on
 // an idle device. Event timings of a call include it up to its first launch.

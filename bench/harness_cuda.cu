@@ -54,13 +54,6 @@ Stream make_blocking_stream(int device) {
   return Stream::from_native(s);
 }
 
-Stream make_nonblocking_stream(int device) {
-  KVCORE_CUDA_CHECK(cudaSetDevice(device));
-  cudaStream_t s = nullptr;
-  KVCORE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return Stream::from_native(s);
-}
-
 void destroy_stream(Stream s) {
   if (s.handle) cudaStreamDestroy(static_cast<cudaStream_t>(s.handle));
 }
