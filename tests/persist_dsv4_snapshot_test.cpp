@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "dsv4_sequence_util.hpp"
 #include "dsv4_test_util.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/persist/dsv4_snapshot.hpp"
@@ -28,101 +29,40 @@ Dsv4CacheConfig stack_config(Dsv4Quant q, int32_t window = 32) {
   return cfg;
 }
 
-void set_weights(Dsv4Cache& cache) {
-  const Dsv4CacheConfig& cfg = cache.config();
-  for (int l = 1; l < 3; ++l) {
-    const Dsv4Compressor c = cfg.compressor(cfg.layers[l]), ix = cfg.indexer();
-    std::vector<float> ca = randn(static_cast<size_t>(c.ratio) * c.width(), 80 + l), cn = randn(c.head_dim, 90 + l, 0.2f);
-    std::vector<float> ia = randn(static_cast<size_t>(ix.ratio) * ix.width(), 100 + l), in = randn(ix.head_dim, 110 + l, 0.2f);
-    for (float& v : cn) v += 1;
-    for (float& v : in) v += 1;
-    cache.set_weights(l, {view(ca, {c.ratio, c.width()}), view(cn, {c.head_dim}), view(ia, {ix.ratio, ix.width()}),
-                          view(in, {ix.head_dim})});
-  }
-}
-
-// Tokens [p, p + len) of every layer of `seq`.
-void append(Dsv4Cache& cache, SeqId seq, int p, int len) {
-  const Dsv4CacheConfig& cfg = cache.config();
-  for (int l = 0; l < 3; ++l) {
-    const int wc = cfg.layers[l] == Dsv4LayerKind::Window ? 0 : cfg.compressor(cfg.layers[l]).width();
-    const int wi = 2 * cfg.index_dim;
-    std::vector<float> kv, cc, cz, ic, iz;
-    for (int q = p; q < p + len; ++q) {
-      const uint64_t s = 7000 + 31 * q + l;
-      for (auto [vec, n, sd, sc] : {std::tuple{&kv, 512, s, 2.0f}, std::tuple{&cc, wc, s + 1, 1.0f},
-                                    std::tuple{&cz, wc, s + 2, 2.0f}, std::tuple{&ic, wi, s + 3, 1.0f},
-                                    std::tuple{&iz, wi, s + 4, 2.0f}}) {
-        const auto r = randn(n, sd, sc);
-        vec->insert(vec->end(), r.begin(), r.end());
-      }
-    }
-    Dsv4TokenInputs in;
-    in.kv = view(kv, {len, 512});
-    if (wc) {
-      in.comp_c = view(cc, {len, wc});
-      in.comp_z = view(cz, {len, wc});
-    }
-    if (cfg.layers[l] == Dsv4LayerKind::CSA) {
-      in.idx_c = view(ic, {len, wi});
-      in.idx_z = view(iz, {len, wi});
-    }
-    cache.append(seq, l, p, in);
-  }
-}
-
-::testing::AssertionResult same(const Dsv4Cache& a, SeqId sa, const Dsv4Cache& b, SeqId sb) {
-  for (int l = 0; l < 3; ++l) {
-    if (a.length(sa, l) != b.length(sb, l)) return ::testing::AssertionFailure() << "length, layer " << l;
-    if (a.read_window(sa, l) != b.read_window(sb, l)) return ::testing::AssertionFailure() << "window, layer " << l;
-    if (l == 0) continue;
-    if (a.read_compressed(sa, l) != b.read_compressed(sb, l)) return ::testing::AssertionFailure() << "rows, layer " << l;
-    for (bool score : {false, true})
-      if (a.read_state(sa, l, score ? Dsv4State::CompressorScore : Dsv4State::CompressorKv) != b.read_state(sb, l, score ? Dsv4State::CompressorScore : Dsv4State::CompressorKv))
-        return ::testing::AssertionFailure() << "compressor state, layer " << l;
-    if (l != 1) continue;
-    if (a.read_indexer(sa, l) != b.read_indexer(sb, l)) return ::testing::AssertionFailure() << "indexer rows";
-    for (bool score : {false, true})
-      if (a.read_state(sa, l, score ? Dsv4State::IndexerScore : Dsv4State::IndexerKv) != b.read_state(sb, l, score ? Dsv4State::IndexerScore : Dsv4State::IndexerKv))
-        return ::testing::AssertionFailure() << "indexer state";
-  }
-  return ::testing::AssertionSuccess();
-}
-
 }  // namespace
 
 TEST(PersistDsv4Snapshot, RoundTripIsCompleteAndGoesOnIdentically) {
   for (Dsv4Quant q : {Dsv4Quant::On, Dsv4Quant::Off}) {
     Dsv4Cache src(stack_config(q), Device::cpu()), dst(stack_config(q), Device::cpu());
-    set_weights(src);
-    set_weights(dst);
+    dsv4_set_test_weights(src);
+    dsv4_set_test_weights(dst);
     const SeqId s0 = src.create(), d0 = dst.create(), d1 = dst.create();
-    append(src, s0, 0, 37);
-    append(src, s0, 37, 1);
+    dsv4_append_tokens(src, s0, 0, 37);
+    dsv4_append_tokens(src, s0, 37, 1);
     const std::string path =
         (std::filesystem::temp_directory_path() / ("kvcore_dsv4_" + std::to_string(::getpid()))).string();
     snapshot_save(src, s0, path, "dsv4-flash");
     snapshot_load(dst, d1, path, "dsv4-flash");
     std::filesystem::remove(path);
-    EXPECT_TRUE(same(src, s0, dst, d1));
+    EXPECT_TRUE(dsv4_same_sequence(src, s0, dst, d1));
     EXPECT_EQ(dst.length(d0, 0), 0) << "other sequences untouched";
     // The states are complete: both go on to the same rows.
-    append(src, s0, 38, 40);
-    append(dst, d1, 38, 40);
-    EXPECT_TRUE(same(src, s0, dst, d1));
+    dsv4_append_tokens(src, s0, 38, 40);
+    dsv4_append_tokens(dst, d1, 38, 40);
+    EXPECT_TRUE(dsv4_same_sequence(src, s0, dst, d1));
   }
 }
 
 TEST(PersistDsv4Snapshot, BadFilesOtherLayoutsAndBusySlotsAreRefused) {
   Dsv4Cache src(stack_config(Dsv4Quant::On), Device::cpu());
-  set_weights(src);
+  dsv4_set_test_weights(src);
   const SeqId s0 = src.create();
-  append(src, s0, 0, 21);
+  dsv4_append_tokens(src, s0, 0, 21);
   const std::vector<uint8_t> good = snapshot_encode(src, s0, "m");
   Dsv4Cache dst(stack_config(Dsv4Quant::On), Device::cpu());
-  set_weights(dst);
+  dsv4_set_test_weights(dst);
   const SeqId d0 = dst.create(), d1 = dst.create();
-  append(dst, d0, 0, 5);  // d0 busy, d1 empty
+  dsv4_append_tokens(dst, d0, 0, 5);  // d0 busy, d1 empty
   auto refused = [&](ErrorCode code, std::span<const uint8_t> b, SeqId seq, std::string_view model) {
     const std::vector<float> w0 = dst.read_window(d0, 2), w1 = dst.read_window(d1, 2);
     try {
@@ -149,7 +89,7 @@ TEST(PersistDsv4Snapshot, BadFilesOtherLayoutsAndBusySlotsAreRefused) {
   EXPECT_THROW(snapshot_decode(other, o0, good, "m"), Error);
   EXPECT_EQ(other.length(o0, 0), 0);
   snapshot_decode(dst, d1, good, "m");
-  EXPECT_TRUE(same(src, s0, dst, d1));
+  EXPECT_TRUE(dsv4_same_sequence(src, s0, dst, d1));
   const SnapshotSummary s = snapshot_inspect(good);
   EXPECT_EQ(s.dsv4_lengths, (std::vector<int64_t>{21, 21, 21}));
   EXPECT_NE(snapshot_describe(s).find("Dsv4Cache"), std::string::npos);
