@@ -2,33 +2,12 @@
  * trip), shift_dense on a dense f32 cache against a float64 rotation, a DeepSeek-V4 cache's
  * life cycle and refused shift, and the error contract for bad tensors. Exit status 0 = pass. */
 #include <kvcore/kvcore.h>
+
+#include "check.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fprintf(stderr, "\n");                              \
-      ++failures;                                         \
-    }                                                     \
-  } while (0)
-
-static DLTensor tensor(void* data, uint8_t code, uint8_t bits, int ndim, int64_t* shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = code;
-  t.dtype.bits = bits;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  return t;
-}
 
 static float unit(unsigned i) { return (float)sin(0.7 * i + 0.3) * (float)(1 + i % 5); }
 
@@ -38,10 +17,10 @@ static void codecs(void) {
   static uint8_t codes[ROWS][NOPE], scales[ROWS][NOPE / 64];
   static uint16_t tail[ROWS][NROT];
   int64_t s_src[2] = {ROWS, COLS}, s_codes[2] = {ROWS, NOPE}, s_scales[2] = {ROWS, NOPE / 64}, s_tail[2] = {ROWS, NROT};
-  DLTensor t_src = tensor(src, kDLFloat, 32, 2, s_src), t_round = tensor(round, kDLFloat, 32, 2, s_src);
-  DLTensor t_back = tensor(back, kDLFloat, 32, 2, s_src), t_codes = tensor(codes, kDLUInt, 8, 2, s_codes);
-  DLTensor t_scales = tensor(scales, kDLUInt, 8, 2, s_scales), t_tail = tensor(tail, kDLFloat, 16, 2, s_tail);
-  DLTensor t_bad = tensor(codes, kDLInt, 16, 2, s_codes);
+  DLTensor t_src = host_tensor(src, kDLFloat, 32, 2, s_src), t_round = host_tensor(round, kDLFloat, 32, 2, s_src);
+  DLTensor t_back = host_tensor(back, kDLFloat, 32, 2, s_src), t_codes = host_tensor(codes, kDLUInt, 8, 2, s_codes);
+  DLTensor t_scales = host_tensor(scales, kDLUInt, 8, 2, s_scales), t_tail = host_tensor(tail, kDLFloat, 16, 2, s_tail);
+  DLTensor t_bad = host_tensor(codes, kDLInt, 16, 2, s_codes);
   int r, c, same = 1, moved = 0;
   for (r = 0; r < ROWS; ++r)
     for (c = 0; c < COLS; ++c) src[r][c] = unit((unsigned)(r * COLS + c));
@@ -68,7 +47,7 @@ static void shift(void) {
   enum { CAP = 12, HEADS = 2, DIM = 32, LEN = 10, KEEP = 2, DISCARD = 3 };
   static float k[CAP][HEADS][DIM], v[CAP][HEADS][DIM], k0[CAP][HEADS][DIM], v0[CAP][HEADS][DIM];
   int64_t shape[3] = {CAP, HEADS, DIM};
-  DLTensor tk = tensor(k, kDLFloat, 32, 3, shape), tv = tensor(v, kDLFloat, 32, 3, shape);
+  DLTensor tk = host_tensor(k, kDLFloat, 32, 3, shape), tv = host_tensor(v, kDLFloat, 32, 3, shape);
   kvc_rope_spec rope;
   kvc_shift_layer layer;
   int j, h, i;
@@ -115,7 +94,7 @@ static void dsv4(void) {
   int32_t kinds[2] = {KVC_DSV4_WINDOW, KVC_DSV4_WINDOW};
   static float kv[512], window[128 * 512];
   int64_t shape[2] = {1, 512};
-  DLTensor t = tensor(kv, kDLFloat, 32, 2, shape);
+  DLTensor t = host_tensor(kv, kDLFloat, 32, 2, shape);
   size_t n = 0;
   int i;
   kvc_dsv4_config_v4_flash(&cfg, 1024, 1);

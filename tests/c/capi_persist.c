@@ -8,22 +8,14 @@
  *   - prefix caching: publish, a hit under the same salt with the same K/V, a miss under another.
  * Exit status 0 = pass. */
 #include <kvcore/kvcore.h>
+
+#include "check.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fprintf(stderr, "\n");                              \
-      ++failures;                                         \
-    }                                                     \
-  } while (0)
 
 enum { LAYERS = 2, HEADS = 2, DIM = 64, BLOCK = 4, NBLOCKS = 16, TOKENS = 10, MAXTOK = 32 };
 
@@ -61,14 +53,7 @@ static void append(kvc_paged_cache* c, int64_t seq, int32_t first, int32_t n, un
       for (h = 0; h < HEADS; ++h)
         for (d = 0; d < DIM; ++d) k[l][i][h][d] = unit(seed + (unsigned)(((l * n + i) * HEADS + h) * DIM + d));
   for (i = 0; i < n; ++i) pos[i] = first + i;
-  memset(&t, 0, sizeof t);
-  t.data = k;
-  t.device.device_type = kDLCPU;
-  t.ndim = 4;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
+  t = host_tensor(k, kDLFloat, 32, 4, shape);
   CHECK(kvc_paged_append(c, seq, pos, n, &t, &t) == KVC_OK, "append: %s", kvc_last_error());
 }
 
@@ -231,14 +216,7 @@ static void dsv4_snapshot(void) {
   if (!src || !dst) return;
   kvc_dsv4_seq_create(src, &s);
   kvc_dsv4_seq_create(dst, &d);
-  memset(&t, 0, sizeof t);
-  t.data = kv;
-  t.device.device_type = kDLCPU;
-  t.ndim = 2;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
+  t = host_tensor(kv, kDLFloat, 32, 2, shape);
   for (p = 0; p < 3; ++p) {
     for (i = 0; i < 512; ++i) kv[i] = unit((unsigned)(i + 512 * p)) * 0.1f;
     CHECK(kvc_dsv4_append(src, s, 0, p, &t, NULL, NULL, NULL, NULL) == KVC_OK, "append: %s", kvc_last_error());

@@ -4,6 +4,8 @@
  * keys and values this program wrote. Also checks the error contract (status, message, nothing
  * changed) and stale plans. Exit status 0 = pass. */
 #include <kvcore/kvcore.h>
+
+#include "check.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,16 +23,6 @@
 #define FORK_AT 20
 #define MAX_TOKENS 64
 
-static int failures = 0;
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fprintf(stderr, "\n");                              \
-      ++failures;                                         \
-    }                                                     \
-  } while (0)
 #define OK(call)                                                                      \
   do {                                                                                \
     kvc_status st_ = (call);                                                          \
@@ -107,17 +99,7 @@ static double max_error(const ref_seq* r, int layer, const float* q, const float
 }
 
 static DLTensor f32_tensor(float* data, int ndim, int64_t* shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  t.strides = NULL; /* compact row-major */
-  return t;
+  return host_tensor(data, kDLFloat, 32, ndim, shape);
 }
 
 static void shift_ref(ref_seq* r) {
