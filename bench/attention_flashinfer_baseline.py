@@ -31,34 +31,10 @@ import time
 
 import torch
 
-QH, KVH, D, BS = 32, 8, 128, 16
-L2 = 60e6
+from attention_baseline_common import BS, D, KVH, QH, copies_for, time_cuda
+from attention_baseline_common import kv_bytes as kvcore_case_bytes
+
 WORKSPACE_BYTES = 256 << 20
-
-
-def kvcore_case_bytes(batch, ctx, fp8):
-    rows = batch * ctx * KVH
-    return 2.0 * rows * (D + D // 64 if fp8 else 2 * D)
-
-
-def copies_for(nbytes):
-    return max(1, min(64, math.ceil(4 * L2 / nbytes)))
-
-
-def time_events(fn, reps, warmup):
-    for i in range(warmup):
-        fn(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(i)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    times.sort()
-    return times[len(times) // 2], times[0]
 
 
 def time_graph(record, n, reps, warmup):
@@ -168,7 +144,7 @@ def decode_variant(fi, args, out, name, batch, ctx, fp8, tc, pools, table, indpt
         err = (got.float() - ref).abs().max().item()
         assert err < 2e-2, f"{name}: FlashInfer check failed (tc={tc}, err {err})"
     outb = torch.empty_like(q)
-    med, mn = time_events(lambda i: w.run(q, pools[i % copies], k_scale=k_scale, v_scale=v_scale, out=outb),
+    med, mn = time_cuda(lambda i: w.run(q, pools[i % copies], k_scale=k_scale, v_scale=v_scale, out=outb),
                           args.reps, args.warmup)
     rec = dict(bench="attention_flashinfer", case=name, variant=f"decode_tc{int(tc)}", median_us=med, min_us=mn,
                bytes=kvcore_case_bytes(batch, ctx, fp8), bytes_read=fi_bytes, gbps=fi_bytes / med / 1e3,
@@ -247,7 +223,7 @@ def prefill_case(fi, args, out, batch, ctx, n_new, warm_only):
     err = (got[n_new - r:n_new].float() - ref).abs().max().item()
     assert err < 2e-2, f"{name}: FlashInfer prefill check failed ({err})"
     outb = torch.empty_like(q)
-    med, mn = time_events(lambda i: w.run(q, pools[0], out=outb), args.reps, args.warmup)
+    med, mn = time_cuda(lambda i: w.run(q, pools[0], out=outb), args.reps, args.warmup)
     pairs = n_new * (ctx - n_new + 1) + n_new * (n_new - 1) / 2
     flops = 4.0 * D * QH * batch * pairs
     kvb = 2.0 * batch * ctx * KVH * D * 2

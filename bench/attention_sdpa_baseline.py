@@ -31,18 +31,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-QH, KVH, D, BS = 32, 8, 128, 16
-L2 = 60e6
-
-
-def kv_bytes(batch, ctx, fp8):
-    rows = batch * ctx * KVH
-    return 2.0 * rows * (D + D // 64 if fp8 else 2 * D)
-
-
-def copies_for(nbytes):
-    return max(1, min(64, math.ceil(4 * L2 / nbytes)))
-
+from attention_baseline_common import BS, D, KVH, QH, copies_for, kv_bytes, time_cuda
 
 DEV = "cuda"
 
@@ -59,17 +48,7 @@ def time_fn(fn, reps, warmup):
             times.append((time.perf_counter() - t0) * 1e6)
         times.sort()
         return times[len(times) // 2], times[0]
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(i)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    times.sort()
-    return times[len(times) // 2], times[0]
+    return time_cuda(fn, reps, 0)
 
 
 def device_name():
