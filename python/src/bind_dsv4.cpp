@@ -91,26 +91,27 @@ void bind_dsv4(nb::module_& m) {
       },
       "c"_a.none(), "z"_a.none(), "ape"_a.none(), "state_kv"_a.none(), "state_score"_a.none(), "pos"_a, "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
       "Store token pos (c, z: [width] f32) into a compressor state [state_rows, width].");
-  m.def(
-      "dsv4_compressor_shift",
-      [](nb::handle state_kv, nb::handle state_score, const Dsv4Compressor& comp, nb::handle stream) {
-        Tensor tk = to_tensor(state_kv, "state_kv"), ts = to_tensor(state_score, "state_score");
-        const Stream s = resolve_stream(stream, tk.ref.device());
-        nb::gil_scoped_release g;
-        dsv4_compressor_shift(tk.ref, ts.ref, comp, s);
-      },
-      "state_kv"_a.none(), "state_score"_a.none(), "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
-      "Overlapping compressors: rows m..2m-1 of the state become rows 0..m-1.");
-  m.def(
-      "dsv4_compressor_reset",
-      [](nb::handle state_kv, nb::handle state_score, const Dsv4Compressor& comp, nb::handle stream) {
-        Tensor tk = to_tensor(state_kv, "state_kv"), ts = to_tensor(state_score, "state_score");
-        const Stream s = resolve_stream(stream, tk.ref.device());
-        nb::gil_scoped_release g;
-        dsv4_compressor_reset(tk.ref, ts.ref, comp, s);
-      },
-      "state_kv"_a.none(), "state_score"_a.none(), "comp"_a, nb::kw_only(), "stream"_a = nb::none(),
-      "Reset a compressor state: kv 0, scores -inf.");
+  // The two state edits that take only the states: one binding each over the op's pointer.
+  using StateEdit = void (*)(const TensorRef&, const TensorRef&, const Dsv4Compressor&, Stream);
+  const struct {
+    const char* name;
+    StateEdit op;
+    const char* doc;
+  } state_edits[] = {
+      {"dsv4_compressor_shift", &dsv4_compressor_shift,
+       "Overlapping compressors: rows m..2m-1 of the state become rows 0..m-1."},
+      {"dsv4_compressor_reset", &dsv4_compressor_reset, "Reset a compressor state: kv 0, scores -inf."},
+  };
+  for (const auto& e : state_edits)
+    m.def(
+        e.name,
+        [op = e.op](nb::handle state_kv, nb::handle state_score, const Dsv4Compressor& comp, nb::handle stream) {
+          Tensor tk = to_tensor(state_kv, "state_kv"), ts = to_tensor(state_score, "state_score");
+          const Stream s = resolve_stream(stream, tk.ref.device());
+          nb::gil_scoped_release g;
+          op(tk.ref, ts.ref, comp, s);
+        },
+        "state_kv"_a.none(), "state_score"_a.none(), "comp"_a, nb::kw_only(), "stream"_a = nb::none(), e.doc);
   m.def(
       "dsv4_compressor_emit",
       [](nb::handle state_kv, nb::handle state_score, const Dsv4Compressor& comp, nb::handle ape,
