@@ -1,9 +1,13 @@
 // CPU DeepSeek-V4 sparse decode attention: per (query row, split) task, each
-// key row is decoded to f32 once and used by every head (MQA; K = V).
+// key row is decoded to f32 once and used by every head (MQA; K = V). With SIMD
+// on (simd_targets.hpp), the decoding, the dots and the weighted sums run in
+// vectors (dsv4_simd.hpp): the same values up to the float sums' order.
 #include <algorithm>
 #include <vector>
 
 #include "cpu/attention_merge.hpp"
+#include "cpu/dsv4_simd.hpp"
+#include "cpu/simd_targets.hpp"
 #include "kvcore/math/attention_rows.hpp"
 #include "kvcore/math/softmax.hpp"
 #include "ops/attention_params.hpp"
@@ -16,10 +20,14 @@ constexpr int32_t kD = math::Dsv4RowLayout::kHeadDim;
 constexpr int kTile = 16;
 
 // Key j of row r as f32 (false when masked): window rows first, then the compressed picks.
-bool load_key(const Dsv4AttentionParams& p, int32_t r, int32_t j, float* dst) {
+bool load_key(const Dsv4AttentionParams& p, int32_t r, int32_t j, float* dst, bool simd) {
   if (j < p.n_window) {
     if (j >= p.window_len[r]) return false;
     const int64_t off = dsv4_window_base(p, r) + int64_t{j} * p.win_tok_stride;
+    if (simd && p.window_f16) {
+      dsv4_f16_decode_simd(static_cast<const uint16_t*>(p.window_kv) + off, kD, dst);
+      return true;
+    }
     for (int32_t d = 0; d < kD; ++d)
       dst[d] = p.window_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(p.window_kv)[off + d])
                             : static_cast<const float*>(p.window_kv)[off + d];
@@ -28,11 +36,15 @@ bool load_key(const Dsv4AttentionParams& p, int32_t r, int32_t j, float* dst) {
   const int32_t idx = p.maybe_comp_idx[int64_t{r} * p.comp_idx_stride + (j - p.n_window)];
   if (idx < 0) return false;
   const uint8_t* row = p.maybe_comp_rows + int64_t{idx} * p.comp_stride;
+  if (simd) {
+    dsv4_row_decode_simd(row, dst);
+    return true;
+  }
   for (int32_t d = 0; d < kD; ++d) dst[d] = math::dsv4_row_value(row, d);
   return true;
 }
 
-void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split) {
+void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, bool simd) {
   const int32_t H = p.n_heads;
   const int32_t n_keys = p.n_window + p.comp_k;
   const CellRange range = attention_split_range(n_keys, split, p.num_splits);
@@ -47,9 +59,21 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split) {
   bool live[kTile];
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
-    for (int32_t i = 0; i < n; ++i) live[i] = load_key(p, r, t0 + i, &keys[static_cast<size_t>(i) * kD]);
+    for (int32_t i = 0; i < n; ++i) live[i] = load_key(p, r, t0 + i, &keys[static_cast<size_t>(i) * kD], simd);
     for (int32_t h = 0; h < H; ++h) {
       const float* qh = &q[static_cast<size_t>(h) * kD];
+      if (simd) {
+        dsv4_tile_dots_simd(qh, keys.data(), live, n, kD, s.data());
+        float mx = math::neg_inf_f32();
+        for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, s[i]);
+        const float rescale = sm[h].begin_tile(mx);
+        for (int32_t i = 0; i < n; ++i) {
+          s[i] = sm[h].weight(s[i]);
+          sm[h].add(s[i]);
+        }
+        dsv4_tile_accumulate_simd(&acc[static_cast<size_t>(h) * kD], rescale, keys.data(), s.data(), n, kD);
+        continue;
+      }
       float mx = math::neg_inf_f32();
       for (int32_t i = 0; i < n; ++i) {
         float dot = math::neg_inf_f32();
@@ -86,9 +110,10 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split) {
 
 void attention_dsv4(const Dsv4AttentionParams& p) {
   const int64_t tasks = int64_t{p.n_rows} * p.num_splits;
+  const bool simd = simd_on();
   const bool parallel = int64_t{p.n_rows} * (p.n_window + p.comp_k) * p.n_heads * kD > (int64_t{1} << 20);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t t = 0; t < tasks; ++t) run_task(p, static_cast<int32_t>(t / p.num_splits), static_cast<int32_t>(t % p.num_splits));
+  for (int64_t t = 0; t < tasks; ++t) run_task(p, static_cast<int32_t>(t / p.num_splits), static_cast<int32_t>(t % p.num_splits), simd);
   const int64_t heads = int64_t{p.n_rows} * p.n_heads;
 #pragma omp parallel for schedule(static) if (heads * p.num_splits * kD > (int64_t{1} << 18))
   for (int64_t rh = 0; rh < heads; ++rh) {

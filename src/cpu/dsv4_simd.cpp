@@ -1,0 +1,235 @@
+// The DeepSeek-V4 CPU kernels' SIMD parts (see dsv4_simd.hpp).
+//
+// Pool: channels in lanes; each lane runs the scalar pool's operations in the
+// scalar order (candidate by candidate), with Highway's exp. Scores and dots:
+// four key rows at a time against one query vector, two accumulators per row (the
+// even and odd vectors of the dims, eight independent FMA chains), reduced across
+// lanes by SumOfLanes4; every row goes through the same operations whatever its
+// place in the group, so equal rows score equal bits (the indexer's top-k breaks
+// ties by row). Accumulate: four vectors of dims at a time, the tile's rows
+// streaming through them.
+#include "cpu/simd_config.hpp"
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/dsv4_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+// clang-format on
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/dsv4_simd.hpp"
+#include "cpu/simd_kv-inl.h"
+#include "kvcore/math/dsv4_row.hpp"
+#include "kvcore/math/fp8.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcore::ops::cpu::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// math::dsv4_pool_fixed<8> per lane.
+HWY_INLINE VF PoolFixed8(DF d, const float* z, const float* c, int64_t stride, int32_t k) {
+  const VF ninf = hn::Set(d, -INFINITY);
+  VF zs[8], cs[8], es[8];
+  VF mx = ninf;
+  for (int j = 0; j < 8; ++j) {
+    zs[j] = hn::LoadU(d, z + j * stride + k);
+    cs[j] = hn::LoadU(d, c + j * stride + k);
+    mx = hn::IfThenElse(hn::Gt(zs[j], mx), zs[j], mx);  // z > mx ? z : mx (a NaN logit is skipped)
+  }
+  VF den = hn::Zero(d);
+  for (int j = 0; j < 8; ++j) {
+    es[j] = hn::IfThenElseZero(hn::Ne(zs[j], ninf), hn::Exp(d, hn::Sub(zs[j], mx)));
+    den = hn::Add(den, es[j]);
+  }
+  VF acc = hn::Zero(d);
+  for (int j = 0; j < 8; ++j) {
+    const VF t = hn::Add(acc, hn::Mul(cs[j], hn::Div(es[j], den)));
+    acc = hn::IfThenElse(hn::Ne(zs[j], ninf), t, acc);
+  }
+  return hn::IfThenElseZero(hn::Ne(mx, ninf), acc);
+}
+
+// math::Dsv4OnlineFold per lane over n candidates.
+HWY_INLINE VF PoolOnline(DF d, const float* z, const float* c, int32_t n, int64_t stride, int32_t k) {
+  const VF ninf = hn::Set(d, -INFINITY), one = hn::Set(d, 1.0f);
+  VF mx = ninf, den = hn::Zero(d), acc = hn::Zero(d);
+  for (int32_t j = 0; j < n; ++j) {
+    const VF zv = hn::LoadU(d, z + j * stride + k), cv = hn::LoadU(d, c + j * stride + k);
+    const auto up = hn::Gt(zv, mx);
+    const VF e = hn::Exp(d, hn::Neg(hn::Abs(hn::Sub(zv, mx))));  // exp(-inf) and exp(NaN) give 0
+    const VF den_up = hn::Add(hn::Mul(den, e), one), acc_up = hn::Add(hn::Mul(acc, e), cv);
+    const VF den_in = hn::Add(den, e), acc_in = hn::Add(acc, hn::Mul(cv, e));
+    const auto live = hn::Ne(zv, ninf);
+    den = hn::IfThenElse(live, hn::IfThenElse(up, den_up, den_in), den);
+    acc = hn::IfThenElse(live, hn::IfThenElse(up, acc_up, acc_in), acc);
+    mx = hn::IfThenElse(up, zv, mx);
+  }
+  return hn::IfThenElseZero(hn::Ne(mx, ninf), hn::Div(acc, den));
+}
+
+// Dots of q with rows r[0..4) over dim floats (dim a multiple of 2 vectors or of 1).
+HWY_INLINE void Dot4(const float* q, const float* r0, const float* r1, const float* r2, const float* r3, int32_t dim,
+                     float* out) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  int32_t i = 0;
+  for (; i + 2 * N <= dim; i += 2 * N) {
+    const VF qa = hn::LoadU(d, q + i), qb = hn::LoadU(d, q + i + N);
+    a0 = hn::MulAdd(qa, hn::LoadU(d, r0 + i), a0);
+    a1 = hn::MulAdd(qa, hn::LoadU(d, r1 + i), a1);
+    a2 = hn::MulAdd(qa, hn::LoadU(d, r2 + i), a2);
+    a3 = hn::MulAdd(qa, hn::LoadU(d, r3 + i), a3);
+    b0 = hn::MulAdd(qb, hn::LoadU(d, r0 + i + N), b0);
+    b1 = hn::MulAdd(qb, hn::LoadU(d, r1 + i + N), b1);
+    b2 = hn::MulAdd(qb, hn::LoadU(d, r2 + i + N), b2);
+    b3 = hn::MulAdd(qb, hn::LoadU(d, r3 + i + N), b3);
+  }
+  for (; i < dim; i += N) {
+    const VF qa = hn::LoadU(d, q + i);
+    a0 = hn::MulAdd(qa, hn::LoadU(d, r0 + i), a0);
+    a1 = hn::MulAdd(qa, hn::LoadU(d, r1 + i), a1);
+    a2 = hn::MulAdd(qa, hn::LoadU(d, r2 + i), a2);
+    a3 = hn::MulAdd(qa, hn::LoadU(d, r3 + i), a3);
+  }
+  SumOfLanes4(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), out);
+}
+
+}  // namespace
+
+void Dsv4PoolRows(const float* z, const float* c, int32_t n_cand, int64_t stride, int32_t n_ch, float* out) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  HWY_ALIGN float lanes[hn::MaxLanes(d)];
+  for (int32_t k = 0; k < n_ch; k += N) {
+    const VF v = n_cand == 8 ? PoolFixed8(d, z, c, stride, k) : PoolOnline(d, z, c, n_cand, stride, k);
+    if (k + N <= n_ch) {
+      hn::StoreU(v, d, out + k);
+    } else {  // the padded lanes are computed and dropped
+      hn::Store(v, d, lanes);
+      std::memcpy(out + k, lanes, sizeof(float) * static_cast<size_t>(n_ch - k));
+    }
+  }
+}
+
+void Dsv4IndexerScores(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys, int64_t n_keys,
+                       float* scores) {
+  constexpr int32_t kMaxDim = 1024;
+  HWY_ALIGN float tail[4 * kMaxDim];
+  for (int64_t s0 = 0; s0 < n_keys; s0 += 4) {
+    const float* rows = keys + s0 * dim;
+    const int64_t n = std::min<int64_t>(4, n_keys - s0);
+    if (n < 4) {  // the last rows through the same four-row path (zero rows beside them)
+      std::fill(tail, tail + 4 * dim, 0.0f);
+      std::memcpy(tail, rows, sizeof(float) * static_cast<size_t>(n * dim));
+      rows = tail;
+    }
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dots[4];
+    for (int32_t h = 0; h < n_heads; ++h) {
+      Dot4(q + int64_t{h} * dim, rows, rows + dim, rows + 2 * dim, rows + 3 * dim, dim, dots);
+      for (int i = 0; i < 4; ++i) acc[i] += w[h] * (dots[i] > 0.0f ? dots[i] : 0.0f);
+    }
+    for (int64_t i = 0; i < n; ++i) scores[s0 + i] = acc[i];
+  }
+}
+
+void Dsv4TileDots(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s) {
+  float dots[4];
+  for (int32_t i0 = 0; i0 < n; i0 += 4) {
+    const float* r = keys + int64_t{i0} * dim;
+    Dot4(q, r, r + dim, r + 2 * dim, r + 3 * dim, dim, dots);
+    for (int32_t i = i0; i < std::min(n, i0 + 4); ++i) s[i] = live[i] ? dots[i - i0] : -INFINITY;
+  }
+}
+
+void Dsv4TileAccumulate(float* acc, float rescale, const float* keys, const float* w, int32_t n, int32_t dim) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  const VF sc = hn::Set(d, rescale);
+  const bool scaled = rescale != 1.0f;
+  int32_t i = 0;
+  for (; i + 4 * N <= dim; i += 4 * N) {
+    VF a0 = hn::LoadU(d, acc + i), a1 = hn::LoadU(d, acc + i + N), a2 = hn::LoadU(d, acc + i + 2 * N),
+       a3 = hn::LoadU(d, acc + i + 3 * N);
+    if (scaled) a0 = hn::Mul(a0, sc), a1 = hn::Mul(a1, sc), a2 = hn::Mul(a2, sc), a3 = hn::Mul(a3, sc);
+    for (int32_t j = 0; j < n; ++j) {
+      if (w[j] == 0.0f) continue;
+      const VF wv = hn::Set(d, w[j]);
+      const float* k = keys + int64_t{j} * dim + i;
+      a0 = hn::MulAdd(wv, hn::LoadU(d, k), a0);
+      a1 = hn::MulAdd(wv, hn::LoadU(d, k + N), a1);
+      a2 = hn::MulAdd(wv, hn::LoadU(d, k + 2 * N), a2);
+      a3 = hn::MulAdd(wv, hn::LoadU(d, k + 3 * N), a3);
+    }
+    hn::StoreU(a0, d, acc + i);
+    hn::StoreU(a1, d, acc + i + N);
+    hn::StoreU(a2, d, acc + i + 2 * N);
+    hn::StoreU(a3, d, acc + i + 3 * N);
+  }
+  for (; i < dim; i += N) {
+    VF a = hn::LoadU(d, acc + i);
+    if (scaled) a = hn::Mul(a, sc);
+    for (int32_t j = 0; j < n; ++j)
+      if (w[j] != 0.0f) a = hn::MulAdd(hn::Set(d, w[j]), hn::LoadU(d, keys + int64_t{j} * dim + i), a);
+    hn::StoreU(a, d, acc + i);
+  }
+}
+
+void Dsv4RowDecode(const uint8_t* row, float* dst) {
+  using L = math::Dsv4RowLayout;
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));  // divides 64: one scale per vector
+  for (int32_t i = 0; i < L::kNope; i += N) {
+    const VF scale = hn::Set(d, math::ue8m0_decode(row[L::kScaleOffset + i / 64]));
+    hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, row + L::kNopeOffset, i), scale), d, dst + i);
+  }
+  for (int32_t i = 0; i < L::kRope; i += N)
+    hn::StoreU(LoadKv<math::KvElem::BF16>(d, row + L::kRopeOffset, i), d, dst + L::kNope + i);
+}
+
+void Dsv4F16Decode(const uint16_t* src, int32_t n, float* dst) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  int32_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(LoadF16(d, src + i), d, dst + i);
+  for (; i < n; ++i) dst[i] = math::f16_bits_to_f32(src[i]);
+}
+
+}  // namespace kvcore::ops::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcore::ops::cpu {
+HWY_EXPORT(Dsv4PoolRows);
+HWY_EXPORT(Dsv4IndexerScores);
+HWY_EXPORT(Dsv4TileDots);
+HWY_EXPORT(Dsv4TileAccumulate);
+HWY_EXPORT(Dsv4RowDecode);
+HWY_EXPORT(Dsv4F16Decode);
+void dsv4_pool_rows_simd(const float* z, const float* c, int32_t n_cand, int64_t stride, int32_t n_ch, float* out) {
+  HWY_DYNAMIC_DISPATCH(Dsv4PoolRows)(z, c, n_cand, stride, n_ch, out);
+}
+void dsv4_indexer_scores_simd(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys,
+                              int64_t n_keys, float* scores) {
+  HWY_DYNAMIC_DISPATCH(Dsv4IndexerScores)(q, w, n_heads, dim, keys, n_keys, scores);
+}
+void dsv4_tile_dots_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TileDots)(q, keys, live, n, dim, s);
+}
+void dsv4_tile_accumulate_simd(float* acc, float rescale, const float* keys, const float* w, int32_t n, int32_t dim) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TileAccumulate)(acc, rescale, keys, w, n, dim);
+}
+void dsv4_row_decode_simd(const uint8_t* row, float* dst) { HWY_DYNAMIC_DISPATCH(Dsv4RowDecode)(row, dst); }
+void dsv4_f16_decode_simd(const uint16_t* src, int32_t n, float* dst) {
+  HWY_DYNAMIC_DISPATCH(Dsv4F16Decode)(src, n, dst);
+}
+}  // namespace kvcore::ops::cpu
+#endif  // HWY_ONCE
