@@ -61,14 +61,19 @@ void reset(const CompressorParams& p) {
 namespace {
 
 // RMSNorm with weight, RoPE at the window's first position, quantization, store.
-void finish_row(const CompressorParams& p, int64_t w, float* buf) {
-  const float s = math::dsv4_rms_scale(buf, p.head_dim, p.eps);
+// With SIMD the sum of squares runs in lanes (a float sum: the pool's tolerance), the
+// rotation and the attention row's packing with the scalar bits.
+void finish_row(const CompressorParams& p, int64_t w, float* buf, bool simd) {
+  const float s = simd ? 1.0f / std::sqrt(ops::cpu::dsv4_sum_squares_simd(buf, p.head_dim) / static_cast<float>(p.head_dim) + p.eps)
+                       : math::dsv4_rms_scale(buf, p.head_dim, p.eps);
   for (int32_t k = 0; k < p.head_dim; ++k) buf[k] = p.norm_weight[k] * (buf[k] * s);
-  math::rope_rotate_row(buf, p.rope, static_cast<float>(w * p.ratio), 1.0f);
+  if (simd) ops::cpu::dsv4_rope_row_simd(buf, p.rope, static_cast<float>(w * p.ratio));
+  else math::rope_rotate_row(buf, p.rope, static_cast<float>(w * p.ratio), 1.0f);
   if (p.rows_packed) {
     uint8_t* out = static_cast<uint8_t*>(p.rows) + w * p.rows_stride;
     if (p.kind == 0) {
-      math::dsv4_row_pack(buf, out);
+      if (simd) ops::cpu::dsv4_row_pack_simd(buf, out);
+      else math::dsv4_row_pack(buf, out);
     } else {
       math::dsv4_hadamard(buf, p.head_dim);
       math::dsv4_pack_fp4_row(buf, p.head_dim, out);
@@ -86,79 +91,84 @@ void finish_row(const CompressorParams& p, int64_t w, float* buf) {
   std::memcpy(static_cast<float*>(p.rows) + w * p.rows_stride, buf, p.head_dim * sizeof(float));
 }
 
-// The pool's candidates gathered for the SIMD pool: row j of z / c holds candidate j of
-// every channel (padded to a multiple of kDsv4SimdPad with no-candidate lanes).
+// The pool's candidates for the SIMD pool: row j holds candidate j of every channel,
+// pointed to where it lies (the state, the chunk's c) or built in z_buf (a chunk
+// token's logit plus its ape).
 struct CandidateRows {
-  int64_t stride;
-  std::vector<float> z, c;
+  std::vector<const float*> z, c;
+  std::vector<float> z_buf;
   explicit CandidateRows(const CompressorParams& p)
-      : stride((p.head_dim + ops::cpu::kDsv4SimdPad - 1) / ops::cpu::kDsv4SimdPad * ops::cpu::kDsv4SimdPad),
-        z(static_cast<size_t>(p.state_rows) * stride, -INFINITY),
-        c(static_cast<size_t>(p.state_rows) * stride, 0.0f) {}
-  void pool(const CompressorParams& p, float* out) {
-    ops::cpu::dsv4_pool_rows_simd(z.data(), c.data(), p.state_rows, stride, p.head_dim, out);
+      : z(p.state_rows), c(p.state_rows), z_buf(static_cast<size_t>(p.state_rows) * p.head_dim) {}
+  static bool serves(const CompressorParams& p) {
+    return ops::cpu::simd_on() && p.state_rows <= ops::cpu::kDsv4PoolMaxCandidates;
+  }
+  void pool(const CompressorParams& p, float* out) const {
+    ops::cpu::dsv4_pool_rows_simd(z.data(), c.data(), p.state_rows, p.head_dim, out);
+  }
+  // Candidate j of every channel when emitting from the state (state_candidate's values).
+  void state_row(const CompressorParams& p, int32_t j) {
+    const int32_t col0 = math::dsv4_candidate_col(j, 0, p.ratio, p.head_dim, p.overlap != 0);
+    z[j] = p.state_score + static_cast<int64_t>(j) * p.width + col0;
+    c[j] = p.state_kv + static_cast<int64_t>(j) * p.width + col0;
+  }
+  // Candidate j of every channel of window w during prefill: prefill_candidate's values,
+  // with the token and lane worked out once per row (the column is col0 + k).
+  void prefill_row(const CompressorParams& p, int64_t w, int32_t j) {
+    const int32_t m = p.ratio;
+    int64_t tok;
+    int32_t col0, jm;
+    if (p.overlap && j >= m) {
+      tok = w * m + (j - m), col0 = p.head_dim, jm = j - m;
+    } else {
+      tok = (p.overlap ? w - 1 : w) * m + j, col0 = 0, jm = j;
+    }
+    float* zb = z_buf.data() + static_cast<size_t>(j) * p.head_dim;
+    if (tok < 0) {  // no candidate: -inf logits (the values are not read)
+      std::fill(zb, zb + p.head_dim, -INFINITY);
+      z[j] = c[j] = zb;
+      return;
+    }
+    if (tok >= p.pos) {
+      const int64_t i = tok - p.pos;
+      const float* zs = p.z + i * p.z_stride + col0;
+      if (p.ape_f16) {
+        const uint16_t* a = static_cast<const uint16_t*>(p.ape) + jm * p.ape_stride + col0;
+        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + math::f16_bits_to_f32(a[k]);
+      } else {
+        const float* a = static_cast<const float*>(p.ape) + jm * p.ape_stride + col0;
+        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + a[k];
+      }
+      z[j] = zb;
+      c[j] = p.c + i * p.c_stride + col0;
+      return;
+    }
+    const int64_t cw = p.pos / m;
+    const int64_t row = (p.overlap && tok / m == cw) ? m + jm : jm;
+    z[j] = p.state_score + row * p.width + col0;
+    c[j] = p.state_kv + row * p.width + col0;
   }
 };
-
-// Candidate j of every channel when emitting from the state (state_candidate's values).
-void gather_state_row(const CompressorParams& p, int32_t j, float* z, float* c) {
-  const int32_t col0 = math::dsv4_candidate_col(j, 0, p.ratio, p.head_dim, p.overlap != 0);
-  std::memcpy(z, p.state_score + static_cast<int64_t>(j) * p.width + col0, sizeof(float) * p.head_dim);
-  std::memcpy(c, p.state_kv + static_cast<int64_t>(j) * p.width + col0, sizeof(float) * p.head_dim);
-}
-
-// Candidate j of every channel of window w during prefill: prefill_candidate's values,
-// with the token and lane worked out once per row (the column is col0 + k).
-void gather_prefill_row(const CompressorParams& p, int64_t w, int32_t j, float* z, float* c) {
-  const int32_t m = p.ratio;
-  int64_t tok;
-  int32_t col0, jm;
-  if (p.overlap && j >= m) {
-    tok = w * m + (j - m), col0 = p.head_dim, jm = j - m;
-  } else {
-    tok = (p.overlap ? w - 1 : w) * m + j, col0 = 0, jm = j;
-  }
-  if (tok < 0) {
-    std::fill(z, z + p.head_dim, -INFINITY);
-    std::fill(c, c + p.head_dim, 0.0f);
-    return;
-  }
-  if (tok >= p.pos) {
-    const int64_t i = tok - p.pos;
-    const float* cs = p.c + i * p.c_stride + col0;
-    const float* zs = p.z + i * p.z_stride + col0;
-    for (int32_t k = 0; k < p.head_dim; ++k) {
-      c[k] = cs[k];
-      z[k] = zs[k] + ape_value(p, jm, col0 + k);
-    }
-    return;
-  }
-  const int64_t cw = p.pos / m;
-  const int64_t row = (p.overlap && tok / m == cw) ? m + jm : jm;
-  std::memcpy(z, p.state_score + row * p.width + col0, sizeof(float) * p.head_dim);
-  std::memcpy(c, p.state_kv + row * p.width + col0, sizeof(float) * p.head_dim);
-}
 
 }  // namespace
 
 void emit(const CompressorParams& p) {
   std::vector<float> buf(p.head_dim);
-  if (ops::cpu::simd_on()) {
+  if (CandidateRows::serves(p)) {
     CandidateRows cand(p);
-    for (int32_t j = 0; j < p.state_rows; ++j) gather_state_row(p, j, &cand.z[j * cand.stride], &cand.c[j * cand.stride]);
+    for (int32_t j = 0; j < p.state_rows; ++j) cand.state_row(p, j);
     cand.pool(p, buf.data());
   } else {
     for (int32_t k = 0; k < p.head_dim; ++k)
       buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { state_candidate(p, j, k, z, c); });
   }
-  finish_row(p, p.window, buf.data());
+  finish_row(p, p.window, buf.data(), ops::cpu::simd_on());
 }
 
 void prefill(const CompressorParams& p) {
   const int64_t m = p.ratio;
   const int64_t w0 = p.pos / m, w1 = (p.pos + p.n_tokens) / m;  // windows [w0, w1) complete in this chunk
   const bool big = (w1 - w0) * p.head_dim * p.state_rows > (1 << 16);  // threads only pay off on large chunks
-  const bool simd = ops::cpu::simd_on();
+  const bool simd = CandidateRows::serves(p), simd_on = ops::cpu::simd_on();
 #pragma omp parallel if (big)
   {
     std::vector<float> buf(p.head_dim);
@@ -166,14 +176,13 @@ void prefill(const CompressorParams& p) {
 #pragma omp for schedule(static)
     for (int64_t w = w0; w < w1; ++w) {
       if (simd) {
-        for (int32_t j = 0; j < p.state_rows; ++j)
-          gather_prefill_row(p, w, j, &cand.z[j * cand.stride], &cand.c[j * cand.stride]);
+        for (int32_t j = 0; j < p.state_rows; ++j) cand.prefill_row(p, w, j);
         cand.pool(p, buf.data());
       } else {
         for (int32_t k = 0; k < p.head_dim; ++k)
           buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
       }
-      finish_row(p, w, buf.data());
+      finish_row(p, w, buf.data(), simd_on);
     }
   }
   // State as token-by-token storing leaves it: rows < m first (they may copy rows >= m).

@@ -23,8 +23,10 @@
 
 #include "cpu/dsv4_simd.hpp"
 #include "cpu/simd_kv-inl.h"
+#include "cpu/simd_rope-inl.h"
 #include "kvcore/math/dsv4_row.hpp"
 #include "kvcore/math/fp8.hpp"
+#include "kvcore/math/rope.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcore::ops::cpu::HWY_NAMESPACE {
@@ -35,13 +37,13 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 // math::dsv4_pool_fixed<8> per lane.
-HWY_INLINE VF PoolFixed8(DF d, const float* z, const float* c, int64_t stride, int32_t k) {
+HWY_INLINE VF PoolFixed8(DF d, const float* const* z, const float* const* c, int32_t k) {
   const VF ninf = hn::Set(d, -INFINITY);
   VF zs[8], cs[8], es[8];
   VF mx = ninf;
   for (int j = 0; j < 8; ++j) {
-    zs[j] = hn::LoadU(d, z + j * stride + k);
-    cs[j] = hn::LoadU(d, c + j * stride + k);
+    zs[j] = hn::LoadU(d, z[j] + k);
+    cs[j] = hn::LoadU(d, c[j] + k);
     mx = hn::IfThenElse(hn::Gt(zs[j], mx), zs[j], mx);  // z > mx ? z : mx (a NaN logit is skipped)
   }
   VF den = hn::Zero(d);
@@ -58,11 +60,11 @@ HWY_INLINE VF PoolFixed8(DF d, const float* z, const float* c, int64_t stride, i
 }
 
 // math::Dsv4OnlineFold per lane over n candidates.
-HWY_INLINE VF PoolOnline(DF d, const float* z, const float* c, int32_t n, int64_t stride, int32_t k) {
+HWY_INLINE VF PoolOnline(DF d, const float* const* z, const float* const* c, int32_t n, int32_t k) {
   const VF ninf = hn::Set(d, -INFINITY), one = hn::Set(d, 1.0f);
   VF mx = ninf, den = hn::Zero(d), acc = hn::Zero(d);
   for (int32_t j = 0; j < n; ++j) {
-    const VF zv = hn::LoadU(d, z + j * stride + k), cv = hn::LoadU(d, c + j * stride + k);
+    const VF zv = hn::LoadU(d, z[j] + k), cv = hn::LoadU(d, c[j] + k);
     const auto up = hn::Gt(zv, mx);
     const VF e = hn::Exp(d, hn::Neg(hn::Abs(hn::Sub(zv, mx))));  // exp(-inf) and exp(NaN) give 0
     const VF den_up = hn::Add(hn::Mul(den, e), one), acc_up = hn::Add(hn::Mul(acc, e), cv);
@@ -105,19 +107,30 @@ HWY_INLINE void Dot4(const float* q, const float* r0, const float* r1, const flo
 
 }  // namespace
 
-void Dsv4PoolRows(const float* z, const float* c, int32_t n_cand, int64_t stride, int32_t n_ch, float* out) {
+void Dsv4PoolRows(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
   const DF d;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  HWY_ALIGN float lanes[hn::MaxLanes(d)];
-  for (int32_t k = 0; k < n_ch; k += N) {
-    const VF v = n_cand == 8 ? PoolFixed8(d, z, c, stride, k) : PoolOnline(d, z, c, n_cand, stride, k);
-    if (k + N <= n_ch) {
-      hn::StoreU(v, d, out + k);
-    } else {  // the padded lanes are computed and dropped
-      hn::Store(v, d, lanes);
-      std::memcpy(out + k, lanes, sizeof(float) * static_cast<size_t>(n_ch - k));
+  auto pool = [&](const float* const* zr, const float* const* cr, int32_t k) {
+    return n_cand == 8 ? PoolFixed8(d, zr, cr, k) : PoolOnline(d, zr, cr, n_cand, k);
+  };
+  int32_t k = 0;
+  for (; k + N <= n_ch; k += N) hn::StoreU(pool(z, c, k), d, out + k);
+  if (k == n_ch) return;
+  // The last channels through the same lane arithmetic: copied into rows of one vector,
+  // the lanes past n_ch holding no candidate (computed and dropped).
+  HWY_ALIGN float zt[kDsv4PoolMaxCandidates][hn::MaxLanes(DF())], ct[kDsv4PoolMaxCandidates][hn::MaxLanes(DF())];
+  const float* zp[kDsv4PoolMaxCandidates];
+  const float* cp[kDsv4PoolMaxCandidates];
+  for (int32_t j = 0; j < n_cand; ++j) {
+    for (int32_t i = 0; i < N; ++i) {
+      zt[j][i] = k + i < n_ch ? z[j][k + i] : -INFINITY;
+      ct[j][i] = k + i < n_ch ? c[j][k + i] : 0.0f;
     }
+    zp[j] = zt[j], cp[j] = ct[j];
   }
+  HWY_ALIGN float lanes[hn::MaxLanes(DF())];
+  hn::Store(pool(zp, cp, 0), d, lanes);
+  for (int32_t i = 0; k + i < n_ch; ++i) out[k + i] = lanes[i];
 }
 
 void Dsv4IndexerScores(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys, int64_t n_keys,
@@ -203,6 +216,42 @@ void Dsv4F16Decode(const uint16_t* src, int32_t n, float* dst) {
   for (; i < n; ++i) dst[i] = math::f16_bits_to_f32(src[i]);
 }
 
+float Dsv4SumSquares(const float* x, int32_t n) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  VF a = hn::Zero(d), b = hn::Zero(d);
+  int32_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const VF u = hn::LoadU(d, x + i), v = hn::LoadU(d, x + i + N);
+    a = hn::MulAdd(u, u, a);
+    b = hn::MulAdd(v, v, b);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(a, b)));
+  for (; i < n; ++i) sum += x[i] * x[i];
+  return sum;
+}
+
+void Dsv4RopeRow(float* row, const math::RopeTable& t, float position) {
+  const int32_t n_pairs = t.layout.n_pairs();
+  constexpr int32_t kPadded = math::RopeTable::kMaxPairs + 16;
+  HWY_ALIGN float freq[kPadded] = {}, cs[kPadded], sn[kPadded];
+  std::memcpy(freq, t.freq, sizeof(float) * static_cast<size_t>(n_pairs));
+  RopeCosSinRow(freq, n_pairs, position, 1.0f, cs, sn);
+  RotatePairs(t.layout, row, row, cs, sn);
+}
+
+void Dsv4RowPack(const float* src, uint8_t* row) {
+  using L = math::Dsv4RowLayout;
+  for (int32_t b = 0; b < L::kBlocks; ++b)
+    EncodeFp8Group(src + b * math::kFp8Block, row + L::kNopeOffset + b * math::kFp8Block, row + L::kScaleOffset + b);
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  HWY_ALIGN bf16 tail[L::kRope];
+  for (int32_t i = 0; i < L::kRope; i += N) StoreFromF32(d, hn::LoadU(d, src + L::kNope + i), tail + i);
+  std::memcpy(row + L::kRopeOffset, tail, sizeof(tail));  // little endian, as the scalar byte stores
+  row[L::kPadOffset] = 0;
+}
+
 }  // namespace kvcore::ops::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -214,8 +263,16 @@ HWY_EXPORT(Dsv4TileDots);
 HWY_EXPORT(Dsv4TileAccumulate);
 HWY_EXPORT(Dsv4RowDecode);
 HWY_EXPORT(Dsv4F16Decode);
-void dsv4_pool_rows_simd(const float* z, const float* c, int32_t n_cand, int64_t stride, int32_t n_ch, float* out) {
-  HWY_DYNAMIC_DISPATCH(Dsv4PoolRows)(z, c, n_cand, stride, n_ch, out);
+HWY_EXPORT(Dsv4SumSquares);
+HWY_EXPORT(Dsv4RopeRow);
+HWY_EXPORT(Dsv4RowPack);
+float dsv4_sum_squares_simd(const float* x, int32_t n) { return HWY_DYNAMIC_DISPATCH(Dsv4SumSquares)(x, n); }
+void dsv4_rope_row_simd(float* row, const math::RopeTable& t, float position) {
+  HWY_DYNAMIC_DISPATCH(Dsv4RopeRow)(row, t, position);
+}
+void dsv4_row_pack_simd(const float* src, uint8_t* row) { HWY_DYNAMIC_DISPATCH(Dsv4RowPack)(src, row); }
+void dsv4_pool_rows_simd(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
+  HWY_DYNAMIC_DISPATCH(Dsv4PoolRows)(z, c, n_cand, n_ch, out);
 }
 void dsv4_indexer_scores_simd(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys,
                               int64_t n_keys, float* scores) {

@@ -6,24 +6,25 @@
 #pragma once
 #include <cstdint>
 
+#include "kvcore/math/rope.hpp"
+
 namespace kvcore::ops::cpu {
 
-// Lane multiple the row buffers of these kernels are padded to (the widest target's floats).
-inline constexpr int32_t kDsv4SimdPad = 16;
+// Most candidates dsv4_pool_rows_simd takes (HCA pools 128).
+inline constexpr int32_t kDsv4PoolMaxCandidates = 256;
 
 // out[k] = the compressor pool (math::dsv4_pool_any: HF's three-pass softmax for 8
-// candidates, the online fold otherwise) of channel k over n_cand candidates:
-// logit z[j * stride + k] (-inf: none), value c[j * stride + k]; k in [0, n_ch).
-// stride and the buffers' rows are padded to a multiple of kDsv4SimdPad.
-void dsv4_pool_rows_simd(const float* z, const float* c, int32_t n_cand, int64_t stride, int32_t n_ch, float* out);
+// candidates, the online fold otherwise) of channel k over n_cand candidates: logit
+// z[j][k] (-inf: none), value c[j][k], k in [0, n_ch). Rows are read only in [0, n_ch).
+void dsv4_pool_rows_simd(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out);
 
 // The indexer's score of each of n_keys f32 rows keys[s * dim ..]: sum over heads h
-// (in order) of w[h] * relu(q[h * dim ..] . key). dim a multiple of kDsv4SimdPad.
+// (in order) of w[h] * relu(q[h * dim ..] . key). dim a multiple of 16.
 void dsv4_indexer_scores_simd(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys,
                               int64_t n_keys, float* scores);
 
 // s[i] = q . keys[i * dim ..] for live[i], else -inf, i in [0, n); keys rows past n may be read
-// (the caller pads the tile to a multiple of 4 rows). dim a multiple of kDsv4SimdPad.
+// (the caller pads the tile to a multiple of 4 rows). dim a multiple of 16.
 void dsv4_tile_dots_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s);
 
 // acc[d] = acc[d] * rescale + sum_i w[i] * keys[i * dim + d] (terms with w[i] == 0 skipped).
@@ -34,5 +35,14 @@ void dsv4_row_decode_simd(const uint8_t* row, float* dst);
 
 // n f16 values as f32 (exact).
 void dsv4_f16_decode_simd(const uint16_t* src, int32_t n, float* dst);
+
+// sum of x[i]^2 (lanes, then across lanes: not the scalar order).
+float dsv4_sum_squares_simd(const float* x, int32_t n);
+
+// math::rope_rotate_row(row, t, position, 1), the same bits.
+void dsv4_rope_row_simd(float* row, const math::RopeTable& t, float position);
+
+// math::dsv4_row_pack(src, row), the same bytes.
+void dsv4_row_pack_simd(const float* src, uint8_t* row);
 
 }  // namespace kvcore::ops::cpu
