@@ -9,16 +9,21 @@
 //     picks exactly the ordering of the target's own scores (ties to the lower row),
 //     and rows that are equal score equal bits whatever their place in a vector group;
 //   - sparse attention: max relative error 1e-5 against the scalar path and the
-//     float64 reference, window in f32 and f16, one and several splits.
+//     float64 reference, window in f32 and f16, one and several splits;
+//   - the row kernels with the shared math's bits: the 584-byte row's packing and
+//     decoding, the compressor's rotation (special values included).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
+#include <random>
 
 #include "attention_dsv4_util.hpp"
 #include "attention_test_util.hpp"
+#include "cpu/dsv4_simd.hpp"
 #include "cpu/simd_targets.hpp"
 #include "dsv4_test_util.hpp"
 #include "kvcore/math/dsv4.hpp"
@@ -211,6 +216,55 @@ TEST(CpuSimdDsv4, SparseAttentionOnEveryTargetMatchesTheScalarPath) {
         EXPECT_LE(attn_test::max_rel_err(got, ref), 1e-5) << t.name << " f16 window " << f16 << " splits " << splits;
         ++cases;
       }
+    }
+  }
+  EXPECT_GT(cases, 0);
+}
+
+// ---- row kernels: the shared math's bits ----------------------------------------------------
+
+float row_special(std::mt19937_64& rng) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  switch (rng() % 24) {
+    case 0: return 3.0e-39f * n(rng);                              // f32 subnormal
+    case 1: return 1.0e6f * n(rng);                                // scales far from 1
+    case 2: return 1.0f + 0x1p-8f;                                 // a bf16 tie
+    case 3: return std::numeric_limits<float>::infinity();        // skipped by the amax
+    case 4: return 0.0f;
+    default: return n(rng) * (rng() % 3 == 0 ? 1e-3f : 1.0f);
+  }
+}
+
+TEST(CpuSimdDsv4, RowKernelsOnEveryTargetGiveTheSharedMathsBits) {
+  using L = math::Dsv4RowLayout;
+  std::mt19937_64 rng(7);
+  const math::RopeTable rope = compressed_table(L::kHeadDim, L::kRope);
+  int cases = 0;
+  for (int trial = 0; trial < 64; ++trial) {
+    std::vector<float> row(L::kHeadDim);
+    for (float& v : row) v = row_special(rng);
+    std::vector<uint8_t> want_bytes(L::kBytes), got_bytes(L::kBytes, 0xab);
+    math::dsv4_row_pack(row.data(), want_bytes.data());
+    std::vector<float> want_rot = row;
+    const float pos = trial == 1 ? 1e9f : static_cast<float>(rng() % 1000000);  // 1e9: the scalar fmod branch
+    math::rope_rotate_row(want_rot.data(), rope, pos, 1.0f);
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      SCOPED_TRACE(::testing::Message() << t.name << " trial " << trial);
+      cpu::dsv4_row_pack_simd(row.data(), got_bytes.data());
+      ASSERT_EQ(got_bytes, want_bytes);
+      std::vector<float> got(L::kHeadDim);
+      cpu::dsv4_row_decode_simd(want_bytes.data(), got.data());
+      for (int d = 0; d < L::kHeadDim; ++d) {
+        const float w = math::dsv4_row_value(want_bytes.data(), d);
+        ASSERT_TRUE(std::memcmp(&got[d], &w, 4) == 0 || (got[d] != got[d] && w != w)) << "decode dim " << d;
+      }
+      std::vector<float> rot = row;
+      cpu::dsv4_rope_row_simd(rot.data(), rope, pos);
+      for (int d = 0; d < L::kHeadDim; ++d)
+        ASSERT_TRUE(std::memcmp(&rot[d], &want_rot[d], 4) == 0 || (rot[d] != rot[d] && want_rot[d] != want_rot[d]))
+            << "rotation dim " << d << ": " << rot[d] << " vs " << want_rot[d];
+      ++cases;
     }
   }
   EXPECT_GT(cases, 0);
