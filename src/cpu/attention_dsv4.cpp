@@ -2,6 +2,8 @@
 // key row is decoded to f32 once and used by every head (MQA; K = V). With SIMD
 // on (simd_targets.hpp), the decoding, the dots and the weighted sums run in
 // vectors (dsv4_simd.hpp): the same values up to the float sums' order.
+#include <omp.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -44,8 +46,9 @@ bool load_key(const Dsv4AttentionParams& p, int32_t r, int32_t j, float* dst, bo
   return true;
 }
 
-void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, bool simd) {
-  const int32_t H = p.n_heads;
+// Heads [h0, h1) of row r over the keys of one split.
+void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0, int32_t h1, bool simd) {
+  const int32_t H = h1 - h0;
   const int32_t n_keys = p.n_window + p.comp_k;
   const CellRange range = attention_split_range(n_keys, split, p.num_splits);
   std::vector<float> q(static_cast<size_t>(H) * kD), acc(static_cast<size_t>(H) * kD, 0.0f);
@@ -53,7 +56,7 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, bool simd)
   for (int32_t h = 0; h < H; ++h)
     for (int32_t d = 0; d < kD; ++d)
       q[static_cast<size_t>(h) * kD + d] =
-          q_elem_to_f32(p.q, int64_t{r} * p.q_row_stride + int64_t{h} * p.q_head_stride + d, p.q_elem) * scale;
+          q_elem_to_f32(p.q, int64_t{r} * p.q_row_stride + int64_t{h0 + h} * p.q_head_stride + d, p.q_elem) * scale;
   std::vector<math::OnlineSoftmax> sm(static_cast<size_t>(H));
   std::vector<float> keys(static_cast<size_t>(kTile) * kD), s(static_cast<size_t>(kTile));
   bool live[kTile];
@@ -99,7 +102,7 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, bool simd)
     }
   }
   for (int32_t h = 0; h < H; ++h) {
-    const int64_t part = (int64_t{r} * H + h) * p.num_splits + split;
+    const int64_t part = (int64_t{r} * p.n_heads + h0 + h) * p.num_splits + split;
     const float inv = sm[h].l > 0.0f ? 1.0f / sm[h].l : 0.0f;
     for (int32_t d = 0; d < kD; ++d) p.o_part[part * kD + d] = acc[static_cast<size_t>(h) * kD + d] * inv;
     p.lse_part[part] = sm[h].lse();
@@ -109,11 +112,22 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, bool simd)
 }  // namespace
 
 void attention_dsv4(const Dsv4AttentionParams& p) {
-  const int64_t tasks = int64_t{p.n_rows} * p.num_splits;
   const bool simd = simd_on();
   const bool parallel = int64_t{p.n_rows} * (p.n_window + p.comp_k) * p.n_heads * kD > (int64_t{1} << 20);
+  // Tasks: (row, split, group of heads). Heads are grouped only as far as the threads need
+  // tasks (two a thread), at least 8 heads a group: each task decodes its keys once.
+  const int64_t row_splits = int64_t{p.n_rows} * p.num_splits;
+  const int64_t threads = parallel ? omp_get_max_threads() : 1;
+  const int32_t groups = static_cast<int32_t>(
+      std::clamp<int64_t>((2 * threads + row_splits - 1) / row_splits, 1, (p.n_heads + 7) / 8));
+  const int32_t per_group = (p.n_heads + groups - 1) / groups;
+  const int64_t tasks = row_splits * groups;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t t = 0; t < tasks; ++t) run_task(p, static_cast<int32_t>(t / p.num_splits), static_cast<int32_t>(t % p.num_splits), simd);
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t rs = t / groups;
+    const int32_t h0 = static_cast<int32_t>(t % groups) * per_group, h1 = std::min(p.n_heads, h0 + per_group);
+    if (h0 < h1) run_task(p, static_cast<int32_t>(rs / p.num_splits), static_cast<int32_t>(rs % p.num_splits), h0, h1, simd);
+  }
   const int64_t heads = int64_t{p.n_rows} * p.n_heads;
 #pragma omp parallel for schedule(static) if (heads * p.num_splits * kD > (int64_t{1} << 18))
   for (int64_t rh = 0; rh < heads; ++rh) {
