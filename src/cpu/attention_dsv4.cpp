@@ -59,24 +59,37 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0
           q_elem_to_f32(p.q, int64_t{r} * p.q_row_stride + int64_t{h0 + h} * p.q_head_stride + d, p.q_elem) * scale;
   std::vector<math::OnlineSoftmax> sm(static_cast<size_t>(H));
   std::vector<float> keys(static_cast<size_t>(kTile) * kD), s(static_cast<size_t>(kTile));
+  std::vector<float> s2(simd ? static_cast<size_t>(H) * kTile : 0);  // the SIMD path's scores, then weights, per head
   bool live[kTile];
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
     for (int32_t i = 0; i < n; ++i) live[i] = load_key(p, r, t0 + i, &keys[static_cast<size_t>(i) * kD], simd);
+    if (simd) {  // two heads at a time: scores, softmax weights, then both heads' sums
+      for (int32_t h = 0; h < H; h += 2) {
+        const int32_t nh = std::min(2, H - h);
+        float* sh[2] = {&s2[static_cast<size_t>(h) * kTile], &s2[static_cast<size_t>(h + nh - 1) * kTile]};
+        const float* qh0 = &q[static_cast<size_t>(h) * kD];
+        if (nh == 2) dsv4_tile_dots2_simd(qh0, qh0 + kD, keys.data(), live, n, kD, sh[0], sh[1]);
+        else dsv4_tile_dots_simd(qh0, keys.data(), live, n, kD, sh[0]);
+        float rescale[2];
+        for (int32_t e = 0; e < nh; ++e) {
+          math::OnlineSoftmax& m = sm[static_cast<size_t>(h + e)];
+          float mx = math::neg_inf_f32();
+          for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, sh[e][i]);
+          rescale[e] = m.begin_tile(mx);
+          for (int32_t i = 0; i < n; ++i) {
+            sh[e][i] = m.weight(sh[e][i]);
+            m.add(sh[e][i]);
+          }
+        }
+        float* a0 = &acc[static_cast<size_t>(h) * kD];
+        if (nh == 2) dsv4_tile_accumulate2_simd(a0, a0 + kD, rescale[0], rescale[1], keys.data(), sh[0], sh[1], n, kD);
+        else dsv4_tile_accumulate_simd(a0, rescale[0], keys.data(), sh[0], n, kD);
+      }
+      continue;
+    }
     for (int32_t h = 0; h < H; ++h) {
       const float* qh = &q[static_cast<size_t>(h) * kD];
-      if (simd) {
-        dsv4_tile_dots_simd(qh, keys.data(), live, n, kD, s.data());
-        float mx = math::neg_inf_f32();
-        for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, s[i]);
-        const float rescale = sm[h].begin_tile(mx);
-        for (int32_t i = 0; i < n; ++i) {
-          s[i] = sm[h].weight(s[i]);
-          sm[h].add(s[i]);
-        }
-        dsv4_tile_accumulate_simd(&acc[static_cast<size_t>(h) * kD], rescale, keys.data(), s.data(), n, kD);
-        continue;
-      }
       float mx = math::neg_inf_f32();
       for (int32_t i = 0; i < n; ++i) {
         float dot = math::neg_inf_f32();

@@ -105,6 +105,29 @@ HWY_INLINE void Dot4(const float* q, const float* r0, const float* r1, const flo
   SumOfLanes4(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), out);
 }
 
+// Dots of q0 and q1 with rows r[0..4) over dim floats (dim a multiple of one vector): one
+// accumulator per (row, query), eight FMA chains, each row vector loaded once for both.
+HWY_INLINE void Dot4x2(const float* q0, const float* q1, const float* r, int32_t dim, float* out0, float* out1) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  for (int32_t i = 0; i < dim; i += N) {
+    const VF x = hn::LoadU(d, q0 + i), y = hn::LoadU(d, q1 + i);
+    const VF k0 = hn::LoadU(d, r + i), k1 = hn::LoadU(d, r + dim + i), k2 = hn::LoadU(d, r + 2 * dim + i),
+             k3 = hn::LoadU(d, r + 3 * dim + i);
+    a0 = hn::MulAdd(x, k0, a0);
+    a1 = hn::MulAdd(x, k1, a1);
+    a2 = hn::MulAdd(x, k2, a2);
+    a3 = hn::MulAdd(x, k3, a3);
+    b0 = hn::MulAdd(y, k0, b0);
+    b1 = hn::MulAdd(y, k1, b1);
+    b2 = hn::MulAdd(y, k2, b2);
+    b3 = hn::MulAdd(y, k3, b3);
+  }
+  SumOfLanes4(d, a0, a1, a2, a3, out0);
+  SumOfLanes4(d, b0, b1, b2, b3, out1);
+}
+
 }  // namespace
 
 void Dsv4PoolRows(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
@@ -196,6 +219,70 @@ void Dsv4TileAccumulate(float* acc, float rescale, const float* keys, const floa
   }
 }
 
+void Dsv4TileDots2(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
+                   float* s0, float* s1) {
+  float d0[4], d1[4];
+  for (int32_t i0 = 0; i0 < n; i0 += 4) {
+    Dot4x2(q0, q1, keys + int64_t{i0} * dim, dim, d0, d1);
+    for (int32_t i = i0; i < std::min(n, i0 + 4); ++i) {
+      s0[i] = live[i] ? d0[i - i0] : -INFINITY;
+      s1[i] = live[i] ? d1[i - i0] : -INFINITY;
+    }
+  }
+}
+
+void Dsv4TileAccumulate2(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys, const float* w0,
+                         const float* w1, int32_t n, int32_t dim) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  if (dim % (4 * N) != 0) {  // one head at a time
+    Dsv4TileAccumulate(acc0, rescale0, keys, w0, n, dim);
+    return Dsv4TileAccumulate(acc1, rescale1, keys, w1, n, dim);
+  }
+  // Which heads take key j (zero weights are skipped, per head): bit 0 head 0, bit 1 head 1.
+  uint8_t take[64];
+  for (int32_t j0 = 0; j0 < n; j0 += 64) {
+    const int32_t m = std::min<int32_t>(64, n - j0);
+    for (int32_t j = 0; j < m; ++j)
+      take[j] = static_cast<uint8_t>((w0[j0 + j] != 0.0f ? 1 : 0) | (w1[j0 + j] != 0.0f ? 2 : 0));
+    const bool first = j0 == 0;
+    for (int32_t i = 0; i < dim; i += 4 * N) {
+      VF a[4], b[4];
+      for (int v = 0; v < 4; ++v) {
+        a[v] = hn::LoadU(d, acc0 + i + v * N);
+        b[v] = hn::LoadU(d, acc1 + i + v * N);
+        if (first && rescale0 != 1.0f) a[v] = hn::Mul(a[v], hn::Set(d, rescale0));
+        if (first && rescale1 != 1.0f) b[v] = hn::Mul(b[v], hn::Set(d, rescale1));
+      }
+      for (int32_t j = 0; j < m; ++j) {
+        const float* k = keys + int64_t{j0 + j} * dim + i;
+        const VF wa = hn::Set(d, w0[j0 + j]), wb = hn::Set(d, w1[j0 + j]);
+        switch (take[j]) {
+          case 3:
+            for (int v = 0; v < 4; ++v) {
+              const VF kv = hn::LoadU(d, k + v * N);
+              a[v] = hn::MulAdd(wa, kv, a[v]);
+              b[v] = hn::MulAdd(wb, kv, b[v]);
+            }
+            break;
+          case 1:
+            for (int v = 0; v < 4; ++v) a[v] = hn::MulAdd(wa, hn::LoadU(d, k + v * N), a[v]);
+            break;
+          case 2:
+            for (int v = 0; v < 4; ++v) b[v] = hn::MulAdd(wb, hn::LoadU(d, k + v * N), b[v]);
+            break;
+          default:
+            break;
+        }
+      }
+      for (int v = 0; v < 4; ++v) {
+        hn::StoreU(a[v], d, acc0 + i + v * N);
+        hn::StoreU(b[v], d, acc1 + i + v * N);
+      }
+    }
+  }
+}
+
 void Dsv4RowDecode(const uint8_t* row, float* dst) {
   using L = math::Dsv4RowLayout;
   const DF d;
@@ -261,7 +348,17 @@ HWY_EXPORT(Dsv4PoolRows);
 HWY_EXPORT(Dsv4IndexerScores);
 HWY_EXPORT(Dsv4TileDots);
 HWY_EXPORT(Dsv4TileAccumulate);
+HWY_EXPORT(Dsv4TileDots2);
+HWY_EXPORT(Dsv4TileAccumulate2);
 HWY_EXPORT(Dsv4RowDecode);
+void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
+                          float* s0, float* s1) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TileDots2)(q0, q1, keys, live, n, dim, s0, s1);
+}
+void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
+                                const float* w0, const float* w1, int32_t n, int32_t dim) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TileAccumulate2)(acc0, acc1, rescale0, rescale1, keys, w0, w1, n, dim);
+}
 HWY_EXPORT(Dsv4F16Decode);
 HWY_EXPORT(Dsv4SumSquares);
 HWY_EXPORT(Dsv4RopeRow);

@@ -30,6 +30,13 @@ void dsv4_tile_dots_simd(const float* q, const float* keys, const bool* live, in
 // acc[d] = acc[d] * rescale + sum_i w[i] * keys[i * dim + d] (terms with w[i] == 0 skipped).
 void dsv4_tile_accumulate_simd(float* acc, float rescale, const float* keys, const float* w, int32_t n, int32_t dim);
 
+// Two query heads at once (each key vector loaded once for both): the values of
+// dsv4_tile_dots_simd / dsv4_tile_accumulate_simd for each head, up to the sums' order.
+void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
+                          float* s0, float* s1);
+void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
+                                const float* w0, const float* w1, int32_t n, int32_t dim);
+
 // The attention row (math::Dsv4RowLayout) as 512 f32 values, the bits of math::dsv4_row_value.
 void dsv4_row_decode_simd(const uint8_t* row, float* dst);
 
