@@ -4,6 +4,7 @@
 // the pool, gathered a candidate row at a time; the codecs, RMSNorm, rotation and
 // the top-k stay the scalar code (shared math, the CUDA backend's bits).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -123,7 +124,7 @@ struct CandidateRows {
       tok = (p.overlap ? w - 1 : w) * m + j, col0 = 0, jm = j;
     }
     float* zb = z_buf.data() + static_cast<size_t>(j) * p.head_dim;
-    if (tok < 0) {  // no candidate: -inf logits (the values are not read)
+    if (tok < 0) {  // no candidate: -inf logits (the pool computes their terms and never takes them)
       std::fill(zb, zb + p.head_dim, -INFINITY);
       z[j] = c[j] = zb;
       return;
@@ -209,6 +210,13 @@ namespace {
 
 constexpr int64_t kIndexerRowBlock = 256;  // key rows per scoring task (decoded once, scored by every head)
 
+// math::e2m1_decode of the 16 codes, looked up instead of decoded per value.
+const std::array<float, 16> kE2m1Values = [] {
+  std::array<float, 16> v{};
+  for (int c = 0; c < 16; ++c) v[c] = math::e2m1_decode(static_cast<uint8_t>(c));
+  return v;
+}();
+
 // Rows [s0, s1) of the indexer's keys as f32 (packed rows: the values of math::dsv4_unpack_fp4_value).
 void indexer_decode_rows(const IndexerParams& p, int64_t s0, int64_t s1, float* keys) {
   for (int64_t s = s0; s < s1; ++s) {
@@ -223,8 +231,8 @@ void indexer_decode_rows(const IndexerParams& p, int64_t s0, int64_t s1, float* 
       const float scale = math::ue8m0_decode(row[p.dim / 2 + b]);
       for (int32_t d = b * math::kFp4Block; d < (b + 1) * math::kFp4Block; d += 2) {
         const uint8_t byte = row[d / 2];
-        key[d] = math::e2m1_decode(static_cast<uint8_t>(byte & 0xfu)) * scale;
-        key[d + 1] = math::e2m1_decode(static_cast<uint8_t>(byte >> 4)) * scale;
+        key[d] = kE2m1Values[byte & 0xfu] * scale;
+        key[d + 1] = kE2m1Values[byte >> 4] * scale;
       }
     }
   }
