@@ -77,10 +77,7 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0
           float mx = math::neg_inf_f32();
           for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, sh[e][i]);
           rescale[e] = m.begin_tile(mx);
-          for (int32_t i = 0; i < n; ++i) {
-            sh[e][i] = m.weight(sh[e][i]);
-            m.add(sh[e][i]);
-          }
+          m.add(dsv4_tile_weights_simd(sh[e], n, m.m));
         }
         float* a0 = &acc[static_cast<size_t>(h) * kD];
         if (nh == 2) dsv4_tile_accumulate2_simd(a0, a0 + kD, rescale[0], rescale[1], keys.data(), sh[0], sh[1], n, kD);

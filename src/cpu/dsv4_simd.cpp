@@ -283,6 +283,17 @@ void Dsv4TileAccumulate2(float* acc0, float* acc1, float rescale0, float rescale
   }
 }
 
+float Dsv4TileWeights(float* s, int32_t n, float m) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  const VF mv = hn::Set(d, m);
+  for (int32_t i = 0; i < n; i += N)  // s - m <= 0; -inf scores (and an all -inf tile's NaN) give 0
+    hn::StoreU(Exp2NonPositive(d, hn::Sub(hn::LoadU(d, s + i), mv)), d, s + i);
+  float sum = 0.0f;
+  for (int32_t i = 0; i < n; ++i) sum += s[i];
+  return sum;
+}
+
 void Dsv4RowDecode(const uint8_t* row, float* dst) {
   using L = math::Dsv4RowLayout;
   const DF d;
@@ -350,6 +361,8 @@ HWY_EXPORT(Dsv4TileDots);
 HWY_EXPORT(Dsv4TileAccumulate);
 HWY_EXPORT(Dsv4TileDots2);
 HWY_EXPORT(Dsv4TileAccumulate2);
+HWY_EXPORT(Dsv4TileWeights);
+float dsv4_tile_weights_simd(float* s, int32_t n, float m) { return HWY_DYNAMIC_DISPATCH(Dsv4TileWeights)(s, n, m); }
 HWY_EXPORT(Dsv4RowDecode);
 void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
                           float* s0, float* s1) {

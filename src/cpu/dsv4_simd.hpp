@@ -37,6 +37,11 @@ void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, c
 void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
                                 const float* w0, const float* w1, int32_t n, int32_t dim);
 
+// s[i] = exp2(s[i] - m) (0 for -inf scores), i < n, and their sum: the softmax weights of a
+// tile whose running max is m (Exp2NonPositive: within 1e-7 relative of exp2). s holds a
+// multiple of 16 entries.
+float dsv4_tile_weights_simd(float* s, int32_t n, float m);
+
 // The attention row (math::Dsv4RowLayout) as 512 f32 values, the bits of math::dsv4_row_value.
 void dsv4_row_decode_simd(const uint8_t* row, float* dst);
 
