@@ -64,24 +64,35 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
     for (int32_t i = 0; i < n; ++i) live[i] = load_key(p, r, t0 + i, &keys[static_cast<size_t>(i) * kD], simd);
-    if (simd) {  // two heads at a time: scores, softmax weights, then both heads' sums
-      for (int32_t h = 0; h < H; h += 2) {
-        const int32_t nh = std::min(2, H - h);
-        float* sh[2] = {&s2[static_cast<size_t>(h) * kTile], &s2[static_cast<size_t>(h + nh - 1) * kTile]};
+    if (simd) {  // scores four heads at a time, softmax weights, then the sums two heads at a time
+      for (int32_t h = 0; h < H; h += 4) {
+        const int32_t nh = std::min(4, H - h);
+        float* s0 = &s2[static_cast<size_t>(h) * kTile];
         const float* qh0 = &q[static_cast<size_t>(h) * kD];
-        if (nh == 2) dsv4_tile_dots2_simd(qh0, qh0 + kD, keys.data(), live, n, kD, sh[0], sh[1]);
-        else dsv4_tile_dots_simd(qh0, keys.data(), live, n, kD, sh[0]);
-        float rescale[2];
+        if (nh == 4) {
+          dsv4_tile_dots4_simd(qh0, keys.data(), live, n, kD, s0, kTile);
+        } else {
+          for (int32_t e = 0; e < nh; e += 2) {
+            if (e + 1 < nh) dsv4_tile_dots2_simd(qh0 + e * kD, qh0 + (e + 1) * kD, keys.data(), live, n, kD, s0 + e * kTile, s0 + (e + 1) * kTile);
+            else dsv4_tile_dots_simd(qh0 + e * kD, keys.data(), live, n, kD, s0 + e * kTile);
+          }
+        }
+        float rescale[4];
         for (int32_t e = 0; e < nh; ++e) {
           math::OnlineSoftmax& m = sm[static_cast<size_t>(h + e)];
+          float* se = s0 + e * kTile;
           float mx = math::neg_inf_f32();
-          for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, sh[e][i]);
+          for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, se[i]);
           rescale[e] = m.begin_tile(mx);
-          m.add(dsv4_tile_weights_simd(sh[e], n, m.m));
+          m.add(dsv4_tile_weights_simd(se, n, m.m));
         }
-        float* a0 = &acc[static_cast<size_t>(h) * kD];
-        if (nh == 2) dsv4_tile_accumulate2_simd(a0, a0 + kD, rescale[0], rescale[1], keys.data(), sh[0], sh[1], n, kD);
-        else dsv4_tile_accumulate_simd(a0, rescale[0], keys.data(), sh[0], n, kD);
+        for (int32_t e = 0; e < nh; e += 2) {
+          float* a0 = &acc[static_cast<size_t>(h + e) * kD];
+          if (e + 1 < nh)
+            dsv4_tile_accumulate2_simd(a0, a0 + kD, rescale[e], rescale[e + 1], keys.data(), s0 + e * kTile,
+                                       s0 + (e + 1) * kTile, n, kD);
+          else dsv4_tile_accumulate_simd(a0, rescale[e], keys.data(), s0 + e * kTile, n, kD);
+        }
       }
       continue;
     }

@@ -128,6 +128,25 @@ HWY_INLINE void Dot4x2(const float* q0, const float* q1, const float* r, int32_t
   SumOfLanes4(d, b0, b1, b2, b3, out1);
 }
 
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+// Dots of four queries (q + h * dim) with rows r[0..4): 16 accumulators, each query and row
+// vector loaded once (32 vector registers hold them with the 8 loaded vectors).
+HWY_INLINE void Dot4x4(const float* q, const float* r, int32_t dim, float* out /* [4 queries][4 rows] */) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  VF a[4][4];
+  for (auto& row : a)
+    for (auto& v : row) v = hn::Zero(d);
+  for (int32_t i = 0; i < dim; i += N) {
+    VF k[4], x[4];
+    for (int j = 0; j < 4; ++j) k[j] = hn::LoadU(d, r + j * dim + i), x[j] = hn::LoadU(d, q + j * dim + i);
+    for (int h = 0; h < 4; ++h)
+      for (int j = 0; j < 4; ++j) a[h][j] = hn::MulAdd(x[h], k[j], a[h][j]);
+  }
+  for (int h = 0; h < 4; ++h) SumOfLanes4(d, a[h][0], a[h][1], a[h][2], a[h][3], out + 4 * h);
+}
+#endif
+
 }  // namespace
 
 void Dsv4PoolRows(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
@@ -229,6 +248,21 @@ void Dsv4TileDots2(const float* q0, const float* q1, const float* keys, const bo
       s1[i] = live[i] ? d1[i - i0] : -INFINITY;
     }
   }
+}
+
+void Dsv4TileDots4(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s,
+                   int64_t s_stride) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+  float dots[16];
+  for (int32_t i0 = 0; i0 < n; i0 += 4) {
+    Dot4x4(q, keys + int64_t{i0} * dim, dim, dots);
+    for (int h = 0; h < 4; ++h)
+      for (int32_t i = i0; i < std::min(n, i0 + 4); ++i) s[h * s_stride + i] = live[i] ? dots[4 * h + i - i0] : -INFINITY;
+  }
+#else  // 16 vector registers: two heads at a time
+  Dsv4TileDots2(q, q + dim, keys, live, n, dim, s, s + s_stride);
+  Dsv4TileDots2(q + 2 * dim, q + 3 * dim, keys, live, n, dim, s + 2 * s_stride, s + 3 * s_stride);
+#endif
 }
 
 void Dsv4TileAccumulate2(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys, const float* w0,
@@ -361,6 +395,11 @@ HWY_EXPORT(Dsv4TileDots);
 HWY_EXPORT(Dsv4TileAccumulate);
 HWY_EXPORT(Dsv4TileDots2);
 HWY_EXPORT(Dsv4TileAccumulate2);
+HWY_EXPORT(Dsv4TileDots4);
+void dsv4_tile_dots4_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s,
+                          int64_t s_stride) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TileDots4)(q, keys, live, n, dim, s, s_stride);
+}
 HWY_EXPORT(Dsv4TileWeights);
 float dsv4_tile_weights_simd(float* s, int32_t n, float m) { return HWY_DYNAMIC_DISPATCH(Dsv4TileWeights)(s, n, m); }
 HWY_EXPORT(Dsv4RowDecode);

@@ -34,6 +34,9 @@ void dsv4_tile_accumulate_simd(float* acc, float rescale, const float* keys, con
 // dsv4_tile_dots_simd / dsv4_tile_accumulate_simd for each head, up to the sums' order.
 void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
                           float* s0, float* s1);
+// Four query heads q + h * dim, h < 4: s[h * s_stride + i] as dsv4_tile_dots_simd gives them.
+void dsv4_tile_dots4_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s,
+                          int64_t s_stride);
 void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
                                 const float* w0, const float* w1, int32_t n, int32_t dim);
 
