@@ -45,6 +45,17 @@ inline std::vector<double> rotate_f64(std::vector<double> x, const RopeSpec& spe
   return x;
 }
 
+// Worst |out - reference| allowed (outputs are averages of V values in [-1, 1]): K and V each
+// rounded once to the format, so the bound scales with its epsilon (f16 2^-11, bf16 2^-8, fp8's
+// e4m3 2^-4 per 64-value group).
+inline double attention_tolerance(KvFormat f) {
+  switch (f) {
+    case KvFormat::F16: return 2e-3;
+    case KvFormat::BF16: return 1.2e-2;
+    default: return 8e-2;
+  }
+}
+
 class Scenario {
  public:
   // The scenario's operations applied to `cache` (an mla_config cache, any format and mode).

@@ -27,17 +27,6 @@ struct MlaCase {
   RopeMode mode;
 };
 
-// Worst |out - reference| allowed (outputs are averages of V values in [-1, 1]): K and V each
-// rounded once to the format, so the bound scales with its epsilon (f16 2^-11, bf16 2^-8, fp8's
-// e4m3 2^-4 per 64-value group).
-double tolerance(KvFormat f) {
-  switch (f) {
-    case KvFormat::F16: return 2e-3;
-    case KvFormat::BF16: return 1.2e-2;
-    default: return 8e-2;
-  }
-}
-
 void expect_error(const std::function<void()>& f, const std::string& needle) {
   try {
     f();
@@ -96,9 +85,9 @@ TEST_P(PagedMla, AttentionThroughTheCacheMatchesFloat64) {
     }
     std::printf("[paged mla] %s %s layer %d: worst |out - f64| %.3g (tolerance %.3g, largest |out| %.3g); control %.3g\n",
                 std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
-                layer, worst, tolerance(mc.format), scale, control);
-    EXPECT_LE(worst, tolerance(mc.format)) << "layer " << layer;
-    EXPECT_GT(control, 3 * tolerance(mc.format)) << "layer " << layer << ": the control must fail";
+                layer, worst, mla_test::attention_tolerance(mc.format), scale, control);
+    EXPECT_LE(worst, mla_test::attention_tolerance(mc.format)) << "layer " << layer;
+    EXPECT_GT(control, 3 * mla_test::attention_tolerance(mc.format)) << "layer " << layer << ": the control must fail";
   }
 }
 

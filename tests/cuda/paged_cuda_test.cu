@@ -6,7 +6,8 @@
 //  * The same random operation sequence (tests/paged_model.hpp, 10,000 operations per format
 //    and mode, 100,000 in all) on a CPU cache and a CUDA cache: identical ids, metadata, failures and error
 //    codes after every operation; identical positions/validity arrays on the device; identical
-//    V pool bytes and (rope-on-read) K pool bytes; both read back against the f64 model.
+//    V pool bytes and (rope-on-read) K pool bytes; both read back against the f64 model. The
+//    same at MLA's shape (K 576 with a 64-dim RoPE tail, V 512; f16, bf16, fp8), 2,500 operations each.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -218,6 +219,7 @@ TEST(PagedCudaStore, VectorizedPathsMatchTheCpu) {
 struct CudaCase {
   KvFormat format;
   RopeMode mode;
+  bool mla = false;  // mla_config: K 576 with a 64-dim RoPE tail, V 512 (2,500 operations)
 };
 class PagedCudaModel : public ::testing::TestWithParam<CudaCase> {};
 
@@ -225,9 +227,10 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const CudaCase cc = GetParam();
   const int32_t bs = cc.format == KvFormat::Dsv4Row ? 4 : 8, nb = cc.format == KvFormat::Dsv4Row ? 24 : 40;
-  PagedCache cpu(small_config(cc.format, cc.mode, bs, nb), Device::cpu());
-  PagedCache gpu(small_config(cc.format, cc.mode, bs, nb), Device::cuda(0));
-  Driver drv({&cpu, &gpu}, 77 + static_cast<int>(cc.format));
+  const PagedCacheConfig cfg = cc.mla ? mla_config(cc.format, cc.mode, bs, nb) : small_config(cc.format, cc.mode, bs, nb);
+  PagedCache cpu(cfg, Device::cpu());
+  PagedCache gpu(cfg, Device::cuda(0));
+  Driver drv({&cpu, &gpu}, 77 + static_cast<int>(cc.format) + (cc.mla ? 100 : 0));
   int64_t k_byte_diffs = 0, k_bytes_compared = 0;
   drv.on_step = [&](int64_t op) {
     ASSERT_EQ(cpu.debug_state(), gpu.debug_state()) << "metadata diverged at op " << op;
@@ -255,11 +258,13 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
       for (size_t i = k_arrays; i < per_layer; ++i) ASSERT_EQ(a.arrays[base + i], b.arrays[base + i]) << "V bytes, op " << op;
     }
   };
-  for (int64_t i = 0; i < 10000 && !::testing::Test::HasFailure(); ++i) drv.step();
+  const int64_t n_ops = cc.mla ? 2500 : 10000;
+  for (int64_t i = 0; i < n_ops && !::testing::Test::HasFailure(); ++i) drv.step();
   drv.check_all();
-  std::printf("[paged cuda] model %s %s: %lld ops, %lld failed cleanly on both; K bytes differing CPU vs CUDA: %lld of %lld; "
+  std::printf("[paged cuda] model %s%s %s: %lld ops, %lld failed cleanly on both; K bytes differing CPU vs CUDA: %lld of %lld; "
               "worst |err|/tol K %.3f V %.3f\n",
-              std::string(kv_format_name(cc.format)).c_str(), cc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
+              cc.mla ? "mla " : "", std::string(kv_format_name(cc.format)).c_str(),
+              cc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
               static_cast<long long>(drv.ops), static_cast<long long>(drv.failed_ops), static_cast<long long>(k_byte_diffs),
               static_cast<long long>(k_bytes_compared), drv.st.worst_ratio_k, drv.st.worst_ratio_v);
 }
@@ -268,6 +273,8 @@ std::vector<CudaCase> cuda_cases() {
   std::vector<CudaCase> v;
   for (KvFormat f : kAllFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
+  for (KvFormat f : kMlaFormats)
+    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m, true});
   return v;
 }
 
@@ -275,7 +282,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedCudaFormats, ::testing::ValuesIn(kAllForm
                          [](const ::testing::TestParamInfo<KvFormat>& i) { return std::string(kv_format_name(i.param)); });
 INSTANTIATE_TEST_SUITE_P(AllFormats, PagedCudaModel, ::testing::ValuesIn(cuda_cases()),
                          [](const ::testing::TestParamInfo<CudaCase>& i) {
-                           return std::string(kv_format_name(i.param.format)) +
+                           return std::string(i.param.mla ? "Mla_" : "") + std::string(kv_format_name(i.param.format)) +
                                   (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
                          });
 
