@@ -25,7 +25,14 @@ namespace {
 struct MlaCase {
   KvFormat format;
   RopeMode mode;
+  bool one_spec = false;  // every layer one RoPE spec (as DeepSeek's): CUDA rotates all layers in one launch
 };
+
+PagedCacheConfig config_of(const MlaCase& mc) {
+  PagedCacheConfig c = mla_config(mc.format, mc.mode, 16, 32);
+  if (mc.one_spec) c.rope = {c.rope[0]};
+  return c;
+}
 
 void expect_error(const std::function<void()>& f, const std::string& needle) {
   try {
@@ -40,7 +47,7 @@ class PagedMla : public ::testing::TestWithParam<MlaCase> {};
 
 TEST_P(PagedMla, AttentionThroughTheCacheMatchesFloat64) {
   const MlaCase mc = GetParam();
-  PagedCache cache(mla_config(mc.format, mc.mode, 16, 32), Device::cpu());
+  PagedCache cache(config_of(mc), Device::cpu());
   mla_test::Scenario sc(cache, 19 + static_cast<uint32_t>(mc.format));
   constexpr int32_t kHeads = 16;
   const int64_t rows = static_cast<int64_t>(sc.seqs().size());
@@ -83,9 +90,9 @@ TEST_P(PagedMla, AttentionThroughTheCacheMatchesFloat64) {
       const std::vector<double> ref9 = sc.reference(layer, q9, kHeads);
       for (size_t i = 0; i < ref9.size(); ++i) control = std::max(control, std::abs(out[i] - ref9[i]));
     }
-    std::printf("[paged mla] %s %s layer %d: worst |out - f64| %.3g (tolerance %.3g, largest |out| %.3g); control %.3g\n",
+    std::printf("[paged mla] %s %s%s layer %d: worst |out - f64| %.3g (tolerance %.3g, largest |out| %.3g); control %.3g\n",
                 std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
-                layer, worst, mla_test::attention_tolerance(mc.format), scale, control);
+                mc.one_spec ? " one spec" : "", layer, worst, mla_test::attention_tolerance(mc.format), scale, control);
     EXPECT_LE(worst, mla_test::attention_tolerance(mc.format)) << "layer " << layer;
     EXPECT_GT(control, 3 * mla_test::attention_tolerance(mc.format)) << "layer " << layer << ": the control must fail";
   }
@@ -95,11 +102,13 @@ std::vector<MlaCase> mla_cases() {
   std::vector<MlaCase> v;
   for (KvFormat f : kMlaFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
+  for (KvFormat f : kMlaFormats) v.push_back({f, RopeMode::RopeStored, true});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, PagedMla, ::testing::ValuesIn(mla_cases()), [](const ::testing::TestParamInfo<MlaCase>& i) {
-  return std::string(kv_format_name(i.param.format)) + (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
+  return std::string(kv_format_name(i.param.format)) + (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead") +
+         (i.param.one_spec ? "_OneSpec" : "");
 });
 
 // What an MLA-shaped cache cannot be, refused at construction with the field and value named.

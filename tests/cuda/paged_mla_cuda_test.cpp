@@ -1,7 +1,8 @@
 // DeepSeek-V2/V3 MLA through a CUDA PagedCache (K 576 = 512 latent + 64-dim RoPE tail, V 512;
 // f16, bf16, fp8; both RoPE modes) against a CPU cache given the same operations and the same
 // fresh random rows (tests/paged_mla_scenario.hpp: stores, a context shift, a fork, a
-// rollback, a decode step's reserve + store): identical metadata, V pool bytes and
+// rollback, a decode step's reserve + store; per-layer RoPE specs, or one spec for every layer,
+// which rotates all layers in one launch on CUDA): identical metadata, V pool bytes and
 // (rope-on-read) K pool bytes; rope-stored K bytes compared and counted. Then CUDA attention
 // through paged_kv(layer) against the float64 reference and against the CPU cache's attention.
 #include <gtest/gtest.h>
@@ -27,7 +28,14 @@ bool have_gpu() { return cuda_device_count() > 0; }
 struct MlaCase {
   KvFormat format;
   RopeMode mode;
+  bool one_spec = false;  // every layer one RoPE spec (as DeepSeek's): CUDA rotates all layers in one launch
 };
+
+PagedCacheConfig config_of(const MlaCase& mc) {
+  PagedCacheConfig c = mla_config(mc.format, mc.mode, 16, 32);
+  if (mc.one_spec) c.rope = {c.rope[0]};
+  return c;
+}
 
 // Attention of every layer for the scenario's sequences with queries q_raw; outputs on the host.
 std::vector<std::vector<float>> attend(PagedCache& cache, const mla_test::Scenario& sc, const std::vector<float>& q_raw,
@@ -56,9 +64,9 @@ class PagedMlaCuda : public ::testing::TestWithParam<MlaCase> {};
 TEST_P(PagedMlaCuda, SameCacheAsTheCpuAndAttentionMatchesFloat64) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const MlaCase mc = GetParam();
-  const PagedCacheConfig cfg = mla_config(mc.format, mc.mode, 16, 32);
+  const PagedCacheConfig cfg = config_of(mc);
   PagedCache cpu(cfg, Device::cpu()), gpu(cfg, Device::cuda(0));
-  const uint32_t seed = 1900 + static_cast<uint32_t>(mc.format) * 2 + static_cast<uint32_t>(mc.mode);
+  const uint32_t seed = 1900 + static_cast<uint32_t>(mc.format) * 4 + static_cast<uint32_t>(mc.mode) * 2 + mc.one_spec;
   mla_test::Scenario sc_cpu(cpu, seed), sc_gpu(gpu, seed);
   ASSERT_EQ(sc_cpu.seqs(), sc_gpu.seqs());
   cpu.prepare();
@@ -95,10 +103,10 @@ TEST_P(PagedMlaCuda, SameCacheAsTheCpuAndAttentionMatchesFloat64) {
       e_ref = std::max(e_ref, std::abs(out_gpu[layer][i] - ref[i]));
       e_cpu = std::max(e_cpu, std::abs(double(out_gpu[layer][i]) - out_cpu[layer][i]));
     }
-    std::printf("[paged mla cuda] %s %s layer %d: |CUDA - f64| %.3g, |CUDA - CPU| %.3g (tolerance %.3g); "
+    std::printf("[paged mla cuda] %s %s%s layer %d: |CUDA - f64| %.3g, |CUDA - CPU| %.3g (tolerance %.3g); "
                 "rope-stored K bytes differing %lld of %lld\n",
                 std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
-                layer, e_ref, e_cpu, tol, static_cast<long long>(k_diff), static_cast<long long>(k_bytes));
+                mc.one_spec ? " one spec" : "", layer, e_ref, e_cpu, tol, static_cast<long long>(k_diff), static_cast<long long>(k_bytes));
     EXPECT_LE(e_ref, tol) << "layer " << layer << " vs float64";
     // Both read the same pool bytes (up to rope-stored rotation roundings) and accumulate in f32.
     EXPECT_LE(e_cpu, tol / 2) << "layer " << layer << " vs the CPU cache's attention";
@@ -109,11 +117,13 @@ std::vector<MlaCase> cases() {
   std::vector<MlaCase> v;
   for (KvFormat f : kMlaFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
+  for (KvFormat f : kMlaFormats) v.push_back({f, RopeMode::RopeStored, true});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, PagedMlaCuda, ::testing::ValuesIn(cases()), [](const ::testing::TestParamInfo<MlaCase>& i) {
-  return std::string(kv_format_name(i.param.format)) + (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
+  return std::string(kv_format_name(i.param.format)) + (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead") +
+         (i.param.one_spec ? "_OneSpec" : "");
 });
 
 }  // namespace
