@@ -17,7 +17,9 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.hpp"
+#include "cuda/common/pdl.cuh"
 #include "cuda/dsv4/dsv4_common.cuh"
+#include "cuda/dsv4/dsv4_topk.cuh"
 #include "kvcore/error.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
 #include "ops/dsv4_backends.hpp"
@@ -84,6 +86,7 @@ __device__ inline void score_body(const IndexerParams& p, float* qs /* [n_heads 
 }
 
 __global__ void __launch_bounds__(kThreads) score_kernel(const IndexerParams p) {
+  pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
   extern __shared__ float smem[];
   score_body(p, smem, blockIdx.y, static_cast<int64_t>(blockIdx.x) * kRowsPerBlock);
 }
@@ -180,6 +183,7 @@ __device__ inline void load_tile(const IndexerParams& p, float* ks, int ld, int6
 template <int kTileRowsPerThread>
 __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
   constexpr int kTileRows = kRowSlots * kTileRowsPerThread;
+  pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
   extern __shared__ __align__(16) float smem[];
   const int32_t i = blockIdx.y;
   const int64_t t = p.first_query_pos + i;
@@ -267,13 +271,6 @@ static_assert(kMaxK <= 2 * kTopkThreads, "the bitonic sort holds two picks a thr
 constexpr int kSmemKeysMax = 32768;  // visible rows whose keys are cached in shared memory (128 KB)
 constexpr int kCandMax = 4096;       // keys of the threshold's 12-bit bin held as candidates (32 KB)
 
-// Larger float -> larger key; -0 counts as +0 (the CPU compares them equal).
-__device__ __forceinline__ uint32_t order_key(float f) {
-  uint32_t u = __float_as_uint(f);
-  if (u == 0x80000000u) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 // Block-wide inclusive scan of v over threads, forward (threads <= me) or backward (threads
 // >= me). scratch: >= 33 ints. Ends with a barrier, so scratch can be reused at once.
 __device__ inline int block_scan(int v, bool backward, int* scratch) {
@@ -310,20 +307,6 @@ __device__ inline int block_scan(int v, bool backward, int* scratch) {
   }
   __syncthreads();
   return v;
-}
-
-// (key a, row a) before (key b, row b): key descending, row ascending.
-__device__ __forceinline__ bool comes_first(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
-  return ka > kb || (ka == kb && ia < ib);
-}
-
-// One bitonic compare-exchange for the element at index e holding (k, i) against (ok, oi).
-__device__ __forceinline__ void bitonic_keep(uint32_t& k, int32_t& i, uint32_t ok, int32_t oi, int e, int size, int stride) {
-  const bool up = (e & size) == 0, lower = (e & stride) == 0;
-  if (comes_first(k, i, ok, oi) != (up == lower)) {
-    k = ok;
-    i = oi;
-  }
 }
 
 // The digit of a radix pass: the bin b with above(b) < need <= above(b) + hist[b], above(b) =
@@ -532,65 +515,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
   }
   __syncthreads();
 
-  // Bitonic sort of the picks, two consecutive elements a thread: strides <= 32 by shuffles.
-  int n_sort = 64;  // whole warps
-  while (n_sort < take) n_sort <<= 1;
-  const bool active = tid < n_sort / 2;
-  const int e0 = 2 * tid, e1 = e0 + 1;
-  uint32_t k0 = 0, k1 = 0;
-  int32_t i0 = 0x7fffffff, i1 = 0x7fffffff;  // padding sorts last
-  if (active) {
-    if (e0 < take) {
-      k0 = sel_key[e0];
-      i0 = sel_idx[e0];
-    }
-    if (e1 < take) {
-      k1 = sel_key[e1];
-      i1 = sel_idx[e1];
-    }
-  }
-  __syncthreads();
-  for (int size = 2; size <= n_sort; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      if (stride == 1) {
-        if (active && comes_first(k0, i0, k1, i1) != ((e0 & size) == 0)) {
-          const uint32_t tk = k0;
-          k0 = k1;
-          k1 = tk;
-          const int32_t ti = i0;
-          i0 = i1;
-          i1 = ti;
-        }
-      } else if (stride <= 32) {
-        if (active) {  // whole warps: n_sort / 2 is a multiple of 32
-          const int m = stride >> 1;
-          const uint32_t ok0 = __shfl_xor_sync(0xffffffffu, k0, m), ok1 = __shfl_xor_sync(0xffffffffu, k1, m);
-          const int32_t oi0 = __shfl_xor_sync(0xffffffffu, i0, m), oi1 = __shfl_xor_sync(0xffffffffu, i1, m);
-          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
-          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
-        }
-      } else {
-        if (active) {
-          sel_key[e0] = k0;
-          sel_idx[e0] = i0;
-          sel_key[e1] = k1;
-          sel_idx[e1] = i1;
-        }
-        __syncthreads();
-        if (active) {
-          const uint32_t ok0 = sel_key[e0 ^ stride], ok1 = sel_key[e1 ^ stride];
-          const int32_t oi0 = sel_idx[e0 ^ stride], oi1 = sel_idx[e1 ^ stride];
-          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
-          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
-        }
-        __syncthreads();
-      }
-    }
-  }
-  if (active) {
-    if (e0 < take) out[e0] = i0;
-    if (e1 < take) out[e1] = i1;
-  }
+  sort_picks_and_write(sel_key, sel_idx, take, out);
 }
 
 static void indexer_check(const IndexerParams& p) {
@@ -609,7 +534,7 @@ void launch_tiled(int per_thread, dim3 grid, size_t bytes, int dev, const Indexe
   }
 }
 
-void indexer_scores(const IndexerParams& p, Stream s) {
+void indexer_scores(const IndexerParams& p, Stream s, const IndexerTuning& /*tuning: one scorer so far*/) {
   indexer_check(p);
   const int dev = current_device();
   const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);
@@ -655,15 +580,20 @@ void launch_topk(const IndexerParams& p, int dev, Stream s) {
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
 }
 
-void indexer_select(const IndexerParams& p, Stream s) {
+void indexer_select(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);
-  launch_topk(p, current_device(), s);
+  const bool compact = tuning.topk != IndexerTopk::Ordered && topk_compact_serves(p);
+  if (compact) {
+    launch_topk_compact(p, current_device(), s, tuning.pdl);
+  } else {
+    launch_topk(p, current_device(), s);
+  }
 }
 
-void indexer_topk(const IndexerParams& p, Stream s) {
+void indexer_topk(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);  // before any launch: nothing written on a refusal
-  indexer_scores(p, s);
-  indexer_select(p, s);
+  indexer_scores(p, s, tuning);
+  indexer_select(p, s, tuning);
 }
 
 }  // namespace kvcore::ops::cuda::dsv4
