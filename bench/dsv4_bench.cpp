@@ -8,7 +8,9 @@
 //    CSA layers at a given context (what HF's CSA compressor call also does; HF also
 //    rotates the indexer query, kvcore also Hadamard + FP4 rounds it), plain launches
 //    and CUDA-graph replay, and the indexer alone for one layer (graph replay), also split
-//    into its two kernels ("indexer scores only", "indexer top-k only") for the breakdown.
+//    into its two kernels ("indexer scores only", "indexer top-k only") for the breakdown,
+//    and each top-k kernel on its own ("top-k ordered", "top-k compact": ops::IndexerTuning),
+//    their picks checked identical.
 //  - prefill: compression of 64k tokens (one CSA compressor, its indexer, one HCA
 //    compressor), GB/s of input read + rows written against the copy ceiling.
 // HF transformers' modules doing the same work: bench/dsv4_hf_baseline.py.
@@ -28,6 +30,7 @@
 #include "kvcore/runtime.hpp"
 #if KVCORE_WITH_CUDA
 #include "ops/dsv4_backends.hpp"  // the indexer's two halves, timed apart for the breakdown
+#include "ops/dsv4_tuning.hpp"    // each top-k kernel on its own (A/B)
 #endif
 #include "tools/registry.hpp"
 
@@ -328,6 +331,42 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         y.bytes = static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
         y.t = per(th, tokens_per_rep);
         opt.report(y);
+      }
+      // Each top-k kernel on its own (ops::IndexerTuning), alone and after the scores, for the A/B;
+      // their picks must be identical (the same selection rule over the same scores).
+      std::vector<int32_t> first_picks;
+      for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact}) {
+        ops::IndexerTuning tune;
+        tune.topk = kind;
+        const char* label = kind == ops::IndexerTopk::Ordered ? "ordered" : "compact";
+        for (int with_scores = 0; with_scores < 2; ++with_scores) {
+          synchronize(dev);
+          const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+            for (int i = 0; i < tokens_per_rep; ++i) {
+              if (with_scores) ops::cuda::dsv4::indexer_scores(ip, s, tune);
+              ops::cuda::dsv4::indexer_select(ip, s, tune);
+            }
+          });
+          BenchRecord y = x;
+          y.case_name = fmt(with_scores ? "indexer scores+top-k backend calls one CSA layer ctx=%lld (CUDA graph replay)"
+                                        : "indexer top-k only one CSA layer ctx=%lld (CUDA graph replay)",
+                            context) +
+                        " top-k " + label;
+          y.bytes = with_scores ? static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4
+                                : static_cast<double>(cache.indexer_rows(0, csa)) * 4;
+          y.t = per(th, tokens_per_rep);
+          opt.report(y);
+        }
+        synchronize(dev);
+        const std::vector<int32_t> got = picks.to_host<int32_t>();
+        if (first_picks.empty()) {
+          first_picks = got;
+        } else {
+          const bool same = got == first_picks;
+          opt.note(fmt("indexer top-k ctx=%lld: the compact kernel's picks ", context) +
+                   (same ? "are identical to" : "DIFFER from") + " the ordered kernel's");
+          if (!same) throw Error(ErrorCode::Corrupt, "bench dsv4: the compact top-k's picks differ from the ordered kernel's");
+        }
       }
     }
   }

@@ -23,6 +23,7 @@
 #include "kvcore/math/dsv4.hpp"
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/runtime.hpp"
+#include "ops/dsv4_tuning.hpp"
 
 using namespace kvcore;
 using namespace kvcore::testing;
@@ -379,6 +380,7 @@ struct IndexerCase {
   int H = 64, D = 128, nq = 3, cap = 0, n_rows = 0, k = 0;
   int64_t first = 0;
   RowsMode rows = RowsMode::Random;
+  ops::IndexerTopk topk = ops::IndexerTopk::Auto;  // the CUDA top-k kernel
 };
 
 void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::vector<int32_t>* picks) {
@@ -386,7 +388,7 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   const bool packed = c.packed;
   SCOPED_TRACE(::testing::Message() << "quant " << int(c.quant) << " packed " << packed << " H " << H << " D " << D << " nq "
                                     << nq << " cap " << cap << " n_rows " << c.n_rows << " k " << k << " first " << c.first
-                                    << " rows mode " << int(c.rows));
+                                    << " rows mode " << int(c.rows) << " top-k kernel " << int(c.topk));
   std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
   if (c.rows == RowsMode::ZeroEveryThird)  // many rows scoring exactly 0: ties the top-k must break by row
     for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
@@ -410,8 +412,10 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   Twin<int32_t> out(std::vector<int32_t>(static_cast<size_t>(nq) * k, 0));
   const TensorRef rows_d = packed ? rp.dev(DType::U8, {cap, rb}) : rf.dev(DType::F32, {cap, D});
   const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, rb}) : rf.host(DType::F32, {cap, D});
-  dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
-                    sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}));
+  ops::IndexerTuning tuning;
+  tuning.topk = c.topk;
+  ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
+                         sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
   std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
   std::vector<int32_t> out_h(static_cast<size_t>(nq) * k);
   dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, c.n_rows, c.first, 4, c.quant,

@@ -1,8 +1,8 @@
 // The indexer top-k's shared pieces: the order both kernels select by and the bitonic sort
 // that puts their picks in it. The order is the CPU's: score descending, then row ascending,
 // so identical scores give identical picks whichever kernel runs. Keys are order-preserving
-// u32s of the scores (-0 counts as +0, as the CPU's comparison does; a NaN sorts by its bits:
-// positive NaNs above +inf, negative NaNs below -inf, the same in every kernel).
+// u32s of the scores (-0 counts as +0, as the CPU's comparison does; every NaN counts as one
+// value above +inf, as on the CPU).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -17,8 +17,10 @@ namespace kvcore::ops::cuda::dsv4 {
 using ::kvcore::dsv4::IndexerParams;
 using ::kvcore::dsv4::visible_rows;
 
-// Larger float -> larger key; -0 counts as +0 (the CPU compares them equal).
+// Larger float -> larger key; -0 counts as +0 (the CPU compares them equal); every NaN is one
+// key above +inf's (the CPU's rule for NaN scores).
 __device__ __forceinline__ uint32_t order_key(float f) {
+  if (f != f) return 0xffffffffu;
   uint32_t u = __float_as_uint(f);
   if (u == 0x80000000u) u = 0;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
