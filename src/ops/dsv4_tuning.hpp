@@ -18,7 +18,16 @@ enum class IndexerTopk : int32_t {
   Compact = 2,  // one 512-thread CTA a query, keys in shared memory: k <= 1024, visible rows <= 32768
 };
 
+// Which kernel computes the scores. Where the asked-for kernel does not serve the shape, the
+// automatic choice does.
+enum class IndexerScorer : int32_t {
+  Auto = 0,        // TensorCore where it serves, else Simt
+  Simt = 1,        // f32 FMA: the tiled kernel (dim % 4 == 0) or the general warp-per-row one
+  TensorCore = 2,  // mma.sync bf16 (FP4 values are exact in bf16): quantized query, packed rows of dim 128
+};
+
 struct IndexerTuning {
+  IndexerScorer scorer = IndexerScorer::Auto;
   IndexerTopk topk = IndexerTopk::Auto;
   // The compact top-k launches as a programmatic dependent of the scores (its launch and set-up
   // overlap their drain).

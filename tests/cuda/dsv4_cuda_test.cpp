@@ -380,7 +380,8 @@ struct IndexerCase {
   int H = 64, D = 128, nq = 3, cap = 0, n_rows = 0, k = 0;
   int64_t first = 0;
   RowsMode rows = RowsMode::Random;
-  ops::IndexerTopk topk = ops::IndexerTopk::Auto;  // the CUDA top-k kernel
+  ops::IndexerTopk topk = ops::IndexerTopk::Auto;        // the CUDA top-k kernel
+  ops::IndexerScorer scorer = ops::IndexerScorer::Auto;  // the CUDA scorer
 };
 
 void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::vector<int32_t>* picks) {
@@ -388,7 +389,8 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   const bool packed = c.packed;
   SCOPED_TRACE(::testing::Message() << "quant " << int(c.quant) << " packed " << packed << " H " << H << " D " << D << " nq "
                                     << nq << " cap " << cap << " n_rows " << c.n_rows << " k " << k << " first " << c.first
-                                    << " rows mode " << int(c.rows) << " top-k kernel " << int(c.topk));
+                                    << " rows mode " << int(c.rows) << " top-k kernel " << int(c.topk)
+                                    << " scorer " << int(c.scorer));
   std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
   if (c.rows == RowsMode::ZeroEveryThird)  // many rows scoring exactly 0: ties the top-k must break by row
     for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
@@ -414,6 +416,7 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, rb}) : rf.host(DType::F32, {cap, D});
   ops::IndexerTuning tuning;
   tuning.topk = c.topk;
+  tuning.scorer = c.scorer;
   ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
                          sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
   std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
@@ -683,6 +686,65 @@ TEST(Dsv4Cuda, IndexerTopkKernelsAgree) {
     IndexerCase c = icase(Dsv4Quant::Off, false, 32769, 32769, 300, 4 * 32769);  // one past it
     c.H = 4, c.D = 32, c.nq = 1;
     check_topk_kernels_agree(c);
+  }
+}
+
+// The two scorers (ops::IndexerTuning), each against the oracle of check_indexer_once (scores
+// within the f32 bound, picks in the order of its own scores), on the tensor-core scorer's shapes
+// (quantized query, packed rows of dim 128): the model's 8k and 64k shapes, heads past one
+// accumulator pass of 64 (72) and a partial n8 tile (5), queries whose visible rows differ and
+// end inside a tile, 2 or 3 visible rows of 40, all rows equal (ties through the scorer), k at
+// 2048; and a shape it does not serve (dim 64), where asking for it runs the SIMT scorer.
+void check_scorers(IndexerCase c) {
+  std::vector<float> scores;
+  std::vector<int32_t> picks;
+  for (const ops::IndexerScorer kind : {ops::IndexerScorer::Simt, ops::IndexerScorer::TensorCore}) {
+    c.scorer = kind;
+    check_indexer_once(c, &scores, &picks);
+  }
+}
+
+TEST(Dsv4Cuda, IndexerScorers) {
+  REQUIRE_GPU();
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2048, 2047, 512, 4 * 2047 + 1);  // the model's shape at 8k
+    c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 17921, 16383, 512, 4 * 16383 + 2);  // the model's shape at 64k
+    c.nq = 1;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 777, 777, 100, 2 * 777 - 3);  // visible rows 388, 388, 389, 389, 389
+    c.H = 72, c.nq = 5;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 500, 450, 64, 4 * 450);
+    c.H = 5, c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 40, 40, 5, 10);
+    c.nq = 4;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 1500, 1500, 512, 4 * 1500, RowsMode::AllSame);
+    c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2101, 2099, 2048, 4 * 2099 + 3);  // k at its maximum
+    c.H = 16, c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 777, 777, 100, 2 * 777 - 3);  // dim 64: the SIMT scorer serves
+    c.H = 8, c.D = 64, c.nq = 2;
+    check_scorers(c);
   }
 }
 

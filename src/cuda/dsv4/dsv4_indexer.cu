@@ -19,6 +19,8 @@
 #include "cuda/common/device.hpp"
 #include "cuda/common/pdl.cuh"
 #include "cuda/dsv4/dsv4_common.cuh"
+#include "cuda/dsv4/dsv4_indexer_query.cuh"
+#include "cuda/dsv4/dsv4_scores_mma.hpp"
 #include "cuda/dsv4/dsv4_topk.cuh"
 #include "kvcore/error.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
@@ -103,48 +105,6 @@ constexpr int kHeadChunk = 2 * kHeadSlots;            // heads slot and slot + 3
 __host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim, int tile_rows) {
   return static_cast<size_t>(n_heads) * dim + static_cast<size_t>(tile_rows) * (dim + 4) +
          static_cast<size_t>(kThreads / 32) * tile_rows;
-}
-
-// The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
-// when quantized (the same butterfly network and block scales as the CPU: identical bits).
-__device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {
-  const float* q = p.q + i * p.q_stride0;
-  if (p.quant && p.dim == math::kHadamardDim) {  // the model's case: a warp per head, in registers
-    // Heads in groups of kGroup a warp, all loads first: independent shuffle chains to overlap.
-    constexpr int kGroup = 4;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    for (int h0 = warp; h0 < p.n_heads; h0 += kGroup * n_warps) {
-      float v[kGroup][4];
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const int h = h0 + g * n_warps;
-        const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[g][j] = src[j];
-      }
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // warp-uniform: all lanes
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const int h = h0 + g * n_warps;
-        if (h < p.n_heads)
-          *reinterpret_cast<float4*>(qs + h * math::kHadamardDim + 4 * lane) = make_float4(v[g][0], v[g][1], v[g][2], v[g][3]);
-      }
-    }
-    __syncthreads();
-    return;
-  }
-  const int n = p.n_heads * p.dim;
-  for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-    const int h = idx / p.dim, d = idx - h * p.dim;
-    qs[idx] = q[h * p.q_stride1 + d];
-  }
-  __syncthreads();
-  if (p.quant) {  // FP4 blocks of 32 never straddle two heads (dim % 32 == 0)
-    hadamard_smem(qs, p.dim, p.n_heads);
-    fp4_blocks(qs, n, nullptr);
-    __syncthreads();
-  }
 }
 
 // Rows s0 .. s0 + n - 1 into ks [kTileRows, ld] as f32 (the CPU's unpacked values); rows >= n zero.
@@ -534,9 +494,13 @@ void launch_tiled(int per_thread, dim3 grid, size_t bytes, int dev, const Indexe
   }
 }
 
-void indexer_scores(const IndexerParams& p, Stream s, const IndexerTuning& /*tuning: one scorer so far*/) {
+void indexer_scores(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);
   const int dev = current_device();
+  if (tuning.scorer != IndexerScorer::Simt && scores_mma_serves(p)) {
+    launch_scores_mma(p, dev, s);
+    return;
+  }
   const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);
   if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
     const int64_t sms = sm_count(dev), rows = std::min(p.n_rows, p.cap);
