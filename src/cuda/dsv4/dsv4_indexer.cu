@@ -1,14 +1,17 @@
-// CUDA kernels of the DeepSeek-V4 lightning indexer:
-//  - scores I(t, s) = sum_h w_h relu(q_h . k_s): a tiled kernel (64 rows x all heads a CTA, the
-//    transformed query once a CTA in shared memory, register tiles of 8 rows x 2 heads a thread,
-//    rows split across CTAs over all SMs); a general warp-per-row kernel for dims the tiled one
-//    does not take (dim % 4 != 0, or a query too large for shared memory);
-//  - an exact causal top-k per query: one CTA, the keys (order-preserving u32 of the scores) in
-//    shared memory when they fit, a 3-pass radix select (12 + 10 + 10 bits) with a block-wide
-//    suffix scan to find the digit, the keys above the threshold in any order plus the ties in
-//    row order (lowest rows first), then a bitonic sort of the picks (key descending, row
-//    ascending) held in registers: shuffles for strides <= 32, shared memory above.
-//    The CPU orders by (score descending, row ascending) too, so identical scores give identical picks.
+// CUDA kernels of the DeepSeek-V4 lightning indexer, and the choice among them (IndexerTuning:
+// by default the tensor-core scorer and the compact top-k wherever they serve):
+//  - scores I(t, s) = sum_h w_h relu(q_h . k_s): the tensor-core scorer for the model's packed
+//    FP4 rows of dim 128 (dsv4_scores_mma.cu); here the SIMT ones: a tiled kernel (64 rows x all
+//    heads a CTA, the transformed query once a CTA in shared memory, register tiles of 8 rows x
+//    2 heads a thread, rows split across CTAs over all SMs), and a general warp-per-row kernel for
+//    dims the tiled one does not take (dim % 4 != 0, or a query too large for shared memory);
+//  - an exact causal top-k per query: the compact kernel for k <= 1024 and up to 32768 visible
+//    rows (dsv4_topk_compact.cu); here the ordered one for any shape: one CTA, the keys
+//    (order-preserving u32 of the scores) in shared memory when they fit, a 3-pass radix select
+//    (12 + 10 + 10 bits) with a block-wide suffix scan to find the digit, the keys above the
+//    threshold in any order plus the ties in row order (lowest rows first), then the bitonic
+//    sort of the picks (dsv4_topk.cuh). Both order by (score descending, row ascending) as the
+//    CPU does, so identical scores give identical picks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
