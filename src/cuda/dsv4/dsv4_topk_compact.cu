@@ -33,7 +33,7 @@ namespace {
 constexpr int kCompactThreads = 512;
 constexpr int kCompactWarps = kCompactThreads / 32;
 constexpr int kCand = 4096;     // keys of the threshold's 12-bit bin held as candidates (32 KB)
-constexpr int kLoadBatch = 8;   // score loads in flight a thread
+constexpr int kLoadBatch = 16;  // score loads in flight a thread
 constexpr unsigned kFull = 0xffffffffu;
 
 // Sum of v over lanes >= this lane.
@@ -173,19 +173,40 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
   const bool cand_mode = d0.count <= kCand;  // the same in every warp
 
   if (cand_mode) {  // keys of higher bins to the picks, the threshold's bin to the candidates
+    // Four keys a thread a step; most steps of a warp hold none of either (the picks and the
+    // candidates are a small share of the keys), and those skip the slot work.
     const uint32_t b0 = d0.bin;
-    for (int base = 0; base < vis; base += kCompactThreads) {  // the same trip count for every thread
-      const int s = base + tid;
-      const uint32_t key = s < vis ? keys[s] : 0u, dg = key >> 20;
-      const bool g = s < vis && dg > b0, c = s < vis && dg == b0;
-      const int gs = warp_slot(g, &s_n_sel), cs = warp_slot(c, &s_n_cand);
-      if (g) {
-        sel_key[gs] = key;
-        sel_idx[gs] = s;
+    for (int base = 0; base < vis; base += 4 * kCompactThreads) {  // the same trip count for every thread
+      const int s4 = base + 4 * tid;
+      uint32_t k4[4];
+      if (s4 + 3 < vis) {
+        const uint4 v = *reinterpret_cast<const uint4*>(keys + s4);
+        k4[0] = v.x;
+        k4[1] = v.y;
+        k4[2] = v.z;
+        k4[3] = v.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) k4[e] = s4 + e < vis ? keys[s4 + e] : 0u;
       }
-      if (c) {
-        cand_key[cs] = key;
-        cand_idx[cs] = s;
+      bool any = false;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) any |= s4 + e < vis && (k4[e] >> 20) >= b0;
+      if (!__any_sync(kFull, any)) continue;  // warp-uniform
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int s = s4 + e;
+        const uint32_t dg = k4[e] >> 20;
+        const bool g = s < vis && dg > b0, c = s < vis && dg == b0;
+        const int gs = warp_slot(g, &s_n_sel), cs = warp_slot(c, &s_n_cand);
+        if (g) {
+          sel_key[gs] = k4[e];
+          sel_idx[gs] = s;
+        }
+        if (c) {
+          cand_key[cs] = k4[e];
+          cand_idx[cs] = s;
+        }
       }
     }
   }
