@@ -749,53 +749,62 @@ TEST(Dsv4Cuda, IndexerScorers) {
 }
 
 // NaN scores on CUDA: every NaN counts as one value above +inf, ties by row, the CPU's rule, in
-// both top-k kernels. Query 0 has a NaN weight (every score NaN: the picks are rows 0, 1, ...);
-// query 1 an infinite one (+inf where that head's dot is > 0, NaN where it is not); query 2 is
-// finite. The picks are checked against the rule applied to the device's own scores, NaN
-// positions against the CPU's, and query 0's picks against the CPU's.
+// both top-k kernels after both kinds of scorer (f32 rows: SIMT; packed FP4 rows: tensor core).
+// Query 0 has a NaN weight (every score NaN: the picks are rows 0, 1, ...); query 1 an infinite
+// one (+inf where that head's dot is > 0, NaN where it is not); query 2 is finite. The picks are
+// checked against the rule applied to the device's own scores, NaN positions against the CPU's,
+// and query 0's picks against the CPU's.
 TEST(Dsv4Cuda, IndexerNanScores) {
   REQUIRE_GPU();
-  const int H = 8, D = 64, nq = 3, cap = 3000, k = 700;
+  const int H = 8, D = 128, nq = 3, cap = 3000, k = 700, rb = math::dsv4_fp4_row_bytes(D);
   const int64_t first = 4 * cap;  // every query sees every row
-  std::vector<float> w_h = randn(static_cast<size_t>(nq) * H, 83);
+  std::vector<float> w_h = randn(static_cast<size_t>(nq) * H, 83), rows_f = randn(static_cast<size_t>(cap) * D, 81);
   w_h[0 * H + 5] = NAN;
   w_h[1 * H + 2] = INFINITY;
-  Twin<float> q(randn(static_cast<size_t>(nq) * H * D, 82)), w(w_h), rows(randn(static_cast<size_t>(cap) * D, 81));
-  std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
-  std::vector<int32_t> out_h(static_cast<size_t>(nq) * k);
-  dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows.host(DType::F32, {cap, D}), cap, first, 4,
-                    Dsv4Quant::Off, view(sc_h, {nq, cap}), host_view(out_h, DType::I32, {nq, k}));
-  for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact}) {
-    SCOPED_TRACE(::testing::Message() << "top-k kernel " << int(kind));
-    Twin<float> sc(std::vector<float>(static_cast<size_t>(nq) * cap, 0.0f));
-    Twin<int32_t> out(std::vector<int32_t>(static_cast<size_t>(nq) * k, 0));
-    ops::IndexerTuning tuning;
-    tuning.topk = kind;
-    ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows.dev(DType::F32, {cap, D}), cap,
-                           first, 4, Dsv4Quant::Off, sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
-    const std::vector<float> sc_g = sc.down();
-    const std::vector<int32_t> out_g = out.down();
-    int n_nan1 = 0, n_inf1 = 0;
-    for (int i = 0; i < nq; ++i) {
-      const float* s = sc_g.data() + static_cast<size_t>(i) * cap;
-      for (int r = 0; r < cap; ++r) {
-        ASSERT_EQ(std::isnan(s[r]), std::isnan(sc_h[static_cast<size_t>(i) * cap + r])) << "query " << i << " row " << r;
-        if (i == 1) {
-          n_nan1 += std::isnan(s[r]);
-          n_inf1 += s[r] == INFINITY;
+  std::vector<uint8_t> rows_p(static_cast<size_t>(cap) * rb);
+  for (int s = 0; s < cap; ++s) math::dsv4_pack_fp4_row(rows_f.data() + static_cast<size_t>(s) * D, D, rows_p.data() + static_cast<size_t>(s) * rb);
+  Twin<float> q(randn(static_cast<size_t>(nq) * H * D, 82)), w(w_h), rf(rows_f);
+  Twin<uint8_t> rp(rows_p);
+  for (const bool packed : {false, true}) {
+    const Dsv4Quant quant = packed ? Dsv4Quant::On : Dsv4Quant::Off;
+    const TensorRef rows_d = packed ? rp.dev(DType::U8, {cap, rb}) : rf.dev(DType::F32, {cap, D});
+    const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, rb}) : rf.host(DType::F32, {cap, D});
+    std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
+    std::vector<int32_t> out_h(static_cast<size_t>(nq) * k);
+    dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, cap, first, 4, quant,
+                      view(sc_h, {nq, cap}), host_view(out_h, DType::I32, {nq, k}));
+    for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact}) {
+      SCOPED_TRACE(::testing::Message() << "packed " << packed << " top-k kernel " << int(kind));
+      Twin<float> sc(std::vector<float>(static_cast<size_t>(nq) * cap, 0.0f));
+      Twin<int32_t> out(std::vector<int32_t>(static_cast<size_t>(nq) * k, 0));
+      ops::IndexerTuning tuning;
+      tuning.topk = kind;
+      ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, cap, first, 4, quant,
+                             sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
+      const std::vector<float> sc_g = sc.down();
+      const std::vector<int32_t> out_g = out.down();
+      int n_nan1 = 0, n_inf1 = 0;
+      for (int i = 0; i < nq; ++i) {
+        const float* s = sc_g.data() + static_cast<size_t>(i) * cap;
+        for (int r = 0; r < cap; ++r) {
+          ASSERT_EQ(std::isnan(s[r]), std::isnan(sc_h[static_cast<size_t>(i) * cap + r])) << "query " << i << " row " << r;
+          if (i == 1) {
+            n_nan1 += std::isnan(s[r]);
+            n_inf1 += s[r] == INFINITY;
+          }
         }
+        std::vector<int> order(cap);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+          if (std::isnan(s[a]) || std::isnan(s[b])) return std::isnan(s[a]) && !std::isnan(s[b]);
+          return s[a] > s[b];
+        });
+        for (int j = 0; j < k; ++j) ASSERT_EQ(out_g[static_cast<size_t>(i) * k + j], order[j]) << "query " << i << " pick " << j;
       }
-      std::vector<int> order(cap);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        if (std::isnan(s[a]) || std::isnan(s[b])) return std::isnan(s[a]) && !std::isnan(s[b]);
-        return s[a] > s[b];
-      });
-      for (int j = 0; j < k; ++j) ASSERT_EQ(out_g[static_cast<size_t>(i) * k + j], order[j]) << "query " << i << " pick " << j;
+      EXPECT_TRUE(std::equal(out_h.begin(), out_h.begin() + k, out_g.begin())) << "query 0: all NaN, the CPU's picks";
+      EXPECT_GT(n_nan1, 0);
+      EXPECT_EQ(n_nan1 + n_inf1, cap);
     }
-    EXPECT_TRUE(std::equal(out_h.begin(), out_h.begin() + k, out_g.begin())) << "query 0: all NaN, the CPU's picks";
-    EXPECT_GT(n_nan1, 0);
-    EXPECT_EQ(n_nan1 + n_inf1, cap);
   }
 }
 
