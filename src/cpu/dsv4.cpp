@@ -305,7 +305,11 @@ void indexer_topk(const IndexerParams& p) {
       order.resize(static_cast<size_t>(std::max<int64_t>(vis, 0)));
       std::iota(order.begin(), order.end(), int64_t{0});
       const int64_t take = std::min<int64_t>(p.k, static_cast<int64_t>(order.size()));
+      // Score descending, then row ascending; every NaN counts as one value above +inf (a total
+      // order, the same the CUDA kernels select by), so NaN scores give defined picks too.
       std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int64_t a, int64_t b) {
+        const bool na = std::isnan(sc[a]), nb = std::isnan(sc[b]);
+        if (na || nb) return na && (!nb || a < b);
         return sc[a] > sc[b] || (sc[a] == sc[b] && a < b);
       });
       int32_t* out = p.out + i * p.out_stride;
