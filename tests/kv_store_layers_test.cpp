@@ -232,3 +232,53 @@ TEST(KvStoreLayersPlan, TheLlamaShapesTakeOneLaunchOthersFallBack) {
 }
 
 }  // namespace
+
+namespace {
+
+// The kernel's unit map (locate_unit), run on the host over every thread of a token's grid row:
+// each dim of each row of each layer is covered exactly once, and an FP8 row's units lie in one
+// warp starting at a multiple of their count (the group amax shuffles xor lanes 1, 2 and 4).
+TEST(KvStoreLayersPlan, UnitsCoverEveryDimOnceAndFp8RowsStayInTheirWarp) {
+  struct Shape {
+    int32_t layers, heads, dk, dv;
+    KvLayersRot rot;
+    bool fp8;
+  };
+  const Shape shapes[] = {{32, 8, 128, 128, KvLayersRot::Neox, true},   {3, 3, 64, 64, KvLayersRot::None, true},
+                          {5, 1, 256, 256, KvLayersRot::Neox, true},    {2, 3, 512, 0, KvLayersRot::Interleaved, true},
+                          {7, 3, 48, 80, KvLayersRot::Neox, false},     {64, 2, 16, 32, KvLayersRot::None, false}};
+  for (const Shape& s : shapes) {
+    KvStoreLayersParams p;
+    p.n_layers = s.layers;
+    p.n_heads = s.heads;
+    p.k_dim = s.dk;
+    p.v_dim = s.dv;
+    p.rot = s.rot;
+    const int64_t units = token_units(p);
+    const int64_t threads = (units + 255) / 256 * 256;
+    std::vector<int> seen_k(static_cast<size_t>(s.layers) * s.heads * s.dk, 0),
+        seen_v(static_cast<size_t>(s.layers) * s.heads * s.dv, 0);
+    int64_t active = 0;
+    for (int64_t idx = 0; idx < threads; ++idx) {
+      const KvLayersUnit w = locate_unit(p, idx);
+      if (!w.active) continue;
+      ++active;
+      ASSERT_LT(w.layer, s.layers);
+      ASSERT_LT(w.head, s.heads);
+      std::vector<int>& seen = w.is_k ? seen_k : seen_v;
+      for (int32_t d : {w.d0, w.d1})
+        for (int32_t k = 0; k < 8; ++k) ++seen[(static_cast<size_t>(w.layer) * s.heads + w.head) * w.dim + d + k];
+      if (s.fp8) {  // the row's first unit is at a lane that is a multiple of its unit count
+        const int32_t R = w.dim / 16;
+        const int64_t first = idx - w.u;
+        EXPECT_EQ(first % R, 0) << "row of layer " << w.layer << " head " << w.head << " starts at unit " << first;
+        EXPECT_EQ(first / 32, (first + R - 1) / 32) << "a row straddles a warp";
+      }
+    }
+    EXPECT_EQ(active, units);
+    for (int c : seen_k) ASSERT_EQ(c, 1);
+    for (int c : seen_v) ASSERT_EQ(c, 1);
+  }
+}
+
+}  // namespace

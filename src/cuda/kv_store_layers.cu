@@ -3,7 +3,7 @@
 // its K rows then its V rows, each row split into 16-dim units (one thread each: two 16-byte
 // loads of an f16 source, two 16-byte stores of an f16 row or one of an FP8 row). A CTA serves
 // one token, so its RoPE angles are computed once into shared memory (not once per head and
-// layer) and its slot is read once. Per-element math is kv_store's (ops/kv_store_row.hpp,
+// layer) and its slot is read once; the source loads are issued before either. Per-element math is kv_store's (ops/kv_store_row.hpp,
 // ops/kv_store_vec.hpp): identical bytes.
 #include <cuda_runtime.h>
 
@@ -50,33 +50,11 @@ __device__ __forceinline__ uint2 codes8(const float* x, int k) {
 __global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_constant__ KvStoreLayersParams p) {
   __shared__ float2 angles[math::RopeTable::kMaxPairs];  // (cos, sin) of this token's pairs, unscaled
   const int32_t t = static_cast<int32_t>(blockIdx.x);
-  const int32_t cell = p.slots[t];
-  if (cell < 0 || cell >= p.num_cells) return;  // the whole CTA: one token
-  const bool rotates = p.maybe_positions != nullptr;
-  if (rotates) {
-    const float pos = static_cast<float>(p.maybe_positions[t]);
-    for (int32_t i = threadIdx.x; i < p.rope.layout.n_pairs(); i += kThreads) {
-      float s, c;
-      math::sincos_f32(math::rope_angle(pos, p.rope.freq[i]), &s, &c);
-      angles[i] = make_float2(c, s);
-    }
-    __syncthreads();
-  }
-  // Which unit: layer, K or V, head, 16-dim unit u of the row.
-  const int32_t rk = p.k_dim / 16, rv = p.v_dim / 16;
-  const int32_t per_layer = p.n_heads * (rk + rv);
-  const int64_t idx = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  const bool active = idx < static_cast<int64_t>(p.n_layers) * per_layer;
-  const int32_t layer = active ? static_cast<int32_t>(idx / per_layer) : 0;
-  int32_t r = static_cast<int32_t>(idx - static_cast<int64_t>(layer) * per_layer);
-  const bool is_k = r < p.n_heads * rk;
-  if (!is_k) r -= p.n_heads * rk;
-  const int32_t units = is_k ? rk : rv;
-  const int32_t h = r / (units > 0 ? units : 1), u = r - h * units;
-  const int32_t dim = is_k ? p.k_dim : p.v_dim;
+  const KvLayersUnit w = locate_unit(p, static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x);
+  const bool active = w.active, is_k = w.is_k;
+  const int32_t layer = w.layer, h = w.head, u = w.u, dim = w.dim, d0 = w.d0, d1 = w.d1;
   const bool neox = is_k && p.rot == KvLayersRot::Neox;
-  const int32_t d0 = neox ? 8 * u : 16 * u;
-  const int32_t d1 = neox ? dim / 2 + 8 * u : d0 + 8;
+  // The source loads go out first: their latency hides behind the slot read and the angles.
   float x[16];
 #pragma unroll
   for (int k = 0; k < 16; ++k) x[k] = 0.0f;
@@ -85,7 +63,18 @@ __global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_
     const int64_t base = layer * (is_k ? p.k_layer_stride : p.v_layer_stride) +
                          t * (is_k ? p.k_token_stride : p.v_token_stride) + h * (is_k ? p.k_head_stride : p.v_head_stride);
     load16(src, is_k ? p.k_dtype : p.v_dtype, base + d0, base + d1, x);
-    if (is_k && rotates) {
+  }
+  const int32_t cell = p.slots[t];
+  const bool rotates = p.maybe_positions != nullptr;
+  if (rotates) {  // once per CTA (one token), for every head and layer of it
+    const float pos = static_cast<float>(p.maybe_positions[t]);
+    for (int32_t i = threadIdx.x; i < p.rope.layout.n_pairs(); i += kThreads) {
+      float s, c;
+      math::sincos_f32(math::rope_angle(pos, p.rope.freq[i]), &s, &c);
+      angles[i] = make_float2(c, s);
+    }
+    __syncthreads();
+    if (active && is_k) {
       float cs[8], sn[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -111,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_
     a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 4));
     a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 4));
   }
-  if (!active) return;
+  if (!active || cell < 0 || cell >= p.num_cells) return;  // a skipped token: the whole CTA
   const int64_t row = static_cast<int64_t>(cell) * p.n_heads + h;
   void* pool = is_k ? p.k_pool[layer] : p.v_pool[layer];
   switch (f) {
@@ -154,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_
 
 void kv_store_layers(const KvStoreLayersParams& p, Stream stream) {
   if (p.n_tokens == 0 || p.n_layers == 0) return;
-  const int64_t units = static_cast<int64_t>(p.n_layers) * p.n_heads * (p.k_dim / 16 + p.v_dim / 16);
+  const int64_t units = token_units(p);
   const dim3 grid(static_cast<unsigned>(p.n_tokens), static_cast<unsigned>((units + kThreads - 1) / kThreads));
   kv_store_layers_kernel<<<grid, kThreads, 0, native(stream)>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("kv_store_layers_kernel");

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "kvcore/dtype.hpp"
+#include "kvcore/math/hd.hpp"
 #include "kvcore/math/rope.hpp"
 #include "kvcore/ops/kv_store_layers.hpp"
 #include "ops/kv_store_params.hpp"
@@ -40,6 +41,40 @@ struct KvStoreLayersParams {
   void* v_pool[kMaxLayers] = {};
   uint8_t* v_scales[kMaxLayers] = {};
 };
+
+// Which 16 dims of which row thread `idx` of a token's units stores: per layer its K rows then
+// its V rows, each row split into dim / 16 units, the unit fastest. d0 and d1 are the first dims
+// of its two 8-dim chunks. Host and device (the CUDA kernel uses it; a CPU test checks that every
+// dim of every row is covered once and that FP8 rows keep their lane groups inside one warp).
+struct KvLayersUnit {
+  bool active = false;  // idx < the token's units
+  bool is_k = true;
+  int32_t layer = 0, head = 0, u = 0, dim = 0, d0 = 0, d1 = 0;
+};
+
+KVCORE_HD KvLayersUnit locate_unit(const KvStoreLayersParams& p, int64_t idx) {
+  KvLayersUnit w;
+  const int32_t rk = p.k_dim / 16, rv = p.v_dim / 16;
+  const int32_t per_layer = p.n_heads * (rk + rv);
+  w.active = idx < static_cast<int64_t>(p.n_layers) * per_layer;
+  w.layer = w.active ? static_cast<int32_t>(idx / per_layer) : 0;
+  int32_t r = static_cast<int32_t>(idx - static_cast<int64_t>(w.layer) * per_layer);
+  w.is_k = r < p.n_heads * rk;
+  if (!w.is_k) r -= p.n_heads * rk;
+  const int32_t units = w.is_k ? rk : rv;
+  w.head = r / (units > 0 ? units : 1);
+  w.u = r - w.head * units;
+  w.dim = w.is_k ? p.k_dim : p.v_dim;
+  const bool neox = w.is_k && p.rot == KvLayersRot::Neox;
+  w.d0 = neox ? 8 * w.u : 16 * w.u;
+  w.d1 = neox ? w.dim / 2 + 8 * w.u : w.d0 + 8;
+  return w;
+}
+
+// Units of one token (threads of its grid row, rounded up to whole CTAs by the launch).
+KVCORE_HD int64_t token_units(const KvStoreLayersParams& p) {
+  return static_cast<int64_t>(p.n_layers) * p.n_heads * (p.k_dim / 16 + p.v_dim / 16);
+}
 
 namespace ops {
 // The parameters of one launch over layers [first, first + count) of checked per-layer stores
