@@ -142,14 +142,18 @@ TEST(KvStoreLayersErrors, BadInputsThrowNamingTheArgumentAndWriteNothing) {
     std::vector<KvPool> bad_v = p.v;
     bad_v.back().head_dim = 64;
     expect_refused([&] { kv_store_layers(in.k.tensor, v, in.slots_t, p.k, bad_v, in.positions_t, in.rope()); },
-                   "(layer 2, v)");
+                   "v_pools[2]");
+    bad_v = p.v;  // layer 0's pool: kv_store's own checks
+    bad_v.front().head_dim = 64;
+    expect_refused([&] { kv_store_layers(in.k.tensor, v, in.slots_t, p.k, bad_v, in.positions_t, in.rope()); },
+                   "pool.data");
   }
   // The last layer's K pool lacks its scales.
   {
     std::vector<KvPool> bad_k = p.k;
     bad_k.back().scales = TensorRef();
     expect_refused([&] { kv_store_layers(in.k.tensor, v, in.slots_t, bad_k, p.v, in.positions_t, in.rope()); },
-                   "pool.scales");
+                   "k_pools[2]");
   }
   // A slot outside the pool.
   {
@@ -182,13 +186,12 @@ TEST(KvStoreLayersPlan, TheLlamaShapesTakeOneLaunchOthersFallBack) {
   auto plan = [](const LayersCase& c) {
     const kvsl_test::LayersInputs in = kvsl_test::make_inputs(c, Device::cpu());
     const kvsl_test::LayersPools p = kvsl_test::make_pools(c, Device::cpu());
-    std::vector<KvStoreParams> k, v;
-    for (int32_t l = 0; l < c.layers; ++l) {
-      k.push_back(ops::kv_store_checked("t", kvsl_test::layer_view(in.k.tensor, l), in.slots_t, p.k[l],
-                                        c.rotate ? in.positions_t : TensorRef(), c.rotate ? in.rope() : nullptr, {}));
-      if (c.Dv > 0) v.push_back(ops::kv_store_checked("t", kvsl_test::layer_view(in.v.tensor, l), in.slots_t, p.v[l], {}, nullptr, {}));
-    }
-    auto r = ops::one_launch_params(k, v, in.k.tensor.stride(0), c.Dv > 0 ? in.v.tensor.stride(0) : 0, 0, c.layers);
+    const KvStoreParams k0 = ops::kv_store_checked("t", kvsl_test::layer_view(in.k.tensor, 0), in.slots_t, p.k[0],
+                                                   c.rotate ? in.positions_t : TensorRef(), c.rotate ? in.rope() : nullptr, {});
+    KvStoreParams v0;
+    if (c.Dv > 0) v0 = ops::kv_store_checked("t", kvsl_test::layer_view(in.v.tensor, 0), in.slots_t, p.v[0], {}, nullptr, {});
+    auto r = ops::one_launch_params(k0, c.Dv > 0 ? &v0 : nullptr, p.k, p.v, in.k.tensor.stride(0),
+                                    c.Dv > 0 ? in.v.tensor.stride(0) : 0, 0, c.layers);
     if (r) {  // the pools of every layer, in order
       for (int32_t l = 0; l < c.layers; ++l) {
         EXPECT_EQ(r->k_pool[l], p.k[l].data.data());

@@ -1,7 +1,8 @@
 // Parameters of the one-launch store of every layer's K and V rows (ops/kv_store_layers.hpp),
 // shared by the entry point (src/ops/kv_store_layers.cpp) and the CUDA kernel
-// (src/cuda/kv_store_layers.cu). The entry point validates each layer as kv_store() would and
-// builds these only when every layer has the same shapes and formats (one_launch_params()).
+// (src/cuda/kv_store_layers.cu). The entry point validates layer 0 as kv_store() would and every
+// other layer's pools against layer 0's, then builds these where the kernel takes the shapes
+// (one_launch_params()).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -77,11 +78,13 @@ KVCORE_HD int64_t token_units(const KvStoreLayersParams& p) {
 }
 
 namespace ops {
-// The parameters of one launch over layers [first, first + count) of checked per-layer stores
-// (k[l], v[l]: what kv_store_checked returned for layer l; v empty without V), or nothing when
-// the one-launch kernel cannot take them (then each layer is stored by kv_store's kernels).
-// k_layer_stride, v_layer_stride: elements between consecutive layers of the sources.
-std::optional<KvStoreLayersParams> one_launch_params(std::span<const KvStoreParams> k, std::span<const KvStoreParams> v,
+// The parameters of one launch over layers [first, first + count), or nothing when the
+// one-launch kernel cannot take them (then each layer is stored by kv_store's kernels).
+// k0, maybe_v0: the checked stores of layer 0 (kv_store_checked; maybe_v0 null without V); the
+// pools of every layer are laid out as layer 0's; k_layer_stride, v_layer_stride: elements
+// between consecutive layers of the sources.
+std::optional<KvStoreLayersParams> one_launch_params(const KvStoreParams& k0, const KvStoreParams* maybe_v0,
+                                                     std::span<const KvPool> k_pools, std::span<const KvPool> v_pools,
                                                      int64_t k_layer_stride, int64_t v_layer_stride, int32_t first,
                                                      int32_t count);
 }  // namespace ops

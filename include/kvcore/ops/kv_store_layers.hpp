@@ -23,7 +23,8 @@ constexpr int32_t kKvStoreLayersPerLaunch = 64;
 //   k:       [n_layers, n_tokens, n_heads, head_dim] f32, f16 or bf16 (any strides, last stride 1)
 //   v:       [n_layers, n_tokens, n_heads, v_head_dim] (empty when v_pools is empty)
 //   slots:   i32 [n_tokens] cell ids, shared by every layer (negative: skip the token)
-//   k_pools, v_pools: one pool per layer, all of one format, head dim and shape (v_pools may be empty)
+//   k_pools, v_pools: one pool per layer, all of one format, head dim and shape (v_pools may be empty;
+//                    a pool laid out otherwise than the part's first is refused, naming it)
 //   maybe_positions, maybe_rope: as kv_store's, one table for every layer's K
 // Every argument is checked before anything is written: a refused call changes nothing.
 void kv_store_layers(const TensorRef& k, const TensorRef& v, const TensorRef& slots, std::span<const KvPool> k_pools,
