@@ -189,6 +189,11 @@ KVC_API kvc_status kvc_paged_reserve(kvc_paged_cache* cache, const int64_t* seqs
  * without V); f32, f16 or bf16 on the cache's device. Rotated at their positions in ROPE_STORED. */
 KVC_API kvc_status kvc_paged_store(kvc_paged_cache* cache, const kvc_ticket* ticket, int32_t layer,
                                    const DLTensor* k, const DLTensor* v);
+/* Every layer of the ticket's tokens at once (one launch on CUDA; the same bytes as
+ * kvc_paged_store per layer): k [n_layers, n_tokens, n_kv_heads, head_dim], v likewise (NULL
+ * without V). */
+KVC_API kvc_status kvc_paged_store_layers(kvc_paged_cache* cache, const kvc_ticket* ticket, const DLTensor* k,
+                                          const DLTensor* v);
 /* Host read-back of one layer of a sequence as f32 (K rotated at current positions): up to cap
  * tokens into positions [cap], k [cap, n_kv_heads, head_dim], v [cap, n_kv_heads, v_head_dim]
  * (each may be NULL); *n_live receives the sequence's length (may exceed cap: nothing is written

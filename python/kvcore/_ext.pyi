@@ -424,6 +424,13 @@ class PagedCache:
         n_kv_heads, v_head_dim] (f32/f16/bf16; rotated at their positions in rope_mode='stored').
         """
 
+    def store_layers(self, ticket: Ticket, k: Tensor, v: Tensor | None = None, *, stream: int | Any | None = None) -> None:
+        """
+        Write every layer of the ticket's tokens at once (one launch on CUDA; the same bytes as store()
+        per layer): k [n_layers, n_tokens, n_kv_heads, head_dim], v [n_layers, n_tokens, n_kv_heads,
+        v_head_dim] (f32/f16/bf16; K rotated at its positions in rope_mode='stored').
+        """
+
     def shift(self, seq: int, n_keep: int, n_discard: int, *, stream: int | Any | None = None) -> None:
         """
         Context shift: keep tokens [0, n_keep), drop [n_keep, n_keep + n_discard); later tokens move down

@@ -380,6 +380,18 @@ void bind_paged_cache(nb::module_& m) {
           "Write one layer of the ticket's tokens: k [n_tokens, n_kv_heads, head_dim], v [n_tokens,\n"
           "n_kv_heads, v_head_dim] (f32/f16/bf16; rotated at their positions in rope_mode='stored').")
       .def(
+          "store_layers",
+          [](PyPagedCache& c, const capi::Ticket& ticket, nb::handle k, nb::handle v, nb::handle stream) {
+            use_stream(c, stream);
+            Tensor tk = to_tensor(k, "k"), tv = to_optional_tensor(v, "v");
+            nb::gil_scoped_release g;
+            c.cache.store_layers(ticket.t, tk.ref, tv.ref);
+          },
+          "ticket"_a, "k"_a.none(), "v"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+          "Write every layer of the ticket's tokens at once (one launch on CUDA; the same bytes as store()\n"
+          "per layer): k [n_layers, n_tokens, n_kv_heads, head_dim], v [n_layers, n_tokens, n_kv_heads,\n"
+          "v_head_dim] (f32/f16/bf16; K rotated at its positions in rope_mode='stored').")
+      .def(
           "shift",
           [](PyPagedCache& c, SeqId seq, int32_t n_keep, int32_t n_discard, nb::handle stream) {
             use_stream(c, stream);

@@ -202,3 +202,26 @@ def test_position_edits_and_can_fit(rng):
     np.testing.assert_allclose(kr, rotate_neox(k[0, keep], np.arange(7)[:, None], 64, THETA), atol=2e-5)
     with pytest.raises(kvcore.InvalidArgumentError):
         cache.add_positions(s, 0, None, -1)  # a negative position
+
+
+@pytest.mark.parametrize("k_format", ["f16", "fp8"])
+def test_store_layers_equals_store_per_layer(k_format, rng):
+    """store_layers (every layer at once) writes the bytes store() writes layer by layer; a k of
+    the wrong layer count is refused, naming k."""
+    caches = [small_cache(k_format=k_format, v_format=k_format, rope_mode="stored", n_layers=3) for _ in range(2)]
+    tickets = []
+    for c in caches:
+        seqs = [c.create(), c.create()]
+        tickets.append(c.reserve(seqs, [5, 7, 9], [1, 2]))
+    k = rng.standard_normal((3, 3, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((3, 3, 2, 64)).astype(np.float32)
+    for layer in range(3):
+        caches[0].store(tickets[0], layer, k[layer], v[layer])
+    caches[1].store_layers(tickets[1], k, v)
+    for layer in range(3):
+        for pool in ("k_pool", "v_pool"):
+            a = np.asarray(getattr(caches[0], pool)(layer)).view(np.uint8)
+            b = np.asarray(getattr(caches[1], pool)(layer)).view(np.uint8)
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(kvcore.InvalidArgumentError, match="store_layers"):
+        caches[1].store_layers(tickets[1], k[:2], v)

@@ -289,6 +289,14 @@ void PagedCache::Impl::init(PagedCacheConfig config, Device device, const std::s
   for (const math::RopeTable& t : m.rope)
     m.shared_angles = m.shared_angles && t.layout.n_pairs() == m.rope[0].layout.n_pairs() &&
                       std::equal(t.freq, t.freq + t.layout.n_pairs(), m.rope[0].freq);
+  const math::RopeLayout& l0 = m.rope[0].layout;
+  m.one_rope = m.cfg.rope_mode != RopeMode::RopeStored || l0.n_rot == 0 ||
+               (l0.first_dim == 0 && l0.n_rot == m.cfg.head_dim);
+  for (const math::RopeTable& t : m.rope)
+    m.one_rope = m.one_rope && (m.cfg.rope_mode != RopeMode::RopeStored ||
+                                (t.layout.n_rot == l0.n_rot && t.layout.first_dim == l0.first_dim &&
+                                 t.layout.interleaved == l0.interleaved && t.attention_factor == m.rope[0].attention_factor &&
+                                 std::equal(t.freq, t.freq + t.layout.n_pairs(), m.rope[0].freq)));
 
   static std::atomic<uint64_t> next_cache_id{1};
   m.id = next_cache_id.fetch_add(1);
@@ -320,6 +328,10 @@ void PagedCache::Impl::init(PagedCacheConfig config, Device device, const std::s
     m.sync_cells(0, m.cfg.num_blocks);
   }
   if (device.is_cuda()) m.arrays_dev = Buffer::from_host(m.arrays, device);
+  for (int32_t l = 0; l < m.cfg.n_layers; ++l) {
+    m.k_pools.push_back(m.pool(true, l));
+    if (m.has_v()) m.v_pools.push_back(m.pool(false, l));
+  }
   // Caller memory is zeroed on the caller's stream: finish before the caller sees the cache.
   if (maybe_pools && device.is_cuda()) synchronize(device, m.cfg.stream);
 }

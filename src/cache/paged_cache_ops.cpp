@@ -8,6 +8,7 @@
 #include "cache/paged_impl.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/math/hd.hpp"
+#include "kvcore/ops/kv_store_layers.hpp"
 #include "kvcore/runtime.hpp"
 #include "ops/checks.hpp"
 #include "ops/paged_rotate.hpp"
@@ -253,15 +254,14 @@ void PagedCache::Impl::reserve_impl(AppendTicket& t, std::span<const SeqId> seqs
     if (plain) mirror_set_cells(t.slots_.as<int32_t>(), t.positions_.as<int32_t>(), t.n_tokens_);
     if (k_all) {
       TensorRef angle_view;  // the call's angles, computed once for every layer's K
-      if (shared_angles && cfg.n_layers > 1 && t.n_tokens_ > 0) {
+      if (!one_rope && shared_angles && cfg.n_layers > 1 && t.n_tokens_ > 0) {
         const int64_t np = rope[0].layout.n_pairs();
         const size_t bytes = static_cast<size_t>(t.n_tokens_) * np * 2 * sizeof(float);
         if (angles.size() < bytes || angles.device() != dev) angles = Buffer(bytes, dev);
         angle_view = TensorRef(angles.data(), DType::F32, dev, {t.n_tokens_, np, 2});
         kv_rope_angles(t.position_view(), rope[0], angle_view, cfg.stream);
       }
-      for (int32_t l = 0; l < cfg.n_layers; ++l)
-        store_rows(t, l, layer_slice(*k_all, l), has_v() ? layer_slice(*v_all, l) : TensorRef(), angle_view);
+      store_all(t, *k_all, has_v() ? *v_all : TensorRef(), angle_view);
     }
     if (dev.is_cuda()) synchronize(dev, cfg.stream);  // surface kernel faults before the commit
   }, /*sync_dirty=*/!plain, n_zero);
@@ -275,6 +275,18 @@ void PagedCache::Impl::store_rows(const AppendTicket& t, int32_t layer, const Te
   kv_store(k, t.slot_mapping(), pool(true, layer), stored ? t.position_view() : TensorRef(),
            stored ? &rope[layer] : nullptr, cfg.stream, stored ? maybe_angles : TensorRef());
   if (has_v()) kv_store(v, t.slot_mapping(), pool(false, layer), TensorRef(), nullptr, cfg.stream);
+}
+
+void PagedCache::Impl::store_all(const AppendTicket& t, const TensorRef& k_all, const TensorRef& v_all,
+                                 const TensorRef& maybe_angles) {
+  if (!one_rope) {  // per-layer tables or a partial rotation: one store per layer
+    for (int32_t l = 0; l < cfg.n_layers; ++l)
+      store_rows(t, l, layer_slice(k_all, l), has_v() ? layer_slice(v_all, l) : TensorRef(), maybe_angles);
+    return;
+  }
+  const bool stored = cfg.rope_mode == RopeMode::RopeStored;
+  kv_store_layers(k_all, v_all, t.slot_mapping(), k_pools, v_pools, stored ? t.position_view() : TensorRef(),
+                  stored ? &rope[0] : nullptr, cfg.stream);
 }
 
 void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const TensorRef& k, const TensorRef& v) {
@@ -329,6 +341,32 @@ void PagedCache::store(const AppendTicket& t, int32_t layer, const TensorRef& k,
   }
   if (t.n_tokens_ == 0) return;
   m.store_rows(t, layer, k, v);
+}
+
+void PagedCache::store_layers(const AppendTicket& t, const TensorRef& k, const TensorRef& v) {
+  Impl& m = impl();
+  constexpr std::string_view op = "PagedCache::store_layers";
+  m.check_usable();
+  m.check_ticket(op, t);
+  const int64_t kw[4] = {m.cfg.n_layers, t.n_tokens_, m.cfg.n_kv_heads, m.cfg.head_dim};
+  check_rows(op, "k", k, 4, kw, m.dev);
+  if (m.has_v()) {
+    const int64_t vw[4] = {m.cfg.n_layers, t.n_tokens_, m.cfg.n_kv_heads, m.cfg.v_head_dim};
+    check_rows(op, "v", v, 4, vw, m.dev);
+  } else {
+    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
+  }
+  if (t.n_tokens_ == 0) return;
+  if (!m.one_rope && m.shared_angles && m.cfg.n_layers > 1) {  // one angle table for every layer's K
+    const int64_t np = m.rope[0].layout.n_pairs();
+    const size_t bytes = static_cast<size_t>(t.n_tokens_) * np * 2 * sizeof(float);
+    if (m.angles.size() < bytes || m.angles.device() != m.dev) m.angles = Buffer(bytes, m.dev);
+    const TensorRef angle_view(m.angles.data(), DType::F32, m.dev, {t.n_tokens_, np, 2});
+    kv_rope_angles(t.position_view(), m.rope[0], angle_view, m.cfg.stream);
+    m.store_all(t, k, v, angle_view);
+    return;
+  }
+  m.store_all(t, k, v, TensorRef());
 }
 
 // ---- truncate / shift -------------------------------------------------------------------

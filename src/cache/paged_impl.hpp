@@ -31,6 +31,10 @@ struct PagedCache::Impl {
   // append(): every layer's RoPE table has the same frequencies, so one kv_rope_angles() table
   // of the call's positions serves all layers' K stores (f32 [n_tokens, n_pairs, 2]).
   bool shared_angles = false;
+  // Every layer's RoPE table is the same whole-row rotation (or K is stored unrotated): one
+  // kv_store_layers() call stores a step's K and V of every layer (store_all).
+  bool one_rope = false;
+  std::vector<KvPool> k_pools, v_pools;  // pool(true, l), pool(false, l) of every layer (v empty without V)
   Buffer angles;
   Buffer scratch;  // transient i32 lists for device kernels (every user synchronizes before returning)
   AppendTicket append_ticket;  // reused by append(): no allocation per call once it is large enough
@@ -118,6 +122,8 @@ struct PagedCache::Impl {
                     std::span<const int32_t> positions, const TensorRef* k_all, const TensorRef* v_all);
   void store_rows(const AppendTicket& t, int32_t layer, const TensorRef& k, const TensorRef& v,
                   const TensorRef& maybe_angles = {});
+  // Every layer's rows: k_all [n_layers, n, H, D], v_all likewise (or empty); maybe_angles as store_rows'.
+  void store_all(const AppendTicket& t, const TensorRef& k_all, const TensorRef& v_all, const TensorRef& maybe_angles);
   void truncate_impl(SeqId id, int32_t n);
   // remove_positions (remove) or add_positions (delta) on the tokens with positions in [p0, p1).
   void edit_positions(std::string_view op, SeqId id, int32_t p0, int32_t p1, bool remove, int32_t delta);

@@ -232,6 +232,17 @@ kvc_status kvc_paged_store(kvc_paged_cache* cache, const kvc_ticket* ticket, int
   });
 }
 
+kvc_status kvc_paged_store_layers(kvc_paged_cache* cache, const kvc_ticket* ticket, const DLTensor* k,
+                                  const DLTensor* v) {
+  return guard([&] {
+    constexpr const char* fn = "kvc_paged_store_layers";
+    need(cache, fn, "cache");
+    need(ticket, fn, "ticket");
+    need(k, fn, "k");
+    cache->cache.store_layers(ticket->t.t, capi::tensor(k), capi::tensor(v));
+  });
+}
+
 kvc_status kvc_paged_read(kvc_paged_cache* cache, int64_t seq, int32_t layer, int32_t* positions, float* k, float* v,
                           int32_t cap, int32_t* n_live) {
   return guard([&] {

@@ -95,9 +95,11 @@ void check_rotate_tables(std::string_view op, const TensorRef& blocks, const Ten
 
 }  // namespace ops
 
-void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, const TensorRef& maybe_positions,
-              const math::RopeTable* maybe_rope, Stream stream, const TensorRef& maybe_angles) {
-  constexpr std::string_view op = "kv_store";
+namespace ops {
+
+KvStoreParams kv_store_checked(std::string_view op, const TensorRef& src, const TensorRef& slots, const KvPool& pool,
+                               const TensorRef& maybe_positions, const math::RopeTable* maybe_rope,
+                               const TensorRef& maybe_angles) {
   check_pool(op, pool);
   const TensorRef& d = pool.data;
   checks::not_null(op, "src", src);
@@ -139,7 +141,6 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
     for (int64_t i = 0; i < n; ++i)
       require_arg(s[i] < num_cells, op, ": slots[", i, "] = ", s[i], " is outside the pool's ", num_cells, " cells");
   }
-  if (n == 0) return;
 
   KvStoreParams p;
   p.src = src.data();
@@ -158,7 +159,12 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
   p.num_cells = num_cells;
   if (rotate) p.rope = *maybe_rope;
   if (angles) p.maybe_angles = maybe_angles.data_as<const float>();
-  if (d.device().is_cpu()) {
+  return p;
+}
+
+void kv_store_dispatch(const KvStoreParams& p, Device device, Stream stream) {
+  if (p.n_tokens == 0) return;
+  if (device.is_cpu()) {
     cpu::kv_store(p);
     return;
   }
@@ -167,6 +173,14 @@ void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, 
 #else
   (void)stream;
 #endif
+}
+
+}  // namespace ops
+
+void kv_store(const TensorRef& src, const TensorRef& slots, const KvPool& pool, const TensorRef& maybe_positions,
+              const math::RopeTable* maybe_rope, Stream stream, const TensorRef& maybe_angles) {
+  const KvStoreParams p = ops::kv_store_checked("kv_store", src, slots, pool, maybe_positions, maybe_rope, maybe_angles);
+  ops::kv_store_dispatch(p, pool.data.device(), stream);
 }
 
 void kv_rope_angles(const TensorRef& positions, const math::RopeTable& rope, const TensorRef& out, Stream stream) {

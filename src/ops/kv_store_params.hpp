@@ -2,6 +2,7 @@
 // backends. The entry point (src/ops/kv_store.cpp) validates; kernels trust.
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 #include "kvcore/dtype.hpp"
 #include "kvcore/math/rope.hpp"
@@ -42,6 +43,15 @@ struct KvRotateParams {
   const int32_t* cell_delta = nullptr;  // [num_blocks * block_size]
   math::RopeTable rope{};
 };
+
+namespace ops {
+// kv_store's checks (errors name `op`); returns the call's parameters. Changes nothing.
+KvStoreParams kv_store_checked(std::string_view op, const TensorRef& src, const TensorRef& slots, const KvPool& pool,
+                               const TensorRef& maybe_positions, const math::RopeTable* maybe_rope,
+                               const TensorRef& maybe_angles);
+// Runs checked parameters on `device` (nothing for zero tokens).
+void kv_store_dispatch(const KvStoreParams& p, Device device, Stream stream);
+}  // namespace ops
 
 namespace cpu {
 void kv_store(const KvStoreParams& p);

@@ -211,6 +211,10 @@ class PagedCache {
                std::span<const int32_t> positions);
   // k [n_tokens, n_kv_heads, head_dim], v [n_tokens, n_kv_heads, v_head_dim] (or empty).
   void store(const AppendTicket& ticket, int32_t layer, const TensorRef& k, const TensorRef& v);
+  // Every layer at once (a decode step's K/V in one launch on CUDA; the same bytes as a store()
+  // per layer): k [n_layers, n_tokens, n_kv_heads, head_dim], v [n_layers, n_tokens, n_kv_heads,
+  // v_head_dim] (or empty).
+  void store_layers(const AppendTicket& ticket, const TensorRef& k, const TensorRef& v);
   // Keep tokens [0, n_keep), drop [n_keep, n_keep + n_discard), later tokens move down by
   // n_discard positions (context-shift.md). n_keep + n_discard must not exceed the length.
   void shift(SeqId seq, int32_t n_keep, int32_t n_discard);
