@@ -1,7 +1,10 @@
 // Randomized model-based test of PagedCache: 10 configurations (5 formats x 2 RoPE
 // modes) x 10,000 random operations = 100,000 operations (append all layers or
 // reserve + per-layer store over 1-3 sequences, shift, truncate, position-range
-// removes and adds, fork, erase, prepare, and bad calls) against the dense f64 model of tests/paged_model.hpp.
+// removes and adds, fork, erase, prepare, and bad calls) against the dense f64 model of tests/paged_model.hpp,
+// with prefix reuse through a PrefixCache mixed in (prompts sharing system prompts under two
+// tenant salts, publishes, clears): reused blocks read back as the prompt's K/V, and every hit,
+// miss and publish is the reference's prediction.
 // Read-backs after ~30% of the operations and of every sequence and layer at the end;
 // tolerances as stated in paged_model.hpp. Failing calls (exhausted pool, bad
 // arguments) must leave a byte-identical snapshot.
@@ -28,7 +31,9 @@ TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
   const ModelCase mc = GetParam();
   const int32_t block_size = mc.format == KvFormat::Dsv4Row ? 4 : (mc.mode == RopeMode::RopeStored ? 8 : 16);
   PagedCache cache(small_config(mc.format, mc.mode, block_size, mc.format == KvFormat::Dsv4Row ? 24 : 40), Device::cpu());
+  PrefixCache prefix(cache, 4242);
   Driver drv({&cache}, 1000 + static_cast<int>(mc.format) * 10 + static_cast<int>(mc.mode));
+  drv.prefixes = {&prefix};
 #if defined(__SANITIZE_ADDRESS__)
   constexpr int64_t kOps = 2500;  // the sanitizer run repeats the suite: a quarter keeps it within CI's budget
 #else
@@ -47,7 +52,15 @@ TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
               static_cast<long long>(drv.shifts), static_cast<long long>(drv.edits), static_cast<long long>(drv.forks),
               static_cast<long long>(drv.st.rows_checked), drv.st.worst_ratio_k, drv.st.worst_ratio_v, drv.st.worst_rel_k,
               drv.st.worst_rel_v);
+  std::printf("[paged model] prefix reuse: %lld prompts (%lld reusing blocks; %lld blocks hit, %lld missed), %lld publishes, "
+              "%lld clears, %lld holders at the end\n",
+              static_cast<long long>(drv.prompts), static_cast<long long>(drv.hit_prompts),
+              static_cast<long long>(drv.ref_blocks_hit), static_cast<long long>(drv.ref_blocks_missed),
+              static_cast<long long>(drv.publishes), static_cast<long long>(drv.clears),
+              static_cast<long long>(prefix.stats().holders));
   EXPECT_GT(drv.oom, 0) << "the pool never ran out: the exhaustion path went untested";
+  EXPECT_GT(drv.hit_prompts, kOps / 500) << "prefix reuse went untested";
+  EXPECT_GT(drv.ref_blocks_missed, kOps / 500);
   EXPECT_GT(drv.shifts, kOps / 100);
   EXPECT_GT(drv.edits, kOps / 100);
 }
