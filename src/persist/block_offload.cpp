@@ -111,6 +111,8 @@ struct BlockOffloader::State {
   std::vector<Scratch> scratch;  // loads' block lists, released when their copies complete
   OffloadStats st;
 
+  Stream cache_stream() const { return cache->config().stream; }
+
   // Two workers: the reader waits for a value's offload copy, copies it out of pinned memory
   // (so its range can be reused at host-memory speed) and hands it to the writer, which puts it
   // into `lower` at whatever speed that tier has. Neither ever makes the caller wait for `lower`.
