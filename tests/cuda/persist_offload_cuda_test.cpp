@@ -122,7 +122,9 @@ TEST(PersistOffloadCuda, RoundTripsMatchTheCpuPathBitForBit) {
       }
       // Stored K is rotated on each device by its own math (last-bit differences allowed elsewhere);
       // unrotated K and every V are the same bytes.
-      if (m == RopeMode::RopeOnRead) EXPECT_TRUE(want_cpu == want_gpu) << "the CUDA cache holds other bytes than the CPU cache";
+      if (m == RopeMode::RopeOnRead) {
+        EXPECT_TRUE(want_cpu == want_gpu) << "the CUDA cache holds other bytes than the CPU cache";
+      }
     }
 }
 
