@@ -8,7 +8,10 @@
 //    CSA layers at a given context (what HF's CSA compressor call also does; HF also
 //    rotates the indexer query, kvcore also Hadamard + FP4 rounds it), plain launches
 //    and CUDA-graph replay, and the indexer alone for one layer (graph replay), also split
-//    into its two kernels ("indexer scores only", "indexer top-k only") for the breakdown.
+//    into its two kernels ("indexer scores only", "indexer top-k only") for the breakdown,
+//    and each kernel on its own (ops::IndexerTuning: "scorer simt" / "scorer tensor core",
+//    "top-k ordered" / "top-k compact", and the pairs "simt + ordered" / "tensor core +
+//    compact"), the top-k kernels' picks checked identical.
 //  - prefill: compression of 64k tokens (one CSA compressor, its indexer, one HCA
 //    compressor), GB/s of input read + rows written against the copy ceiling.
 // HF transformers' modules doing the same work: bench/dsv4_hf_baseline.py.
@@ -28,6 +31,7 @@
 #include "kvcore/runtime.hpp"
 #if KVCORE_WITH_CUDA
 #include "ops/dsv4_backends.hpp"  // the indexer's two halves, timed apart for the breakdown
+#include "ops/dsv4_tuning.hpp"    // each top-k kernel on its own (A/B)
 #endif
 #include "tools/registry.hpp"
 
@@ -328,6 +332,71 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         y.bytes = static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
         y.t = per(th, tokens_per_rep);
         opt.report(y);
+      }
+      // The kernels one by one (ops::IndexerTuning), for the A/B: each scorer alone, each top-k
+      // kernel alone, and the two pairs (SIMT + ordered, tensor core + compact) back to back.
+      // The top-k kernels' picks must be identical (one selection rule over the same scores);
+      // the scorers' scores may differ in rounding (their head sums run in different orders).
+      auto time_calls = [&](const ops::IndexerTuning& tune, bool scores_on, bool select_on) {
+        synchronize(dev);
+        return per(kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
+                     for (int i = 0; i < tokens_per_rep; ++i) {
+                       if (scores_on) ops::cuda::dsv4::indexer_scores(ip, s, tune);
+                       if (select_on) ops::cuda::dsv4::indexer_select(ip, s, tune);
+                     }
+                   }),
+                   tokens_per_rep);
+      };
+      const double score_bytes = static_cast<double>(cache.indexer_rows(0, csa)) * 68 + static_cast<double>(cap) * 4;
+      const double select_bytes = static_cast<double>(cache.indexer_rows(0, csa)) * 4;
+      auto row = [&](const std::string& name, double b, const Timing& tt) {
+        BenchRecord y = x;
+        y.case_name = name;
+        y.bytes = b;
+        y.t = tt;
+        opt.report(y);
+      };
+      std::vector<float> scores_of[2];
+      for (const ops::IndexerScorer kind : {ops::IndexerScorer::Simt, ops::IndexerScorer::TensorCore}) {
+        ops::IndexerTuning tune;
+        tune.scorer = kind;
+        const bool tc = kind == ops::IndexerScorer::TensorCore;
+        row(fmt("indexer scores only one CSA layer ctx=%lld (CUDA graph replay)", context) + (tc ? " scorer tensor core" : " scorer simt"),
+            score_bytes, time_calls(tune, true, false));
+        synchronize(dev);
+        scores_of[tc ? 1 : 0] = scores.to_host<float>();
+      }
+      {
+        size_t differ = 0;
+        for (size_t j = 0; j < scores_of[0].size(); ++j) differ += scores_of[0][j] != scores_of[1][j];
+        opt.note(fmt("indexer scores ctx=%lld: ", context) + std::to_string(differ) + " of " + std::to_string(scores_of[0].size()) +
+                 " differ between the SIMT and tensor-core scorers (rounding of the head sums)");
+      }
+      std::vector<int32_t> first_picks;
+      for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact}) {
+        ops::IndexerTuning tune;
+        tune.topk = kind;
+        const bool compact = kind == ops::IndexerTopk::Compact;
+        row(fmt("indexer top-k only one CSA layer ctx=%lld (CUDA graph replay)", context) + (compact ? " top-k compact" : " top-k ordered"),
+            select_bytes, time_calls(tune, false, true));
+        synchronize(dev);
+        const std::vector<int32_t> got = picks.to_host<int32_t>();
+        if (first_picks.empty()) {
+          first_picks = got;
+        } else {
+          const bool same = got == first_picks;
+          opt.note(fmt("indexer top-k ctx=%lld: the compact kernel's picks ", context) +
+                   (same ? "are identical to" : "DIFFER from") + " the ordered kernel's");
+          if (!same) throw Error(ErrorCode::Corrupt, "bench dsv4: the compact top-k's picks differ from the ordered kernel's");
+        }
+      }
+      for (int pair = 0; pair < 2; ++pair) {
+        ops::IndexerTuning tune;
+        tune.scorer = pair ? ops::IndexerScorer::TensorCore : ops::IndexerScorer::Simt;
+        tune.topk = pair ? ops::IndexerTopk::Compact : ops::IndexerTopk::Ordered;
+        row(fmt("indexer scores+top-k backend calls one CSA layer ctx=%lld (CUDA graph replay)", context) +
+                (pair ? " tensor core + compact" : " simt + ordered"),
+            score_bytes, time_calls(tune, true, true));
       }
     }
   }

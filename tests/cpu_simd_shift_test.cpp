@@ -2,7 +2,8 @@
 // writes the scalar path's bytes (f32, f16, bf16 keys, NeoX and interleaved
 // pairs, head and tail slices, DeepSeek-V4 packed rows; FP8 keys stay scalar). Moved
 // heads rotate from their old row into the new one: the copied dims around the rotated
-// ones (NeoX head and tail slices) are part of the bytes checked.
+// ones (NeoX head and tail slices) are part of the bytes checked. rope_shift_rows' angles
+// and rotations likewise.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -55,6 +56,58 @@ TEST(CpuSimdShift, EveryTargetGivesTheScalarBytes) {
       shift_dense(std::span<const ShiftDenseLayer>(&L, 1), 300, 4, 37);
       EXPECT_TRUE(got.k == want.k) << t.name << " spec " << i;
       EXPECT_TRUE(got.v == want.v) << t.name << " spec " << i;
+    }
+  }
+}
+
+// rope_shift_rows: per-row angles (math::shift_sincos in SIMD lanes) and rotations on every
+// target give the scalar path's bytes, deltas from 1 to 2^24 - 1 of either sign, FP8 keys too.
+TEST(CpuSimdShift, RopeShiftRowsOnEveryTargetGivesTheScalarBytes) {
+  std::vector<LayerSpec> specs;
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    LayerSpec s;
+    s.k_dtype = t;
+    s.rope = RopeSpec::llama3_8b();
+    specs.push_back(s);
+    s.rope = RopeSpec::plain(64, 1e4, RopePairing::Interleaved);
+    s.rope.slice = RopeSlice::Tail;
+    s.head_dim = 96;
+    s.v_head_dim = 96;
+    specs.push_back(s);
+  }
+  LayerSpec f;
+  f.form = KForm::Fp8;
+  specs.push_back(f);
+  LayerSpec d;
+  d.form = KForm::Dsv4;
+  d.rope = RopeSpec::deepseek_v4_compressed();
+  d.v_dtype.reset();
+  specs.push_back(d);
+  const int64_t cap = 97;
+  std::vector<int32_t> delta(cap);
+  for (int64_t r = 0; r < cap; ++r) {
+    const int32_t big[] = {0, 1, -1, 7, -4096, 123457, -999999, (1 << 24) - 1, -((1 << 24) - 1), 65535};
+    delta[r] = big[r % 10] + (r % 10 == 0 ? 0 : static_cast<int32_t>(r));
+    if (r % 10 == 7) delta[r] = (1 << 24) - 1 - static_cast<int32_t>(r);
+    if (r % 10 == 8) delta[r] = -((1 << 24) - 1) + static_cast<int32_t>(r);
+  }
+  const TensorRef dt(delta.data(), DType::I32, Device::cpu(), {cap});
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Layer base = make_layer(specs[i], cap, 41 + i);
+    Layer want = base;
+    {
+      cpu::SimdPin pin(cpu::kSimdScalar);
+      const ShiftDenseLayer L = want.host_view();
+      rope_shift_rows(L.k, L.maybe_k_scales, specs[i].rope, dt);
+    }
+    ASSERT_FALSE(want.k == base.k) << "spec " << i << ": the shift changed nothing";
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      Layer got = base;
+      const ShiftDenseLayer L = got.host_view();
+      rope_shift_rows(L.k, L.maybe_k_scales, specs[i].rope, dt);
+      EXPECT_TRUE(got.k == want.k) << t.name << " spec " << i;
+      EXPECT_TRUE(got.s == want.s) << t.name << " spec " << i;
     }
   }
 }

@@ -384,6 +384,54 @@ TEST(Dsv4Ops, IndexerScoresAndTopKMatchFloat64) {
   }
 }
 
+// NaN scores have defined picks: every NaN counts as one value above +inf, ties broken by row.
+// A NaN weight makes every score of its query NaN; an infinite weight makes a score +inf where
+// its head's dot is > 0 and NaN (inf * relu 0) where it is not; weights of +-3e38 on two heads
+// overflow to +inf, -inf or NaN (inf - inf) where their dots exceed about 1.1, and stay finite
+// where they do not: all four kinds of scores in one query.
+TEST(Dsv4Ops, IndexerNanScoresRankAboveInfinity) {
+  const int H = 4, D = 32, cap = 40, nq = 3, k = 24, ratio = 4;
+  const int64_t first = 4 * cap;  // every query sees every row
+  std::vector<float> q = randn(nq * H * D, 54), w = randn(nq * H, 55), rows = randn(cap * D, 56);
+  w[0 * H + 1] = NAN;
+  w[1 * H + 2] = INFINITY;
+  w[2 * H + 0] = 3e38f;
+  w[2 * H + 3] = -3e38f;
+  for (Dsv4Quant quant : {Dsv4Quant::Off, Dsv4Quant::On}) {
+    std::vector<float> sc(nq * cap, 0.0f);
+    std::vector<int32_t> out(nq * k, 99);
+    dsv4_indexer_topk(view(q, {nq, H, D}), view(w, {nq, H}), view(rows, {cap, D}), cap, first, ratio, quant,
+                      view(sc, {nq, cap}), host_view(out, DType::I32, {nq, k}));
+    int n_nan[nq] = {0, 0, 0}, n_pinf[nq] = {0, 0, 0}, n_ninf[nq] = {0, 0, 0};
+    for (int i = 0; i < nq; ++i) {
+      const float* s = sc.data() + i * cap;
+      for (int r = 0; r < cap; ++r) {
+        n_nan[i] += std::isnan(s[r]);
+        n_pinf[i] += s[r] == INFINITY;
+        n_ninf[i] += s[r] == -INFINITY;
+      }
+      // The rule written out: NaNs first (by row), then the rest by value, descending (by row).
+      std::vector<int> order(cap);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        if (std::isnan(s[a]) || std::isnan(s[b])) return std::isnan(s[a]) && !std::isnan(s[b]);
+        return s[a] > s[b];
+      });
+      for (int j = 0; j < k; ++j) ASSERT_EQ(out[i * k + j], order[j]) << "quant " << int(quant) << " query " << i << " pick " << j;
+    }
+    // The cases the rule is for actually occur: all NaN; NaN and +inf only; NaN, +inf, -inf and finite.
+    EXPECT_EQ(n_nan[0], cap);
+    for (int j = 0; j < k; ++j) EXPECT_EQ(out[j], j);
+    EXPECT_GT(n_nan[1], 0);
+    EXPECT_GT(n_pinf[1], 0);
+    EXPECT_EQ(n_nan[1] + n_pinf[1], cap);
+    EXPECT_GT(n_nan[2], 0);
+    EXPECT_GT(n_pinf[2], 0);
+    EXPECT_GT(n_ninf[2], 0);
+    EXPECT_GT(cap - n_nan[2] - n_pinf[2] - n_ninf[2], 0);
+  }
+}
+
 // ---- bad inputs --------------------------------------------------------------------------------
 
 template <class F>

@@ -1,5 +1,6 @@
 // Randomized model-based test of PagedCache: 10 configurations (5 formats x 2 RoPE
-// modes) x 10,000 random operations = 100,000 operations (append all layers or
+// modes) x 10,000 random operations = 100,000 operations, and MLA's 576/512 rows (f16, bf16,
+// fp8 x 2 modes) x 2,500 operations each (append all layers or
 // reserve + per-layer store over 1-3 sequences, shift, truncate, position-range
 // removes and adds, fork, erase, prepare, and bad calls) against the dense f64 model of tests/paged_model.hpp,
 // with prefix reuse through a PrefixCache mixed in (prompts sharing system prompts under two
@@ -23,6 +24,7 @@ namespace {
 struct ModelCase {
   KvFormat format;
   RopeMode mode;
+  bool mla = false;  // mla_config: K 576 with a 64-dim RoPE tail, V 512
 };
 
 class PagedModel : public ::testing::TestWithParam<ModelCase> {};
@@ -30,14 +32,16 @@ class PagedModel : public ::testing::TestWithParam<ModelCase> {};
 TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
   const ModelCase mc = GetParam();
   const int32_t block_size = mc.format == KvFormat::Dsv4Row ? 4 : (mc.mode == RopeMode::RopeStored ? 8 : 16);
-  PagedCache cache(small_config(mc.format, mc.mode, block_size, mc.format == KvFormat::Dsv4Row ? 24 : 40), Device::cpu());
+  PagedCache cache(mc.mla ? mla_config(mc.format, mc.mode, block_size)
+                          : small_config(mc.format, mc.mode, block_size, mc.format == KvFormat::Dsv4Row ? 24 : 40),
+                   Device::cpu());
   PrefixCache prefix(cache, 4242);
-  Driver drv({&cache}, 1000 + static_cast<int>(mc.format) * 10 + static_cast<int>(mc.mode));
+  Driver drv({&cache}, 1000 + static_cast<int>(mc.format) * 10 + static_cast<int>(mc.mode) + (mc.mla ? 500 : 0));
   drv.prefixes = {&prefix};
 #if defined(__SANITIZE_ADDRESS__)
-  constexpr int64_t kOps = 2500;  // the sanitizer run repeats the suite: a quarter keeps it within CI's budget
+  const int64_t kOps = mc.mla ? 625 : 2500;  // the sanitizer run repeats the suite: a quarter keeps it within CI's budget
 #else
-  constexpr int64_t kOps = 10000;  // x 10 configurations = 100,000 operations
+  const int64_t kOps = mc.mla ? 2500 : 10000;  // MLA rows are 4x wider than small_config's two heads of 64
 #endif
   for (int64_t i = 0; i < kOps && !::testing::Test::HasFailure(); ++i) {
     drv.step();
@@ -45,9 +49,9 @@ TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
   }
   drv.check_all();
   drv.check_counts();
-  std::printf("[paged model] %s %s: %lld ops (%lld failed cleanly, %lld out of blocks), %lld shifts, %lld position edits, %lld forks, "
+  std::printf("[paged model] %s%s %s: %lld ops (%lld failed cleanly, %lld out of blocks), %lld shifts, %lld position edits, %lld forks, "
               "%lld rows checked; worst |err|/tol K %.3f V %.3f; worst |err|/rowmax K %.3g V %.3g\n",
-              std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
+              mc.mla ? "mla " : "", std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
               static_cast<long long>(drv.ops), static_cast<long long>(drv.failed_ops), static_cast<long long>(drv.oom),
               static_cast<long long>(drv.shifts), static_cast<long long>(drv.edits), static_cast<long long>(drv.forks),
               static_cast<long long>(drv.st.rows_checked), drv.st.worst_ratio_k, drv.st.worst_ratio_v, drv.st.worst_rel_k,
@@ -71,12 +75,14 @@ std::vector<ModelCase> all_cases() {
   std::vector<ModelCase> v;
   for (KvFormat f : kAllFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
+  for (KvFormat f : kMlaFormats)
+    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m, true});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, PagedModel, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<ModelCase>& i) {
-                           return std::string(kv_format_name(i.param.format)) +
+                           return std::string(i.param.mla ? "Mla_" : "") + std::string(kv_format_name(i.param.format)) +
                                   (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
                          });
 

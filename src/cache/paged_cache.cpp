@@ -25,10 +25,10 @@ void PagedCacheConfig::validate() const {
               "PagedCacheConfig.rope_mode must be RopeStored or RopeOnRead, got ", static_cast<int>(rope_mode));
   require_arg(n_layers > 0, "PagedCacheConfig.n_layers must be > 0, got ", n_layers);
   require_arg(n_kv_heads > 0, "PagedCacheConfig.n_kv_heads must be > 0, got ", n_kv_heads);
-  require_arg(head_dim > 0 && head_dim <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.head_dim must be in [1, ",
-              2 * math::RopeTable::kMaxPairs, "], got ", head_dim);
-  require_arg(v_head_dim >= 0 && v_head_dim <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.v_head_dim must be in [0, ",
-              2 * math::RopeTable::kMaxPairs, "], got ", v_head_dim);
+  require_arg(head_dim > 0 && head_dim <= kMaxKvHeadDim, "PagedCacheConfig.head_dim must be in [1, ", kMaxKvHeadDim,
+              "], got ", head_dim);
+  require_arg(v_head_dim >= 0 && v_head_dim <= kMaxKvHeadDim, "PagedCacheConfig.v_head_dim must be in [0, ", kMaxKvHeadDim,
+              "], got ", v_head_dim);
   require_arg(block_size > 0 && block_size <= 4096, "PagedCacheConfig.block_size must be in [1, 4096], got ", block_size);
   require_arg(num_blocks > 0, "PagedCacheConfig.num_blocks must be > 0, got ", num_blocks);
   require_arg(static_cast<int64_t>(num_blocks) * block_size <= INT32_MAX, "PagedCacheConfig: num_blocks ", num_blocks,
@@ -49,6 +49,9 @@ void PagedCacheConfig::validate() const {
               n_layers, " specs, got ", rope.size());
   for (size_t l = 0; l < rope.size(); ++l) {
     rope[l].validate(head_dim);
+    // Rows wider than the rotation tables (MLA's 576) rotate a slice: DeepSeek-V2/V3 the 64-dim tail.
+    require_arg(rope[l].n_rot <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.rope[", l, "].n_rot must be <= ",
+                2 * math::RopeTable::kMaxPairs, " (rotate a head or tail slice of wider rows), got ", rope[l].n_rot);
     if (k_format == KvFormat::Dsv4Row) {
       const math::RopeLayout lay = rope[l].layout(head_dim);
       require_arg(lay.first_dim >= math::Dsv4RowLayout::kNope, "PagedCacheConfig.rope[", l,

@@ -1,10 +1,17 @@
-// CPU kernels of the DeepSeek-V4 ops (OpenMP across rows / windows / queries).
+// CPU kernels of the DeepSeek-V4 ops (OpenMP across rows / windows / queries and
+// the indexer's row blocks). With SIMD on (simd_targets.hpp) the compressor's pool
+// and the indexer's scores run in vectors (dsv4_simd.hpp): channels in lanes for
+// the pool, gathered a candidate row at a time; the codecs, RMSNorm, rotation and
+// the top-k stay the scalar code (shared math, the CUDA backend's bits).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "cpu/dsv4_simd.hpp"
+#include "cpu/simd_targets.hpp"
 #include "kvcore/math/dsv4.hpp"
 #include "ops/dsv4_backends.hpp"
 #include "ops/dsv4_candidates.hpp"
@@ -55,14 +62,19 @@ void reset(const CompressorParams& p) {
 namespace {
 
 // RMSNorm with weight, RoPE at the window's first position, quantization, store.
-void finish_row(const CompressorParams& p, int64_t w, float* buf) {
-  const float s = math::dsv4_rms_scale(buf, p.head_dim, p.eps);
+// With SIMD the sum of squares runs in lanes (a float sum: the pool's tolerance), the
+// rotation and the attention row's packing with the scalar bits.
+void finish_row(const CompressorParams& p, int64_t w, float* buf, bool simd) {
+  const float s = simd ? 1.0f / std::sqrt(ops::cpu::dsv4_sum_squares_simd(buf, p.head_dim) / static_cast<float>(p.head_dim) + p.eps)
+                       : math::dsv4_rms_scale(buf, p.head_dim, p.eps);
   for (int32_t k = 0; k < p.head_dim; ++k) buf[k] = p.norm_weight[k] * (buf[k] * s);
-  math::rope_rotate_row(buf, p.rope, static_cast<float>(w * p.ratio), 1.0f);
+  if (simd) ops::cpu::dsv4_rope_row_simd(buf, p.rope, static_cast<float>(w * p.ratio));
+  else math::rope_rotate_row(buf, p.rope, static_cast<float>(w * p.ratio), 1.0f);
   if (p.rows_packed) {
     uint8_t* out = static_cast<uint8_t*>(p.rows) + w * p.rows_stride;
     if (p.kind == 0) {
-      math::dsv4_row_pack(buf, out);
+      if (simd) ops::cpu::dsv4_row_pack_simd(buf, out);
+      else math::dsv4_row_pack(buf, out);
     } else {
       math::dsv4_hadamard(buf, p.head_dim);
       math::dsv4_pack_fp4_row(buf, p.head_dim, out);
@@ -80,27 +92,98 @@ void finish_row(const CompressorParams& p, int64_t w, float* buf) {
   std::memcpy(static_cast<float*>(p.rows) + w * p.rows_stride, buf, p.head_dim * sizeof(float));
 }
 
+// The pool's candidates for the SIMD pool: row j holds candidate j of every channel,
+// pointed to where it lies (the state, the chunk's c) or built in z_buf (a chunk
+// token's logit plus its ape).
+struct CandidateRows {
+  std::vector<const float*> z, c;
+  std::vector<float> z_buf;
+  explicit CandidateRows(const CompressorParams& p)
+      : z(p.state_rows), c(p.state_rows), z_buf(static_cast<size_t>(p.state_rows) * p.head_dim) {}
+  static bool serves(const CompressorParams& p) {
+    return ops::cpu::simd_on() && p.state_rows <= ops::cpu::kDsv4PoolMaxCandidates;
+  }
+  void pool(const CompressorParams& p, float* out) const {
+    ops::cpu::dsv4_pool_rows_simd(z.data(), c.data(), p.state_rows, p.head_dim, out);
+  }
+  // Candidate j of every channel when emitting from the state (state_candidate's values).
+  void state_row(const CompressorParams& p, int32_t j) {
+    const int32_t col0 = math::dsv4_candidate_col(j, 0, p.ratio, p.head_dim, p.overlap != 0);
+    z[j] = p.state_score + static_cast<int64_t>(j) * p.width + col0;
+    c[j] = p.state_kv + static_cast<int64_t>(j) * p.width + col0;
+  }
+  // Candidate j of every channel of window w during prefill: prefill_candidate's values,
+  // with the token and lane worked out once per row (the column is col0 + k).
+  void prefill_row(const CompressorParams& p, int64_t w, int32_t j) {
+    const int32_t m = p.ratio;
+    int64_t tok;
+    int32_t col0, jm;
+    if (p.overlap && j >= m) {
+      tok = w * m + (j - m), col0 = p.head_dim, jm = j - m;
+    } else {
+      tok = (p.overlap ? w - 1 : w) * m + j, col0 = 0, jm = j;
+    }
+    float* zb = z_buf.data() + static_cast<size_t>(j) * p.head_dim;
+    if (tok < 0) {  // no candidate: -inf logits (the pool computes their terms and never takes them)
+      std::fill(zb, zb + p.head_dim, -INFINITY);
+      z[j] = c[j] = zb;
+      return;
+    }
+    if (tok >= p.pos) {
+      const int64_t i = tok - p.pos;
+      const float* zs = p.z + i * p.z_stride + col0;
+      if (p.ape_f16) {
+        const uint16_t* a = static_cast<const uint16_t*>(p.ape) + jm * p.ape_stride + col0;
+        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + math::f16_bits_to_f32(a[k]);
+      } else {
+        const float* a = static_cast<const float*>(p.ape) + jm * p.ape_stride + col0;
+        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + a[k];
+      }
+      z[j] = zb;
+      c[j] = p.c + i * p.c_stride + col0;
+      return;
+    }
+    const int64_t cw = p.pos / m;
+    const int64_t row = (p.overlap && tok / m == cw) ? m + jm : jm;
+    z[j] = p.state_score + row * p.width + col0;
+    c[j] = p.state_kv + row * p.width + col0;
+  }
+};
+
 }  // namespace
 
 void emit(const CompressorParams& p) {
   std::vector<float> buf(p.head_dim);
-  for (int32_t k = 0; k < p.head_dim; ++k)
-    buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { state_candidate(p, j, k, z, c); });
-  finish_row(p, p.window, buf.data());
+  if (CandidateRows::serves(p)) {
+    CandidateRows cand(p);
+    for (int32_t j = 0; j < p.state_rows; ++j) cand.state_row(p, j);
+    cand.pool(p, buf.data());
+  } else {
+    for (int32_t k = 0; k < p.head_dim; ++k)
+      buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { state_candidate(p, j, k, z, c); });
+  }
+  finish_row(p, p.window, buf.data(), ops::cpu::simd_on());
 }
 
 void prefill(const CompressorParams& p) {
   const int64_t m = p.ratio;
   const int64_t w0 = p.pos / m, w1 = (p.pos + p.n_tokens) / m;  // windows [w0, w1) complete in this chunk
   const bool big = (w1 - w0) * p.head_dim * p.state_rows > (1 << 16);  // threads only pay off on large chunks
+  const bool simd = CandidateRows::serves(p), simd_on = ops::cpu::simd_on();
 #pragma omp parallel if (big)
   {
     std::vector<float> buf(p.head_dim);
+    CandidateRows cand(p);
 #pragma omp for schedule(static)
     for (int64_t w = w0; w < w1; ++w) {
-      for (int32_t k = 0; k < p.head_dim; ++k)
-        buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
-      finish_row(p, w, buf.data());
+      if (simd) {
+        for (int32_t j = 0; j < p.state_rows; ++j) cand.prefill_row(p, w, j);
+        cand.pool(p, buf.data());
+      } else {
+        for (int32_t k = 0; k < p.head_dim; ++k)
+          buf[k] = math::dsv4_pool_any(p.state_rows, [&](int j, float& z, float& c) { prefill_candidate(p, w, j, k, z, c); });
+      }
+      finish_row(p, w, buf.data(), simd_on);
     }
   }
   // State as token-by-token storing leaves it: rows < m first (they may copy rows >= m).
@@ -123,52 +206,110 @@ void prefill(const CompressorParams& p) {
   }
 }
 
+namespace {
+
+constexpr int64_t kIndexerRowBlock = 256;  // key rows per scoring task (decoded once, scored by every head)
+
+// math::e2m1_decode of the 16 codes, looked up instead of decoded per value.
+const std::array<float, 16> kE2m1Values = [] {
+  std::array<float, 16> v{};
+  for (int c = 0; c < 16; ++c) v[c] = math::e2m1_decode(static_cast<uint8_t>(c));
+  return v;
+}();
+
+// Rows [s0, s1) of the indexer's keys as f32 (packed rows: the values of math::dsv4_unpack_fp4_value).
+void indexer_decode_rows(const IndexerParams& p, int64_t s0, int64_t s1, float* keys) {
+  for (int64_t s = s0; s < s1; ++s) {
+    float* key = keys + (s - s0) * p.dim;
+    if (!p.rows_packed) {
+      const float* row = static_cast<const float*>(p.rows) + s * p.rows_stride;
+      std::copy(row, row + p.dim, key);
+      continue;
+    }
+    const uint8_t* row = static_cast<const uint8_t*>(p.rows) + s * p.rows_stride;
+    for (int32_t b = 0; b < p.dim / math::kFp4Block; ++b) {
+      const float scale = math::ue8m0_decode(row[p.dim / 2 + b]);
+      for (int32_t d = b * math::kFp4Block; d < (b + 1) * math::kFp4Block; d += 2) {
+        const uint8_t byte = row[d / 2];
+        key[d] = kE2m1Values[byte & 0xfu] * scale;
+        key[d + 1] = kE2m1Values[byte >> 4] * scale;
+      }
+    }
+  }
+}
+
+// The scalar path's scores: dots in index order, heads summed in order.
+void indexer_scores_scalar(const IndexerParams& p, const float* qh, const float* w, const float* keys, int64_t n,
+                           float* sc) {
+  for (int64_t s = 0; s < n; ++s) {
+    const float* key = keys + s * p.dim;
+    float acc = 0.0f;
+    for (int32_t h = 0; h < p.n_heads; ++h) {
+      const float* qv = qh + static_cast<size_t>(h) * p.dim;
+      float dot = 0.0f;
+      for (int32_t d = 0; d < p.dim; ++d) dot += qv[d] * key[d];
+      acc += w[h] * (dot > 0.0f ? dot : 0.0f);
+    }
+    sc[s] = acc;
+  }
+}
+
+}  // namespace
+
 void indexer_topk(const IndexerParams& p) {
-  const bool big = p.n_q > 1 && static_cast<double>(p.n_q) * p.n_rows * p.n_heads * p.dim > 1e6;  // threads split queries
+  const bool simd = ops::cpu::simd_on();
+  const size_t q_floats = static_cast<size_t>(p.n_heads) * p.dim;
+  const bool big = static_cast<double>(p.n_q) * p.n_rows * p.n_heads * p.dim > 1e6;  // threads pay off
+  // The queries as scored: copied, and with quantization Hadamard-rotated and FP4 round-tripped.
+  std::vector<float> qall(static_cast<size_t>(p.n_q) * q_floats);
+#pragma omp parallel for schedule(static) if (big && p.n_q > 1)
+  for (int32_t i = 0; i < p.n_q; ++i)
+    for (int32_t h = 0; h < p.n_heads; ++h) {
+      float* dst = qall.data() + i * q_floats + static_cast<size_t>(h) * p.dim;
+      const float* src = p.q + i * p.q_stride0 + h * p.q_stride1;
+      std::copy(src, src + p.dim, dst);
+      if (p.quant) {
+        math::dsv4_hadamard(dst, p.dim);
+        math::dsv4_fp4_round_trip(dst, p.dim);
+      }
+    }
+  // Scores: one task per (query, block of key rows); rows a query cannot see score -inf.
+  const int64_t n_blocks = (p.cap + kIndexerRowBlock - 1) / kIndexerRowBlock;
 #pragma omp parallel if (big)
   {
-    std::vector<float> qh(static_cast<size_t>(p.n_heads) * p.dim), key(p.dim);
+    std::vector<float> keys(static_cast<size_t>(kIndexerRowBlock) * p.dim);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < int64_t{p.n_q} * n_blocks; ++task) {
+      const int32_t i = static_cast<int32_t>(task / n_blocks);
+      const int64_t s0 = (task % n_blocks) * kIndexerRowBlock, s1 = std::min(p.cap, s0 + kIndexerRowBlock);
+      const int64_t vis = std::min<int64_t>(p.n_rows, visible_rows(p.first_query_pos + i, p.ratio));
+      float* sc = p.scores + i * p.scores_stride;
+      const int64_t e = std::clamp(vis, s0, s1);
+      std::fill(sc + e, sc + s1, -INFINITY);
+      if (e == s0) continue;
+      indexer_decode_rows(p, s0, e, keys.data());
+      const float* qh = qall.data() + i * q_floats;
+      const float* w = p.weights + i * p.w_stride;
+      if (simd) ops::cpu::dsv4_indexer_scores_simd(qh, w, p.n_heads, p.dim, keys.data(), e - s0, sc + s0);
+      else indexer_scores_scalar(p, qh, w, keys.data(), e - s0, sc + s0);
+    }
+  }
+  // Top-k per query: the k highest scores, ties to the lower row.
+#pragma omp parallel if (big && p.n_q > 1)
+  {
     std::vector<int64_t> order;
 #pragma omp for schedule(dynamic, 1)
     for (int32_t i = 0; i < p.n_q; ++i) {
-      for (int32_t h = 0; h < p.n_heads; ++h) {
-        float* dst = qh.data() + static_cast<size_t>(h) * p.dim;
-        const float* src = p.q + i * p.q_stride0 + h * p.q_stride1;
-        std::copy(src, src + p.dim, dst);
-        if (p.quant) {
-          math::dsv4_hadamard(dst, p.dim);
-          math::dsv4_fp4_round_trip(dst, p.dim);
-        }
-      }
-      const int64_t t = p.first_query_pos + i;
-      const int64_t vis = std::min<int64_t>(p.n_rows, visible_rows(t, p.ratio));
-      float* sc = p.scores + i * p.scores_stride;
-      const float* w = p.weights + i * p.w_stride;
-      for (int64_t s = 0; s < p.cap; ++s) {
-        if (s >= vis) {
-          sc[s] = -INFINITY;
-          continue;
-        }
-        if (p.rows_packed) {
-          const uint8_t* row = static_cast<const uint8_t*>(p.rows) + s * p.rows_stride;
-          for (int32_t d = 0; d < p.dim; ++d) key[d] = math::dsv4_unpack_fp4_value(row, p.dim, d);
-        } else {
-          const float* row = static_cast<const float*>(p.rows) + s * p.rows_stride;
-          std::copy(row, row + p.dim, key.begin());
-        }
-        float acc = 0.0f;
-        for (int32_t h = 0; h < p.n_heads; ++h) {
-          const float* qv = qh.data() + static_cast<size_t>(h) * p.dim;
-          float dot = 0.0f;
-          for (int32_t d = 0; d < p.dim; ++d) dot += qv[d] * key[d];
-          acc += w[h] * (dot > 0.0f ? dot : 0.0f);
-        }
-        sc[s] = acc;
-      }
-      order.resize(vis);
+      const int64_t vis = std::min<int64_t>(p.n_rows, visible_rows(p.first_query_pos + i, p.ratio));
+      const float* sc = p.scores + i * p.scores_stride;
+      order.resize(static_cast<size_t>(std::max<int64_t>(vis, 0)));
       std::iota(order.begin(), order.end(), int64_t{0});
-      const int64_t take = std::min<int64_t>(p.k, vis);
+      const int64_t take = std::min<int64_t>(p.k, static_cast<int64_t>(order.size()));
+      // Score descending, then row ascending; every NaN counts as one value above +inf (a total
+      // order, the same the CUDA kernels select by), so NaN scores give defined picks too.
       std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int64_t a, int64_t b) {
+        const bool na = std::isnan(sc[a]), nb = std::isnan(sc[b]);
+        if (na || nb) return na && (!nb || a < b);
         return sc[a] > sc[b] || (sc[a] == sc[b] && a < b);
       });
       int32_t* out = p.out + i * p.out_stride;

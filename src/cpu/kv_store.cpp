@@ -56,7 +56,7 @@ void kv_store(const KvStoreParams& p) {
     else if (p.maybe_positions)
       pair_angles(p.rope, static_cast<float>(p.maybe_positions[t]), p.rope.attention_factor, c, s);
     for (int32_t h = 0; h < p.n_heads; ++h) {
-      float row[2 * math::RopeTable::kMaxPairs];
+      float row[kMaxKvHeadDim];
       const int64_t base = t * p.src_token_stride + h * p.src_head_stride;
       for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::load_src(p.src, p.src_dtype, base + d);
       if (p.maybe_positions) rotate_with(row, p.rope.layout, c, s);
@@ -95,7 +95,7 @@ void kv_rotate_blocks(const KvRotateParams& p) {
       const int64_t row_index = cell * p.n_heads + h;
       void* dst = static_cast<uint8_t*>(p.pool) + row_index * p.row_width * static_cast<int64_t>(elem);
       uint8_t* scales = p.maybe_scales ? p.maybe_scales + row_index * groups : nullptr;
-      float row[2 * math::RopeTable::kMaxPairs];
+      float row[kMaxKvHeadDim];
       for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::decode(p.format, dst, scales, d);
       rotate_with(row, p.rope.layout, c, s);
       kvrow::encode_rotated(p.format, row, dst, scales, p.head_dim, p.rope.layout);

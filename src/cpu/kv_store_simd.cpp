@@ -87,7 +87,7 @@ void KvStore(const KvStoreParams& p) {
       RopeCosSinRow(freq, n_pairs, static_cast<float>(p.maybe_positions[t]), p.rope.attention_factor, c, s);
     }
     for (int32_t h = 0; h < p.n_heads; ++h) {
-      HWY_ALIGN float row[2 * math::RopeTable::kMaxPairs];
+      HWY_ALIGN float row[kMaxKvHeadDim];
       LoadSrc(p.src, p.src_dtype, t * p.src_token_stride + h * p.src_head_stride, p.head_dim, row);
       if (p.maybe_positions) RotatePairs(p.rope.layout, row, row, c, s);
       const int64_t row_index = static_cast<int64_t>(cell) * p.n_heads + h;
@@ -125,7 +125,7 @@ void KvRotateBlocks(const KvRotateParams& p) {
         }
         continue;
       }
-      float row[2 * math::RopeTable::kMaxPairs];
+      float row[kMaxKvHeadDim];
       for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::decode(p.format, dst, scales, d);
       RotatePairs(p.rope.layout, row, row, c, s);
       kvrow::encode_rotated(p.format, row, dst, scales, p.head_dim, p.rope.layout);

@@ -108,12 +108,17 @@ void rope_shift_rows(const ops::RopeShiftRowsParams& p) {
   const math::RopeLayout& l = p.table.layout;
   const bool big = p.rows * t.n_heads >= kParallelMin;
   const bool simd = ops::cpu::simd_on();
+  constexpr int32_t kPadded = math::RopeTable::kMaxPairs + 16;
+  float freq[kPadded] = {};  // zero padded for the SIMD angles
+  std::copy(p.table.freq, p.table.freq + l.n_pairs(), freq);
 #pragma omp parallel for schedule(static) if (big)
   for (int64_t r = 0; r < p.rows; ++r) {
     const int32_t delta = p.delta[r];
     if (delta == 0) continue;
-    float c[math::RopeTable::kMaxPairs], s[math::RopeTable::kMaxPairs];
-    for (int32_t i = 0; i < l.n_pairs(); ++i) math::shift_sincos(delta, p.table.freq[i], &s[i], &c[i]);
+    float c[kPadded], s[kPadded];
+    if (simd) ops::cpu::shift_cos_sin_row_simd(freq, l.n_pairs(), delta, c, s);
+    else
+      for (int32_t i = 0; i < l.n_pairs(); ++i) math::shift_sincos(delta, p.table.freq[i], &s[i], &c[i]);
     float scratch[ops::kShiftMaxFp8HeadDim];
     for (int64_t h = 0; h < t.n_heads; ++h) {
       uint8_t* head = t.base + r * t.token_stride + h * t.head_bytes;

@@ -9,11 +9,13 @@
 #include <hwy/highway.h>
 // clang-format on
 
+#include <cmath>
 #include <cstring>
 
 #include "cpu/shift_simd.hpp"
 #include "cpu/simd_rope-inl.h"
 #include "kvcore/math/dsv4_row.hpp"
+#include "kvcore/math/shift_rotate.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcore::ops::cpu::HWY_NAMESPACE {
@@ -76,6 +78,49 @@ void ShiftMoveHead(ops::ShiftKind kind, const uint8_t* from, uint8_t* to, int64_
   }
 }
 
+// cs[i], sn[i] = math::shift_sincos(delta, freq[i]) for i < n (freq zero padded to a multiple
+// of 16): the exact split of delta * w and the three-part 2 pi reduction in f32 lanes (fused
+// multiply-adds where the target has them, else the scalar function's std::fma lane by lane),
+// then math::sincos_f32 in double lanes (simd_rope-inl.h's SinCosLanes).
+void ShiftCosSinRow(const float* freq, int32_t n, int32_t delta, float* cs, float* sn) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(dd));
+  const float dl = static_cast<float>(delta);
+  for (int32_t i = 0; i < n; i += N) {
+#if HWY_NATIVE_FMA
+    const auto d = hn::Set(df, dl), w = hn::LoadU(df, freq + i);
+    const auto hi = hn::Mul(d, w);
+    const auto lo = hn::MulAdd(d, w, hn::Neg(hi));
+    const auto k = hn::Neg(hn::Round(hn::Mul(hi, hn::Set(df, 0.159154943091895336f))));  // -nearbyint
+    auto r = hn::MulAdd(k, hn::Set(df, 6.28318548202514648f), hi);
+    r = hn::MulAdd(k, hn::Set(df, -1.74845553146951715e-07f), r);
+    r = hn::MulAdd(k, hn::Set(df, -6.86049804e-15f), r);
+    const auto a = hn::Add(r, lo);
+#else
+    HWY_ALIGN float lanes[hn::MaxLanes(df)];
+    for (int32_t j = 0; j < N; ++j) {
+      const float w = freq[i + j], hi = dl * w, lo = std::fma(dl, w, -hi);
+      const float k = std::nearbyint(hi * 0.159154943091895336f);
+      float r = std::fma(-k, 6.28318548202514648f, hi);
+      r = std::fma(-k, -1.74845553146951715e-07f, r);
+      r = std::fma(-k, -6.86049804e-15f, r);
+      lanes[j] = r + lo;
+    }
+    const auto a = hn::Load(df, lanes);
+#endif
+    const auto x = hn::PromoteTo(dd, a);
+    if (HWY_UNLIKELY(!hn::AllTrue(dd, hn::Le(hn::Abs(x), hn::Set(dd, 268435456.0))))) {  // NaN / inf / huge
+      for (int32_t j = i; j < i + N; ++j) math::shift_sincos(delta, freq[j], &sn[j], &cs[j]);
+      continue;
+    }
+    hn::Vec<decltype(dd)> sv, cv;
+    SinCosLanes(dd, x, sv, cv);
+    hn::StoreU(hn::DemoteTo(df, cv), df, cs + i);
+    hn::StoreU(hn::DemoteTo(df, sv), df, sn + i);
+  }
+}
+
 }  // namespace kvcore::ops::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -83,6 +128,10 @@ HWY_AFTER_NAMESPACE();
 namespace kvcore::ops::cpu {
 HWY_EXPORT(ShiftRotateHead);
 HWY_EXPORT(ShiftMoveHead);
+HWY_EXPORT(ShiftCosSinRow);
+void shift_cos_sin_row_simd(const float* freq, int32_t n, int32_t delta, float* cs, float* sn) {
+  HWY_DYNAMIC_DISPATCH(ShiftCosSinRow)(freq, n, delta, cs, sn);
+}
 void shift_rotate_head_simd(ops::ShiftKind kind, uint8_t* head, const math::RopeLayout& l, const float* c,
                             const float* s) {
   HWY_DYNAMIC_DISPATCH(ShiftRotateHead)(kind, head, l, c, s);

@@ -18,4 +18,7 @@ void shift_rotate_head_simd(ops::ShiftKind kind, uint8_t* head, const math::Rope
 // bits of a copy followed by shift_rotate_head_simd. Kinds of shift_simd_serves and Copy.
 void shift_move_head_simd(ops::ShiftKind kind, const uint8_t* from, uint8_t* to, int64_t head_bytes,
                           const math::RopeLayout& l, const float* c, const float* s);
+// cs[i], sn[i] = math::shift_sincos(delta, freq[i]) for i < n, the same bits. freq, cs and sn
+// hold a multiple of 16 entries (freq zero padded).
+void shift_cos_sin_row_simd(const float* freq, int32_t n, int32_t delta, float* cs, float* sn);
 }  // namespace kvcore::ops::cpu

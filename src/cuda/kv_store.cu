@@ -18,7 +18,7 @@ namespace kvcore::ops::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxDim = 2 * math::RopeTable::kMaxPairs;
+constexpr int kMaxDim = kMaxKvHeadDim;  // a warp's staged f32 row (18 KiB of shared memory per block)
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ void* row_ptr(void* pool, int64_t row_index, int32_t row_width, KvFormat f) {

@@ -7,6 +7,7 @@
 #include "kvcore/math/dsv4.hpp"
 #include "ops/dsv4_backends.hpp"
 #include "ops/dsv4_checks.hpp"
+#include "ops/dsv4_tuning.hpp"
 
 namespace kvcore {
 
@@ -190,6 +191,17 @@ void dsv4_compress_prefill(const TensorRef& c, const TensorRef& z, const TensorR
 void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const TensorRef& index_rows, int64_t n_rows,
                        int64_t first_query_pos, int32_t ratio, Dsv4Quant quant, const TensorRef& scores,
                        const TensorRef& out, Stream stream) {
+  ops::dsv4_indexer_topk(q, weights, index_rows, n_rows, first_query_pos, ratio, quant, scores, out, ops::IndexerTuning{},
+                         stream);
+}
+
+}  // namespace kvcore
+
+namespace kvcore::ops {
+
+void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const TensorRef& index_rows, int64_t n_rows,
+                       int64_t first_query_pos, int32_t ratio, Dsv4Quant quant, const TensorRef& scores,
+                       const TensorRef& out, const IndexerTuning& tuning, Stream stream) {
   constexpr string_view op = "dsv4_indexer_topk";
   check_quant(op, quant);
   ndim_is(op, "q", q, 3);
@@ -250,10 +262,11 @@ void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const Tenso
   if (n_q == 0) return;
   dispatch(op, q.device(), [&] { dsv4::cpu::indexer_topk(p); }, [&] {
 #if KVCORE_WITH_CUDA
-    ops::cuda::dsv4::indexer_topk(p, stream);
+    ops::cuda::dsv4::indexer_topk(p, stream, tuning);
 #endif
   });
   (void)stream;
+  (void)tuning;
 }
 
-}  // namespace kvcore
+}  // namespace kvcore::ops

@@ -3,6 +3,7 @@
 #pragma once
 #include "kvcore/stream.hpp"
 #include "ops/dsv4_params.hpp"
+#include "ops/dsv4_tuning.hpp"
 
 namespace kvcore::dsv4 {
 
@@ -29,10 +30,10 @@ void shift(const CompressorParams& p, Stream s);
 void reset(const CompressorParams& p, Stream s);
 void emit(const CompressorParams& p, Stream s);
 void prefill(const CompressorParams& p, Stream s);
-void indexer_topk(const IndexerParams& p, Stream s);
+void indexer_topk(const IndexerParams& p, Stream s, const IndexerTuning& tuning = {});
 // The two halves of indexer_topk (for benchmarks' breakdown): scores, then the top-k of them.
-void indexer_scores(const IndexerParams& p, Stream s);
-void indexer_select(const IndexerParams& p, Stream s);
+void indexer_scores(const IndexerParams& p, Stream s, const IndexerTuning& tuning = {});
+void indexer_select(const IndexerParams& p, Stream s, const IndexerTuning& tuning = {});
 void decode_layer(const DecodeParams& p, Stream s);
 }  // namespace kvcore::ops::cuda::dsv4
 #endif

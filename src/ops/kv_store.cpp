@@ -20,8 +20,8 @@ void check_pool(std::string_view op, const KvPool& pool) {
   checks::dtype_is(op, "pool.data", d, kv_format_dtype(pool.format));
   // Messages that format a tensor are built only on failure (this runs once per layer per step).
   if (!d.is_contiguous()) require_arg(false, op, ": pool.data must be contiguous, got ", described(d));
-  require_arg(pool.head_dim > 0 && pool.head_dim <= 2 * math::RopeTable::kMaxPairs, op, ": pool.head_dim must be in [1, ",
-              2 * math::RopeTable::kMaxPairs, "], got ", pool.head_dim);
+  require_arg(pool.head_dim > 0 && pool.head_dim <= kMaxKvHeadDim, op, ": pool.head_dim must be in [1, ", kMaxKvHeadDim,
+              "], got ", pool.head_dim);
   if (pool.format == KvFormat::Dsv4Row)
     require_arg(pool.head_dim == math::Dsv4RowLayout::kHeadDim, op, ": a Dsv4Row pool has head_dim ",
                 math::Dsv4RowLayout::kHeadDim, ", got ", pool.head_dim);

@@ -23,6 +23,7 @@
 #include "kvcore/math/dsv4.hpp"
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/runtime.hpp"
+#include "ops/dsv4_tuning.hpp"
 
 using namespace kvcore;
 using namespace kvcore::testing;
@@ -379,6 +380,8 @@ struct IndexerCase {
   int H = 64, D = 128, nq = 3, cap = 0, n_rows = 0, k = 0;
   int64_t first = 0;
   RowsMode rows = RowsMode::Random;
+  ops::IndexerTopk topk = ops::IndexerTopk::Auto;        // the CUDA top-k kernel
+  ops::IndexerScorer scorer = ops::IndexerScorer::Auto;  // the CUDA scorer
 };
 
 void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::vector<int32_t>* picks) {
@@ -386,7 +389,8 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   const bool packed = c.packed;
   SCOPED_TRACE(::testing::Message() << "quant " << int(c.quant) << " packed " << packed << " H " << H << " D " << D << " nq "
                                     << nq << " cap " << cap << " n_rows " << c.n_rows << " k " << k << " first " << c.first
-                                    << " rows mode " << int(c.rows));
+                                    << " rows mode " << int(c.rows) << " top-k kernel " << int(c.topk)
+                                    << " scorer " << int(c.scorer));
   std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
   if (c.rows == RowsMode::ZeroEveryThird)  // many rows scoring exactly 0: ties the top-k must break by row
     for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
@@ -410,8 +414,11 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   Twin<int32_t> out(std::vector<int32_t>(static_cast<size_t>(nq) * k, 0));
   const TensorRef rows_d = packed ? rp.dev(DType::U8, {cap, rb}) : rf.dev(DType::F32, {cap, D});
   const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, rb}) : rf.host(DType::F32, {cap, D});
-  dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
-                    sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}));
+  ops::IndexerTuning tuning;
+  tuning.topk = c.topk;
+  tuning.scorer = c.scorer;
+  ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
+                         sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
   std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
   std::vector<int32_t> out_h(static_cast<size_t>(nq) * k);
   dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, c.n_rows, c.first, 4, c.quant,
@@ -605,6 +612,199 @@ TEST(Dsv4Cuda, IndexerTopkPaths) {
     IndexerCase c = icase(Dsv4Quant::Off, false, 45001, 45001, 999, 4 * 45001);  // global keys, candidates path
     c.H = 4, c.D = 32, c.nq = 2;
     check_indexer(c);
+  }
+}
+
+// The two top-k kernels (ops::IndexerTuning), each against the oracle of check_indexer_once and
+// against each other (identical scores, identical picks), on the compact kernel's paths: the
+// threshold's 12-bit bin as candidates (the model's 8k and 64k shapes) or, past 4096 keys in it,
+// all keys; the keys equal to the threshold all taken, or the lowest rows among them; k above the
+// visible rows; k and the visible rows at the compact kernel's limits and one past them (the
+// ordered kernel then serves both choices).
+void check_topk_kernels_agree(IndexerCase c) {
+  std::vector<float> s_ordered, s_compact;
+  std::vector<int32_t> p_ordered, p_compact;
+  c.topk = ops::IndexerTopk::Ordered;
+  check_indexer_once(c, &s_ordered, &p_ordered);
+  c.topk = ops::IndexerTopk::Compact;
+  check_indexer_once(c, &s_compact, &p_compact);
+  ASSERT_EQ(s_ordered.size(), s_compact.size());
+  EXPECT_EQ(std::memcmp(s_ordered.data(), s_compact.data(), s_ordered.size() * 4), 0) << "the same scorer runs before both";
+  EXPECT_EQ(p_ordered, p_compact);
+}
+
+TEST(Dsv4Cuda, IndexerTopkKernelsAgree) {
+  REQUIRE_GPU();
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2048, 2047, 512, 4 * 2047 + 1);  // the model's shape at 8k
+    c.nq = 2;
+    check_topk_kernels_agree(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 17921, 16383, 512, 4 * 16383 + 2);  // the model's shape at 64k
+    c.nq = 1;
+    check_topk_kernels_agree(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 9001, 9001, 1000, 4 * 9001, RowsMode::ZeroAllButTenth);  // 8100 ties: all keys
+    c.H = 8, c.D = 64, c.nq = 2;
+    check_topk_kernels_agree(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 3333, 3333, 700, 4 * 3333, RowsMode::ZeroAllButTenth);  // 3000 ties: candidates
+    c.H = 8, c.D = 64, c.nq = 2;
+    check_topk_kernels_agree(c);
+  }
+  check_topk_kernels_agree(icase(Dsv4Quant::Off, false, 2000, 2000, 700, 8000, RowsMode::ZeroEveryThird));  // ties at 0
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 1500, 1500, 512, 4 * 1500, RowsMode::AllSame);  // all equal: rows 0 .. 511
+    c.nq = 2;
+    check_topk_kernels_agree(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 300, 300, 290, 999, RowsMode::AllSame);  // 250 visible of k 290, all equal
+    c.H = 16;
+    check_topk_kernels_agree(c);
+  }
+  check_topk_kernels_agree(icase(Dsv4Quant::On, false, 1201, 700, 1024, 1000));  // k above the visible rows: then -1
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 1100, 1100, 1024, 4 * 1100);  // k at the compact kernel's limit
+    c.H = 16, c.nq = 2;
+    check_topk_kernels_agree(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 3000, 3000, 1025, 4 * 3000);  // k one past it
+    c.H = 4, c.D = 32, c.nq = 1;
+    check_topk_kernels_agree(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 32768, 32768, 300, 4 * 32768);  // visible rows at the limit
+    c.H = 4, c.D = 32, c.nq = 2;
+    check_topk_kernels_agree(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::Off, false, 32769, 32769, 300, 4 * 32769);  // one past it
+    c.H = 4, c.D = 32, c.nq = 1;
+    check_topk_kernels_agree(c);
+  }
+}
+
+// The two scorers (ops::IndexerTuning), each against the oracle of check_indexer_once (scores
+// within the f32 bound, picks in the order of its own scores), on the tensor-core scorer's shapes
+// (quantized query, packed rows of dim 128): the model's 8k and 64k shapes, heads past one
+// accumulator pass of 64 (72) and a partial n8 tile (5), queries whose visible rows differ and
+// end inside a tile, 2 or 3 visible rows of 40, all rows equal (ties through the scorer), k at
+// 2048; and a shape it does not serve (dim 64), where asking for it runs the SIMT scorer.
+void check_scorers(IndexerCase c) {
+  std::vector<float> scores;
+  std::vector<int32_t> picks;
+  for (const ops::IndexerScorer kind : {ops::IndexerScorer::Simt, ops::IndexerScorer::TensorCore}) {
+    c.scorer = kind;
+    check_indexer_once(c, &scores, &picks);
+  }
+}
+
+TEST(Dsv4Cuda, IndexerScorers) {
+  REQUIRE_GPU();
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2048, 2047, 512, 4 * 2047 + 1);  // the model's shape at 8k
+    c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 17921, 16383, 512, 4 * 16383 + 2);  // the model's shape at 64k
+    c.nq = 1;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 777, 777, 100, 2 * 777 - 3);  // visible rows 388, 388, 389, 389, 389
+    c.H = 72, c.nq = 5;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 500, 450, 64, 4 * 450);
+    c.H = 5, c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 40, 40, 5, 10);
+    c.nq = 4;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 1500, 1500, 512, 4 * 1500, RowsMode::AllSame);
+    c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 2101, 2099, 2048, 4 * 2099 + 3);  // k at its maximum
+    c.H = 16, c.nq = 2;
+    check_scorers(c);
+  }
+  {
+    IndexerCase c = icase(Dsv4Quant::On, true, 777, 777, 100, 2 * 777 - 3);  // dim 64: the SIMT scorer serves
+    c.H = 8, c.D = 64, c.nq = 2;
+    check_scorers(c);
+  }
+}
+
+// NaN scores on CUDA: every NaN counts as one value above +inf, ties by row, the CPU's rule, in
+// both top-k kernels after both kinds of scorer (f32 rows: SIMT; packed FP4 rows: tensor core).
+// Query 0 has a NaN weight (every score NaN: the picks are rows 0, 1, ...); query 1 an infinite
+// one (+inf where that head's dot is > 0, NaN where it is not); query 2 is finite. The picks are
+// checked against the rule applied to the device's own scores, NaN positions against the CPU's,
+// and query 0's picks against the CPU's.
+TEST(Dsv4Cuda, IndexerNanScores) {
+  REQUIRE_GPU();
+  const int H = 8, D = 128, nq = 3, cap = 3000, k = 700, rb = math::dsv4_fp4_row_bytes(D);
+  const int64_t first = 4 * cap;  // every query sees every row
+  std::vector<float> w_h = randn(static_cast<size_t>(nq) * H, 83), rows_f = randn(static_cast<size_t>(cap) * D, 81);
+  w_h[0 * H + 5] = NAN;
+  w_h[1 * H + 2] = INFINITY;
+  std::vector<uint8_t> rows_p(static_cast<size_t>(cap) * rb);
+  for (int s = 0; s < cap; ++s) math::dsv4_pack_fp4_row(rows_f.data() + static_cast<size_t>(s) * D, D, rows_p.data() + static_cast<size_t>(s) * rb);
+  Twin<float> q(randn(static_cast<size_t>(nq) * H * D, 82)), w(w_h), rf(rows_f);
+  Twin<uint8_t> rp(rows_p);
+  for (const bool packed : {false, true}) {
+    const Dsv4Quant quant = packed ? Dsv4Quant::On : Dsv4Quant::Off;
+    const TensorRef rows_d = packed ? rp.dev(DType::U8, {cap, rb}) : rf.dev(DType::F32, {cap, D});
+    const TensorRef rows_h = packed ? rp.host(DType::U8, {cap, rb}) : rf.host(DType::F32, {cap, D});
+    std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
+    std::vector<int32_t> out_h(static_cast<size_t>(nq) * k);
+    dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, cap, first, 4, quant,
+                      view(sc_h, {nq, cap}), host_view(out_h, DType::I32, {nq, k}));
+    for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact}) {
+      SCOPED_TRACE(::testing::Message() << "packed " << packed << " top-k kernel " << int(kind));
+      Twin<float> sc(std::vector<float>(static_cast<size_t>(nq) * cap, 0.0f));
+      Twin<int32_t> out(std::vector<int32_t>(static_cast<size_t>(nq) * k, 0));
+      ops::IndexerTuning tuning;
+      tuning.topk = kind;
+      ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, cap, first, 4, quant,
+                             sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
+      const std::vector<float> sc_g = sc.down();
+      const std::vector<int32_t> out_g = out.down();
+      int n_nan1 = 0, n_inf1 = 0;
+      for (int i = 0; i < nq; ++i) {
+        const float* s = sc_g.data() + static_cast<size_t>(i) * cap;
+        for (int r = 0; r < cap; ++r) {
+          ASSERT_EQ(std::isnan(s[r]), std::isnan(sc_h[static_cast<size_t>(i) * cap + r])) << "query " << i << " row " << r;
+          if (i == 1) {
+            n_nan1 += std::isnan(s[r]);
+            n_inf1 += s[r] == INFINITY;
+          }
+        }
+        std::vector<int> order(cap);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+          if (std::isnan(s[a]) || std::isnan(s[b])) return std::isnan(s[a]) && !std::isnan(s[b]);
+          return s[a] > s[b];
+        });
+        for (int j = 0; j < k; ++j) ASSERT_EQ(out_g[static_cast<size_t>(i) * k + j], order[j]) << "query " << i << " pick " << j;
+      }
+      EXPECT_TRUE(std::equal(out_h.begin(), out_h.begin() + k, out_g.begin())) << "query 0: all NaN, the CPU's picks";
+      EXPECT_GT(n_nan1, 0);
+      EXPECT_EQ(n_nan1 + n_inf1, cap);
+    }
   }
 }
 

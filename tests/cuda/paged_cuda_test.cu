@@ -1,12 +1,13 @@
 // CUDA PagedCache and kv_store family against the CPU ones (needs a GPU; label gpu).
-//  * kv_store / kv_rotate_blocks on awkward sizes (37 tokens, 3 heads, strided f16/bf16/f32
-//    sources, skipped slots): without rotation the pool bytes are identical for every format;
+//  * kv_store / kv_rotate_blocks on awkward sizes (37 tokens, 3 heads, 192-dim and MLA's 576-dim
+//    rows, strided f16/bf16/f32 sources, skipped slots): without rotation the pool bytes are identical for every format;
 //    with rotation (sincosf on the device, libm on the host) values agree within one unit of
 //    the format's last place, FP8 codes differ by at most one step, and rarely (measured, printed).
 //  * The same random operation sequence (tests/paged_model.hpp, 10,000 operations per format
 //    and mode, 100,000 in all) on a CPU cache and a CUDA cache: identical ids, metadata, failures and error
 //    codes after every operation; identical positions/validity arrays on the device; identical
-//    V pool bytes and (rope-on-read) K pool bytes; both read back against the f64 model.
+//    V pool bytes and (rope-on-read) K pool bytes; both read back against the f64 model. The
+//    same at MLA's shape (K 576 with a 64-dim RoPE tail, V 512; f16, bf16, fp8), 2,500 operations each.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -90,23 +91,27 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
   // variant 1: an odd partial tail slice, interleaved, 18 pairs (the per-warp path).
   RopeSpec odd = RopeSpec::plain(36, 20000.0, RopePairing::Interleaved);
   odd.slice = RopeSlice::Tail;
-  for (int variant = 0; variant < 2; ++variant)
+  // variant 2: MLA's 576-dim K rows, 64-dim interleaved tail (the vectorized 16-bit path for
+  // contiguous rows, the per-warp path for padded and FP8 rows).
+  const RopeSpec mla = mla_config(f, RopeMode::RopeStored).rope[0];
+  for (int variant = 0; variant < (f == KvFormat::Dsv4Row ? 2 : 3); ++variant)
   for (bool rotate : {false, true}) {
+    const int32_t Dv = variant == 2 ? 576 : D;
     const math::RopeTable rope = make_rope_table(
         f == KvFormat::Dsv4Row ? (variant ? RopeSpec::deepseek_v4_window() : RopeSpec::deepseek_v4_compressed())
-                               : (variant ? odd : RopeSpec::llama3_8b()),
-        D);
+                               : (variant == 2 ? mla : variant ? odd : RopeSpec::llama3_8b()),
+        Dv);
     for (int pad : {0, 5})  // contiguous rows (the vectorized CUDA path for plain pools), padded rows (per warp)
     for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
-      TwinPool pool(f, blocks, bs, H, D);
-      Source src = make_source(rng, 1, n, H, D + 0, dt, Device::cpu(), true);
-      std::vector<uint8_t> padded(static_cast<size_t>(n) * (H * D + pad) * dtype_size(dt));
+      TwinPool pool(f, blocks, bs, H, Dv);
+      Source src = make_source(rng, 1, n, H, Dv + 0, dt, Device::cpu(), true);
+      std::vector<uint8_t> padded(static_cast<size_t>(n) * (H * Dv + pad) * dtype_size(dt));
       for (int32_t t = 0; t < n; ++t)
-        std::memcpy(padded.data() + t * (H * D + pad) * dtype_size(dt),
-                    static_cast<const uint8_t*>(src.tensor.data()) + t * H * D * dtype_size(dt), H * D * dtype_size(dt));
+        std::memcpy(padded.data() + t * (H * Dv + pad) * dtype_size(dt),
+                    static_cast<const uint8_t*>(src.tensor.data()) + t * H * Dv * dtype_size(dt), H * Dv * dtype_size(dt));
       Buffer dpad = Buffer::from_host(padded, Device::cuda(0));
-      const TensorRef hs(padded.data(), dt, Device::cpu(), {n, H, D}, {H * D + pad, D, 1});
-      const TensorRef ds(dpad.data(), dt, Device::cuda(0), {n, H, D}, {H * D + pad, D, 1});
+      const TensorRef hs(padded.data(), dt, Device::cpu(), {n, H, Dv}, {H * Dv + pad, Dv, 1});
+      const TensorRef ds(dpad.data(), dt, Device::cuda(0), {n, H, Dv}, {H * Dv + pad, Dv, 1});
       std::vector<int32_t> cells(blocks * bs);
       std::iota(cells.begin(), cells.end(), 0);
       std::shuffle(cells.begin(), cells.end(), rng);
@@ -119,7 +124,7 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
       kv_store(hs, hsl, pool.cpu, rotate ? hp : TensorRef(), rotate ? &rope : nullptr);
       kv_store(ds, dsl, pool.gpu, rotate ? dp : TensorRef(), rotate ? &rope : nullptr);
       synchronize(Device::cuda(0));
-      auto [diff, worst] = pool.compare(H, D);
+      auto [diff, worst] = pool.compare(H, Dv);
       if (!rotate) {
         EXPECT_EQ(diff, 0) << kv_format_name(f) << " " << dtype_name(dt) << " pad " << pad
                            << ": stored bytes differ without rotation";
@@ -139,7 +144,7 @@ TEST_P(PagedCudaFormats, KvStoreAndRotateMatchTheCpu) {
       kv_rotate_blocks(pool.gpu, TensorRef(dlist.data(), DType::I32, Device::cuda(0), {4}),
                        TensorRef(ddelta.data(), DType::I32, Device::cuda(0), {blocks, bs}), rope);
       synchronize(Device::cuda(0));
-      auto [diff2, worst2] = pool.compare(H, D);
+      auto [diff2, worst2] = pool.compare(H, Dv);
       EXPECT_LE(worst2, 3.0 * format_eps(f) + 4e-5) << kv_format_name(f) << " after rotation";
       if (rotate && dt == DType::F32)
         std::printf("[paged cuda] kv_rotate_blocks %s, rope variant %d: %lld bytes differ, worst |diff|/rowmax %.3g\n",
@@ -218,6 +223,7 @@ TEST(PagedCudaStore, VectorizedPathsMatchTheCpu) {
 struct CudaCase {
   KvFormat format;
   RopeMode mode;
+  bool mla = false;  // mla_config: K 576 with a 64-dim RoPE tail, V 512 (2,500 operations)
 };
 class PagedCudaModel : public ::testing::TestWithParam<CudaCase> {};
 
@@ -225,9 +231,10 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const CudaCase cc = GetParam();
   const int32_t bs = cc.format == KvFormat::Dsv4Row ? 4 : 8, nb = cc.format == KvFormat::Dsv4Row ? 24 : 40;
-  PagedCache cpu(small_config(cc.format, cc.mode, bs, nb), Device::cpu());
-  PagedCache gpu(small_config(cc.format, cc.mode, bs, nb), Device::cuda(0));
-  Driver drv({&cpu, &gpu}, 77 + static_cast<int>(cc.format));
+  const PagedCacheConfig cfg = cc.mla ? mla_config(cc.format, cc.mode, bs, nb) : small_config(cc.format, cc.mode, bs, nb);
+  PagedCache cpu(cfg, Device::cpu());
+  PagedCache gpu(cfg, Device::cuda(0));
+  Driver drv({&cpu, &gpu}, 77 + static_cast<int>(cc.format) + (cc.mla ? 100 : 0));
   int64_t k_byte_diffs = 0, k_bytes_compared = 0;
   drv.on_step = [&](int64_t op) {
     ASSERT_EQ(cpu.debug_state(), gpu.debug_state()) << "metadata diverged at op " << op;
@@ -255,11 +262,13 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
       for (size_t i = k_arrays; i < per_layer; ++i) ASSERT_EQ(a.arrays[base + i], b.arrays[base + i]) << "V bytes, op " << op;
     }
   };
-  for (int64_t i = 0; i < 10000 && !::testing::Test::HasFailure(); ++i) drv.step();
+  const int64_t n_ops = cc.mla ? 2500 : 10000;
+  for (int64_t i = 0; i < n_ops && !::testing::Test::HasFailure(); ++i) drv.step();
   drv.check_all();
-  std::printf("[paged cuda] model %s %s: %lld ops, %lld failed cleanly on both; K bytes differing CPU vs CUDA: %lld of %lld; "
+  std::printf("[paged cuda] model %s%s %s: %lld ops, %lld failed cleanly on both; K bytes differing CPU vs CUDA: %lld of %lld; "
               "worst |err|/tol K %.3f V %.3f\n",
-              std::string(kv_format_name(cc.format)).c_str(), cc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
+              cc.mla ? "mla " : "", std::string(kv_format_name(cc.format)).c_str(),
+              cc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
               static_cast<long long>(drv.ops), static_cast<long long>(drv.failed_ops), static_cast<long long>(k_byte_diffs),
               static_cast<long long>(k_bytes_compared), drv.st.worst_ratio_k, drv.st.worst_ratio_v);
 }
@@ -268,6 +277,8 @@ std::vector<CudaCase> cuda_cases() {
   std::vector<CudaCase> v;
   for (KvFormat f : kAllFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
+  for (KvFormat f : kMlaFormats)
+    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m, true});
   return v;
 }
 
@@ -275,7 +286,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedCudaFormats, ::testing::ValuesIn(kAllForm
                          [](const ::testing::TestParamInfo<KvFormat>& i) { return std::string(kv_format_name(i.param)); });
 INSTANTIATE_TEST_SUITE_P(AllFormats, PagedCudaModel, ::testing::ValuesIn(cuda_cases()),
                          [](const ::testing::TestParamInfo<CudaCase>& i) {
-                           return std::string(kv_format_name(i.param.format)) +
+                           return std::string(i.param.mla ? "Mla_" : "") + std::string(kv_format_name(i.param.format)) +
                                   (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
                          });
 

@@ -84,6 +84,9 @@ namespace kvcore {
 struct PagedCacheConfig {
   int32_t n_layers = 1;
   int32_t n_kv_heads = 1;
+  // Row widths, 1..kMaxKvHeadDim (576). DeepSeek-V2/V3 MLA: head_dim 576 (the 512-dim latent,
+  // then 64 RoPE dims), v_head_dim 512, and a RopeSpec with slice Tail, n_rot 64, interleaved
+  // pairs: RoPE rotates at most 512 dims of a row, so wider rows rotate a head or tail slice.
   int32_t head_dim = 128;
   int32_t v_head_dim = 128;  // 0: no V pools (K and V are one row, as in DeepSeek-V4)
   int32_t block_size = 16;

@@ -132,7 +132,9 @@ void dsv4_decode_layer(const TensorRef& kv, const TensorRef& raw_ring, int32_t n
 // the first n_rows are valid. scores: [n_q, cap] f32, written:
 // I(t, s) = sum_h w_h relu(q_h . k_s) for visible rows s < (t + 1) / ratio,
 // -inf otherwise. out: [n_q, k] i32 with k <= cap: the k best visible rows by
-// score (ties: lower row first), best first; picks past the visible rows are -1.
+// score (ties: lower row first; a NaN score counts as one value above +inf, so
+// NaN scores, from NaN or infinite weights, are picked first), best first; picks
+// past the visible rows are -1.
 void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const TensorRef& index_rows, int64_t n_rows,
                        int64_t first_query_pos, int32_t ratio, Dsv4Quant quant, const TensorRef& scores,
                        const TensorRef& out, Stream stream = {});

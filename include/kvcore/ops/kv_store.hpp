@@ -68,10 +68,15 @@ constexpr int64_t kv_row_bytes(KvFormat f, int32_t head_dim) {
          (kv_format_has_scales(f) ? head_dim / 64 : 0);
 }
 
+// The widest row the kv_store family (and so PagedCache) holds: DeepSeek-V2/V3 MLA's K row of
+// 576 dims (512 latent dims and a 64-dim RoPE tail). RoPE rotates at most 2 * RopeTable::kMaxPairs
+// = 512 of a row's dims, so a row wider than that must rotate a slice of it (MLA: the tail).
+inline constexpr int32_t kMaxKvHeadDim = 576;
+
 // One layer's pool of K (or V) rows.
 struct KvPool {
   KvFormat format = KvFormat::F16;
-  int32_t head_dim = 0;  // logical dims per row (512 for Dsv4Row)
+  int32_t head_dim = 0;  // logical dims per row, 1..kMaxKvHeadDim (512 for Dsv4Row)
   TensorRef data;        // [num_blocks, block_size, n_heads, kv_row_width(format, head_dim)] of kv_format_dtype(format)
   TensorRef scales;      // Fp8 only: UE8M0 [num_blocks, block_size, n_heads, head_dim / 64]; else empty
 };

@@ -19,7 +19,7 @@
 // its own tiles).
 // Start-up: the kernel is a programmatic dependent of the stream's previous kernel (its launch
 // overlaps that kernel's drain), and fat CTAs of batch row 0 load their first block ids
-// together with indptr (see `guess` in decode_body).
+// together with indptr (see `guess` in DecodeCta::locate).
 //
 // Precision: q and P are split into hi + lo halves of the mma type (two mma each), so
 // scores and outputs keep ~f32 accuracy and match the CPU op at the f32 tolerances.
@@ -59,7 +59,7 @@ enum class Path { General, Lean, LeanTrace };
 // 4-warp CTAs that used to share an SM; attention_mma.hpp says when): the warp schedulers
 // favour the oldest CTA of an SM, so 4-warp CTAs sharing an SM finish apart and the SM drains
 // with few warps (bench decode_trace shows it), while the warps of one CTA share their tiles
-// through a counter (see decode_body) and finish together.
+// through a counter (see DecodeCta::locate) and finish together.
 constexpr int kWarpsDefault = 4;
 
 template <int HD, math::KvElem KV, bool ROPE, int NT, int W = kWarpsDefault>
@@ -138,106 +138,188 @@ __device__ __forceinline__ void load_q_columns(const PagedAttentionParams& p, in
   }
 }
 
+// One CTA's decode work as named stages, in the order run() calls them:
+//   locate()          the sequence, its split range, the CTA's query columns (false: nothing to do)
+//   load_queries()    every query load of the thread issued, before the pipeline
+//   start_pipeline()  the first kStages - 1 tiles' copies issued
+//   stage_queries()   queries to shared f32, rotated (rope on read), to hi/lo B fragments
+//   per tile step():  tile_scales(), tile_tokens(), rotate_keys(), scores(), softmax(),
+//                     hide_dead_values(), p_fragments(), accumulate_pv()
+//   merge_and_write() the warps' states merged in shared memory, the partial (or output) written
+// The members are the state the stages share; a tile's own values are locals of step(), handed
+// to its stages as arguments (inputs const). Arrays are indexed with compile-time indices only
+// (but ratio, which rope_rotate_tile indexes at run time), so once the stages are inlined they
+// live in registers, as the locals of one function did.
 template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W>
-__device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
-                                            int chunk, int chunk_heads, unsigned long long* trace) {
-  constexpr bool kTrace = PATH == Path::LeanTrace;
-  trace_mark<kTrace, W>(trace, kTraceEntry);
+struct DecodeCta {
   using S = Shape<HD, KV, ROPE, NT, W>;
-  constexpr int kWarps = S::kWarps, kThreads = S::kThreads;
-  constexpr bool kFp8 = S::kFp8;
-  constexpr bool kBf16 = KV == math::KvElem::BF16;
-  constexpr int kN = S::kN;
-  constexpr int SB = S::kScaleBlocks;
+  static constexpr bool kTrace = PATH == Path::LeanTrace;
+  static constexpr int kWarps = S::kWarps, kThreads = S::kThreads;
+  static constexpr bool kFp8 = S::kFp8;
+  static constexpr bool kBf16 = KV == math::KvElem::BF16;
+  static constexpr int kN = S::kN;
+  static constexpr int SB = S::kScaleBlocks;
   // Scores from FP8 codes (per scale block), or from 16-bit rows (pages, or rotated FP8 rows)
-  constexpr bool kFp8K = kFp8 && !ROPE;
-  constexpr int KB = kFp8K ? SB : 1;  // K scale blocks of a score
-  constexpr bool kLean = PATH != Path::General;
-  constexpr int kElemsPerThread = kN * HD / kThreads;  // of the [kN][HD] query and output blocks
+  static constexpr bool kFp8K = kFp8 && !ROPE;
+  static constexpr int KB = kFp8K ? SB : 1;  // K scale blocks of a score
+  static constexpr bool kLean = PATH != Path::General;
+  static constexpr int kElemsPerThread = kN * HD / kThreads;  // of the [kN][HD] query and output blocks
   static_assert(kN * HD % kThreads == 0, "whole query blocks per thread");
   static_assert(!kLean || !ROPE, "the lean path reads no positions");
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
-  const int b = attention_row_seq(p, row);
-  const int bs = p.layout.block_size;
-  const bool pow2_bs = (bs & (bs - 1)) == 0;
-  const int bs_shift = __ffs(bs) - 1;
-  // Batch row 0 of a decode call in fat CTAs: indptr[0] is 0 (a table invariant), so its block
-  // ids start at indices[0]; with the planning hint max_seq_cells as the guess of its cell count,
-  // the first tiles' block ids load in the same round trip as indptr / last_page_len instead of
-  // after them, and serve when the guess was right (checked). Only entries below n_indices are
-  // read. It pays where one fat CTA an SM waits on that round trip (FP8 at batch 1); 4-warp
-  // CTAs hide it behind other CTAs of their SM, and the extra loads only cost them.
-  const bool guess = W > kWarpsDefault && !p.maybe_qo_indptr && b == 0 && p.max_seq_cells > 0 &&
-                     p.max_seq_cells <= min(p.n_indices * bs, int64_t{0x7fffffff});
+
+  // ---- the call and the thread
+  const PagedAttentionParams& p;
+  unsigned char* const smem;
+  const int row, split, kvh, chunk, chunk_heads;
+  unsigned long long* const trace;
+  const int tid, warp, lane;
+  const int g, t;  // mma fragment coordinates
+
+  // ---- locate(): the sequence, its split range, the CTA's columns, the pages
+  int b, bs;
+  bool pow2_bs;
+  int bs_shift;
+  bool guess;
   int guessed_blk[S::kStages];
-#pragma unroll
-  for (int i = 0; i < S::kStages; ++i) guessed_blk[i] = -1;
-  if (guess) {
-    const CellRange gr = attention_split_range(static_cast<int>(p.max_seq_cells), split, p.num_splits);
-    const int g_tiles = (gr.end - gr.begin + kTile - 1) / kTile;
-#pragma unroll
-    for (int i = 0; i < S::kStages; ++i) {
-      const int tile = warp + kWarps * i, j = gr.begin + tile * kTile + (lane & 15);
-      guessed_blk[i] = tile < g_tiles && j < gr.end ? __ldg(p.indices + (pow2_bs ? j >> bs_shift : j / bs)) : -1;
-    }
-  }
-  const int n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
-  const CellRange range = attention_split_range(n_cells, split, p.num_splits);
-  const int h0 = kvh * p.group + chunk * chunk_heads;
-  const int n_h = min(chunk_heads, p.group - chunk * chunk_heads);
-  const int pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;  // key pos = stored - pos_off
-  // Prefill: this CTA serves rows row .. row + n_r - 1 of sequence b when row starts a
-  // block of kN / chunk_heads rows of b; the CTAs of the other rows have nothing to do.
-  int n_r = 1;
-  if (p.maybe_qo_indptr) {
-    const int per = kN / chunk_heads, first = p.maybe_qo_indptr[b];
-    if ((row - first) % per != 0) return;
-    n_r = min(per, p.maybe_qo_indptr[b + 1] - row);
-  }
-  // Column n = rr * chunk_heads + gg: query row row + rr, head h0 + gg.
-  auto n_real = [&](int n) { return n / chunk_heads < n_r && n % chunk_heads < n_h; };
-  auto n_qpos = [&](int n) {
-    return p.maybe_q_positions && n / chunk_heads < n_r ? p.maybe_q_positions[row + n / chunk_heads] : 0;
-  };
+  int n_cells;
+  CellRange range;
+  int h0, n_h, pos_off;
+  int n_r;
   int qpos[NT][2];  // this thread's columns 8j + 2t + e
+  int seq_first_block;
+  const int32_t* blocks;
+  int n_kv;
+  const char* kbase;
+  const char* vbase;
+  bool need_pos, per64;
+  const uint8_t* valid;
+  unsigned char* wbase;
+  int n_tiles;
+  int* free_tile;
+
+  // ---- the warp's pipeline: steps counted as tiles are taken, the next tile and its block id
+  int n_steps, next_tile, next_blk;
+
+  // ---- stage_queries(): the queries as hi/lo B fragments
+  uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
+
+  // ---- the running state of the tiles
+  float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
+  float mcol[NT][2], lcol[NT][2];  // softmax state of columns 8j + 2t + e
+  float vref[SB];  // FP8: V's running reference scale per block (0: nothing seen)
+  float vinv[SB];  // 1 / vref (0 while vref is 0)
+  float sl2;
+  int mi, mr;  // ldmatrix: which matrix this lane addresses, and its row
+
+  __device__ __forceinline__ DecodeCta(const PagedAttentionParams& p_, unsigned char* smem_, int row_, int split_, int kvh_,
+                                       int chunk_, int chunk_heads_, unsigned long long* trace_)
+      : p(p_), smem(smem_), row(row_), split(split_), kvh(kvh_), chunk(chunk_), chunk_heads(chunk_heads_), trace(trace_),
+        tid(threadIdx.x), warp(tid / 32), lane(tid % 32), g(lane / 4), t(lane % 4) {}
+
+  __device__ __forceinline__ void run() {
+    trace_mark<kTrace, W>(trace, kTraceEntry);
+    if (!locate()) return;
+    float qv[kElemsPerThread];
+    load_queries(qv);
+    trace_mark<kTrace, W>(trace, kTraceSeqKnown, n_cells);  // (after the q loads: a mark orders memory)
+    start_pipeline();
+    trace_mark<kTrace, W>(trace, kTracePrologueIssued);
+    stage_queries(qv);
+    trace_mark<kTrace, W>(trace, kTraceQReady);
+    init_state();
+    // rd: the stage step i reads; wr: the stage its copies go to (the one step i - 1 read)
+    for (int i = 0, rd = 0, wr = S::kStages - 1; i < n_steps; ++i, wr = rd, rd = rd + 1 == S::kStages ? 0 : rd + 1)
+      step(i, rd, wr);
+    cp_async_wait<0>();
+    trace_mark<kTrace, W>(trace, kTraceLoopDone);
+    merge_and_write();
+  }
+
+  // Column n = rr * chunk_heads + gg: query row row + rr, head h0 + gg.
+  __device__ __forceinline__ bool n_real(int n) const { return n / chunk_heads < n_r && n % chunk_heads < n_h; }
+  __device__ __forceinline__ int n_qpos(int n) const {
+    return p.maybe_q_positions && n / chunk_heads < n_r ? p.maybe_q_positions[row + n / chunk_heads] : 0;
+  }
+
+  // ---- locate: the sequence of this CTA's row, the split's cell range, the CTA's columns, the
+  // pages. False when the CTA has nothing to do (a prefill row that starts no block of rows).
+  __device__ __forceinline__ bool locate() {
+    b = attention_row_seq(p, row);
+    bs = p.layout.block_size;
+    pow2_bs = (bs & (bs - 1)) == 0;
+    bs_shift = __ffs(bs) - 1;
+    // Batch row 0 of a decode call in fat CTAs: indptr[0] is 0 (a table invariant), so its block
+    // ids start at indices[0]; with the planning hint max_seq_cells as the guess of its cell count,
+    // the first tiles' block ids load in the same round trip as indptr / last_page_len instead of
+    // after them, and serve when the guess was right (checked). Only entries below n_indices are
+    // read. It pays where one fat CTA an SM waits on that round trip (FP8 at batch 1); 4-warp
+    // CTAs hide it behind other CTAs of their SM, and the extra loads only cost them.
+    guess = W > kWarpsDefault && !p.maybe_qo_indptr && b == 0 && p.max_seq_cells > 0 &&
+            p.max_seq_cells <= min(p.n_indices * bs, int64_t{0x7fffffff});
 #pragma unroll
-  for (int j = 0; j < NT; ++j) qpos[j][0] = n_qpos(8 * j + 2 * t), qpos[j][1] = n_qpos(8 * j + 2 * t + 1);
+    for (int i = 0; i < S::kStages; ++i) guessed_blk[i] = -1;
+    if (guess) {
+      const CellRange gr = attention_split_range(static_cast<int>(p.max_seq_cells), split, p.num_splits);
+      const int g_tiles = (gr.end - gr.begin + kTile - 1) / kTile;
+#pragma unroll
+      for (int i = 0; i < S::kStages; ++i) {
+        const int tile = warp + kWarps * i, j = gr.begin + tile * kTile + (lane & 15);
+        guessed_blk[i] = tile < g_tiles && j < gr.end ? __ldg(p.indices + (pow2_bs ? j >> bs_shift : j / bs)) : -1;
+      }
+    }
+    n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, bs);
+    range = attention_split_range(n_cells, split, p.num_splits);
+    h0 = kvh * p.group + chunk * chunk_heads;
+    n_h = min(chunk_heads, p.group - chunk * chunk_heads);
+    pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;  // key pos = stored - pos_off
+    // Prefill: this CTA serves rows row .. row + n_r - 1 of sequence b when row starts a
+    // block of kN / chunk_heads rows of b; the CTAs of the other rows have nothing to do.
+    n_r = 1;
+    if (p.maybe_qo_indptr) {
+      const int per = kN / chunk_heads, first = p.maybe_qo_indptr[b];
+      if ((row - first) % per != 0) return false;
+      n_r = min(per, p.maybe_qo_indptr[b + 1] - row);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) qpos[j][0] = n_qpos(8 * j + 2 * t), qpos[j][1] = n_qpos(8 * j + 2 * t + 1);
 
-  const int seq_first_block = p.indptr[b];  // (read once: the guess below checks it too)
-  const int32_t* blocks = p.indices + seq_first_block;
-  const int n_kv = p.layout.n_kv_heads;
-  const char* kbase = static_cast<const char*>(p.k);
-  const char* vbase = static_cast<const char*>(p.v);
-  const bool need_pos = !kLean && (ROPE || p.causal || p.window > 0);
-  const bool per64 = kFp8 && (kLean || p.scale_mode == math::KvScaleMode::Ue8m0Per64);
-  const uint8_t* valid = kLean ? nullptr : p.maybe_valid;  // (folds the lean path's checks away)
+    seq_first_block = p.indptr[b];  // (read once: the guess below checks it too)
+    blocks = p.indices + seq_first_block;
+    n_kv = p.layout.n_kv_heads;
+    kbase = static_cast<const char*>(p.k);
+    vbase = static_cast<const char*>(p.v);
+    need_pos = !kLean && (ROPE || p.causal || p.window > 0);
+    per64 = kFp8 && (kLean || p.scale_mode == math::KvScaleMode::Ue8m0Per64);
+    valid = kLean ? nullptr : p.maybe_valid;  // (folds the lean path's checks away)
 
-  unsigned char* wbase = smem + warp * S::kStages * S::kStageBytes;
-  // The range's tiles of kTile cells. A warp's first kStages steps take tiles warp, warp + W,
-  // ...; each later step takes the CTA's next free tile from a shared counter (starting past
-  // those), so the warps the schedulers favour take more tiles and all finish together. A
-  // warp's tiles only grow, so its steps inside the range are a prefix (n_steps, counted as
-  // tiles are taken).
-  const int n_tiles = (range.end - range.begin + kTile - 1) / kTile;
-  int* free_tile = reinterpret_cast<int*>(smem + S::kCounterOffset);
-  if (tid == 0) *free_tile = kWarps * S::kStages;  // first read after the barrier of the q block
-  auto take_tile = [&] {
+    wbase = smem + warp * S::kStages * S::kStageBytes;
+    // The range's tiles of kTile cells. A warp's first kStages steps take tiles warp, warp + W,
+    // ...; each later step takes the CTA's next free tile from a shared counter (starting past
+    // those), so the warps the schedulers favour take more tiles and all finish together. A
+    // warp's tiles only grow, so its steps inside the range are a prefix (n_steps, counted as
+    // tiles are taken).
+    n_tiles = (range.end - range.begin + kTile - 1) / kTile;
+    free_tile = reinterpret_cast<int*>(smem + S::kCounterOffset);
+    if (tid == 0) *free_tile = kWarps * S::kStages;  // first read after the barrier of the q block
+    return true;
+  }
+
+  __device__ __forceinline__ int take_tile() {
     int x = 0;
     if (lane == 0) x = atomicAdd(free_tile, 1);
     return __shfl_sync(0xffffffffu, x, 0);
-  };
-  auto token_of = [&](int tile) { return range.begin + tile * kTile + (lane & 15); };
+  }
+  __device__ __forceinline__ int token_of(int tile) const { return range.begin + tile * kTile + (lane & 15); }
   // The block id of this lane's token in `tile` (-1 past the range). The main loop loads it
   // one step ahead, so the load's latency hides behind a step of math instead of stalling
   // the copies that need it.
-  auto block_of = [&](int tile) {
+  __device__ __forceinline__ int block_of(int tile) const {
     const int j = token_of(tile);
     return tile < n_tiles && j < range.end ? __ldg(blocks + (pow2_bs ? j >> bs_shift : j / bs)) : -1;
-  };
+  }
   // Copy `tile` (K rows, V rows, metadata words) into stage `slot` (the step's index modulo
   // kStages, tracked by the caller: a modulo by 3 costs several instructions a step).
-  auto issue = [&](int tile, int slot, int blk) {
+  __device__ __forceinline__ void issue(int tile, int slot, int blk) {
     if (tile < n_tiles) {
       unsigned char* st = wbase + slot * S::kStageBytes;
       int* meta = reinterpret_cast<int*>(st + 2 * S::kTileBytes);
@@ -280,41 +362,42 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       }
     }
     cp_async_commit();  // one group per step, empty or not, so the wait counts stay exact
-  };
-
-  // ---- queries: every load of a thread is issued first, before the block-table chain and the
-  // first tiles' copies, and stored once those are issued. Issued after the copies, they queued
-  // behind every CTA's first tiles (bench decode_trace shows the wait); a loop that stored after
-  // each load waits one memory round trip per element.
-  float qv[kElemsPerThread];
-  switch (p.q_elem) {  // uniform: one unrolled loop of loads per q type
-    case QElem::F32:
-      load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv, [&](int64_t i) { return static_cast<const float*>(p.q)[i]; });
-      break;
-    case QElem::F16:
-      load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv,
-                             [&](int64_t i) { return math::f16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
-      break;
-    case QElem::BF16:
-      load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv,
-                             [&](int64_t i) { return math::bf16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
-      break;
   }
 
-  trace_mark<kTrace, W>(trace, kTraceSeqKnown, n_cells);  // (after the q loads: a mark orders memory)
-  int n_steps = 0;
-#pragma unroll
-  for (int i = 0; i < S::kStages; ++i) n_steps += warp + kWarps * i < n_tiles;
-  const bool guessed = guess && n_cells == p.max_seq_cells && seq_first_block == 0;  // (uniform in the CTA)
-#pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) issue(warp + kWarps * i, i, guessed ? guessed_blk[i] : block_of(warp + kWarps * i));
-  int next_tile = warp + kWarps * (S::kStages - 1);
-  int next_blk = guessed ? guessed_blk[S::kStages - 1] : block_of(next_tile);
-  trace_mark<kTrace, W>(trace, kTracePrologueIssued);
+  // ---- load_queries: every load of a thread is issued first, before the block-table chain and
+  // the first tiles' copies, and stored once those are issued. Issued after the copies, they
+  // queued behind every CTA's first tiles (bench decode_trace shows the wait); a loop that
+  // stored after each load waits one memory round trip per element.
+  __device__ __forceinline__ void load_queries(float (&qv)[kElemsPerThread]) const {
+    switch (p.q_elem) {  // uniform: one unrolled loop of loads per q type
+      case QElem::F32:
+        load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv, [&](int64_t i) { return static_cast<const float*>(p.q)[i]; });
+        break;
+      case QElem::F16:
+        load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv,
+                               [&](int64_t i) { return math::f16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
+        break;
+      case QElem::BF16:
+        load_q_columns<kN, HD, kThreads>(p, row, h0, chunk_heads, n_r, n_h, qv,
+                               [&](int64_t i) { return math::bf16_bits_to_f32(static_cast<const uint16_t*>(p.q)[i]); });
+        break;
+    }
+  }
 
-  // ---- queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments.
-  uint32_t qh[NT][S::kKSteps][2], ql[NT][S::kKSteps][2];
-  {
+  // ---- start_pipeline: the first kStages - 1 tiles' copies, the next tile and its block id.
+  __device__ __forceinline__ void start_pipeline() {
+    n_steps = 0;
+#pragma unroll
+    for (int i = 0; i < S::kStages; ++i) n_steps += warp + kWarps * i < n_tiles;
+    const bool guessed = guess && n_cells == p.max_seq_cells && seq_first_block == 0;  // (uniform in the CTA)
+#pragma unroll
+    for (int i = 0; i < S::kStages - 1; ++i) issue(warp + kWarps * i, i, guessed ? guessed_blk[i] : block_of(warp + kWarps * i));
+    next_tile = warp + kWarps * (S::kStages - 1);
+    next_blk = guessed ? guessed_blk[S::kStages - 1] : block_of(next_tile);
+  }
+
+  // ---- stage_queries: queries -> shared f32 [kN][HD] (padding columns zero) -> hi/lo B fragments.
+  __device__ __forceinline__ void stage_queries(const float (&qv)[kElemsPerThread]) {
     float* qs = reinterpret_cast<float*>(smem + S::kQOffset);
 #pragma unroll
     for (int u = 0; u < kElemsPerThread; ++u) qs[tid + u * kThreads] = qv[u];
@@ -358,26 +441,23 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       }
     if constexpr (kFp8) __syncthreads();  // the q area becomes the warps' scale scratch
   }
-  trace_mark<kTrace, W>(trace, kTraceQReady);
 
+  // ---- init_state: empty outputs and softmax states, no V reference scale yet.
+  __device__ __forceinline__ void init_state() {
+#pragma unroll
+    for (int mt = 0; mt < S::kKSteps; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mcol[j][0] = mcol[j][1] = math::neg_inf_f32(), lcol[j][0] = lcol[j][1] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < SB; ++c) vref[c] = 0.0f, vinv[c] = 0.0f;
+    sl2 = p.softmax_scale * math::kLog2e;
+    mi = lane / 8, mr = lane % 8;
+  }
 
-  float o[S::kKSteps][NT][4];  // O^T: m-tile (16 dims) x column tile
-#pragma unroll
-  for (int mt = 0; mt < S::kKSteps; ++mt)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
-  float mcol[NT][2], lcol[NT][2];  // softmax state of columns 8j + 2t + e
-#pragma unroll
-  for (int j = 0; j < NT; ++j) mcol[j][0] = mcol[j][1] = math::neg_inf_f32(), lcol[j][0] = lcol[j][1] = 0.0f;
-  float vref[SB];  // FP8: V's running reference scale per block (0: nothing seen)
-  float vinv[SB];  // 1 / vref (0 while vref is 0)
-#pragma unroll
-  for (int c = 0; c < SB; ++c) vref[c] = 0.0f, vinv[c] = 0.0f;
-  const float sl2 = p.softmax_scale * math::kLog2e;
-  const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, and its row
-
-  // rd: the stage step i reads; wr: the stage its copies go to (the one step i - 1 read)
-  for (int i = 0, rd = 0, wr = S::kStages - 1; i < n_steps; ++i, wr = rd, rd = rd + 1 == S::kStages ? 0 : rd + 1) {
+  // ---- step i of the warp: reads stage rd, issues the copies of step i + kStages - 1 into wr.
+  __device__ __forceinline__ void step(int i, int rd, int wr) {
     __syncwarp();  // every lane is done reading the stage the next issue overwrites
     issue(next_tile, wr, next_blk);  // step i + kStages - 1
     next_tile = take_tile();         // step i + kStages
@@ -389,17 +469,32 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
     unsigned char* st = wbase + rd * S::kStageBytes;
     const int* meta = reinterpret_cast<const int*>(st + 2 * S::kTileBytes);
     const unsigned k_s = smem_addr(st), v_s = smem_addr(st + S::kTileBytes);
-
-    // ---- FP8 scales, decoded once per (token, K or V) by lanes (token lane & 15, K for lanes
-    // 0-15, V for 16-31) into the warp's scratch [token][K blocks, V blocks]: the 4 lanes of a
-    // fragment row would otherwise each decode the same 2 x 2 x SB scales. V of a dead cell
-    // is 0 (weight 0; its bytes were zeroed or never read).
     float ksc[KB][2], vsc[SB][2];
+    float ratio[SB];  // rope on read, FP8: this lane's row's K block scales over their largest
+    tile_scales(meta, ksc, vsc, ratio);
+    bool vis[2];
+    int kpos[2];
+    tile_tokens(meta, vis, kpos);
+    const unsigned k_tile = rotate_keys(meta, st, k_s, ratio);
+    float s[NT][4];  // x: token g + 8 * (x >> 1), column 8j + 2t + (x & 1)
+    scores(k_s, k_tile, ksc, vis, kpos, s);
+    float pw[NT][4];
+    softmax(s, vsc, pw);
+    hide_dead_values(st, vis);
+    uint32_t ph[SB][NT][2], pl[SB][NT][2];
+    p_fragments(pw, vsc, ph, pl);
+    accumulate_pv(v_s, ph, pl);
+  }
+
+  // ---- tile_scales: FP8 scales, decoded once per (token, K or V) by lanes (token lane & 15, K for
+  // lanes 0-15, V for 16-31) into the warp's scratch [token][K blocks, V blocks]: the 4 lanes of a
+  // fragment row would otherwise each decode the same 2 x 2 x SB scales. V of a dead cell
+  // is 0 (weight 0; its bytes were zeroed or never read). 16-bit pages: all ones.
+  __device__ __forceinline__ void tile_scales(const int* meta, float (&ksc)[KB][2], float (&vsc)[SB][2], float (&ratio)[SB]) const {
 #pragma unroll
     for (int c = 0; c < SB; ++c) vsc[c][0] = vsc[c][1] = 1.0f;
 #pragma unroll
     for (int c = 0; c < KB; ++c) ksc[c][0] = ksc[c][1] = 1.0f;
-    float ratio[SB];  // rope on read, FP8: this lane's row's K block scales over their largest
 #pragma unroll
     for (int c = 0; c < SB; ++c) ratio[c] = 1.0f;
     if constexpr (kFp8) {
@@ -436,9 +531,10 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         for (int c = 0; c < SB; ++c) ratio[c] = ref > 0.0f ? ks[c] / ref : 0.0f;
       }
     }
-    // ---- this thread's 2 tokens (fragment rows g, g + 8): live, position
-    bool vis[2];
-    int kpos[2];
+  }
+
+  // ---- tile_tokens: this thread's 2 tokens (fragment rows g, g + 8): live, position
+  __device__ __forceinline__ void tile_tokens(const int* meta, bool (&vis)[2], int (&kpos)[2]) const {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int r = g + 8 * e;
@@ -448,8 +544,12 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       vis[e] = v;
       kpos[e] = need_pos ? meta[kTile + r] - pos_off : 0;
     }
+  }
 
-    // FP8 with rope on read: scores read the rotated f16 tile instead of the stage's codes
+  // ---- rotate_keys: rope on read rotates the tile's K rows at their positions into 16-bit hi + lo
+  // tiles; FP8 with rope on read: scores read the rotated f16 tile instead of the stage's codes.
+  // Returns the tile the scores read.
+  __device__ __forceinline__ unsigned rotate_keys(const int* meta, unsigned char* st, unsigned k_s, const float (&ratio)[SB]) const {
     const unsigned k_tile = ROPE && kFp8 ? smem_addr(S::rope_hi(smem, warp)) : k_s;
     if constexpr (ROPE) {
       const int r = lane & 15;
@@ -458,75 +558,78 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
                                kFp8 ? S::rope_hi(smem, warp) : st, S::rope_lo(smem, warp), ratio);
       __syncwarp();
     }
+    return k_tile;
+  }
 
-    // ---- S^T = K Q^T per scale block; hi and lo products in separate accumulators
-    float s[NT][4];  // x: token g + 8 * (x >> 1), column 8j + 2t + (x & 1)
-    {
-      float sh[KB][NT][4], sl[KB][NT][4];
+  // ---- scores: S^T = K Q^T per scale block; hi and lo products in separate accumulators
+  __device__ __forceinline__ void scores(unsigned k_s, unsigned k_tile, const float (&ksc)[KB][2], const bool (&vis)[2],
+                                        const int (&kpos)[2], float (&s)[NT][4]) const {
+    float sh[KB][NT][4], sl[KB][NT][4];
 #pragma unroll
-      for (int c = 0; c < KB; ++c)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int x = 0; x < 4; ++x) sh[c][j][x] = sl[c][j][x] = 0.0f;
-      if constexpr (kFp8K) {
-        // matrices: (tokens 0-7, chunk ks), (tokens 8-15, ks), (tokens 0-7, ks+1), (tokens 8-15, ks+1)
-#pragma unroll
-        for (int ks = 0; ks < S::kKSteps; ks += 2) {
-          uint32_t r[4];
-          ldsm_x4(r, k_s + swz<S::kChunks>((mi & 1) * 8 + mr, ks + mi / 2));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {e4m3x2_to_f16x2(r[2 * h]), e4m3x2_to_f16x2(r[2 * h + 1]),
-                                   e4m3x2_hi_to_f16x2(r[2 * h]), e4m3x2_hi_to_f16x2(r[2 * h + 1])};
-            const int c = (ks + h) / 4;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              mma16816<false>(sh[c][j], a, qh[j][ks + h][0], qh[j][ks + h][1]);
-              mma16816<false>(sl[c][j], a, ql[j][ks + h][0], ql[j][ks + h][1]);
-            }
-          }
-        }
-      } else {
-        // matrices: (tokens 0-7, chunk 2ks), (tokens 8-15, 2ks), (tokens 0-7, 2ks+1), (tokens 8-15, 2ks+1)
-#pragma unroll
-        for (int ks = 0; ks < S::kKSteps; ++ks) {
-          uint32_t a[4];
-          const int off = swz<HD / 8>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
-          ldsm_x4(a, k_tile + off);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            mma16816<kBf16>(sh[0][j], a, qh[j][ks][0], qh[j][ks][1]);
-            mma16816<kBf16>(sl[0][j], a, ql[j][ks][0], ql[j][ks][1]);
-          }
-          if constexpr (ROPE) {  // + K_lo q_hi: the rotated keys' rounding remainder
-            uint32_t al[4];
-            ldsm_x4(al, smem_addr(S::rope_lo(smem, warp)) + off);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma16816<kBf16>(sl[0][j], al, qh[j][ks][0], qh[j][ks][1]);
-          }
-        }
-      }
+    for (int c = 0; c < KB; ++c)
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int e = x >> 1;  // which of the thread's tokens
-          float v = 0.0f;
+        for (int x = 0; x < 4; ++x) sh[c][j][x] = sl[c][j][x] = 0.0f;
+    if constexpr (kFp8K) {
+      // matrices: (tokens 0-7, chunk ks), (tokens 8-15, ks), (tokens 0-7, ks+1), (tokens 8-15, ks+1)
 #pragma unroll
-          for (int c = 0; c < KB; ++c) v = fmaf(sh[c][j][x] + sl[c][j][x], ksc[c][e], v);
-          bool seen = vis[e];
-          if (seen && need_pos) {
-            const int qp = qpos[j][x & 1];
-            if (p.causal && kpos[e] > qp) seen = false;
-            if (p.window > 0 && static_cast<int64_t>(qp) - kpos[e] >= p.window) seen = false;
+      for (int ks = 0; ks < S::kKSteps; ks += 2) {
+        uint32_t r[4];
+        ldsm_x4(r, k_s + swz<S::kChunks>((mi & 1) * 8 + mr, ks + mi / 2));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t a[4] = {e4m3x2_to_f16x2(r[2 * h]), e4m3x2_to_f16x2(r[2 * h + 1]),
+                                 e4m3x2_hi_to_f16x2(r[2 * h]), e4m3x2_hi_to_f16x2(r[2 * h + 1])};
+          const int c = (ks + h) / 4;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            mma16816<false>(sh[c][j], a, qh[j][ks + h][0], qh[j][ks + h][1]);
+            mma16816<false>(sl[c][j], a, ql[j][ks + h][0], ql[j][ks + h][1]);
           }
-          s[j][x] = seen ? v * sl2 : math::neg_inf_f32();
         }
+      }
+    } else {
+      // matrices: (tokens 0-7, chunk 2ks), (tokens 8-15, 2ks), (tokens 0-7, 2ks+1), (tokens 8-15, 2ks+1)
+#pragma unroll
+      for (int ks = 0; ks < S::kKSteps; ++ks) {
+        uint32_t a[4];
+        const int off = swz<HD / 8>((mi & 1) * 8 + mr, 2 * ks + mi / 2);
+        ldsm_x4(a, k_tile + off);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          mma16816<kBf16>(sh[0][j], a, qh[j][ks][0], qh[j][ks][1]);
+          mma16816<kBf16>(sl[0][j], a, ql[j][ks][0], ql[j][ks][1]);
+        }
+        if constexpr (ROPE) {  // + K_lo q_hi: the rotated keys' rounding remainder
+          uint32_t al[4];
+          ldsm_x4(al, smem_addr(S::rope_lo(smem, warp)) + off);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma16816<kBf16>(sl[0][j], al, qh[j][ks][0], qh[j][ks][1]);
+        }
+      }
     }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int e = x >> 1;  // which of the thread's tokens
+        float v = 0.0f;
+#pragma unroll
+        for (int c = 0; c < KB; ++c) v = fmaf(sh[c][j][x] + sl[c][j][x], ksc[c][e], v);
+        bool seen = vis[e];
+        if (seen && need_pos) {
+          const int qp = qpos[j][x & 1];
+          if (p.causal && kpos[e] > qp) seen = false;
+          if (p.window > 0 && static_cast<int64_t>(qp) - kpos[e] >= p.window) seen = false;
+        }
+        s[j][x] = seen ? v * sl2 : math::neg_inf_f32();
+      }
+  }
 
-    // ---- online softmax per column: max over the 16 tokens (2 here, 8 lanes of equal t)
-    float pw[NT][4];
+  // ---- softmax: online softmax per column (max over the 16 tokens: 2 here, 8 lanes of equal
+  // t), FP8 V reference scales, O rescaled when a column's max or a V reference moved.
+  __device__ __forceinline__ void softmax(const float (&s)[NT][4], const float (&vsc)[SB][2], float (&pw)[NT][4]) {
     float rs[NT][2];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -584,9 +687,11 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         }
       }
     }
+  }
 
-    // Hidden keys weigh 0, but 0 * NaN is NaN: a dead cell's V bytes (never written) must
-    // not reach the mma. Rare (dead cells, the tail tile), so zero those rows in place.
+  // ---- hide_dead_values: hidden keys weigh 0, but 0 * NaN is NaN: a dead cell's V bytes (never
+  // written) must not reach the mma. Rare (dead cells, the tail tile), so zero those rows in place.
+  __device__ __forceinline__ void hide_dead_values(unsigned char* st, const bool (&vis)[2]) const {
     if (__any_sync(0xffffffffu, !(vis[0] && vis[1]))) {
 #pragma unroll
       for (int e = 0; e < 2; ++e)
@@ -595,12 +700,14 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
             *reinterpret_cast<uint4*>(st + S::kTileBytes + swz<S::kChunks>(g + 8 * e, c)) = make_uint4(0, 0, 0, 0);
       __syncwarp();
     }
+  }
 
-    // ---- P^T as B fragments: lane (g, t) needs tokens 2t, 2t+1, 2t+8, 2t+9 of column 8j + g,
-    // held by lanes 8t + g/2 (tokens 2t, 2t+8) and 8t + 4 + g/2 (tokens 2t+1, 2t+9).
+  // ---- p_fragments: P^T as B fragments: lane (g, t) needs tokens 2t, 2t+1, 2t+8, 2t+9 of column
+  // 8j + g, held by lanes 8t + g/2 (tokens 2t, 2t+8) and 8t + 4 + g/2 (tokens 2t+1, 2t+9).
+  __device__ __forceinline__ void p_fragments(const float (&pw)[NT][4], const float (&vsc)[SB][2], uint32_t (&ph)[SB][NT][2],
+                                             uint32_t (&pl)[SB][NT][2]) const {
     const int src_a = 8 * t + g / 2, src_b = src_a + 4;
     const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;  // the high or low halves of both words
-    uint32_t ph[SB][NT][2], pl[SB][NT][2];
 #pragma unroll
     for (int c = 0; c < SB; ++c)
 #pragma unroll
@@ -616,8 +723,10 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
         pl[c][j][0] = __byte_perm(__shfl_sync(0xffffffffu, l01, src_a), __shfl_sync(0xffffffffu, l01, src_b), sel);
         pl[c][j][1] = __byte_perm(__shfl_sync(0xffffffffu, l23, src_a), __shfl_sync(0xffffffffu, l23, src_b), sel);
       }
+  }
 
-    // ---- O^T += V^T P^T
+  // ---- accumulate_pv: O^T += V^T P^T
+  __device__ __forceinline__ void accumulate_pv(unsigned v_s, const uint32_t (&ph)[SB][NT][2], const uint32_t (&pl)[SB][NT][2]) {
     if constexpr (kFp8) {
       // matrices: (tokens 0-7, chunk cc), (tokens 8-15, cc), (tokens 0-7, cc+1), (tokens 8-15, cc+1);
       // chunk = 16 dims = one m-tile. After the byte permute: low pair = dim 2g, high = 2g + 1.
@@ -652,92 +761,100 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsig
       }
     }
   }
-  cp_async_wait<0>();
-  trace_mark<kTrace, W>(trace, kTraceLoopDone);
 
-  // ---- merge the warps in shared memory and write the normalized partial
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 4);
-      lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 8);
-      lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 16);
-    }
-  __syncthreads();  // every warp is done with its pipeline stages
-  constexpr int kRS = S::kRedStride;
-  float* red = reinterpret_cast<float*>(smem);  // [kWarps][kN][kRS]
-  float* ml = red + kWarps * kN * kRS;          // [kWarps][kN][2]: m, l
-#pragma unroll
-  for (int mt = 0; mt < S::kKSteps; ++mt)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      float* col = red + (warp * kN + 8 * j + 2 * t) * kRS;  // column 8j + 2t; + kRS: 8j + 2t + 1
-      if constexpr (kFp8) {  // elements e, e + 2 hold adjacent dims (out_dim<true>): one 8-byte store
-        const float f = vref[mt / 4 % SB];
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          *reinterpret_cast<float2*>(col + e * kRS + out_dim<true>(mt, e, g)) = make_float2(o[mt][j][e] * f, o[mt][j][e + 2] * f);
-      } else {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) col[(x & 1) * kRS + out_dim<false>(mt, x, g)] = o[mt][j][x];
-      }
-    }
-  if (g == 0)
+  // ---- merge_and_write: merge the warps in shared memory and write the normalized partial (or,
+  // with one split and no sinks, the output itself).
+  __device__ __forceinline__ void merge_and_write() {
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        ml[(warp * kN + 8 * j + 2 * t + e) * 2] = mcol[j][e];
-        ml[(warp * kN + 8 * j + 2 * t + e) * 2 + 1] = lcol[j][e];
+        lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 4);
+        lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 8);
+        lcol[j][e] += __shfl_xor_sync(0xffffffffu, lcol[j][e], 16);
       }
-  __syncthreads();
-  const bool direct = writes_output_directly(p);
-  const int inv = small_div_inverse(chunk_heads);
-  // Per column, once: the warps' rescale factors and the summed l (and the partial's lse), by
-  // kWarps lanes a column (thread n * kWarps + w: warp w's state), reduced by shuffles. One
-  // thread a column looping over the warps took ~0.5 us of a 16-warp CTA's epilogue, and every
-  // thread per element ~2 us before that (decode_trace).
-  static_assert(kN * kWarps % 32 == 0 && 32 % kWarps == 0, "whole warps of whole column groups");
-  float* fw = ml + kWarps * kN * 2;  // [kWarps][kN] factors, then [kN] l
-  if (tid < kN * kWarps) {
-    const int n = tid / kWarps, w = tid % kWarps;
-    const float m_w = ml[(w * kN + n) * 2];
-    float mx = m_w;
+    __syncthreads();  // every warp is done with its pipeline stages
+    constexpr int kRS = S::kRedStride;
+    float* red = reinterpret_cast<float*>(smem);  // [kWarps][kN][kRS]
+    float* ml = red + kWarps * kN * kRS;          // [kWarps][kN][2]: m, l
 #pragma unroll
-    for (int x = kWarps / 2; x > 0; x >>= 1) mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-    const float f = math::softmax_rescale(m_w, mx);
-    fw[w * kN + n] = f;
-    float l = ml[(w * kN + n) * 2 + 1] * f;
+    for (int mt = 0; mt < S::kKSteps; ++mt)
 #pragma unroll
-    for (int x = kWarps / 2; x > 0; x >>= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
-    if (w == 0) {
-      fw[kWarps * kN + n] = l;
+      for (int j = 0; j < NT; ++j) {
+        float* col = red + (warp * kN + 8 * j + 2 * t) * kRS;  // column 8j + 2t; + kRS: 8j + 2t + 1
+        if constexpr (kFp8) {  // elements e, e + 2 hold adjacent dims (out_dim<true>): one 8-byte store
+          const float f = vref[mt / 4 % SB];
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            *reinterpret_cast<float2*>(col + e * kRS + out_dim<true>(mt, e, g)) = make_float2(o[mt][j][e] * f, o[mt][j][e + 2] * f);
+        } else {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) col[(x & 1) * kRS + out_dim<false>(mt, x, g)] = o[mt][j][x];
+        }
+      }
+    if (g == 0)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          ml[(warp * kN + 8 * j + 2 * t + e) * 2] = mcol[j][e];
+          ml[(warp * kN + 8 * j + 2 * t + e) * 2 + 1] = lcol[j][e];
+        }
+    __syncthreads();
+    const bool direct = writes_output_directly(p);
+    const int inv = small_div_inverse(chunk_heads);
+    // Per column, once: the warps' rescale factors and the summed l (and the partial's lse), by
+    // kWarps lanes a column (thread n * kWarps + w: warp w's state), reduced by shuffles. One
+    // thread a column looping over the warps took ~0.5 us of a 16-warp CTA's epilogue, and every
+    // thread per element ~2 us before that (decode_trace).
+    static_assert(kN * kWarps % 32 == 0 && 32 % kWarps == 0, "whole warps of whole column groups");
+    float* fw = ml + kWarps * kN * 2;  // [kWarps][kN] factors, then [kN] l
+    if (tid < kN * kWarps) {
+      const int n = tid / kWarps, w = tid % kWarps;
+      const float m_w = ml[(w * kN + n) * 2];
+      float mx = m_w;
+#pragma unroll
+      for (int x = kWarps / 2; x > 0; x >>= 1) mx = math::max_f32(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+      const float f = math::softmax_rescale(m_w, mx);
+      fw[w * kN + n] = f;
+      float l = ml[(w * kN + n) * 2 + 1] * f;
+#pragma unroll
+      for (int x = kWarps / 2; x > 0; x >>= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
+      if (w == 0) {
+        fw[kWarps * kN + n] = l;
+        const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
+        if (!direct && rr < n_r && gg < n_h)
+          p.lse_part[(int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split] =
+              l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
+      }
+    }
+    __syncthreads();
+    trace_mark<kTrace, W>(trace, kTraceWarpsMerged);
+#pragma unroll
+    for (int u = 0; u < kElemsPerThread; ++u) {
+      const int i = tid + u * kThreads, n = i / HD, d = i % HD;
       const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
-      if (!direct && rr < n_r && gg < n_h)
-        p.lse_part[(int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split] =
-            l > 0.0f ? mx + math::log2_f32(l) : math::neg_inf_f32();
-    }
-  }
-  __syncthreads();
-  trace_mark<kTrace, W>(trace, kTraceWarpsMerged);
+      if (!(rr < n_r && gg < n_h)) continue;
+      float acc = 0.0f;
 #pragma unroll
-  for (int u = 0; u < kElemsPerThread; ++u) {
-    const int i = tid + u * kThreads, n = i / HD, d = i % HD;
-    const int rr = small_div(n, inv), gg = n - rr * chunk_heads;  // query row row + rr, head h0 + gg
-    if (!(rr < n_r && gg < n_h)) continue;
-    float acc = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) acc += red[(w * kN + n) * kRS + d] * fw[w * kN + n];
-    const float l = fw[kWarps * kN + n];
-    const float val = l > 0.0f ? acc / l : 0.0f;
-    if (direct) {  // one split, no sinks: the merge would copy val unchanged (weight exactly 1)
-      store_q_elem(p.out, int64_t{row + rr} * p.out_row_stride + int64_t{h0 + gg} * p.out_head_stride + d, p.out_elem, val);
-      continue;
+      for (int w = 0; w < kWarps; ++w) acc += red[(w * kN + n) * kRS + d] * fw[w * kN + n];
+      const float l = fw[kWarps * kN + n];
+      const float val = l > 0.0f ? acc / l : 0.0f;
+      if (direct) {  // one split, no sinks: the merge would copy val unchanged (weight exactly 1)
+        store_q_elem(p.out, int64_t{row + rr} * p.out_row_stride + int64_t{h0 + gg} * p.out_head_stride + d, p.out_elem, val);
+        continue;
+      }
+      p.o_part[((int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split) * HD + d] = val;
     }
-    p.o_part[((int64_t{row + rr} * p.n_q_heads + h0 + gg) * p.num_splits + split) * HD + d] = val;
+    trace_mark<kTrace, W>(trace, kTraceWritten);
   }
-  trace_mark<kTrace, W>(trace, kTraceWritten);
+};
+
+template <int HD, math::KvElem KV, bool ROPE, int NT, Path PATH, int W>
+__device__ __forceinline__ void decode_body(const PagedAttentionParams& p, unsigned char* smem, int row, int split, int kvh,
+                                            int chunk, int chunk_heads, unsigned long long* trace) {
+  DecodeCta<HD, KV, ROPE, NT, PATH, W> cta(p, smem, row, split, kvh, chunk, chunk_heads, trace);
+  cta.run();
 }
 
 // CTA numbering. Head-major: the kv heads (and chunks) of one (row, split) get consecutive

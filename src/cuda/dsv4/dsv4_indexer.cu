@@ -1,14 +1,17 @@
-// CUDA kernels of the DeepSeek-V4 lightning indexer:
-//  - scores I(t, s) = sum_h w_h relu(q_h . k_s): a tiled kernel (64 rows x all heads a CTA, the
-//    transformed query once a CTA in shared memory, register tiles of 8 rows x 2 heads a thread,
-//    rows split across CTAs over all SMs); a general warp-per-row kernel for dims the tiled one
-//    does not take (dim % 4 != 0, or a query too large for shared memory);
-//  - an exact causal top-k per query: one CTA, the keys (order-preserving u32 of the scores) in
-//    shared memory when they fit, a 3-pass radix select (12 + 10 + 10 bits) with a block-wide
-//    suffix scan to find the digit, the keys above the threshold in any order plus the ties in
-//    row order (lowest rows first), then a bitonic sort of the picks (key descending, row
-//    ascending) held in registers: shuffles for strides <= 32, shared memory above.
-//    The CPU orders by (score descending, row ascending) too, so identical scores give identical picks.
+// CUDA kernels of the DeepSeek-V4 lightning indexer, and the choice among them (IndexerTuning:
+// by default the tensor-core scorer and the compact top-k wherever they serve):
+//  - scores I(t, s) = sum_h w_h relu(q_h . k_s): the tensor-core scorer for the model's packed
+//    FP4 rows of dim 128 (dsv4_scores_mma.cu); here the SIMT ones: a tiled kernel (64 rows x all
+//    heads a CTA, the transformed query once a CTA in shared memory, register tiles of 8 rows x
+//    2 heads a thread, rows split across CTAs over all SMs), and a general warp-per-row kernel for
+//    dims the tiled one does not take (dim % 4 != 0, or a query too large for shared memory);
+//  - an exact causal top-k per query: the compact kernel for k <= 1024 and up to 32768 visible
+//    rows (dsv4_topk_compact.cu); here the ordered one for any shape: one CTA, the keys
+//    (order-preserving u32 of the scores) in shared memory when they fit, a 3-pass radix select
+//    (12 + 10 + 10 bits) with a block-wide suffix scan to find the digit, the keys above the
+//    threshold in any order plus the ties in row order (lowest rows first), then the bitonic
+//    sort of the picks (dsv4_topk.cuh). Both order by (score descending, row ascending) as the
+//    CPU does, so identical scores give identical picks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,7 +20,11 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.hpp"
+#include "cuda/common/pdl.cuh"
 #include "cuda/dsv4/dsv4_common.cuh"
+#include "cuda/dsv4/dsv4_indexer_query.cuh"
+#include "cuda/dsv4/dsv4_scores_mma.hpp"
+#include "cuda/dsv4/dsv4_topk.cuh"
 #include "kvcore/error.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
 #include "ops/dsv4_backends.hpp"
@@ -84,6 +91,7 @@ __device__ inline void score_body(const IndexerParams& p, float* qs /* [n_heads 
 }
 
 __global__ void __launch_bounds__(kThreads) score_kernel(const IndexerParams p) {
+  pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
   extern __shared__ float smem[];
   score_body(p, smem, blockIdx.y, static_cast<int64_t>(blockIdx.x) * kRowsPerBlock);
 }
@@ -100,48 +108,6 @@ constexpr int kHeadChunk = 2 * kHeadSlots;            // heads slot and slot + 3
 __host__ __device__ constexpr size_t tiled_smem_floats(int n_heads, int dim, int tile_rows) {
   return static_cast<size_t>(n_heads) * dim + static_cast<size_t>(tile_rows) * (dim + 4) +
          static_cast<size_t>(kThreads / 32) * tile_rows;
-}
-
-// The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
-// when quantized (the same butterfly network and block scales as the CPU: identical bits).
-__device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {
-  const float* q = p.q + i * p.q_stride0;
-  if (p.quant && p.dim == math::kHadamardDim) {  // the model's case: a warp per head, in registers
-    // Heads in groups of kGroup a warp, all loads first: independent shuffle chains to overlap.
-    constexpr int kGroup = 4;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    for (int h0 = warp; h0 < p.n_heads; h0 += kGroup * n_warps) {
-      float v[kGroup][4];
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const int h = h0 + g * n_warps;
-        const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[g][j] = src[j];
-      }
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // warp-uniform: all lanes
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const int h = h0 + g * n_warps;
-        if (h < p.n_heads)
-          *reinterpret_cast<float4*>(qs + h * math::kHadamardDim + 4 * lane) = make_float4(v[g][0], v[g][1], v[g][2], v[g][3]);
-      }
-    }
-    __syncthreads();
-    return;
-  }
-  const int n = p.n_heads * p.dim;
-  for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-    const int h = idx / p.dim, d = idx - h * p.dim;
-    qs[idx] = q[h * p.q_stride1 + d];
-  }
-  __syncthreads();
-  if (p.quant) {  // FP4 blocks of 32 never straddle two heads (dim % 32 == 0)
-    hadamard_smem(qs, p.dim, p.n_heads);
-    fp4_blocks(qs, n, nullptr);
-    __syncthreads();
-  }
 }
 
 // Rows s0 .. s0 + n - 1 into ks [kTileRows, ld] as f32 (the CPU's unpacked values); rows >= n zero.
@@ -180,6 +146,7 @@ __device__ inline void load_tile(const IndexerParams& p, float* ks, int ld, int6
 template <int kTileRowsPerThread>
 __global__ void __launch_bounds__(kThreads) score_tiled_kernel(const IndexerParams p) {
   constexpr int kTileRows = kRowSlots * kTileRowsPerThread;
+  pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
   extern __shared__ __align__(16) float smem[];
   const int32_t i = blockIdx.y;
   const int64_t t = p.first_query_pos + i;
@@ -267,13 +234,6 @@ static_assert(kMaxK <= 2 * kTopkThreads, "the bitonic sort holds two picks a thr
 constexpr int kSmemKeysMax = 32768;  // visible rows whose keys are cached in shared memory (128 KB)
 constexpr int kCandMax = 4096;       // keys of the threshold's 12-bit bin held as candidates (32 KB)
 
-// Larger float -> larger key; -0 counts as +0 (the CPU compares them equal).
-__device__ __forceinline__ uint32_t order_key(float f) {
-  uint32_t u = __float_as_uint(f);
-  if (u == 0x80000000u) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 // Block-wide inclusive scan of v over threads, forward (threads <= me) or backward (threads
 // >= me). scratch: >= 33 ints. Ends with a barrier, so scratch can be reused at once.
 __device__ inline int block_scan(int v, bool backward, int* scratch) {
@@ -310,20 +270,6 @@ __device__ inline int block_scan(int v, bool backward, int* scratch) {
   }
   __syncthreads();
   return v;
-}
-
-// (key a, row a) before (key b, row b): key descending, row ascending.
-__device__ __forceinline__ bool comes_first(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
-  return ka > kb || (ka == kb && ia < ib);
-}
-
-// One bitonic compare-exchange for the element at index e holding (k, i) against (ok, oi).
-__device__ __forceinline__ void bitonic_keep(uint32_t& k, int32_t& i, uint32_t ok, int32_t oi, int e, int size, int stride) {
-  const bool up = (e & size) == 0, lower = (e & stride) == 0;
-  if (comes_first(k, i, ok, oi) != (up == lower)) {
-    k = ok;
-    i = oi;
-  }
 }
 
 // The digit of a radix pass: the bin b with above(b) < need <= above(b) + hist[b], above(b) =
@@ -532,65 +478,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const IndexerParams 
   }
   __syncthreads();
 
-  // Bitonic sort of the picks, two consecutive elements a thread: strides <= 32 by shuffles.
-  int n_sort = 64;  // whole warps
-  while (n_sort < take) n_sort <<= 1;
-  const bool active = tid < n_sort / 2;
-  const int e0 = 2 * tid, e1 = e0 + 1;
-  uint32_t k0 = 0, k1 = 0;
-  int32_t i0 = 0x7fffffff, i1 = 0x7fffffff;  // padding sorts last
-  if (active) {
-    if (e0 < take) {
-      k0 = sel_key[e0];
-      i0 = sel_idx[e0];
-    }
-    if (e1 < take) {
-      k1 = sel_key[e1];
-      i1 = sel_idx[e1];
-    }
-  }
-  __syncthreads();
-  for (int size = 2; size <= n_sort; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      if (stride == 1) {
-        if (active && comes_first(k0, i0, k1, i1) != ((e0 & size) == 0)) {
-          const uint32_t tk = k0;
-          k0 = k1;
-          k1 = tk;
-          const int32_t ti = i0;
-          i0 = i1;
-          i1 = ti;
-        }
-      } else if (stride <= 32) {
-        if (active) {  // whole warps: n_sort / 2 is a multiple of 32
-          const int m = stride >> 1;
-          const uint32_t ok0 = __shfl_xor_sync(0xffffffffu, k0, m), ok1 = __shfl_xor_sync(0xffffffffu, k1, m);
-          const int32_t oi0 = __shfl_xor_sync(0xffffffffu, i0, m), oi1 = __shfl_xor_sync(0xffffffffu, i1, m);
-          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
-          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
-        }
-      } else {
-        if (active) {
-          sel_key[e0] = k0;
-          sel_idx[e0] = i0;
-          sel_key[e1] = k1;
-          sel_idx[e1] = i1;
-        }
-        __syncthreads();
-        if (active) {
-          const uint32_t ok0 = sel_key[e0 ^ stride], ok1 = sel_key[e1 ^ stride];
-          const int32_t oi0 = sel_idx[e0 ^ stride], oi1 = sel_idx[e1 ^ stride];
-          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
-          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
-        }
-        __syncthreads();
-      }
-    }
-  }
-  if (active) {
-    if (e0 < take) out[e0] = i0;
-    if (e1 < take) out[e1] = i1;
-  }
+  sort_picks_and_write(sel_key, sel_idx, take, out);
 }
 
 static void indexer_check(const IndexerParams& p) {
@@ -609,9 +497,13 @@ void launch_tiled(int per_thread, dim3 grid, size_t bytes, int dev, const Indexe
   }
 }
 
-void indexer_scores(const IndexerParams& p, Stream s) {
+void indexer_scores(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);
   const int dev = current_device();
+  if (tuning.scorer != IndexerScorer::Simt && scores_mma_serves(p)) {
+    launch_scores_mma(p, dev, s);
+    return;
+  }
   const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);
   if (p.dim % 4 == 0 && tiled_bytes <= 200 * 1024) {
     const int64_t sms = sm_count(dev), rows = std::min(p.n_rows, p.cap);
@@ -655,15 +547,20 @@ void launch_topk(const IndexerParams& p, int dev, Stream s) {
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_kernel");
 }
 
-void indexer_select(const IndexerParams& p, Stream s) {
+void indexer_select(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);
-  launch_topk(p, current_device(), s);
+  const bool compact = tuning.topk != IndexerTopk::Ordered && topk_compact_serves(p);
+  if (compact) {
+    launch_topk_compact(p, current_device(), s, tuning.pdl);
+  } else {
+    launch_topk(p, current_device(), s);
+  }
 }
 
-void indexer_topk(const IndexerParams& p, Stream s) {
+void indexer_topk(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);  // before any launch: nothing written on a refusal
-  indexer_scores(p, s);
-  indexer_select(p, s);
+  indexer_scores(p, s, tuning);
+  indexer_select(p, s, tuning);
 }
 
 }  // namespace kvcore::ops::cuda::dsv4

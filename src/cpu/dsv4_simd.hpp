@@ -1,0 +1,63 @@
+// SIMD kernels of the DeepSeek-V4 CPU ops (Highway, every target of
+// simd_config.hpp): the compressor's softmax pool, the indexer's scores and the
+// sparse attention's per-head tile. Float sums in another order than the scalar
+// path (lanes, then across lanes) and Highway's exp (1 ulp): results agree with
+// the scalar path to the tolerances the tests state; the row decoding is exact.
+#pragma once
+#include <cstdint>
+
+#include "kvcore/math/rope.hpp"
+
+namespace kvcore::ops::cpu {
+
+// Most candidates dsv4_pool_rows_simd takes (HCA pools 128).
+inline constexpr int32_t kDsv4PoolMaxCandidates = 256;
+
+// out[k] = the compressor pool (math::dsv4_pool_any: HF's three-pass softmax for 8
+// candidates, the online fold otherwise) of channel k over n_cand candidates: logit
+// z[j][k] (-inf: none), value c[j][k], k in [0, n_ch). Rows are read only in [0, n_ch).
+void dsv4_pool_rows_simd(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out);
+
+// The indexer's score of each of n_keys f32 rows keys[s * dim ..]: sum over heads h
+// (in order) of w[h] * relu(q[h * dim ..] . key). dim a multiple of 16.
+void dsv4_indexer_scores_simd(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys,
+                              int64_t n_keys, float* scores);
+
+// s[i] = q . keys[i * dim ..] for live[i], else -inf, i in [0, n); keys rows past n may be read
+// (the caller pads the tile to a multiple of 4 rows). dim a multiple of 16.
+void dsv4_tile_dots_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s);
+
+// acc[d] = acc[d] * rescale + sum_i w[i] * keys[i * dim + d] (terms with w[i] == 0 skipped).
+void dsv4_tile_accumulate_simd(float* acc, float rescale, const float* keys, const float* w, int32_t n, int32_t dim);
+
+// Two query heads at once (each key vector loaded once for both): the values of
+// dsv4_tile_dots_simd / dsv4_tile_accumulate_simd for each head, up to the sums' order.
+void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
+                          float* s0, float* s1);
+// Four query heads q + h * dim, h < 4: s[h * s_stride + i] as dsv4_tile_dots_simd gives them.
+void dsv4_tile_dots4_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s,
+                          int64_t s_stride);
+void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
+                                const float* w0, const float* w1, int32_t n, int32_t dim);
+
+// s[i] = exp2(s[i] - m) (0 for -inf scores), i < n, and their sum: the softmax weights of a
+// tile whose running max is m (Exp2NonPositive: within 1e-7 relative of exp2). s holds a
+// multiple of 16 entries.
+float dsv4_tile_weights_simd(float* s, int32_t n, float m);
+
+// The attention row (math::Dsv4RowLayout) as 512 f32 values, the bits of math::dsv4_row_value.
+void dsv4_row_decode_simd(const uint8_t* row, float* dst);
+
+// n f16 values as f32 (exact).
+void dsv4_f16_decode_simd(const uint16_t* src, int32_t n, float* dst);
+
+// sum of x[i]^2 (lanes, then across lanes: not the scalar order).
+float dsv4_sum_squares_simd(const float* x, int32_t n);
+
+// math::rope_rotate_row(row, t, position, 1), the same bits.
+void dsv4_rope_row_simd(float* row, const math::RopeTable& t, float position);
+
+// math::dsv4_row_pack(src, row), the same bytes.
+void dsv4_row_pack_simd(const float* src, uint8_t* row);
+
+}  // namespace kvcore::ops::cpu

@@ -1,0 +1,14 @@
+// The tensor-core scorer of the DeepSeek-V4 indexer (dsv4_scores_mma.cu): the model's stored
+// rows (packed FP4 of dim 128, quantized query) on mma.sync bf16.
+#pragma once
+#include "kvcore/stream.hpp"
+#include "ops/dsv4_params.hpp"
+
+namespace kvcore::ops::cuda::dsv4 {
+
+// Whether it serves p: quantized query, packed rows of dim 128, rows 4-byte aligned, the query
+// of all heads within one block's shared memory.
+bool scores_mma_serves(const ::kvcore::dsv4::IndexerParams& p);
+void launch_scores_mma(const ::kvcore::dsv4::IndexerParams& p, int dev, Stream s);
+
+}  // namespace kvcore::ops::cuda::dsv4

@@ -1,0 +1,121 @@
+// The indexer top-k's shared pieces: the order both kernels select by and the bitonic sort
+// that puts their picks in it. The order is the CPU's: score descending, then row ascending,
+// so identical scores give identical picks whichever kernel runs. Keys are order-preserving
+// u32s of the scores (-0 counts as +0, as the CPU's comparison does; every NaN counts as one
+// value above +inf, as on the CPU).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/device.hpp"
+#include "kvcore/stream.hpp"
+#include "ops/dsv4_params.hpp"
+
+namespace kvcore::ops::cuda::dsv4 {
+
+using ::kvcore::dsv4::IndexerParams;
+using ::kvcore::dsv4::visible_rows;
+
+// Larger float -> larger key; -0 counts as +0 (the CPU compares them equal); every NaN is one
+// key above +inf's (the CPU's rule for NaN scores).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  if (f != f) return 0xffffffffu;
+  uint32_t u = __float_as_uint(f);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// (key a, row a) before (key b, row b): key descending, row ascending.
+__device__ __forceinline__ bool comes_first(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
+  return ka > kb || (ka == kb && ia < ib);
+}
+
+// One bitonic compare-exchange for the element at index e holding (k, i) against (ok, oi).
+__device__ __forceinline__ void bitonic_keep(uint32_t& k, int32_t& i, uint32_t ok, int32_t oi, int e, int size, int stride) {
+  const bool up = (e & size) == 0, lower = (e & stride) == 0;
+  if (comes_first(k, i, ok, oi) != (up == lower)) {
+    k = ok;
+    i = oi;
+  }
+}
+
+// Sorts the `take` picks in sel_key / sel_idx (key descending, row ascending) and writes their
+// rows to out[0, take). Two consecutive elements a thread: needs 2 * blockDim.x >= take and
+// room for the sort's padded size (the next power of two >= max(take, 64)) in both arrays.
+// Strides <= 32 by shuffles, larger ones through shared memory. Called by every thread of the
+// block after a barrier that follows the last write of the picks.
+__device__ inline void sort_picks_and_write(uint32_t* sel_key, int32_t* sel_idx, int take, int32_t* out) {
+  const int tid = threadIdx.x;
+  int n_sort = 64;  // whole warps
+  while (n_sort < take) n_sort <<= 1;
+  const bool active = tid < n_sort / 2;
+  const int e0 = 2 * tid, e1 = e0 + 1;
+  uint32_t k0 = 0, k1 = 0;
+  int32_t i0 = 0x7fffffff, i1 = 0x7fffffff;  // padding sorts last
+  if (active) {
+    if (e0 < take) {
+      k0 = sel_key[e0];
+      i0 = sel_idx[e0];
+    }
+    if (e1 < take) {
+      k1 = sel_key[e1];
+      i1 = sel_idx[e1];
+    }
+  }
+  __syncthreads();
+  for (int size = 2; size <= n_sort; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride == 1) {
+        if (active && comes_first(k0, i0, k1, i1) != ((e0 & size) == 0)) {
+          const uint32_t tk = k0;
+          k0 = k1;
+          k1 = tk;
+          const int32_t ti = i0;
+          i0 = i1;
+          i1 = ti;
+        }
+      } else if (stride <= 32) {
+        if (active) {  // whole warps: n_sort / 2 is a multiple of 32
+          const int m = stride >> 1;
+          const uint32_t ok0 = __shfl_xor_sync(0xffffffffu, k0, m), ok1 = __shfl_xor_sync(0xffffffffu, k1, m);
+          const int32_t oi0 = __shfl_xor_sync(0xffffffffu, i0, m), oi1 = __shfl_xor_sync(0xffffffffu, i1, m);
+          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
+          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
+        }
+      } else {
+        if (active) {
+          sel_key[e0] = k0;
+          sel_idx[e0] = i0;
+          sel_key[e1] = k1;
+          sel_idx[e1] = i1;
+        }
+        __syncthreads();
+        if (active) {
+          const uint32_t ok0 = sel_key[e0 ^ stride], ok1 = sel_key[e1 ^ stride];
+          const int32_t oi0 = sel_idx[e0 ^ stride], oi1 = sel_idx[e1 ^ stride];
+          bitonic_keep(k0, i0, ok0, oi0, e0, size, stride);
+          bitonic_keep(k1, i1, ok1, oi1, e1, size, stride);
+        }
+        __syncthreads();
+      }
+    }
+  }
+  if (active) {
+    if (e0 < take) out[e0] = i0;
+    if (e1 < take) out[e1] = i1;
+  }
+}
+
+// The compact top-k (dsv4_topk_compact.cu): one 512-thread CTA a query, every visible key in
+// shared memory. Serves k <= kCompactMaxK and at most kCompactMaxRows visible rows.
+constexpr int kCompactMaxK = 1024;
+constexpr int64_t kCompactMaxRows = 32768;
+inline bool topk_compact_serves(const IndexerParams& p) {
+  const int64_t max_vis = p.n_rows < p.cap ? p.n_rows : p.cap;
+  return p.k <= kCompactMaxK && max_vis <= kCompactMaxRows;
+}
+// Launches it (as a programmatic dependent of the stream's previous kernel when pdl).
+void launch_topk_compact(const IndexerParams& p, int dev, Stream s, bool pdl);
+
+}  // namespace kvcore::ops::cuda::dsv4

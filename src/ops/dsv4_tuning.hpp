@@ -1,0 +1,43 @@
+// Launch choices of the DeepSeek-V4 indexer's CUDA kernels that benches and tests may set
+// (internal: not installed, not part of the API). The defaults are what the library runs;
+// every choice computes the same scores and the same picks, only which kernel runs changes.
+#pragma once
+#include <cstdint>
+
+#include "kvcore/ops/dsv4.hpp"
+#include "kvcore/stream.hpp"
+#include "kvcore/tensor.hpp"
+
+namespace kvcore::ops {
+
+// Which kernel takes the top-k of the scores. Where the asked-for kernel does not serve the
+// shape, the automatic choice does.
+enum class IndexerTopk : int32_t {
+  Auto = 0,     // Compact where it serves, else Ordered
+  Ordered = 1,  // one 1024-thread CTA a query, ties placed by ordered sweeps: any k <= 2048, any rows
+  Compact = 2,  // one 512-thread CTA a query, keys in shared memory: k <= 1024, visible rows <= 32768
+};
+
+// Which kernel computes the scores. Where the asked-for kernel does not serve the shape, the
+// automatic choice does.
+enum class IndexerScorer : int32_t {
+  Auto = 0,        // TensorCore where it serves, else Simt
+  Simt = 1,        // f32 FMA: the tiled kernel (dim % 4 == 0) or the general warp-per-row one
+  TensorCore = 2,  // mma.sync bf16 (FP4 values are exact in bf16): quantized query, packed rows of dim 128
+};
+
+struct IndexerTuning {
+  IndexerScorer scorer = IndexerScorer::Auto;
+  IndexerTopk topk = IndexerTopk::Auto;
+  // The compact top-k launches as a programmatic dependent of the scores (its launch and set-up
+  // overlap their drain).
+  bool pdl = true;
+};
+
+// kvcore::dsv4_indexer_topk with its CUDA kernels chosen by the caller (the defaults: what the
+// public op does). Validation and errors are the public op's; the CPU ignores the tuning.
+void dsv4_indexer_topk(const TensorRef& q, const TensorRef& weights, const TensorRef& index_rows, int64_t n_rows,
+                       int64_t first_query_pos, int32_t ratio, Dsv4Quant quant, const TensorRef& scores,
+                       const TensorRef& out, const IndexerTuning& tuning, Stream stream = {});
+
+}  // namespace kvcore::ops
