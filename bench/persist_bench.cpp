@@ -10,6 +10,8 @@
 // Redis cases (a server of the bench's own on loopback, no persistence): put and get of sealed
 // values of 64 KiB and 1 MiB (about one 16-token block of Llama-3-8B in FP8) by one client, vs
 // `redis-benchmark -c 1 -P 1 -t set,get -d SIZE`'s requests per second on the same server.
+// --device cuda: the snapshot cases on a CUDA cache (names end in _cuda: the copies between the
+// device and host memory included), then the device tiers (bench/persist_device_cases.cpp).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,6 +28,8 @@
 #include <vector>
 
 #include "bench/harness.hpp"
+#include "bench/persist_device_cases.hpp"
+#include "kvcore/buffer.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/persist/snapshot.hpp"
@@ -87,7 +91,8 @@ void snapshot_cases(cli::BenchOptions& opt, const std::string& dir) {
   cfg.rope_mode = RopeMode::RopeOnRead;
   const int32_t tokens = opt.quick ? 256 : 4096;
   cfg.num_blocks = tokens / cfg.block_size + 2;
-  PagedCache src(cfg, Device::cpu());
+  const Device dev = opt.device;  // the cache's device: a CUDA cache copies through host memory
+  PagedCache src(cfg, dev);
   const SeqId s = src.create();
   {  // random rows, appended in chunks of 256 tokens
     std::mt19937 rng(1);
@@ -95,10 +100,12 @@ void snapshot_cases(cli::BenchOptions& opt, const std::string& dir) {
     const int32_t chunk = 256;
     std::vector<float> k(static_cast<size_t>(cfg.n_layers) * chunk * cfg.n_kv_heads * cfg.head_dim);
     std::vector<int32_t> pos(chunk);
+    Buffer kb(k.size() * sizeof(float), dev);
     for (int32_t at = 0; at < tokens; at += chunk) {
       for (float& x : k) x = u(rng);
       for (int32_t i = 0; i < chunk; ++i) pos[i] = at + i;
-      const TensorRef kt(k.data(), DType::F32, Device::cpu(), {cfg.n_layers, chunk, cfg.n_kv_heads, cfg.head_dim});
+      kb.copy_from_host(k.data(), k.size() * sizeof(float));
+      const TensorRef kt(kb.data(), DType::F32, dev, {cfg.n_layers, chunk, cfg.n_kv_heads, cfg.head_dim});
       src.append(s, pos, kt, kt);
     }
   }
@@ -115,14 +122,14 @@ void snapshot_cases(cli::BenchOptions& opt, const std::string& dir) {
     }));
     dd_r.push_back(seconds_of([&] { run("dd if=" + path + " of=/dev/null bs=1M iflag=direct status=none"); }));
     drop_page_cache(path);
-    PagedCache dst(cfg, Device::cpu());
+    PagedCache dst(cfg, dev);
     cold_s.push_back(seconds_of([&] { snapshot_load(dst, path, {"llama-3-8b", 0}); }));
-    PagedCache dst2(cfg, Device::cpu());
+    PagedCache dst2(cfg, dev);
     warm_s.push_back(seconds_of([&] { snapshot_load(dst2, path, {"llama-3-8b", 0}); }));
   }
   std::filesystem::remove(path);
   std::filesystem::remove(dd_path);
-  const std::string size = "llama8b_fp8_" + std::to_string(tokens) + "tok";
+  const std::string size = "llama8b_fp8_" + std::to_string(tokens) + "tok" + (dev.is_cuda() ? "_cuda" : "");
   auto rec = [&](const std::string& name, const std::vector<double>& t, const std::string& base,
                  const std::vector<double>* base_t) {
     cli::BenchRecord r;
@@ -208,11 +215,16 @@ void redis_cases(cli::BenchOptions& opt) {
 
 }  // namespace
 
-KVCORE_BENCH(persist, "snapshot save/load vs dd direct I/O; Redis tier put/get vs redis-benchmark (CPU)") {
+KVCORE_BENCH(persist, "snapshot save/load vs dd direct I/O; Redis tier put/get vs redis-benchmark (CPU); "
+                      "--device cuda: offload to pinned memory and back vs cudaMemcpyAsync, prefix reuse vs recompute") {
   const std::string dir = std::getenv("KVCORE_BENCH_DIR") ? std::getenv("KVCORE_BENCH_DIR") : "build/bench-persist";
   std::filesystem::create_directories(dir);
   opt.note("persist: files in " + dir + " (KVCORE_BENCH_DIR); GB/s = file or value bytes / median time; ratio = baseline time / kvcore time");
   snapshot_cases(opt, dir);
+  if (opt.device.is_cuda()) {  // the device tiers; the Redis tier is a CPU case
+    cli::persist_device_cases(opt);
+    return;
+  }
 #if KVCORE_HAVE_REDIS
   redis_cases(opt);
 #else

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/error.hpp"
 #include "kvcore/math/half.hpp"
+#include "kvcore/persist/prefix_cache.hpp"
 #include "kvcore/runtime.hpp"
 #include "ops/kv_store_row.hpp"
 
@@ -139,6 +141,8 @@ inline Source make_source(std::mt19937_64& rng, int32_t layers, int32_t n, int32
 // ---- the reference model ------------------------------------------------------------------
 
 struct RefToken {
+  int32_t token = -1;    // prompt token id (prefix reuse); -1 for random appends (no id: never published)
+  bool fresh = false;    // its K/V are what a fresh prompt computes at position == its index (false after edits)
   int32_t pos = 0;
   int32_t rot = 0;       // rotations after the write (rope-stored shifts)
   double angle = 0;      // sum of |angles| computed in f32 for this token
@@ -228,6 +232,16 @@ inline bool check_read(PagedCache& c, SeqId id, const RefSeq& ref, int32_t layer
 // Applies random operations to caches[0..] and the model (append, reserve + store, shift,
 // truncate, remove_positions, add_positions, fork, erase, prepare, bad calls). Every cache must behave the same
 // (same ids, same metadata, same error codes); caches[0] is read back against the model.
+//
+// Prefix reuse (when `prefixes` holds one PrefixCache per cache, all with one seed): prompts are
+// a few shared system prompts (whole or cut) plus short random tails, under two tenant salts.
+// A prompt token's K/V are a function of the salt and the prompt up to it (what a model computes
+// from scratch), so a reused block must hold exactly what a fresh append would. The reference
+// keeps the set of published prefixes itself: the blocks each create() reuses, the hit and miss
+// counters and what each publish() returns are predicted exactly; edits (shift, truncate,
+// position edits) go through the PrefixCache for its sequences and end the reusable run of
+// tokens where they touch it (the model marks those tokens -1). Holders are cleared, never
+// evicted piecemeal, so the prediction stays exact.
 struct Driver {
   std::vector<PagedCache*> caches;
   std::map<SeqId, RefSeq> model;
@@ -241,9 +255,27 @@ struct Driver {
   // positions/validity); `compare_pools` is called for the pool bytes when set.
   std::function<void(int64_t op)> on_step;
 
+  // ---- prefix reuse (empty `prefixes`: off) ----
+  std::vector<PrefixCache*> prefixes;
+  std::set<SeqId> prompted;                                      // sequences the PrefixCaches created
+  std::map<SeqId, std::string> salt_of;
+  std::set<std::pair<std::string, std::vector<int32_t>>> published;  // (salt, tokens of k full blocks)
+  std::vector<std::vector<int32_t>> systems;                     // shared system prompts
+  int64_t prompts = 0, ref_blocks_hit = 0, ref_blocks_missed = 0, hit_prompts = 0, publishes = 0, clears = 0;
+
   explicit Driver(std::vector<PagedCache*> cs, uint64_t seed) : caches(std::move(cs)), rng(seed) {}
 
   const PagedCacheConfig& cfg() const { return caches[0]->config(); }
+  PrefixCache* prefix_of(const PagedCache& c) const {
+    for (size_t i = 0; i < prefixes.size(); ++i)
+      if (caches[i] == &c) return prefixes[i];
+    return nullptr;
+  }
+  bool is_prompted(SeqId id) const { return prompted.count(id) > 0; }
+  // Tokens from index `from` on are no longer what a fresh prompt computes (they keep their ids).
+  static void end_reusable(RefSeq& s, size_t from) {
+    for (size_t j = from; j < s.size(); ++j) s[j].fresh = false;
+  }
   int32_t rand(int32_t lo, int32_t hi) { return std::uniform_int_distribution<int32_t>(lo, hi)(rng); }
   bool coin(double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
   SeqId pick() {
@@ -380,12 +412,24 @@ struct Driver {
       EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::InvalidArgument));
       return;
     }
-    const int32_t keep = rand(0, n), discard = rand(0, n - keep);
+    int32_t keep = rand(0, n), discard = rand(0, n - keep);
+    const int32_t bs = cfg().block_size;
+    if (is_prompted(id) && n >= 2 * bs && coin(0.5)) {
+      // Whole blocks cut: their blocks are freed and the later cells follow at consecutive
+      // positions, so only the PrefixCache's own bookkeeping knows they are not a fresh prompt.
+      keep = rand(0, n / bs - 1) * bs;
+      discard = rand(1, (n - keep) / bs) * bs;
+    }
     // Shared blocks may need copies: a clean OutOfMemory is then allowed.
     const PagedStats ps = caches[0]->stats();
     const bool may_fail = ps.blocks_shared > 0 && caches[0]->info(id).n_blocks > ps.blocks_free;
     ErrorCode code{};
-    if (!run(may_fail, [&](PagedCache& c) { c.shift(id, keep, discard); }, &code)) {
+    const bool via_prefix = is_prompted(id);
+    auto do_shift = [&](PagedCache& c) {
+      if (via_prefix) prefix_of(c)->shift(id, keep, discard);
+      else c.shift(id, keep, discard);
+    };
+    if (!run(may_fail, do_shift, &code)) {
       EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::OutOfMemory));
       ++oom;
       return;
@@ -393,6 +437,7 @@ struct Driver {
     ++shifts;
     if (discard == 0) return;
     s.erase(s.begin() + keep, s.begin() + keep + discard);
+    end_reusable(s, keep);  // later tokens attended to the discarded ones
     const bool stored = cfg().rope_mode == RopeMode::RopeStored;
     for (size_t j = keep; j < s.size(); ++j) {
       s[j].pos -= discard;
@@ -432,13 +477,19 @@ struct Driver {
     }
     const std::pair<int32_t, int32_t> range = pick_range(s);  // named fields: lambdas below capture them
     const int32_t p0 = range.first, p1 = range.second;
-    if (!run(copies_may_fail(id), [&](PagedCache& c) { c.remove_positions(id, p0, p1); }, &code)) {
+    const int32_t first = first_in_range(s, p0, p1);
+    auto do_remove = [&](PagedCache& c) {
+      c.remove_positions(id, p0, p1);
+      if (first >= 0 && is_prompted(id)) prefix_of(c)->note_edit(id, first);
+    };
+    if (!run(copies_may_fail(id), do_remove, &code)) {
       EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::OutOfMemory));
       ++oom;
       return;
     }
     ++edits;
     s.erase(std::remove_if(s.begin(), s.end(), [&](const RefToken& t) { return t.pos >= p0 && t.pos < p1; }), s.end());
+    if (first >= 0) end_reusable(s, static_cast<size_t>(first));
   }
 
   void op_add_positions() {
@@ -457,7 +508,12 @@ struct Driver {
       prev = np;
     }
     ErrorCode code{};
-    if (!run(!valid || copies_may_fail(id), [&](PagedCache& c) { c.add_positions(id, p0, p1, delta); }, &code)) {
+    const int32_t first = delta == 0 ? -1 : first_in_range(s, p0, p1);
+    auto do_add = [&](PagedCache& c) {
+      c.add_positions(id, p0, p1, delta);
+      if (first >= 0 && is_prompted(id)) prefix_of(c)->note_edit(id, first);
+    };
+    if (!run(!valid || copies_may_fail(id), do_add, &code)) {
       EXPECT_EQ(static_cast<int>(code), static_cast<int>(valid ? ErrorCode::OutOfMemory : ErrorCode::InvalidArgument));
       if (valid) ++oom;
       return;
@@ -465,6 +521,7 @@ struct Driver {
     EXPECT_TRUE(valid) << "add_positions(" << p0 << ", " << p1 << ", " << delta << ") accepted positions that do not increase";
     ++edits;
     const bool stored = cfg().rope_mode == RopeMode::RopeStored;
+    if (first >= 0) end_reusable(s, static_cast<size_t>(first));
     for (RefToken& t : s) {
       if (t.pos < p0 || t.pos >= p1 || delta == 0) continue;
       t.pos += delta;
@@ -487,7 +544,10 @@ struct Driver {
       return;
     }
     const int32_t keep = std::max(0, n - rand(0, 6));
-    run(false, [&](PagedCache& c) { c.truncate(id, keep); });
+    run(false, [&](PagedCache& c) {
+      if (is_prompted(id)) prefix_of(c)->truncate(id, keep);
+      else c.truncate(id, keep);
+    });
     s.resize(keep);
   }
 
@@ -511,8 +571,13 @@ struct Driver {
   void op_erase() {
     if (model.empty()) return;
     const SeqId id = pick();
-    run(false, [&](PagedCache& c) { c.erase(id); });
+    run(false, [&](PagedCache& c) {
+      if (is_prompted(id)) prefix_of(c)->erase(id);
+      else c.erase(id);
+    });
     model.erase(id);
+    prompted.erase(id);
+    salt_of.erase(id);
   }
 
   void op_bad_id() {
@@ -535,13 +600,29 @@ struct Driver {
   void check_counts() {
     PagedCache& c = *caches[0];
     const PagedStats ps = c.stats();
-    EXPECT_EQ(ps.sequences, static_cast<int32_t>(model.size()));
     int64_t live = 0;
     std::vector<SeqId> ids;
     for (auto& [id, s] : model) {
       live += static_cast<int64_t>(s.size());
       ids.push_back(id);
       EXPECT_EQ(c.info(id).n_live, static_cast<int32_t>(s.size()));
+    }
+    int32_t holders = 0;  // the PrefixCache's holder sequences: every sequence the model does not know
+    for (SeqId id : c.sequences()) {
+      if (model.count(id)) continue;
+      EXPECT_TRUE(!prefixes.empty() && prefixes[0]->holds(id)) << "sequence " << id << " is neither the model's nor a holder";
+      ++holders;
+      live += c.info(id).n_live;
+      ids.push_back(id);
+    }
+    EXPECT_EQ(ps.sequences, static_cast<int32_t>(model.size()) + holders);
+    if (!prefixes.empty()) {
+      const PrefixStats pst = prefixes[0]->stats();
+      EXPECT_EQ(pst.holders, holders);
+      EXPECT_EQ(pst.queries, prompts);
+      EXPECT_EQ(pst.blocks_hit, ref_blocks_hit);
+      EXPECT_EQ(pst.blocks_missed, ref_blocks_missed);
+      EXPECT_EQ(pst.hit_queries, hit_prompts);
     }
     EXPECT_EQ(ps.tokens_live, live);
     const BlockTable csr = c.block_tables(ids);
@@ -588,6 +669,17 @@ struct Driver {
 
   void step() {
     ++ops;
+    if (!prefixes.empty() && coin(0.12)) {
+      op_prefix();
+    } else {
+      op_plain();
+    }
+    if (!model.empty() && coin(read_prob)) check(pick(), rand(0, cfg().n_layers - 1));
+    if (!model.empty() && coin(offsets_prob)) check_offsets(pick());
+    if (on_step) on_step(ops);
+  }
+
+  void op_plain() {
     const int32_t r = rand(0, 99);
     const int32_t n = static_cast<int32_t>(model.size());
     const PagedStats ps = caches[0]->stats();
@@ -606,9 +698,161 @@ struct Driver {
     } else {
       op_append();
     }
-    if (!model.empty() && coin(read_prob)) check(pick(), rand(0, cfg().n_layers - 1));
-    if (!model.empty() && coin(offsets_prob)) check_offsets(pick());
-    if (on_step) on_step(ops);
+  }
+
+  // Index of the first token of `s` whose position is in [p0, p1); -1 when none is.
+  static int32_t first_in_range(const RefSeq& s, int32_t p0, int32_t p1) {
+    for (size_t j = 0; j < s.size(); ++j)
+      if (s[j].pos >= p0 && s[j].pos < p1) return static_cast<int32_t>(j);
+    return -1;
+  }
+
+  // ---- prefix reuse ----
+
+  void op_prefix() {
+    const int32_t r = rand(0, 99);
+    if (caches[0]->stats().blocks_free < 4 && coin(0.5)) op_prefix_clear();
+    else if (r < 60) op_prompt();
+    else op_publish();
+  }
+
+  // The K/V of token i of a prompt: a function of the salt and tokens [0, i] only.
+  void prompt_token(const std::string& salt, std::span<const int32_t> prompt, int32_t i, RefToken& tok) const {
+    const PagedCacheConfig& c = cfg();
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (char ch : salt) h = (h ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
+    for (int32_t j = 0; j <= i; ++j) h = (h ^ static_cast<uint32_t>(prompt[j])) * 0x100000001b3ull;
+    auto next = [&h] {  // splitmix64
+      uint64_t z = (h += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return z ^ (z >> 31);
+    };
+    auto row = [&](int32_t width, std::vector<double>& out) {
+      out.resize(static_cast<size_t>(c.n_kv_heads) * width);
+      for (int32_t hh = 0; hh < c.n_kv_heads; ++hh) {
+        const float scale = std::exp2(static_cast<float>(static_cast<int32_t>(next() % 13) - 6));
+        for (int32_t d = 0; d < width; ++d)
+          out[static_cast<size_t>(hh) * width + d] =
+              static_cast<float>(static_cast<int64_t>(next() >> 40) - (1 << 23)) * 0x1p-23f * scale;
+      }
+    };
+    tok = RefToken{};
+    tok.token = prompt[i];
+    tok.fresh = true;
+    tok.pos = i;
+    tok.angle = std::abs(static_cast<double>(i));
+    tok.k.resize(c.n_layers);
+    if (c.v_head_dim) tok.v.resize(c.n_layers);
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      row(c.head_dim, tok.k[l]);
+      if (c.v_head_dim) row(c.v_head_dim, tok.v[l]);
+    }
+  }
+
+  void op_prompt() {
+    if (static_cast<int32_t>(model.size()) >= max_seqs) return;
+    const int32_t bs = cfg().block_size;
+    if (systems.empty())
+      for (int32_t len : {2 * bs + bs / 2, 3 * bs + 1, bs + 3}) {
+        std::vector<int32_t> t(len);
+        for (int32_t& x : t) x = rand(0, 999);
+        systems.push_back(std::move(t));
+      }
+    const std::string salt = coin(0.5) ? "tenant-a" : "tenant-b";
+    const std::vector<int32_t>& sys = systems[rand(0, static_cast<int32_t>(systems.size()) - 1)];
+    std::vector<int32_t> prompt(sys.begin(), sys.begin() + (coin(0.3) ? rand(1, static_cast<int32_t>(sys.size())) : sys.size()));
+    for (int32_t i = rand(0, bs + bs / 2); i > 0; --i) prompt.push_back(rand(0, 7));
+    const int32_t len = static_cast<int32_t>(prompt.size());
+    // The reference's prediction: the longest run of published full blocks, leaving a token to compute.
+    const int32_t full = (len - 1) / bs;
+    int32_t m = 0;
+    while (m < full && published.count({salt, std::vector<int32_t>(prompt.begin(), prompt.begin() + (m + 1) * bs)})) ++m;
+    std::vector<SeqId> got;
+    std::vector<int32_t> reused;
+    run(false, [&](PagedCache& c) {
+      int32_t n = -1;
+      got.push_back(prefix_of(c)->create(prompt, salt, &n));
+      reused.push_back(n);
+    });
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], got[0]);
+      EXPECT_EQ(reused[i], m * bs) << "prompt of " << len << " tokens: reused " << reused[i] << ", the reference says "
+                                   << m * bs;
+    }
+    ++prompts;
+    ref_blocks_hit += m;
+    ref_blocks_missed += full - m;
+    hit_prompts += m > 0 ? 1 : 0;
+    const SeqId id = got[0];
+    prompted.insert(id);
+    salt_of[id] = salt;
+    RefSeq& s = model[id];
+    s.resize(static_cast<size_t>(m) * bs);
+    for (int32_t i = 0; i < m * bs; ++i) prompt_token(salt, prompt, i, s[i]);
+    if (m > 0 && coin(0.5)) check(id, rand(0, cfg().n_layers - 1));  // the reused blocks hold the prompt's K/V
+    // The rest of the prompt: new blocks only (the reused part ends on a block boundary).
+    const int32_t n = len - m * bs;
+    std::vector<RefToken> toks(n);
+    for (int32_t i = 0; i < n; ++i) prompt_token(salt, prompt, m * bs + i, toks[i]);
+    std::vector<int32_t> positions(n);
+    for (int32_t i = 0; i < n; ++i) positions[i] = m * bs + i;
+    const PagedCacheConfig& c = cfg();
+    const int32_t L = c.n_layers, H = c.n_kv_heads, D = c.head_dim, DV = c.v_head_dim;
+    auto tensor_of = [&](int32_t width, bool v, Device dev, Buffer& b) {
+      std::vector<float> h(static_cast<size_t>(L) * n * H * width);
+      for (int32_t l = 0; l < L; ++l)
+        for (int32_t i = 0; i < n; ++i) {
+          const std::vector<double>& src = v ? toks[i].v[l] : toks[i].k[l];
+          for (size_t e = 0; e < src.size(); ++e) h[(static_cast<size_t>(l) * n + i) * H * width + e] = static_cast<float>(src[e]);
+        }
+      b = Buffer(std::max<size_t>(h.size() * 4, 4), dev);
+      copy_bytes(b.data(), dev, h.data(), Device::cpu(), h.size() * 4);
+      return TensorRef(b.data(), DType::F32, dev, {L, n, H, width});
+    };
+    const bool may_fail = (len + bs - 1) / bs - m > caches[0]->stats().blocks_free;
+    ErrorCode code{};
+    const bool ok = run(may_fail, [&](PagedCache& cache) {
+      Buffer kb, vb;
+      const TensorRef k = tensor_of(D, false, cache.device(), kb);
+      const TensorRef v = DV ? tensor_of(DV, true, cache.device(), vb) : TensorRef{};
+      cache.append(id, positions, k, v);
+    }, &code);
+    if (!ok) {
+      EXPECT_EQ(static_cast<int>(code), static_cast<int>(ErrorCode::OutOfMemory));
+      ++oom;
+      return;
+    }
+    for (RefToken& t : toks) s.push_back(std::move(t));
+  }
+
+  void op_publish() {
+    std::vector<SeqId> cands;
+    for (SeqId id : prompted)
+      if (model.count(id)) cands.push_back(id);
+    if (cands.empty()) return;
+    const SeqId id = cands[rand(0, static_cast<int32_t>(cands.size()) - 1)];
+    const RefSeq& s = model[id];
+    // The engine passes every token id it has (edited tokens included: only the PrefixCache's own
+    // bookkeeping may cut them); what may be published is the run still as a fresh prompt computes it.
+    std::vector<int32_t> tokens;
+    while (tokens.size() < s.size() && s[tokens.size()].token >= 0) tokens.push_back(s[tokens.size()].token);
+    size_t fresh = 0;
+    while (fresh < tokens.size() && s[fresh].fresh && s[fresh].pos == static_cast<int32_t>(fresh)) ++fresh;
+    const int32_t bs = cfg().block_size;
+    const int32_t want = static_cast<int32_t>(fresh) / bs * bs;
+    std::vector<int32_t> got;
+    run(false, [&](PagedCache& c) { got.push_back(prefix_of(c)->publish(id, tokens, salt_of[id])); });
+    for (int32_t g : got) EXPECT_EQ(g, want) << "publish of " << tokens.size() << " tokens, " << fresh << " of them fresh";
+    for (int32_t k = 1; k * bs <= want; ++k)
+      published.insert({salt_of[id], std::vector<int32_t>(tokens.begin(), tokens.begin() + k * bs)});
+    ++publishes;
+  }
+
+  void op_prefix_clear() {
+    run(false, [&](PagedCache& c) { prefix_of(c)->clear(); });
+    published.clear();
+    ++clears;
   }
 };
 

@@ -2,7 +2,10 @@
 // modes) x 10,000 random operations = 100,000 operations, and MLA's 576/512 rows (f16, bf16,
 // fp8 x 2 modes) x 2,500 operations each (append all layers or
 // reserve + per-layer store over 1-3 sequences, shift, truncate, position-range
-// removes and adds, fork, erase, prepare, and bad calls) against the dense f64 model of tests/paged_model.hpp.
+// removes and adds, fork, erase, prepare, and bad calls) against the dense f64 model of tests/paged_model.hpp,
+// with prefix reuse through a PrefixCache mixed in (prompts sharing system prompts under two
+// tenant salts, publishes, clears): reused blocks read back as the prompt's K/V, and every hit,
+// miss and publish is the reference's prediction.
 // Read-backs after ~30% of the operations and of every sequence and layer at the end;
 // tolerances as stated in paged_model.hpp. Failing calls (exhausted pool, bad
 // arguments) must leave a byte-identical snapshot.
@@ -32,7 +35,9 @@ TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
   PagedCache cache(mc.mla ? mla_config(mc.format, mc.mode, block_size)
                           : small_config(mc.format, mc.mode, block_size, mc.format == KvFormat::Dsv4Row ? 24 : 40),
                    Device::cpu());
+  PrefixCache prefix(cache, 4242);
   Driver drv({&cache}, 1000 + static_cast<int>(mc.format) * 10 + static_cast<int>(mc.mode) + (mc.mla ? 500 : 0));
+  drv.prefixes = {&prefix};
 #if defined(__SANITIZE_ADDRESS__)
   const int64_t kOps = mc.mla ? 625 : 2500;  // the sanitizer run repeats the suite: a quarter keeps it within CI's budget
 #else
@@ -51,7 +56,18 @@ TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
               static_cast<long long>(drv.shifts), static_cast<long long>(drv.edits), static_cast<long long>(drv.forks),
               static_cast<long long>(drv.st.rows_checked), drv.st.worst_ratio_k, drv.st.worst_ratio_v, drv.st.worst_rel_k,
               drv.st.worst_rel_v);
+  std::printf("[paged model] prefix reuse: %lld prompts (%lld reusing blocks; %lld blocks hit, %lld missed), %lld publishes, "
+              "%lld clears, %lld holders at the end\n",
+              static_cast<long long>(drv.prompts), static_cast<long long>(drv.hit_prompts),
+              static_cast<long long>(drv.ref_blocks_hit), static_cast<long long>(drv.ref_blocks_missed),
+              static_cast<long long>(drv.publishes), static_cast<long long>(drv.clears),
+              static_cast<long long>(prefix.stats().holders));
   EXPECT_GT(drv.oom, 0) << "the pool never ran out: the exhaustion path went untested";
+  // DeepSeek-V4 rows (a 24-block pool of 4-token blocks: holders are cleared often) and MLA rows (a
+  // quarter of the operations) see few hits; the others dozens.
+  const int64_t min_hits = mc.format == KvFormat::Dsv4Row || mc.mla ? 1 : kOps / 200;
+  EXPECT_GE(drv.hit_prompts, min_hits) << "prefix reuse went untested";
+  EXPECT_GT(drv.ref_blocks_missed, kOps / 500);
   EXPECT_GT(drv.shifts, kOps / 100);
   EXPECT_GT(drv.edits, kOps / 100);
 }

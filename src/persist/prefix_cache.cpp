@@ -187,7 +187,7 @@ int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, std::st
 void PrefixCache::shift(SeqId seq, int32_t n_keep, int32_t n_discard) {
   int32_t& p = s_->pristine_of("shift", seq);
   s_->cache->shift(seq, n_keep, n_discard);
-  p = std::min(p, n_keep);  // later tokens attended to what was discarded
+  if (n_discard > 0) p = std::min(p, n_keep);  // later tokens attended to what was discarded; discarding nothing changes nothing
 }
 
 void PrefixCache::truncate(SeqId seq, int32_t n) {

@@ -15,7 +15,7 @@
 // that edits a shared block copies it first (copy on write), so a cached block never changes.
 //
 // What a sequence may publish: its pristine prefix, tracked through this class's shift(),
-// truncate() and note_edit(): a shift keeping n_keep tokens leaves [0, n_keep) pristine (later
+// truncate() and note_edit(): a shift discarding tokens after n_keep leaves [0, n_keep) pristine (later
 // tokens attended to discarded ones), a truncate to n leaves [0, n), an edit from token t leaves
 // [0, t); appends extend it. publish() also checks in the cache's metadata that those tokens are
 // live at positions 0 .. n-1. Edit sequences created here only through this class (or report
