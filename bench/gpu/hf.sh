@@ -53,6 +53,9 @@ if has demo && [ -n "${KVCORE_SMOLLM2_DIR:-}" ]; then
 fi
 if has ppl && [ -n "${KVCORE_SMOLLM2_DIR:-}" ]; then
   log "StreamingLLM perplexity: 16k tokens of the Debian Reference, windows 256 512 1024"
-  "$PY" bench/hf/streaming_ppl.py --device cuda --tokens 16384 --windows 256 512 1024 --chunk 16 \
-    --text-file "$KVCORE_SMOLLM2_DIR/debian-reference.en.txt.gz" --out "$OUT/hf-ppl" 2>&1 | grep -v Warn | tail -30
+  # every method but llamacpp (llama-cpp-python is CPU-only and runs here, not there); ~1-3 min on an H200
+  "$PY" bench/hf/streaming_ppl.py --device cuda --tokens 16384 --windows 256 512 1024 \
+    --methods sink4_on_read_f16 window_f16 full recompute sink4_stored_f16 sink4_on_read_fp8 sink4_stored_fp8 \
+    --text-file "$KVCORE_SMOLLM2_DIR/debian-reference.en.txt.gz" --gguf-dir "$KVCORE_SMOLLM2_DIR" \
+    --out "$OUT/hf-ppl" 2>&1 | grep -v Warn | tail -30
 fi

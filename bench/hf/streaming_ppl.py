@@ -97,13 +97,19 @@ def main():
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/kvcore"))
     ap.add_argument("--text-file", default=None, help="debian-reference.en.txt.gz where apt is not at hand")
     ap.add_argument("--gguf-dir", default=None, help="directory holding SmolLM2-135M-Instruct.Q4_1.gguf")
-    ap.add_argument("--from-json", default=None, help="only rewrite the table and plot of an earlier run")
+    ap.add_argument("--from-json", nargs="+", default=None,
+                    help="only rewrite the table and plot from earlier runs' JSONs (results merged, first meta)")
     a = ap.parse_args()
     if a.from_json:
-        with open(a.from_json) as f:
-            d = json.load(f)
-        write_table(a.out + ".md", d["meta"], d["results"], d["meta"]["tokens"])
-        plot(a.out + ".png", d["results"], d["meta"]["tokens"])
+        meta, results = None, {}
+        for path in a.from_json:
+            with open(path) as f:
+                d = json.load(f)
+            meta = meta or d["meta"]
+            results.update(d["results"])
+        save(a.out + ".json", meta, results)
+        write_table(a.out + ".md", meta, results, meta["tokens"])
+        plot(a.out + ".png", results, meta["tokens"])
         return
 
     import torch
