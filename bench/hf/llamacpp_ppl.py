@@ -11,7 +11,7 @@ non-kept part. Tokens between two shifts go in as one batch, as kvcore's side do
 llama-cpp-python is built here from its PyPI sdist (CPU; no wheel on PyPI), kept outside git:
   CMAKE_BUILD_PARALLEL_LEVEL=2 pip wheel --no-deps --no-binary llama-cpp-python llama-cpp-python -w /work/wheels-cache
   pip install --target <dir> /work/wheels-cache/llama_cpp_python-*.whl diskcache jinja2   # then PYTHONPATH=<dir>
-  python bench/hf/llamacpp_ppl.py --decode --contexts 16 1024 4096 --threads 1 2
+  python bench/hf/llamacpp_ppl.py --contexts 16 1024 4096 --threads 1 2
 """
 
 import argparse

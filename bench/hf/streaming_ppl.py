@@ -163,7 +163,8 @@ def main():
                 r = llamacpp_ppl.streaming_nll(os.path.join(gguf_dir, gguf_name), ids[0].tolist(), w, 4, a.threads)
             else:
                 raise SystemExit(f"unknown method {method}")
-            r.update(window=w, seconds=time.perf_counter() - t0)
+            r.update(window=w, seconds=time.perf_counter() - t0, device="cpu" if method == "llamacpp" else a.device,
+                     threads=a.threads if method == "llamacpp" or a.device == "cpu" else None)
             r["tokens_per_s"] = n / r["seconds"]
             results[name] = r
             save(a.out + ".json", meta, results)
@@ -190,12 +191,12 @@ def write_table(path, meta, results, n):
              f"{meta.get('threads', '?')} threads, torch {meta['torch']}, transformers {meta['transformers']}, commit "
              f"{meta.get('commit', '?')}; recompute stride {meta['stride']}).", "",
              "| method @ window | all | " + " | ".join(f"tokens {lo}-{hi}" for lo, hi in cols)
-             + " | shifts | s | tokens/s |",
-             "|---" * (len(cols) + 5) + "|"]
+             + " | shifts | device | s | tokens/s |",
+             "|---" * (len(cols) + 6) + "|"]
     for name, r in results.items():
         nl = r["nll"]
         cells = [f"{ppl(nl[lo:hi]):.2f}" for lo, hi in cols]
-        lines.append(f"| {name} | {ppl(nl):.2f} | " + " | ".join(cells) + f" | {r['shifts']} | {r['seconds']:.0f} | "
+        lines.append(f"| {name} | {ppl(nl):.2f} | " + " | ".join(cells) + f" | {r['shifts']} | {r.get('device', meta['device'])} | {r['seconds']:.0f} | "
                      f"{r.get('tokens_per_s', len(nl) / r['seconds']):.1f} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
