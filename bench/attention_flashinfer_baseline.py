@@ -97,6 +97,10 @@ def make_pages(batch, ctx, fp8, copies):
     return pools, table, indptr, last
 
 
+# (fp8, use_tensor_cores) pairs whose module failed once in this process.
+FAILED_VARIANTS = set()
+
+
 def decode_case(fi, args, out, batch, ctx, fp8, warm_only):
     name = f"llama8b_{'fp8' if fp8 else 'f16'}_b{batch}_ctx{ctx}"
     if args.cases and not any(c in name for c in args.cases):
@@ -113,11 +117,14 @@ def decode_case(fi, args, out, batch, ctx, fp8, warm_only):
     graph_case = batch == 1 or (batch == 16 and ctx <= 8192)
     results = []
     for tc in (False, True):
+        if (fp8, tc) in FAILED_VARIANTS:  # a module that failed to build fails again: skip its minutes of JIT
+            continue
         try:
             results += decode_variant(fi, args, out, name, batch, ctx, fp8, tc, pools, table, indptr, indices, last, q,
                                       kv_dtype, k_scale, v_scale, copies, fi_bytes, graph_case, warm_only)
         except Exception as e:  # a variant FlashInfer does not build or serve: say so, keep going
             print(f"{name} use_tensor_cores={tc}: FlashInfer failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            FAILED_VARIANTS.add((fp8, tc))
             torch.cuda.synchronize()
     for suffix in ("", "_graph"):
         rs = [r for r in results if r["case"] == name + suffix]

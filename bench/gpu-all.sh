@@ -6,7 +6,7 @@
 # and SDPA baselines. FlashInfer JIT-compiles while kvcore builds. Stages are ordered by what a
 # missing result costs most and skipped, never cut, once the job's budget runs short.
 #   KVCORE_GIT_COMMIT=<hash> OUT=<dir> [WHEELS=<dir>] bash bench/gpu-all.sh [bench names...]
-# Env: JOB_BUDGET_S (default 570). Files in $OUT (the device returns at most 8): build.log
+# Env: JOB_BUDGET_S (default 570), FI_CACHE (see below). Files in $OUT (the device returns at most 8): build.log
 # tests.log bench.log bench.jsonl baselines.log baselines.jsonl summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,11 @@ if [ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
 fi
 export FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_WORKSPACE_BASE=/tmp/fiws
 mkdir -p /tmp/fiws
+# FI_CACHE: the parts (<prefix>.00, .01, ...) of a gzipped tar of an earlier job's /tmp/fiws, carried
+# in: FlashInfer then loads its compiled modules instead of JIT-compiling them for minutes.
+if [ -n "${FI_CACHE:-}" ] && ls "$FI_CACHE".* >/dev/null 2>&1; then
+  cat "$FI_CACHE".* | gzip -dc | tar xf - -C /tmp && echo "FlashInfer cache from $FI_CACHE: $(find /tmp/fiws -name '*.so' | wc -l) modules"
+fi
 if "$PY" -c "import flashinfer" 2>/dev/null; then
   (nice "$PY" bench/attention_flashinfer_baseline.py --warm-only > /tmp/fi-warm.log 2>&1) &
   FI_PID=$!

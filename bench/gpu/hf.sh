@@ -42,10 +42,10 @@ fi
 if has throughput; then
   log "decode throughput, SmolLM2 shape (random weights, bf16)"
   "$PY" bench/hf/throughput.py --model smollm2-shape --device cuda --batches 1 16 64 --contexts 1024 8192 32768 \
-    --steps 16 --hf-impls sdpa --json "$OUT/hf-throughput-smollm2.jsonl" 2>&1 | grep -v Warning | tee "$OUT/hf-throughput.log"
+    --steps 16 --hf-impls sdpa --hf-paged --hf-paged-max-tokens 524288 --json "$OUT/hf-throughput-smollm2.jsonl" 2>&1 | grep -v Warning | tee "$OUT/hf-throughput.log"
   log "decode throughput, Llama-3-8B shape (32 layers, random weights, bf16)"
   "$PY" bench/hf/throughput.py --model llama3-8b-shape --device cuda --batches 1 16 64 --contexts 1024 8192 32768 \
-    --steps 8 --hf-impls sdpa --json "$OUT/hf-throughput-llama8b.jsonl" 2>&1 | grep -v Warning | tee -a "$OUT/hf-throughput.log"
+    --steps 8 --hf-impls sdpa --hf-paged --hf-paged-max-tokens 131072 --json "$OUT/hf-throughput-llama8b.jsonl" 2>&1 | grep -v Warning | tee -a "$OUT/hf-throughput.log"
 fi
 if has demo && [ -n "${KVCORE_SMOLLM2_DIR:-}" ]; then
   log "demo: SmolLM2-135M-Instruct on CUDA"

@@ -1,6 +1,6 @@
 """Decode tokens/s of transformers models with kvcore's cache ("kvcore" attention, f16 / FP8 pages)
-against HF's default cache (DynamicCache) with sdpa (HF's default) and eager attention, at a given
-context and batch.
+against HF's default cache (DynamicCache) with sdpa (HF's default) and eager attention, and (with
+--hf-paged) HF's own paged continuous batching (generate_batch), at a given context and batch.
 
 The caches are filled with random K/V to `context` tokens (no prefill compute: the prompt's
 content does not change a decode step's cost), then `steps` decode steps of the model run, each
@@ -91,6 +91,26 @@ def decode(model, cache, batch, steps, device, mask_len=None):
     return times[len(times) // 2]
 
 
+def hf_paged_tok_s(model, batch, context, steps, device):
+    """Decode tokens/s of HF's own paged continuous batching (generate_batch) on `batch` prompts of
+    `context` random tokens: the generated tokens stamped after every request got its first one
+    (prefill done), over the time from then to the last stamp."""
+    import torch
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(max_new_tokens=steps + 1, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    prompts = torch.randint(10, 1000, (batch, context)).tolist()
+    with torch.no_grad():
+        out = model.generate_batch(inputs=prompts, generation_config=gc, record_timestamps=True)
+    stamps = [o.timestamps for o in out.values()]
+    if len(stamps) != batch or any(not t or len(t) != steps + 1 for t in stamps):
+        raise RuntimeError(f"generate_batch returned {[len(t or []) for t in stamps]} stamps, wanted {steps + 1} each")
+    start = max(t[0] for t in stamps)
+    end = max(t[-1] for t in stamps)
+    n = sum(1 for t in stamps for x in t if x > start)
+    return n / (end - start), model.config._attn_implementation
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -101,6 +121,10 @@ def main():
     ap.add_argument("--dtype", default=None, help="model dtype (default: f32 on cpu, bf16 on cuda)")
     ap.add_argument("--formats", nargs="+", default=["f16", "fp8"])
     ap.add_argument("--hf-impls", nargs="+", default=["sdpa", "eager"], help="HF attention with DynamicCache")
+    ap.add_argument("--hf-paged", action="store_true",
+                    help="also HF's paged continuous batching (generate_batch), prompts of the context's length")
+    ap.add_argument("--hf-paged-max-tokens", type=int, default=1 << 18,
+                    help="skip generate_batch where batch x context (its prefill) exceeds this")
     ap.add_argument("--share", action="store_true", help="time kvcore's part of a step")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--rounds", type=int, default=1, help="best (fastest median) of this many rounds of steps")
@@ -166,6 +190,15 @@ def main():
                 if a.device != "cpu":
                     torch.cuda.empty_cache()
             model.set_attn_implementation("sdpa")
+            if a.hf_paged and batch * ctx <= a.hf_paged_max_tokens:
+                try:
+                    row["hf_paged_cb_tok_s"], row["hf_paged_cb_attn"] = hf_paged_tok_s(model, batch, ctx, a.steps,
+                                                                                      a.device)
+                except Exception as e:  # noqa: BLE001 -- a failure is a row entry, the sweep goes on
+                    row["hf_paged_cb_tok_s"], row["hf_paged_cb_error"] = None, f"{type(e).__name__}: {str(e)[:200]}"
+                model.set_attn_implementation("sdpa")
+                if a.device != "cpu":
+                    torch.cuda.empty_cache()
             print(json.dumps(row), flush=True)
             rows.append(row)
     if a.json:
