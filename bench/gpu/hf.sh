@@ -37,7 +37,7 @@ kvcore.cuda_device_count(), 'torch', torch.__version__, 'transformers', transfor
 if has tests; then
   log "kvcore.hf tests, CUDA cases"
   "$PY" -m pytest -q -p no:cacheprovider -W ignore::FutureWarning -k cuda python/tests/test_hf_generate.py \
-    python/tests/test_hf_shift.py python/tests/test_hf_batch.py 2>&1 | tee "$OUT/hf-tests.log" | tail -15
+    python/tests/test_hf_shift.py python/tests/test_hf_batch.py python/tests/test_hf_streaming.py 2>&1 | tee "$OUT/hf-tests.log" | tail -15
 fi
 if has throughput; then
   log "decode throughput, SmolLM2 shape (random weights, bf16)"
