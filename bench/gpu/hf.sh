@@ -18,6 +18,7 @@ mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
 STAGES=${HF_STAGES:-"build tests throughput demo ppl"}
 COMMIT=${KVCORE_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+export KVCORE_GIT_COMMIT="$COMMIT"
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "== $(date +%T) $*"; }
 PY=$(command -v python3)

