@@ -18,6 +18,7 @@ mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
 STAGES=${HF_STAGES:-"build tests throughput demo ppl"}
 COMMIT=${KVCORE_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+export KVCORE_GIT_COMMIT="$COMMIT"
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "== $(date +%T) $*"; }
 PY=$(command -v python3)
@@ -37,7 +38,7 @@ kvcore.cuda_device_count(), 'torch', torch.__version__, 'transformers', transfor
 if has tests; then
   log "kvcore.hf tests, CUDA cases"
   "$PY" -m pytest -q -p no:cacheprovider -W ignore::FutureWarning -k cuda python/tests/test_hf_generate.py \
-    python/tests/test_hf_shift.py python/tests/test_hf_batch.py 2>&1 | tee "$OUT/hf-tests.log" | tail -15
+    python/tests/test_hf_shift.py python/tests/test_hf_batch.py python/tests/test_hf_streaming.py 2>&1 | tee "$OUT/hf-tests.log" | tail -15
 fi
 if has throughput; then
   log "decode throughput, SmolLM2 shape (random weights, bf16)"
@@ -53,6 +54,9 @@ if has demo && [ -n "${KVCORE_SMOLLM2_DIR:-}" ]; then
 fi
 if has ppl && [ -n "${KVCORE_SMOLLM2_DIR:-}" ]; then
   log "StreamingLLM perplexity: 16k tokens of the Debian Reference, windows 256 512 1024"
-  "$PY" bench/hf/streaming_ppl.py --device cuda --tokens 16384 --windows 256 512 1024 --chunk 16 \
-    --text-file "$KVCORE_SMOLLM2_DIR/debian-reference.en.txt.gz" --out "$OUT/hf-ppl" 2>&1 | grep -v Warn | tail -30
+  # every method but llamacpp (llama-cpp-python is CPU-only and runs here, not there); ~1-3 min on an H200
+  "$PY" bench/hf/streaming_ppl.py --device cuda --tokens 16384 --windows 256 512 1024 \
+    --methods sink4_on_read_f16 window_f16 full recompute sink4_stored_f16 sink4_on_read_fp8 sink4_stored_fp8 \
+    --text-file "$KVCORE_SMOLLM2_DIR/debian-reference.en.txt.gz" --gguf-dir "$KVCORE_SMOLLM2_DIR" \
+    --out "$OUT/hf-ppl" 2>&1 | grep -v Warn | tail -30
 fi
