@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/harness.hpp"
+#include "bench/rope_check.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/math/half.hpp"
 #include "kvcore/runtime.hpp"
@@ -68,25 +69,12 @@ StepSources make_sources(int32_t batch, Device dev, bool quick) {
 double check_k(PagedCache& c, const std::vector<SeqId>& ids, const StepSources& src) {
   const math::RopeTable& t = c.rope_table(0);
   double worst = 0;
-  std::vector<double> row(kDim);
   for (size_t b = 0; b < ids.size(); ++b) {
     const PagedReadBack rb = c.read(ids[b], 0);
     const size_t j = rb.positions.size() - 1;
-    for (int32_t h = 0; h < kHeads; ++h) {
-      for (int32_t d = 0; d < kDim; ++d) row[d] = to_f32(f16{src.k0[(b * kHeads + h) * kDim + d]});
-      for (int32_t i = 0; i < t.layout.n_pairs(); ++i) {
-        const double a = static_cast<double>(rb.positions[j]) * t.freq[i];
-        const double x0 = row[t.layout.dim0(i)], x1 = row[t.layout.dim1(i)];
-        row[t.layout.dim0(i)] = (x0 * std::cos(a) - x1 * std::sin(a)) * t.attention_factor;
-        row[t.layout.dim1(i)] = (x0 * std::sin(a) + x1 * std::cos(a)) * t.attention_factor;
-      }
-      double rowmax = 0, err = 0;
-      for (int32_t d = 0; d < kDim; ++d) {
-        rowmax = std::max(rowmax, std::abs(row[d]));
-        err = std::max(err, std::abs(row[d] - rb.k[(j * kHeads + h) * kDim + d]));
-      }
-      worst = std::max(worst, err / rowmax);
-    }
+    for (int32_t h = 0; h < kHeads; ++h)
+      worst = std::max(worst, rotated_row_error(&src.k0[(b * kHeads + h) * kDim], &rb.k[(j * kHeads + h) * kDim], kDim,
+                                                t, rb.positions[j]));
   }
   return worst;
 }

@@ -18,6 +18,7 @@
 //                            token in between (copies the shared tail block of every layer)
 // Results are checked against a float64 rotation of the source rows before anything is timed.
 #include "bench/paged_bench.hpp"
+#include "bench/rope_check.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -133,24 +134,10 @@ double check_layer0(PagedCache& c, SeqId s, const Rows& r, const std::function<i
   const math::RopeTable& t = c.rope_table(0);
   const int32_t H = r.g.heads, D = r.g.dim;
   double worst = 0;
-  std::vector<double> row(D);
   for (size_t j = 0; j < rb.positions.size(); j += 7) {  // a sample is enough to catch a wrong kernel
     const int64_t si = src_index(static_cast<int64_t>(j)) % r.chunk;
-    for (int32_t h = 0; h < H; ++h) {
-      for (int32_t d = 0; d < D; ++d) row[d] = to_f32(f16{r.k0[(si * H + h) * D + d]});
-      for (int32_t i = 0; i < t.layout.n_pairs(); ++i) {
-        const double a = static_cast<double>(rb.positions[j]) * t.freq[i];
-        const double x0 = row[t.layout.dim0(i)], x1 = row[t.layout.dim1(i)];
-        row[t.layout.dim0(i)] = (x0 * std::cos(a) - x1 * std::sin(a)) * t.attention_factor;
-        row[t.layout.dim1(i)] = (x0 * std::sin(a) + x1 * std::cos(a)) * t.attention_factor;
-      }
-      double rowmax = 0, err = 0;
-      for (int32_t d = 0; d < D; ++d) {
-        rowmax = std::max(rowmax, std::abs(row[d]));
-        err = std::max(err, std::abs(row[d] - rb.k[(j * H + h) * D + d]));
-      }
-      worst = std::max(worst, err / rowmax);
-    }
+    for (int32_t h = 0; h < H; ++h)
+      worst = std::max(worst, rotated_row_error(&r.k0[(si * H + h) * D], &rb.k[(j * H + h) * D], D, t, rb.positions[j]));
   }
   return worst;
 }
