@@ -14,11 +14,13 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvcore/buffer.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/math/rope_spec.hpp"
+#include "paged_configs.hpp"
 
 namespace mla_test {
 
@@ -198,5 +200,33 @@ class Scenario {
   std::vector<SeqId> seqs_;
   std::vector<std::vector<Token>> model_;
 };
+
+// One parameter of the MLA suites (CPU and CUDA): pool format, RoPE mode, and whether every layer
+// shares one RoPE spec (as DeepSeek's do: CUDA then rotates all layers in one launch).
+struct MlaCase {
+  KvFormat format;
+  RopeMode mode;
+  bool one_spec = false;
+};
+
+inline PagedCacheConfig config_of(const MlaCase& mc) {
+  PagedCacheConfig c = paged_test::mla_config(mc.format, mc.mode, 16, 32);
+  if (mc.one_spec) c.rope = {c.rope[0]};
+  return c;
+}
+
+// Every format in both modes, and every format with one spec for all layers.
+inline std::vector<MlaCase> all_cases() {
+  std::vector<MlaCase> v;
+  for (KvFormat f : paged_test::kMlaFormats)
+    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
+  for (KvFormat f : paged_test::kMlaFormats) v.push_back({f, RopeMode::RopeStored, true});
+  return v;
+}
+
+inline std::string case_name(const MlaCase& mc) {
+  return std::string(kv_format_name(mc.format)) + (mc.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead") +
+         (mc.one_spec ? "_OneSpec" : "");
+}
 
 }  // namespace mla_test

@@ -22,17 +22,8 @@ using namespace paged_test;
 
 namespace {
 
-struct MlaCase {
-  KvFormat format;
-  RopeMode mode;
-  bool one_spec = false;  // every layer one RoPE spec (as DeepSeek's): CUDA rotates all layers in one launch
-};
-
-PagedCacheConfig config_of(const MlaCase& mc) {
-  PagedCacheConfig c = mla_config(mc.format, mc.mode, 16, 32);
-  if (mc.one_spec) c.rope = {c.rope[0]};
-  return c;
-}
+using mla_test::MlaCase;
+using mla_test::config_of;
 
 void expect_error(const std::function<void()>& f, const std::string& needle) {
   try {
@@ -98,18 +89,8 @@ TEST_P(PagedMla, AttentionThroughTheCacheMatchesFloat64) {
   }
 }
 
-std::vector<MlaCase> mla_cases() {
-  std::vector<MlaCase> v;
-  for (KvFormat f : kMlaFormats)
-    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
-  for (KvFormat f : kMlaFormats) v.push_back({f, RopeMode::RopeStored, true});
-  return v;
-}
-
-INSTANTIATE_TEST_SUITE_P(Formats, PagedMla, ::testing::ValuesIn(mla_cases()), [](const ::testing::TestParamInfo<MlaCase>& i) {
-  return std::string(kv_format_name(i.param.format)) + (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead") +
-         (i.param.one_spec ? "_OneSpec" : "");
-});
+INSTANTIATE_TEST_SUITE_P(Formats, PagedMla, ::testing::ValuesIn(mla_test::all_cases()),
+                         [](const ::testing::TestParamInfo<MlaCase>& i) { return mla_test::case_name(i.param); });
 
 // What an MLA-shaped cache cannot be, refused at construction with the field and value named.
 TEST(PagedMlaRefusals, WhatStaysUnsupportedIsRefusedNamingTheField) {

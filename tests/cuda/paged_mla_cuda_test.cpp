@@ -25,17 +25,8 @@ namespace {
 
 bool have_gpu() { return cuda_device_count() > 0; }
 
-struct MlaCase {
-  KvFormat format;
-  RopeMode mode;
-  bool one_spec = false;  // every layer one RoPE spec (as DeepSeek's): CUDA rotates all layers in one launch
-};
-
-PagedCacheConfig config_of(const MlaCase& mc) {
-  PagedCacheConfig c = mla_config(mc.format, mc.mode, 16, 32);
-  if (mc.one_spec) c.rope = {c.rope[0]};
-  return c;
-}
+using mla_test::MlaCase;
+using mla_test::config_of;
 
 // Attention of every layer for the scenario's sequences with queries q_raw; outputs on the host.
 std::vector<std::vector<float>> attend(PagedCache& cache, const mla_test::Scenario& sc, const std::vector<float>& q_raw,
@@ -113,17 +104,7 @@ TEST_P(PagedMlaCuda, SameCacheAsTheCpuAndAttentionMatchesFloat64) {
   }
 }
 
-std::vector<MlaCase> cases() {
-  std::vector<MlaCase> v;
-  for (KvFormat f : kMlaFormats)
-    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
-  for (KvFormat f : kMlaFormats) v.push_back({f, RopeMode::RopeStored, true});
-  return v;
-}
-
-INSTANTIATE_TEST_SUITE_P(Formats, PagedMlaCuda, ::testing::ValuesIn(cases()), [](const ::testing::TestParamInfo<MlaCase>& i) {
-  return std::string(kv_format_name(i.param.format)) + (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead") +
-         (i.param.one_spec ? "_OneSpec" : "");
-});
+INSTANTIATE_TEST_SUITE_P(Formats, PagedMlaCuda, ::testing::ValuesIn(mla_test::all_cases()),
+                         [](const ::testing::TestParamInfo<MlaCase>& i) { return mla_test::case_name(i.param); });
 
 }  // namespace
