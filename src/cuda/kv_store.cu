@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/common/check.cuh"
+#include "cuda/kv_store_chunk.cuh"
 #include "ops/kv_store_params.hpp"
 #include "ops/kv_store_row.hpp"
 #include "ops/kv_store_vec.hpp"
@@ -156,20 +157,6 @@ Fp8Mode fp8_vec_mode(const KvStoreParams& p) {
   if (l.first_dim != 0 || l.n_rot != D) return Fp8Mode::None;
   if (l.interleaved) return Fp8Mode::Contiguous;
   return D >= 128 ? Fp8Mode::Neox : Fp8Mode::None;
-}
-
-__device__ __forceinline__ float chunk_amax(const float* x) {
-  float a = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) a = math::finite_abs_max(a, x[k]);
-  return a;
-}
-
-__device__ __forceinline__ uint2 fp8_codes8(const float* x, int k) {
-  uint32_t w[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w[i / 4] |= static_cast<uint32_t>(kvrow::fp8_code(x[i], k)) << (8 * (i % 4));
-  return make_uint2(w[0], w[1]);
 }
 
 template <Fp8Mode M>

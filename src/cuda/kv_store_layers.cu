@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.cuh"
+#include "cuda/kv_store_chunk.cuh"
 #include "ops/kv_store_layers_params.hpp"
 #include "ops/kv_store_row.hpp"
 #include "ops/kv_store_vec.hpp"
@@ -31,20 +32,6 @@ __device__ __forceinline__ void load16(const void* src, DType t, int64_t i0, int
     kvvec::load8<uint16_t>(src, t, i0, x);
     kvvec::load8<uint16_t>(src, t, i1, x + 8);
   }
-}
-
-__device__ __forceinline__ float amax8(const float* x) {
-  float a = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) a = math::finite_abs_max(a, x[k]);
-  return a;
-}
-
-__device__ __forceinline__ uint2 codes8(const float* x, int k) {
-  uint32_t w[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w[i / 4] |= static_cast<uint32_t>(kvrow::fp8_code(x[i], k)) << (8 * (i % 4));
-  return make_uint2(w[0], w[1]);
 }
 
 __global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_constant__ KvStoreLayersParams p) {
@@ -90,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_
   // uniform over the grid). Rows start at multiples of their unit count (4, 8, 16 or 32), so
   // the lanes xor 1, 2 are one 64-dim group of a contiguous row (both chunks), and xor 1, 2, 4
   // one group per chunk of a NeoX row.
-  float a_lo = amax8(x), a_hi = amax8(x + 8), a_row = 0.0f;
+  float a_lo = chunk_amax(x), a_hi = chunk_amax(x + 8), a_row = 0.0f;
   if (p.any_fp8) {
     a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 1));
     a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 1));
@@ -121,13 +108,13 @@ __global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_
       uint8_t* scales = (is_k ? p.k_scales[layer] : p.v_scales[layer]) + row * (dim / 64);
       if (!neox) {
         const int k = math::e4m3_scale_exponent(a_row);
-        const uint2 c0 = codes8(x, k), c1 = codes8(x + 8, k);
+        const uint2 c0 = fp8_codes8(x, k), c1 = fp8_codes8(x + 8, k);
         *reinterpret_cast<uint4*>(dst + d0) = make_uint4(c0.x, c0.y, c1.x, c1.y);
         if (u % 4 == 0) scales[d0 / 64] = math::ue8m0_encode(k);
       } else {
         const int k0 = math::e4m3_scale_exponent(a_lo), k1 = math::e4m3_scale_exponent(a_hi);
-        *reinterpret_cast<uint2*>(dst + d0) = codes8(x, k0);
-        *reinterpret_cast<uint2*>(dst + d1) = codes8(x + 8, k1);
+        *reinterpret_cast<uint2*>(dst + d0) = fp8_codes8(x, k0);
+        *reinterpret_cast<uint2*>(dst + d1) = fp8_codes8(x + 8, k1);
         if (u % 8 == 0) {
           scales[d0 / 64] = math::ue8m0_encode(k0);
           scales[d1 / 64] = math::ue8m0_encode(k1);

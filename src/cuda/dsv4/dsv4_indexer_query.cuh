@@ -9,6 +9,17 @@
 
 namespace kvcore::ops::cuda::dsv4 {
 
+// The rows query i can see (vis); the invisible rest of its scores [vis, cap) becomes -inf, spread
+// over the x blocks of that query's grid row (the scorers' shared prologue).
+__device__ __forceinline__ int64_t mask_invisible_scores(const IndexerParams& p, int32_t i) {
+  const int64_t vis = min(p.n_rows, visible_rows(p.first_query_pos + i, p.ratio));
+  float* sc = p.scores + i * p.scores_stride;
+  for (int64_t s = vis + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < p.cap;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    sc[s] = -INFINITY;
+  return vis;
+}
+
 // The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
 // when quantized (the same butterfly network and block scales as the CPU: identical bits).
 __device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {

@@ -82,12 +82,8 @@ __global__ void __launch_bounds__(kMmaThreads) score_mma_kernel(const IndexerPar
   pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
   extern __shared__ __align__(16) float smem[];
   const int32_t i = blockIdx.y;
-  const int64_t t = p.first_query_pos + i;
-  const int64_t vis = min(p.n_rows, visible_rows(t, p.ratio));
+  const int64_t vis = mask_invisible_scores(p, i);
   float* sc = p.scores + i * p.scores_stride;
-  for (int64_t s = vis + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < p.cap;
-       s += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    sc[s] = -INFINITY;
   if (static_cast<int64_t>(blockIdx.x) * kMmaTileRows >= vis) return;  // block-uniform
 
   const int n_heads = p.n_heads, hp = padded_heads(n_heads);
