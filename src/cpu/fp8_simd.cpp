@@ -12,6 +12,8 @@
 #include <hwy/highway.h>
 // clang-format on
 
+#include <type_traits>
+
 #include "cpu/fp8_simd.hpp"
 #include "cpu/simd_kv-inl.h"
 #include "cpu/simd_rope-inl.h"
@@ -37,26 +39,36 @@ template <class T, class Tail>
 void PackRows(const Fp8PackParams& p) {
   const T* src = static_cast<const T*>(p.src);
   Tail* tail = static_cast<Tail*>(p.maybe_tail);
-  const int64_t scs = p.scale_rows.col_stride;
-  const int32_t n_rot = p.cols - p.n_nope;
-  const hn::ScalableTag<float> df;
+  uint8_t* const pad = p.maybe_pad;
+  // the row maps and sizes in locals: the byte stores below may alias any memory, p's included
+  const RowMap src_rows = p.src_rows, code_rows = p.code_rows, scale_rows = p.scale_rows, tail_rows = p.tail_rows,
+               pad_rows = p.pad_rows;
+  const int64_t scs = scale_rows.col_stride, rows = p.rows;
+  const int32_t n_nope = p.n_nope, n_rot = p.cols - p.n_nope;
+  using DF = hn::ScalableTag<float>;
+  const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  const E4m3InRangeConsts<DF> kc(df);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < p.rows; ++r) {
-    const T* s = src + p.src_rows.offset(r);
-    uint8_t* c = p.codes + p.code_rows.offset(r);
-    uint8_t* sc = p.scales + p.scale_rows.offset(r);
-    for (int32_t off = 0, b = 0; off < p.n_nope; off += kFp8Block, ++b) {
-      if (p.n_nope - off < kFp8Block) {
-        sc[b * scs] = math::fp8_block_pack(s + off, 1, p.n_nope - off, c + off, 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + src_rows.offset(r);
+    uint8_t* c = p.codes + code_rows.offset(r);
+    uint8_t* sc = p.scales + scale_rows.offset(r);
+    for (int32_t off = 0, b = 0; off < n_nope; off += kFp8Block, ++b) {
+      if (n_nope - off < kFp8Block) {
+        sc[b * scs] = math::fp8_block_pack(s + off, 1, n_nope - off, c + off, 1);
         continue;
       }
-      HWY_ALIGN float block[kFp8Block];
-      for (int32_t i = 0; i < kFp8Block; i += N) hn::Store(LoadAsF32(df, s + off + i), df, block + i);
-      EncodeFp8Group(block, c + off, &sc[b * scs]);
+      if constexpr (std::is_same_v<T, float>) {
+        EncodeFp8Group(df, s + off, c + off, &sc[b * scs], kc);
+      } else {  // widened to f32 first (exact)
+        HWY_ALIGN float block[kFp8Block];
+        for (int32_t i = 0; i < kFp8Block; i += N) hn::Store(LoadAsF32(df, s + off + i), df, block + i);
+        EncodeFp8Group(df, block, c + off, &sc[b * scs], kc);
+      }
     }
-    if (tail) Convert(s + p.n_nope, n_rot, tail + p.tail_rows.offset(r));
-    if (p.maybe_pad) p.maybe_pad[p.pad_rows.offset(r)] = 0;
+    if (tail) Convert(s + n_nope, n_rot, tail + tail_rows.offset(r));
+    if (pad) pad[pad_rows.offset(r)] = 0;
   }
 }
 

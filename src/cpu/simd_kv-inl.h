@@ -166,24 +166,101 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> E4m3EncodeScaled(DF df, hn::Vec<DF> s
   return hn::IfThenElse(nan, hn::Set(di, 0x7f), hn::Or(sign, code));
 }
 
-// One FP8 group of 64 values: the UE8M0 scale from the finite amax and the 64
-// codes, as kvrow::encode_group / math::fp8_block_pack compute them.
-HWY_INLINE void EncodeFp8Group(const float* v, uint8_t* codes, uint8_t* scale) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::Rebind<uint8_t, decltype(df)> d8;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-  auto acc = hn::Zero(df);
-  for (int32_t i = 0; i < math::kFp8Block; i += N) {
-    const auto x = hn::LoadU(df, v + i);
-    acc = hn::Max(acc, hn::IfThenElseZero(hn::IsFinite(x), hn::Abs(x)));
+// E4M3 codes (in u32 lanes) of scaled values s that are finite with |s| <= 448, as
+// math::e4m3_encode gives them (its NaN and saturation branches cannot fire): normal codes
+// by E4m3EncodeScaled's integer rounding, the sign OR-ed in; lanes below 2^-6 (subnormal
+// codes) take its float add at the subnormal step, only in vectors that hold one. The
+// constants come in as vectors so that loops keep them in registers.
+template <class DF>
+struct E4m3InRangeConsts {
+  hn::Vec<hn::RebindToUnsigned<DF>> magnitude, one, round, tiny, sign;
+  hn::Vec<DF> big;
+  explicit E4m3InRangeConsts(DF df) {
+    const hn::RebindToUnsigned<DF> du;
+    magnitude = hn::Set(du, 0x7fffffffu);
+    one = hn::Set(du, 1u);
+    round = hn::Set(du, 0x7ffffu - (120u << 23));  // the rounding bias, the exponent rebased from 127 to 7
+    tiny = hn::Set(du, 0x3c800000u);               // 2^-6, the smallest normal
+    sign = hn::Set(du, 0x80u);
+    big = hn::Set(df, 16384.0f);  // 2^14: a sum's ulp is the subnormal step 2^-9
   }
-  const int k = math::e4m3_scale_exponent(hn::GetLane(hn::MaxOfLanes(df, acc)));
+};
+
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> E4m3CodesInRange(DF df, hn::Vec<DF> s, const E4m3InRangeConsts<DF>& k) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::BitCast(du, s);
+  const auto a = hn::And(u, k.magnitude);
+  // (a - (120 << 23) + 0x7ffff + odd) >> 20: rounded to 3 mantissa bits, to nearest even
+  auto code = hn::ShiftRight<20>(hn::Add(a, hn::Add(hn::And(hn::ShiftRight<20>(a), k.one), k.round)));
+  const auto tiny = hn::Lt(a, k.tiny);
+  if (HWY_UNLIKELY(!hn::AllFalse(du, tiny)))
+    code = hn::IfThenElse(tiny, hn::Sub(hn::BitCast(du, hn::Add(hn::Abs(s), k.big)), hn::BitCast(du, k.big)), code);
+  (void)df;
+  return hn::OrAnd(code, hn::ShiftRight<24>(u), k.sign);
+}
+
+// Stores the low bytes of u32 lanes: four vectors' worth (4 * Lanes(du) bytes, in order).
+template <class DU>
+HWY_INLINE void StoreLowBytes4(DU du, hn::Vec<DU> c0, hn::Vec<DU> c1, hn::Vec<DU> c2, hn::Vec<DU> c3, uint8_t* out) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(du) == 16) {  // lanes hold values < 256: unsigned saturating packs keep them
+    const __m512i w01 = _mm512_packus_epi32(c0.raw, c1.raw), w23 = _mm512_packus_epi32(c2.raw, c3.raw);
+    const __m512i b = _mm512_packus_epi16(w01, w23);  // per 128-bit block j: 4 bytes each of c0, c1, c2, c3
+    // dword 4j + q of b holds lanes 4j..4j+3 of c_q; memory wants them at dword 4q + j
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, b));
+    return;
+  }
+#endif
+  const hn::Rebind<uint8_t, DU> d8;
+  const size_t N = hn::Lanes(du);
+  hn::StoreU(hn::TruncateTo(d8, c0), d8, out);
+  hn::StoreU(hn::TruncateTo(d8, c1), d8, out + N);
+  hn::StoreU(hn::TruncateTo(d8, c2), d8, out + 2 * N);
+  hn::StoreU(hn::TruncateTo(d8, c3), d8, out + 3 * N);
+}
+
+// One FP8 group of 64 values: the UE8M0 scale from the finite amax and the 64
+// codes, as kvrow::encode_group / math::fp8_block_pack compute them. The amax is
+// the largest magnitude's bits (integer order is float order for magnitudes); a
+// group whose largest is inf or NaN takes E4m3EncodeScaled (clamp and NaN codes),
+// every other group E4m3CodesInRange: its scaled values are finite and |v| / 2^k <= 448
+// (2^k >= amax / 448 exactly, and the product rounds to at most 448).
+template <class DF>
+HWY_INLINE void EncodeFp8Group(DF df, const float* v, uint8_t* codes, uint8_t* scale, const E4m3InRangeConsts<DF>& kc) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  auto top = hn::Zero(du);
+  for (int32_t i = 0; i < math::kFp8Block; i += N) top = hn::Max(top, hn::And(hn::BitCast(du, hn::LoadU(df, v + i)), kc.magnitude));
+  const uint32_t amax_bits = hn::GetLane(hn::MaxOfLanes(du, top));
+  if (HWY_UNLIKELY(amax_bits >= 0x7f800000u)) {  // inf or NaN in the group: the amax of the finite values
+    auto acc = hn::Zero(df);
+    for (int32_t i = 0; i < math::kFp8Block; i += N) {
+      const auto x = hn::LoadU(df, v + i);
+      acc = hn::Max(acc, hn::IfThenElseZero(hn::IsFinite(x), hn::Abs(x)));
+    }
+    const int k = math::e4m3_scale_exponent(hn::GetLane(hn::MaxOfLanes(df, acc)));
+    const auto inv = hn::Set(df, math::pow2f(-k));
+    for (int32_t i = 0; i < math::kFp8Block; i += N)
+      hn::StoreU(hn::DemoteTo(d8, E4m3EncodeScaled(df, hn::Mul(hn::LoadU(df, v + i), inv))), d8, codes + i);
+    *scale = math::ue8m0_encode(k);
+    return;
+  }
+  const int k = math::e4m3_scale_exponent(math::bits_float(amax_bits));
   const auto inv = hn::Set(df, math::pow2f(-k));
-  for (int32_t i = 0; i < math::kFp8Block; i += N)
-    hn::StoreU(hn::DemoteTo(d8, E4m3EncodeScaled(df, hn::Mul(hn::LoadU(df, v + i), inv))), d8, codes + i);
-  (void)di;
+  for (int32_t i = 0; i < math::kFp8Block; i += 4 * N)
+    StoreLowBytes4(du, E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i), inv), kc),
+                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + N), inv), kc),
+                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + 2 * N), inv), kc),
+                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + 3 * N), inv), kc), codes + i);
   *scale = math::ue8m0_encode(k);
+}
+
+HWY_INLINE void EncodeFp8Group(const float* v, uint8_t* codes, uint8_t* scale) {
+  using DF = hn::ScalableTag<float>;
+  EncodeFp8Group(DF(), v, codes, scale, E4m3InRangeConsts<DF>(DF()));
 }
 
 // out[0..4) = the lane sums of a, b, c and d: pairs of lanes added inside each
