@@ -101,32 +101,67 @@ void UnpackRows(const Fp8UnpackParams& p) {
   }
 }
 
-// fp8_round_trip_rows: per full block, the codes and scale of the pack path decoded as
-// the unpack path decodes them (unpack(pack(x)) is the round trip bit for bit); partial
-// blocks by the shared scalar helper; the tail copied unless it is the same memory.
-void RoundTripRows(const Fp8RoundTripParams& p) {
-  const hn::ScalableTag<float> df;
+// One full block's round trip (math::fp8_block_round_trip). Blocks without inf or NaN
+// round each scaled value |s| <= 448 on the e4m3 grid directly: normal values by the
+// integer round-to-nearest-even of E4m3CodesInRange, kept in place as an f32 (the
+// exponent is not rebased; the sign bit is untouched: no carry reaches it); values
+// below 2^-6 by the float add at the subnormal step, the sign put back. That is
+// math::e4m3_round_value, so unpack(pack(x)) bit for bit. Other blocks encode and decode.
+template <class DF>
+HWY_INLINE void RoundTripFp8Group(DF df, const float* s, float* d, const E4m3InRangeConsts<DF>& kc) {
+  const hn::RebindToUnsigned<DF> du;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  auto top = hn::Zero(du);
+  for (int32_t i = 0; i < kFp8Block; i += N) top = hn::Max(top, hn::And(hn::BitCast(du, hn::LoadU(df, s + i)), kc.magnitude));
+  const uint32_t amax_bits = hn::GetLane(hn::MaxOfLanes(du, top));
+  if (HWY_UNLIKELY(amax_bits >= 0x7f800000u)) {
+    HWY_ALIGN uint8_t codes[kFp8Block];
+    uint8_t sc;
+    EncodeFp8Group(df, s, codes, &sc, kc);
+    const auto scale = hn::Set(df, math::ue8m0_decode(sc));
+    for (int32_t i = 0; i < kFp8Block; i += N)
+      hn::StoreU(hn::Mul(hn::Mul(LoadE4m3Over256(df, codes, i), hn::Set(df, 256.0f)), scale), df, d + i);
+    return;
+  }
+  const int k = math::e4m3_scale_exponent(math::bits_float(amax_bits));
+  const auto inv = hn::Set(df, math::pow2f(-k)), scale = hn::Set(df, math::pow2f(k));
+  const auto keep = hn::Set(du, 0xfff00000u);  // sign, exponent and 3 mantissa bits
+  for (int32_t i = 0; i < kFp8Block; i += N) {
+    const auto x = hn::Mul(hn::LoadU(df, s + i), inv);
+    const auto u = hn::BitCast(du, x);
+    const auto a = hn::And(u, kc.magnitude);
+    auto r = hn::And(hn::Add(u, hn::Add(hn::And(hn::ShiftRight<20>(a), kc.one), hn::Set(du, 0x7ffffu))), keep);
+    const auto tiny = hn::Lt(a, kc.tiny);
+    if (HWY_UNLIKELY(!hn::AllFalse(du, tiny))) {
+      const auto sub = hn::Sub(hn::Add(hn::Abs(x), kc.big), kc.big);  // on the 2^-9 grid, nearest even
+      r = hn::IfThenElse(tiny, hn::Or(hn::BitCast(du, sub), hn::AndNot(kc.magnitude, u)), r);
+    }
+    hn::StoreU(hn::Mul(hn::BitCast(df, r), scale), df, d + i);
+  }
+}
+
+// fp8_round_trip_rows: full blocks by RoundTripFp8Group, partial blocks by the shared
+// scalar helper; the tail copied unless it is the same memory.
+void RoundTripRows(const Fp8RoundTripParams& p) {
+  using DF = hn::ScalableTag<float>;
+  const DF df;
+  const E4m3InRangeConsts<DF> kc(df);
+  const RowMap src_rows = p.src_rows, dst_rows = p.dst_rows;
+  const int32_t n_nope = p.n_nope, cols = p.cols;
+  const int64_t rows = p.rows;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < p.rows; ++r) {
-    const float* s = p.src + p.src_rows.offset(r);
-    float* d = p.dst + p.dst_rows.offset(r);
-    for (int32_t off = 0; off < p.n_nope; off += kFp8Block) {
-      if (p.n_nope - off < kFp8Block) {
-        math::fp8_block_round_trip(s + off, 1, d + off, 1, p.n_nope - off);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = p.src + src_rows.offset(r);
+    float* d = p.dst + dst_rows.offset(r);
+    for (int32_t off = 0; off < n_nope; off += kFp8Block) {
+      if (n_nope - off < kFp8Block) {
+        math::fp8_block_round_trip(s + off, 1, d + off, 1, n_nope - off);
         continue;
       }
-      HWY_ALIGN float block[kFp8Block];
-      HWY_ALIGN uint8_t codes[kFp8Block];
-      uint8_t sc;
-      for (int32_t i = 0; i < kFp8Block; i += N) hn::Store(hn::LoadU(df, s + off + i), df, block + i);
-      EncodeFp8Group(block, codes, &sc);
-      const auto scale = hn::Set(df, math::ue8m0_decode(sc));
-      for (int32_t i = 0; i < kFp8Block; i += N)
-        hn::StoreU(hn::Mul(hn::Mul(LoadE4m3Over256(df, codes, i), hn::Set(df, 256.0f)), scale), df, d + off + i);
+      RoundTripFp8Group(df, s + off, d + off, kc);
     }
     if (s != d)
-      for (int32_t i = p.n_nope; i < p.cols; ++i) d[i] = s[i];
+      for (int32_t i = n_nope; i < cols; ++i) d[i] = s[i];
   }
 }
 

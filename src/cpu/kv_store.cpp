@@ -1,6 +1,6 @@
 // CPU kernels of the kv_store family: one token (or cell) per iteration, OpenMP over them;
 // the pair angles are computed once per token and shared by its heads. kv_store and
-// kv_rotate_blocks take the SIMD path (kv_store_simd.cpp, the same bytes) unless the
+// kv_rotate_blocks (and kv_rope_angles) take the SIMD path (kv_store_simd.cpp, the same bytes) unless the
 // scalar path is asked for (simd_targets.hpp).
 #include <cstdint>
 
@@ -69,6 +69,7 @@ void kv_store(const KvStoreParams& p) {
 }
 
 void kv_rope_angles(const KvAnglesParams& p) {
+  if (ops::cpu::simd_on()) return ops::cpu::kv_rope_angles_simd(p);
   const int32_t np = p.rope.layout.n_pairs();
   for (int32_t t = 0; t < p.n; ++t)
     for (int32_t i = 0; i < np; ++i) {

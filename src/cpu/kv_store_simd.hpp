@@ -6,4 +6,5 @@
 namespace kvcore::ops::cpu {
 void kv_store_simd(const KvStoreParams& p);
 void kv_rotate_blocks_simd(const KvRotateParams& p);
+void kv_rope_angles_simd(const KvAnglesParams& p);
 }  // namespace kvcore::ops::cpu
