@@ -54,19 +54,19 @@ void PackRows(const Fp8PackParams& p) {
     const T* s = src + src_rows.offset(r);
     uint8_t* c = p.codes + code_rows.offset(r);
     uint8_t* sc = p.scales + scale_rows.offset(r);
-    for (int32_t off = 0, b = 0; off < n_nope; off += kFp8Block, ++b) {
-      if (n_nope - off < kFp8Block) {
-        sc[b * scs] = math::fp8_block_pack(s + off, 1, n_nope - off, c + off, 1);
-        continue;
-      }
-      if constexpr (std::is_same_v<T, float>) {
-        EncodeFp8Group(df, s + off, c + off, &sc[b * scs], kc);
-      } else {  // widened to f32 first (exact)
-        HWY_ALIGN float block[kFp8Block];
-        for (int32_t i = 0; i < kFp8Block; i += N) hn::Store(LoadAsF32(df, s + off + i), df, block + i);
-        EncodeFp8Group(df, block, c + off, &sc[b * scs], kc);
+    const int32_t full = n_nope / kFp8Block;
+    if constexpr (std::is_same_v<T, float>) {
+      EncodeFp8Groups(df, s, full, c, sc, scs, kc);
+    } else {  // widened to f32 first (exact), 8 groups at a time
+      HWY_ALIGN float groups[8 * kFp8Block];
+      for (int32_t g = 0; g < full; g += 8) {
+        const int32_t n = full - g < 8 ? full - g : 8;
+        for (int32_t i = 0; i < n * kFp8Block; i += N) hn::Store(LoadAsF32(df, s + g * kFp8Block + i), df, groups + i);
+        EncodeFp8Groups8(df, groups, n, c + g * kFp8Block, sc + g * scs, scs, kc);
       }
     }
+    if (full * kFp8Block < n_nope)  // a partial last block: the shared scalar helper
+      sc[full * scs] = math::fp8_block_pack(s + full * kFp8Block, 1, n_nope - full * kFp8Block, c + full * kFp8Block, 1);
     if (tail) Convert(s + n_nope, n_rot, tail + tail_rows.offset(r));
     if (pad) pad[pad_rows.offset(r)] = 0;
   }

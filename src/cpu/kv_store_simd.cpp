@@ -61,9 +61,8 @@ void EncodeRow(KvFormat f, const float* row, void* dst, uint8_t* scales, int32_t
     case KvFormat::F16: return StoreRow(row, n, static_cast<f16*>(dst));
     case KvFormat::BF16: return StoreRow(row, n, static_cast<bf16*>(dst));
     default: {  // FP8 groups a vector at a time, then the plain tail (kvrow::encode_row's order)
-      const int32_t groups = kvrow::n_fp8_groups(f, n);
-      for (int32_t g = 0; g < groups; ++g)
-        EncodeFp8Group(DF(), row + g * math::kFp8Block, kvrow::group_codes(f, dst, g), kvrow::group_scale(f, dst, scales, g), kc);
+      const int32_t groups = kvrow::n_fp8_groups(f, n);  // codes and scale bytes of a row are contiguous
+      EncodeFp8Groups(DF(), row, groups, kvrow::group_codes(f, dst, 0), kvrow::group_scale(f, dst, scales, 0), 1, kc);
       for (int32_t d = groups * math::kFp8Block; d < n; ++d) kvrow::encode_plain(f, dst, d, row[d]);
       if (f == KvFormat::Dsv4Row) static_cast<uint8_t*>(dst)[kvrow::Dsv4::kPadOffset] = 0;
     }

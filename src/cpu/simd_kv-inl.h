@@ -221,6 +221,19 @@ HWY_INLINE void StoreLowBytes4(DU du, hn::Vec<DU> c0, hn::Vec<DU> c1, hn::Vec<DU
   hn::StoreU(hn::TruncateTo(d8, c3), d8, out + 3 * N);
 }
 
+// The codes of one group of 64 finite values whose scale exponent is k (|v| / 2^k <= 448).
+template <class DF>
+HWY_INLINE void EncodeFp8GroupFinite(DF df, const float* v, int k, uint8_t* codes, const E4m3InRangeConsts<DF>& kc) {
+  const hn::RebindToUnsigned<DF> du;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  const auto inv = hn::Set(df, math::pow2f(-k));
+  for (int32_t i = 0; i < math::kFp8Block; i += 4 * N)
+    StoreLowBytes4(du, E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i), inv), kc),
+                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + N), inv), kc),
+                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + 2 * N), inv), kc),
+                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + 3 * N), inv), kc), codes + i);
+}
+
 // One FP8 group of 64 values: the UE8M0 scale from the finite amax and the 64
 // codes, as kvrow::encode_group / math::fp8_block_pack compute them. The amax is
 // the largest magnitude's bits (integer order is float order for magnitudes); a
@@ -249,18 +262,81 @@ HWY_INLINE void EncodeFp8Group(DF df, const float* v, uint8_t* codes, uint8_t* s
     return;
   }
   const int k = math::e4m3_scale_exponent(math::bits_float(amax_bits));
-  const auto inv = hn::Set(df, math::pow2f(-k));
-  for (int32_t i = 0; i < math::kFp8Block; i += 4 * N)
-    StoreLowBytes4(du, E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i), inv), kc),
-                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + N), inv), kc),
-                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + 2 * N), inv), kc),
-                   E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + 3 * N), inv), kc), codes + i);
+  EncodeFp8GroupFinite(df, v, k, codes, kc);
   *scale = math::ue8m0_encode(k);
 }
 
 HWY_INLINE void EncodeFp8Group(const float* v, uint8_t* codes, uint8_t* scale) {
   using DF = hn::ScalableTag<float>;
   EncodeFp8Group(DF(), v, codes, scale, E4m3InRangeConsts<DF>(DF()));
+}
+
+// out[g] = the largest lane of top[g], g < 8: pairs of vectors interleaved and maxed
+// inside each 128-bit block (a transposition, as SumOfLanes4 does), then the blocks
+// maxed, so eight maxima cost about what two MaxOfLanes do.
+template <class DU>
+HWY_INLINE void LaneMaxima8(DU du, const hn::Vec<DU>* top, uint32_t* out) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)du;
+  for (int g = 0; g < 8; ++g) out[g] = hn::GetLane(top[g]);
+#else
+  const hn::Repartition<uint64_t, DU> d64;
+  const size_t N = hn::Lanes(du);
+  hn::Vec<DU> w[4];  // per block: max of lanes 0,2 and 1,3 of two sources
+  for (int i = 0; i < 4; ++i)
+    w[i] = hn::Max(hn::InterleaveLower(du, top[2 * i], top[2 * i + 1]), hn::InterleaveUpper(du, top[2 * i], top[2 * i + 1]));
+  HWY_ALIGN uint32_t lanes[2 * hn::MaxLanes(du)];
+  for (int i = 0; i < 2; ++i) {  // per block: the maxima of sources 4i .. 4i + 3
+    const auto a = hn::BitCast(d64, w[2 * i]), b = hn::BitCast(d64, w[2 * i + 1]);
+    hn::Store(hn::Max(hn::BitCast(du, hn::InterleaveLower(d64, a, b)), hn::BitCast(du, hn::InterleaveUpper(d64, a, b))), du,
+              lanes + i * N);
+  }
+  const hn::Full128<uint32_t> d4;
+  for (size_t i = 0; i < 2; ++i) {
+    auto m = hn::Load(d4, lanes + i * N);
+    for (size_t j = 4; j < N; j += 4) m = hn::Max(m, hn::Load(d4, lanes + i * N + j));
+    hn::StoreU(m, d4, out + 4 * i);
+  }
+#endif
+}
+
+// n <= 8 full groups at v + 64 g: codes to codes + 64 g, scale bytes to scales[g * scale_stride],
+// the bytes of EncodeFp8Group on each. The groups' maxima are reduced together (LaneMaxima8), so
+// no group's codes wait on its own reduction and scalar scale as one after another.
+template <class DF>
+HWY_INLINE void EncodeFp8Groups8(DF df, const float* v, int32_t n, uint8_t* codes, uint8_t* scales, int64_t scale_stride,
+                                 const E4m3InRangeConsts<DF>& kc) {
+  const hn::RebindToUnsigned<DF> du;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  hn::Vec<decltype(du)> top[8];
+  for (int32_t g = 0; g < 8; ++g) {
+    top[g] = hn::Zero(du);
+    if (g >= n) continue;
+    for (int32_t i = 0; i < math::kFp8Block; i += N)
+      top[g] = hn::Max(top[g], hn::And(hn::BitCast(du, hn::LoadU(df, v + g * math::kFp8Block + i)), kc.magnitude));
+  }
+  HWY_ALIGN uint32_t amax[8];
+  LaneMaxima8(du, top, amax);
+  for (int32_t g = 0; g < n; ++g) {
+    const float* gv = v + g * math::kFp8Block;
+    uint8_t* gc = codes + g * math::kFp8Block;
+    if (HWY_UNLIKELY(amax[g] >= 0x7f800000u)) {
+      EncodeFp8Group(df, gv, gc, scales + g * scale_stride, kc);
+      continue;
+    }
+    const int k = math::e4m3_scale_exponent(math::bits_float(amax[g]));
+    EncodeFp8GroupFinite(df, gv, k, gc, kc);
+    scales[g * scale_stride] = math::ue8m0_encode(k);
+  }
+}
+
+// EncodeFp8Groups8 over any number of full groups.
+template <class DF>
+HWY_INLINE void EncodeFp8Groups(DF df, const float* v, int32_t n, uint8_t* codes, uint8_t* scales, int64_t scale_stride,
+                                const E4m3InRangeConsts<DF>& kc) {
+  for (int32_t g = 0; g < n; g += 8)
+    EncodeFp8Groups8(df, v + g * math::kFp8Block, n - g < 8 ? n - g : 8, codes + g * math::kFp8Block,
+                     scales + g * scale_stride, scale_stride, kc);
 }
 
 // out[0..4) = the lane sums of a, b, c and d: pairs of lanes added inside each
