@@ -269,8 +269,8 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, KvForma
     opt.report(fold);
   }
   const PagedShiftCase sc{ctx, keep, discard, g.layers, g.heads, g.dim};
-  // Baselines are CUDA programs (bench/paged_shift_baselines.cu): compared on a GPU only.
-  const bool with_baselines = opt.device.is_cuda() && !paged_shift_baselines().empty();
+  // Baselines are CUDA programs on f16 keys (bench/paged_shift_baselines.cu): compared on a GPU only.
+  const bool with_baselines = opt.device.is_cuda() && f == KvFormat::F16 && !paged_shift_baselines().empty();
   if (!with_baselines) {
     BenchRecord rec = record(name, bytes);
     rec.t = t;
