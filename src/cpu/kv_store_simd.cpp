@@ -26,6 +26,10 @@ namespace kvcore::ops::cpu::HWY_NAMESPACE {
 namespace {
 
 constexpr int64_t kParallelMin = int64_t{1} << 17;  // as the scalar kernels
+// kv_store into FP8 pools splits over tokens from 32k values on (a 64-token append of 8 heads x
+// 128 dims is 64k a call, about 25 us of encoding on one core, several times a fork and join);
+// 16-bit pools (about 10 us a call that size) keep the scalar kernels' threshold.
+constexpr int64_t kFp8StoreParallelMin = int64_t{1} << 15;
 constexpr int32_t kPairsPadded = math::RopeTable::kMaxPairs + 16;
 
 template <class T>
@@ -150,7 +154,8 @@ void KvStore(const KvStoreParams& p) {
   const float factor = p.rope.attention_factor;
   HWY_ALIGN float freq[kPairsPadded] = {};
   std::memcpy(freq, p.rope.freq, sizeof(float) * n_pairs);
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(p.n_tokens) * p.n_heads * p.head_dim >= kParallelMin)
+  const int64_t parallel_min = groups > 0 ? kFp8StoreParallelMin : kParallelMin;
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(p.n_tokens) * p.n_heads * p.head_dim >= parallel_min)
   for (int32_t t = 0; t < p.n_tokens; ++t) {
     const int32_t cell = p.slots[t];
     if (cell < 0 || cell >= p.num_cells) continue;
