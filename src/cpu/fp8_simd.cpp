@@ -1,9 +1,10 @@
 // fp8 pack / unpack with SIMD: OpenMP over rows; full 64-value blocks a vector
-// at a time (amax, the UE8M0 exponent, the E4M3 codes by the integer rounding
-// of math::e4m3_encode per lane; decoding through the exact f16 widening), the
-// 16-bit tail converted a vector at a time; partial blocks by the shared
-// scalar helpers (math/fp8_block.hpp); the f32 round trip as pack then unpack of
-// each block. Bytes equal the scalar kernels'.
+// at a time, a row's blocks eight at a time (EncodeFp8Groups: amax, the UE8M0
+// exponent, the E4M3 codes by the integer rounding of math::e4m3_encode per lane;
+// decoding through the exact f16 widening), the 16-bit tail converted a vector at
+// a time; partial blocks by the shared scalar helpers (math/fp8_block.hpp); the f32
+// round trip rounds finite blocks on the e4m3 grid in f32 lanes, other blocks as
+// pack then unpack. Bytes equal the scalar kernels'.
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE

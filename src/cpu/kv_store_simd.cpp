@@ -1,9 +1,11 @@
-// kv_store and kv_rotate_blocks with SIMD: per token (cell) the pairs' cos and
-// sin in double lanes (simd_rope-inl.h), per head the source row widened to f32
-// a vector at a time, NeoX pairs rotated a vector at a time, and f32 / f16 /
-// bf16 pools written a vector at a time, FP8 groups decoded and encoded a vector at
-// a time (a rotation touches only the groups holding rotated dims). Every byte equals
-// the scalar kernels': the same operations per element, the same roundings.
+// kv_store, kv_rotate_blocks and kv_rope_angles with SIMD: per token (cell) the pairs'
+// cos and sin in double lanes (simd_rope-inl.h) or scaled from the angle table, per
+// head the source row widened to f32 a vector at a time, NeoX pairs rotated a vector
+// at a time, and f32 / f16 / bf16 pools written a vector at a time (16-bit pools from
+// sources of their own type straight from the source row), FP8 groups decoded and
+// encoded a vector at a time, a row's groups together (a rotation touches only the
+// groups holding rotated dims). Every byte equals the scalar kernels': the same
+// operations per element, the same roundings.
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
