@@ -1,8 +1,9 @@
-// rope_apply on the CPU with SIMD: one token per iteration (OpenMP); the cos and
-// sin of every pair computed once per token in double lanes (simd_rope-inl.h)
-// and reused for all heads; NeoX pairs rotate a vector of pairs at a time,
-// interleaved pairs one pair at a time. Every value has the scalar path's bits:
-// the same f32 operations per element in the same order, the same roundings.
+// rope_apply on the CPU with SIMD: a contiguous run of tokens per thread (OpenMP); the
+// cos and sin of every pair computed once per token in double lanes (simd_rope-inl.h),
+// between the heads of the token before, and reused for all heads; pairs rotate a
+// vector of pairs at a time (NeoX directly, interleaved split and joined again). Every
+// value has the scalar path's bits: the same f32 operations per element in the same
+// order, the same roundings.
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE

@@ -1,6 +1,7 @@
 // One head of a shift, rotated with SIMD (simd_rope-inl.h's RotatePairs: NeoX
 // pairs a vector at a time): the bits of math::shift_rotate_head_plain. Moved heads
-// (shift_dense) rotate from their old row into the new one without a scratch copy.
+// (shift_dense) rotate from their old row into the new one without a scratch copy;
+// rope_shift_rows' rows go in contiguous runs per thread (ShiftRows).
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
