@@ -5,6 +5,7 @@
 #include "ops/paged_rotate.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cpu/paged_rotate_simd.hpp"
@@ -54,14 +55,21 @@ bool layers_alike(std::span<const KvPool> pools, std::span<const math::RopeTable
 }
 
 // The CPU's pass over every layer at once (cpu/paged_rotate_simd.hpp): SIMD on, plain formats,
-// rows of the width the format gives the head (any other pool goes to kv_rotate_blocks, which
-// reports it).
+// pools and a table kv_rotate_blocks would accept (anything else goes to kv_rotate_blocks,
+// which reports it).
 bool paged_rotate_cpu_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
   if (pools.empty() || !pools[0].data.device().is_cpu() || !ops::cpu::simd_on() ||
       !ops::cpu::paged_rotate_layers_cpu_serves(pools[0].format) || !layers_alike(pools, ropes))
     return false;
   const KvPool& p0 = pools[0];
-  return p0.head_dim > 0 && p0.data.size(3) == kv_row_width(p0.format, p0.head_dim);
+  const math::RopeTable& t = ropes[0];
+  const math::RopeLayout& l = t.layout;
+  if (p0.head_dim <= 0 || p0.head_dim > kMaxKvHeadDim || p0.data.size(3) != kv_row_width(p0.format, p0.head_dim) ||
+      l.n_rot < 0 || l.n_rot % 2 != 0 || l.n_pairs() > math::RopeTable::kMaxPairs)
+    return false;
+  for (int32_t i = 0; i < l.n_pairs(); ++i)
+    if (!std::isfinite(t.freq[i])) return false;
+  return true;
 }
 
 }  // namespace
