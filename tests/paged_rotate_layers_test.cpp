@@ -5,6 +5,7 @@
 // zero, negative or positive, NeoX and interleaved, full and partial rotary.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -171,6 +172,26 @@ TEST(PagedRotateLayersArgs, MismatchedCountsThrowAndChangeNothing) {
   const TensorRef dt(delta.data(), DType::I32, Device::cpu(), {2, 4});
   EXPECT_THROW(kv_rotate_blocks_layers(pools, lt, dt, one), Error);
   EXPECT_EQ(before, bytes);
+}
+
+TEST(PagedRotateLayersArgs, NonFiniteTableOrBadBlockThrowsAndChangesNothing) {
+  std::vector<uint8_t> a(2 * 4 * 1 * 64 * 2, 0x3c), b = a;
+  const std::vector<uint8_t> before = a;
+  std::vector<KvPool> pools(2);
+  for (int i = 0; i < 2; ++i) {
+    pools[i].format = KvFormat::F16;
+    pools[i].head_dim = 64;
+    pools[i].data = TensorRef(i == 0 ? a.data() : b.data(), DType::F16, Device::cpu(), {2, 4, 1, 64});
+  }
+  std::vector<int32_t> list{0}, bad_list{2}, delta(8, 3);
+  const TensorRef lt(list.data(), DType::I32, Device::cpu(), {1}), bad(bad_list.data(), DType::I32, Device::cpu(), {1});
+  const TensorRef dt(delta.data(), DType::I32, Device::cpu(), {2, 4});
+  std::vector<math::RopeTable> tables(2, make_rope_table(RopeSpec::plain(64, 1e4), 64));
+  EXPECT_THROW(kv_rotate_blocks_layers(pools, bad, dt, tables), Error);  // block 2 of a 2-block pool
+  tables[0].freq[5] = tables[1].freq[5] = std::nanf("");
+  EXPECT_THROW(kv_rotate_blocks_layers(pools, lt, dt, tables), Error);
+  EXPECT_EQ(before, a);
+  EXPECT_EQ(before, b);
 }
 
 }  // namespace
