@@ -100,13 +100,13 @@ void bind_interface(nb::module_& m) {
           "key"_a, "data"_a, "Store data (bytes) under key; True when stored.")
       .def(
           "get",
-          [](KvStore& s, const StoreKey& key) -> nb::object {
+          [](KvStore& s, const StoreKey& key) -> std::optional<nb::bytes> {
             std::optional<std::vector<uint8_t>> v;
             {
               nb::gil_scoped_release g;
               v = s.get(key);
             }
-            if (!v) return nb::none();
+            if (!v) return std::nullopt;
             return nb::bytes(v->data(), v->size());
           },
           "key"_a, "The bytes stored under key, checked; None on a miss or a refused value.")
@@ -132,12 +132,12 @@ void bind_interface(nb::module_& m) {
 }
 
 void bind_host_and_disk(nb::module_& m) {
-  nb::class_<HostStore, KvStore>(m, "HostStore",
+  nb::class_<HostStore, KvStore>(m, "HostStore", nb::is_weak_referenceable(),
                                  "Host memory: an LRU map bounded by max_bytes of sealed values (a larger value is\n"
                                  "refused).")
       .def(nb::init<int64_t>(), "max_bytes"_a, "An empty store of at most max_bytes (> 0).");
   nb::class_<DiskStore, KvStore>(
-      m, "DiskStore",
+      m, "DiskStore", nb::is_weak_referenceable(),
       "A local disk directory: one file per value, written to a temporary file, fsync'ed and renamed\n"
       "(a reader never sees half a value). Bounded by max_bytes, least recently used files first; a full\n"
       "disk fails the put and leaves the files already there readable.")
@@ -170,7 +170,7 @@ struct PyTieredStore : KvStore {
 
 void bind_tiered(nb::module_& m) {
   nb::class_<PyTieredStore, KvStore>(
-      m, "TieredStore",
+      m, "TieredStore", nb::is_weak_referenceable(),
       "Tiers in order, fastest first (the first a HostStore, e.g. HostStore, DiskStore, RedisStore).\n"
       "put() stores into the first tier; what its limit evicts a worker thread writes to every lower\n"
       "tier (the caller never waits for a slow one; past max_queue_bytes waiting, the oldest moves are\n"
@@ -223,7 +223,7 @@ void bind_tiered(nb::module_& m) {
 #if KVCORE_PY_REDIS
 void bind_redis(nb::module_& m) {
   nb::class_<RedisStore, KvStore>(
-      m, "RedisStore",
+      m, "RedisStore", nb::is_weak_referenceable(),
       "A Redis (or Valkey) server through hiredis. The server is not trusted: AUTH with password,\n"
       "every value's size, header and checksum checked before use. A lost connection or timeout marks\n"
       "the store down (misses at once) until a retry after a doubling backoff. Connects lazily.")
