@@ -107,8 +107,15 @@ void bind_offload(nb::module_& m) {
           "offload",
           [](PyBlockOffloader& o, SeqId seq, const StoreKey& key, nb::handle stream) {
             use_stream(*o.cache, stream);
-            nb::gil_scoped_release g;
-            return o.off->offload(seq, key);
+            const bool pending = o.cache->cache.needs_prepare();
+            bool stored = false;
+            {
+              nb::gil_scoped_release g;
+              stored = o.off->offload(seq, key);
+            }
+            // An offload applies pending rotations first (its bytes leave rotated): plans go stale then.
+            if (pending && !o.cache->cache.needs_prepare()) ++o.cache->epoch;
+            return stored;
           },
           "seq"_a, "key"_a, nb::kw_only(), "stream"_a = nb::none(),
           "Start copying seq (every layer, K and V, scales) into pinned memory under key (key.layout must\n"

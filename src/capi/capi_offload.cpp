@@ -11,7 +11,8 @@ using namespace kvcore;
 using capi::guard;
 using capi::need;
 
-// A load adds a sequence: it bumps the PagedCache handle's edit count, so earlier plans go stale.
+// A load adds a sequence, an offload may apply pending rotations: both bump the PagedCache handle's
+// edit count then, so earlier plans go stale.
 struct kvc_offloader {
   kvc_paged_cache* owner;
   BlockOffloader off;
@@ -65,7 +66,9 @@ kvc_status kvc_offloader_offload(kvc_offloader* off, int64_t seq, const kvc_stor
   return guard([&] {
     constexpr const char* fn = "kvc_offloader_offload";
     need(off, fn, "off");
+    const bool pending = off->owner->cache.needs_prepare();
     const bool ok = off->off.offload(seq, key_of(key, fn));
+    if (pending && !off->owner->cache.needs_prepare()) ++off->owner->epoch;  // it applied pending rotations
     if (stored) *stored = ok ? 1 : 0;
   });
 }
