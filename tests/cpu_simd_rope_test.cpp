@@ -99,4 +99,57 @@ TEST(CpuSimdRope, EveryTargetGivesTheScalarBits) {
   EXPECT_GT(cases, 0);
 }
 
+// Rows without infinities or NaN take a conversion without the NaN fix, and the cos/sin
+// of the next token are computed between the heads of the current one: f16 rows where a
+// few heads hold a special value, 1, 3 and 8 heads (the split of the next
+// token's angles over the heads), 8 to 256 pairs, attention factors up to 1e34, beyond 2^100
+// (where products of f16 values may overflow and the fix is always applied).
+TEST(CpuSimdRope, F16RowsWithAndWithoutSpecialsGiveTheScalarBitsOnEveryTarget) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  int cases = 0;
+  for (int heads : {1, 3, 8})
+    for (int variant = 0; variant < 4; ++variant) {
+      const int D = variant == 3 ? 512 : 128;
+      RopeSpec spec = RopeSpec::plain(variant == 1 ? 16 : variant == 2 ? 80 : D, 1e4,
+                                      variant == 2 ? RopePairing::Interleaved : RopePairing::NeoX);
+      if (variant == 1) spec.slice = RopeSlice::Tail;
+      for (double factor : {1.0, 1e20, 1e34}) {
+        spec.attention_factor = factor;
+        const int tokens = 37;
+        const size_t n = size_t{tokens} * heads * D;
+        std::vector<uint16_t> x(n);
+        for (size_t i = 0; i < n; ++i) x[i] = math::f32_to_f16_bits(u(rng) * (rng() % 2 ? 20000.0f : 1.0f));
+        for (int k = 0; k < tokens * heads / 4; ++k) {  // a special value in about a quarter of the rows
+          const uint16_t special[] = {0x7c00, 0xfc00, 0x7e00, 0xfd17, 0x7bff};
+          x[rng() % n] = special[rng() % 5];
+        }
+        std::vector<int32_t> pos(tokens);
+        for (int i = 0; i < tokens; ++i) pos[i] = i % 9 == 4 ? (1 << 29) + i : static_cast<int32_t>(rng() % 100000) - 50000;
+        const TensorRef pr(pos.data(), DType::I32, Device::cpu(), {tokens});
+        auto run = [&] {
+          std::vector<uint16_t> a = x;
+          rope_apply(TensorRef(a.data(), DType::F16, Device::cpu(), {tokens, heads, D}), pr, spec, RopeAttentionFactor::Apply);
+          return a;
+        };
+        std::vector<uint16_t> want;
+        {
+          cpu::SimdPin pin(cpu::kSimdScalar);
+          want = run();
+        }
+        for (const cpu::SimdTarget& target : cpu::simd_targets()) {
+          cpu::SimdPin pin(target.bits);
+          const std::vector<uint16_t> got = run();
+          size_t first = n;
+          for (size_t i = 0; i < n && first == n; ++i)
+            if (got[i] != want[i]) first = i;
+          EXPECT_EQ(first, n) << target.name << " heads " << heads << " variant " << variant << " factor " << factor
+                              << ": first differing element " << first;
+          ++cases;
+        }
+      }
+    }
+  EXPECT_GT(cases, 0);
+}
+
 }  // namespace

@@ -6,6 +6,7 @@
 // and rotations likewise.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "cpu/simd_targets.hpp"
@@ -108,6 +109,45 @@ TEST(CpuSimdShift, RopeShiftRowsOnEveryTargetGivesTheScalarBytes) {
       rope_shift_rows(L.k, L.maybe_k_scales, specs[i].rope, dt);
       EXPECT_TRUE(got.k == want.k) << t.name << " spec " << i;
       EXPECT_TRUE(got.s == want.s) << t.name << " spec " << i;
+    }
+  }
+}
+
+// rope_shift_rows over rows enough to use every thread (each takes a contiguous run and
+// computes the next moved row's cos/sin between the heads of the current one): runs of
+// zero deltas (rows left alone) across the thread boundaries, f16 rows with infinities
+// and NaN in a few heads (the NaN fix) and rows without (the plain conversion), 1 to 8
+// heads.
+TEST(CpuSimdShift, RopeShiftRowsThreadedF16WithSpecialValuesGivesTheScalarBytes) {
+  for (int heads : {1, 3, 8}) {
+    LayerSpec s;
+    s.heads = heads;
+    s.rope = RopeSpec::llama3_8b();
+    s.v_dtype.reset();
+    const int64_t cap = 4600 / heads + 300;
+    Layer base = make_layer(s, cap, 77 + heads);
+    const uint16_t special[] = {0x7c00, 0xfc00, 0x7e01, 0xfe00};
+    for (int64_t r = 0; r < cap; r += 13) {
+      const int64_t at = (r * 2 * heads * s.head_dim / 13 + r * 7) % (cap * heads * s.head_dim);
+      std::memcpy(&base.k[static_cast<size_t>(at) * 2], &special[r % 4], 2);
+    }
+    std::vector<int32_t> delta(cap);
+    for (int64_t r = 0; r < cap; ++r)
+      delta[r] = (r / 50) % 3 == 1 ? 0 : static_cast<int32_t>((r * 7919) % 200001) - 100000;
+    const TensorRef dt(delta.data(), DType::I32, Device::cpu(), {cap});
+    Layer want = base;
+    {
+      cpu::SimdPin pin(cpu::kSimdScalar);
+      const ShiftDenseLayer L = want.host_view();
+      rope_shift_rows(L.k, L.maybe_k_scales, s.rope, dt);
+    }
+    ASSERT_FALSE(want.k == base.k);
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      Layer got = base;
+      const ShiftDenseLayer L = got.host_view();
+      rope_shift_rows(L.k, L.maybe_k_scales, s.rope, dt);
+      EXPECT_TRUE(got.k == want.k) << t.name << " heads " << heads;
     }
   }
 }

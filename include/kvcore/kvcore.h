@@ -1,7 +1,7 @@
 /* kvcore C API (C99): the stable ABI of libkvcore.so for C, Rust, Go, Swift, ... engines.
  *
  * Conventions
- *   - Handles are opaque (kvc_paged_cache, kvc_ticket, kvc_attention_plan, kvc_dsv4_cache);
+ *   - Handles are opaque (kvc_paged_cache, kvc_ticket, kvc_attention_plan, kvc_dsv4_cache, ...);
  *     every *_free accepts NULL. A handle is not thread-safe; distinct handles are.
  *   - Every function that can fail returns a kvc_status: KVC_OK (0) or a negative code. The
  *     message of the last failure on this thread is kvc_last_error() (valid until the next kvc_*
@@ -370,6 +370,85 @@ KVC_API kvc_status kvc_prefix_erase(kvc_prefix_cache* prefix, int64_t seq);
 KVC_API kvc_status kvc_prefix_evict(kvc_prefix_cache* prefix, int32_t free_blocks, int32_t* ok);
 KVC_API kvc_status kvc_prefix_clear(kvc_prefix_cache* prefix);
 KVC_API kvc_status kvc_prefix_stats_get(const kvc_prefix_cache* prefix, kvc_prefix_stats* out);
+
+/* ---- persistence: stores below device memory (kvcore/persist/kv_store.hpp) ------------------- */
+/* Sealed values keyed by content hash and layout: every read checks size, header, key and XXH3
+ * checksum, and a damaged value is a miss. A store is a cache (it may drop anything); tier trouble
+ * (a full disk, I/O errors) is a failed put or a miss, not an error status. */
+typedef struct kvc_store kvc_store;
+typedef struct kvc_store_key {
+  uint64_t content_hi, content_lo; /* 128-bit content hash */
+  uint64_t layout;                 /* the layout hash of the cache that made the bytes */
+} kvc_store_key;
+/* The key of tokens[0 .. n) (token ids) under salt (salt_len bytes: model, adapter, tenant) in the
+ * cache's layout: XXH3-128 of the salt and the ids. */
+KVC_API kvc_status kvc_store_key_for_tokens(const kvc_paged_cache* cache, const int32_t* tokens, size_t n,
+                                            const char* salt, size_t salt_len, kvc_store_key* out);
+/* Host memory, an LRU map of at most max_bytes sealed bytes. */
+KVC_API kvc_status kvc_host_store_create(int64_t max_bytes, kvc_store** out);
+/* A local directory, one file per value written by temporary file, fsync (fsync_each_put: bool)
+ * and rename; at most max_bytes, least recently used files first. */
+KVC_API kvc_status kvc_disk_store_create(const char* dir, int64_t max_bytes, int32_t fsync_each_put, kvc_store** out);
+/* tiers[0 .. n_tiers) in order, fastest first; tiers[0] must be a host store. Puts go to the first
+ * tier; what it evicts a worker writes to every lower tier (past max_queue_bytes waiting, the
+ * oldest moves are dropped); gets try the tiers in order. Uses the tiers by reference: free the
+ * tiered store before them. */
+KVC_API kvc_status kvc_tiered_store_create(kvc_store* const* tiers, size_t n_tiers, int64_t max_queue_bytes,
+                                           kvc_store** out);
+KVC_API void kvc_store_free(kvc_store* store);
+/* *out = 1 when a value is stored under key (not checked: a later read may still miss). */
+KVC_API kvc_status kvc_store_contains(kvc_store* store, const kvc_store_key* key, int32_t* out);
+/* Waits until a tiered store's worker has moved everything queued so far (other stores: nothing). */
+KVC_API kvc_status kvc_store_flush(kvc_store* store);
+typedef struct kvc_store_stats {
+  uint32_t struct_size;
+  int64_t puts, put_failures, hits, misses;
+  int64_t rejected;  /* values found but refused by the seal check (counted as misses too) */
+  int64_t evictions; /* values dropped for the size limit */
+  int64_t items, bytes;
+  int32_t down; /* bool: a lost connection waiting for a retry */
+  int64_t reconnects;
+} kvc_store_stats;
+KVC_API kvc_status kvc_store_stats_get(const kvc_store* store, kvc_store_stats* out);
+
+/* ---- persistence: the pinned-host offload tier (kvcore/persist/block_offload.hpp) ------------ */
+/* A PagedCache's sequences copied into a pinned host arena and back; what the arena evicts goes
+ * down to a lower store through worker threads (the caller never waits for a slow tier). On CUDA
+ * an offload queues its copy on a side stream after the work queued on the cache's stream and
+ * returns at once; on the CPU every call is synchronous. Free an offloader before its PagedCache
+ * and its lower store. */
+typedef struct kvc_offloader kvc_offloader;
+typedef struct kvc_offload_config {
+  uint32_t struct_size;
+  int64_t pinned_bytes;    /* the arena, default 1 GiB */
+  kvc_store* lower;        /* where evicted values go; NULL (default): dropped */
+  const char* model_id;    /* NUL-terminated, recorded in every value; another model's value is a miss */
+  int64_t max_queue_bytes; /* values copied out, waiting for `lower`; past it the oldest are dropped */
+} kvc_offload_config;
+typedef struct kvc_offload_stats {
+  uint32_t struct_size;
+  int64_t offloads, refused; /* values copied in / offloads larger than the whole arena */
+  int64_t pinned_hits, lower_hits, misses;
+  int64_t demoted, demote_failures, dropped;
+  int64_t entries, pinned_used, holders; /* now: values in the arena, its bytes in use, copies in flight */
+} kvc_offload_stats;
+KVC_API void kvc_offload_config_init(kvc_offload_config* cfg);
+KVC_API kvc_status kvc_offloader_create(kvc_paged_cache* cache, const kvc_offload_config* cfg, kvc_offloader** out);
+KVC_API void kvc_offloader_free(kvc_offloader* off); /* waits for every copy and demotion */
+/* Starts copying seq into the arena under key (key->layout: the cache's layout hash); *stored (may
+ * be NULL) = 1 when the value is (or already was) there, 0 when it is larger than the arena. */
+KVC_API kvc_status kvc_offloader_offload(kvc_offloader* off, int64_t seq, const kvc_store_key* key, int32_t* stored);
+/* On a hit (*hit = 1) *out_seq is a new sequence holding key's value, its copy queued on stream
+ * after the value's own offload copy; on a miss *hit = 0 and nothing changed. KVC_E_OUT_OF_MEMORY
+ * (nothing changed, the value kept) when the cache has too few free blocks. */
+KVC_API kvc_status kvc_offloader_load(kvc_offloader* off, const kvc_store_key* key, void* stream, int64_t* out_seq,
+                                      int32_t* hit);
+KVC_API kvc_status kvc_offloader_contains(kvc_offloader* off, const kvc_store_key* key, int32_t* out);
+/* Releases holders whose copies completed (every other call does too). */
+KVC_API kvc_status kvc_offloader_poll(kvc_offloader* off);
+/* Waits for every offload copy and demotion queued so far. */
+KVC_API kvc_status kvc_offloader_flush(kvc_offloader* off);
+KVC_API kvc_status kvc_offloader_stats_get(const kvc_offloader* off, kvc_offload_stats* out);
 
 #ifdef __cplusplus
 }

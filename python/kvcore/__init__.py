@@ -8,19 +8,26 @@ new tensors of the input's framework. CUDA work runs on torch's current stream u
 ``ValueError`` / ``MemoryError`` / ``NotImplementedError`` / ``RuntimeError``.
 
 Start with :class:`kvcore.PagedCache` (``help(kvcore.PagedCache)``). Persistence: ``PagedCache.save`` /
-``load`` / ``snapshot`` / ``restore``, :func:`kvcore.snapshot_inspect`, :class:`kvcore.PrefixCache`.
+``load`` / ``snapshot`` / ``restore``, :func:`kvcore.snapshot_inspect`, :class:`kvcore.PrefixCache`,
+:class:`kvcore.BlockOffloader` over a :class:`kvcore.KvStore` (``HostStore``, ``DiskStore``, ``TieredStore``,
+``RedisStore`` where built with hiredis).
 Pool memory your own allocator owns: ``PagedCache.pool_specs`` and ``PagedCache(..., pools=)``.
 """
 
 from ._ext import (  # noqa: F401
     AttentionPlan,
+    BlockOffloader,
     CorruptError,
     DeviceError,
+    DiskStore,
     Dsv4Cache,
     Dsv4Compressor,
     Error,
+    HostStore,
     InvalidArgumentError,
+    KvStore,
     NotSupportedError,
+    OffloadStats,
     OutOfMemoryError,
     PagedCache,
     PagedStats,
@@ -29,7 +36,10 @@ from ._ext import (  # noqa: F401
     PrefixStats,
     RopeSpec,
     SeqInfo,
+    StoreKey,
+    StoreStats,
     Ticket,
+    TieredStore,
     attention_decode,
     attention_dsv4_decode,
     attention_prefill,
@@ -49,6 +59,7 @@ from ._ext import (  # noqa: F401
     fp8_round_trip_rows,
     fp8_unpack_rows,
     kv_store,
+    redis_compiled,
     rope_apply,
     rope_shift_rows,
     shift_dense,
@@ -56,5 +67,8 @@ from ._ext import (  # noqa: F401
     snapshot_inspect,
     version,
 )
+
+if redis_compiled():
+    from ._ext import RedisStore  # noqa: F401
 
 __version__ = version()

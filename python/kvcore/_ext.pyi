@@ -1,6 +1,7 @@
 """kvcore's compiled bindings; import kvcore instead."""
 
 from collections.abc import Sequence
+from typing import overload
 
 from kvcore import (
     CorruptError as CorruptError,
@@ -593,6 +594,12 @@ class PagedCache:
         loads only into a cache with the same text.
         """
 
+    @property
+    def layout_hash(self) -> int:
+        """
+        The 64-bit hash of layout_fingerprint: the layout part of every StoreKey of this cache.
+        """
+
 class Dsv4Compressor:
     """
     Geometry of one DeepSeek-V4 compressor: head_dim, n_rot, ratio, overlap, kind
@@ -924,5 +931,307 @@ class PrefixCache:
         """
 
     @property
-    def cache(self) -> Tensor:
+    def cache(self) -> PagedCache:
         """The PagedCache."""
+
+class StoreKey:
+    """
+    The key of a value in a store: a 128-bit content hash (what the bytes hold, e.g. a token
+    prefix under a salt) and the 64-bit layout hash of the cache that made them
+    (PagedCache.layout_hash), so one store serves many layouts without mixing them.
+    """
+
+    @overload
+    def __init__(self) -> None: ...
+
+    @overload
+    def __init__(self, content_hi: int, content_lo: int, layout: int) -> None:
+        """A key from its three parts (unsigned 64-bit ints)."""
+
+    @staticmethod
+    def for_tokens(cache: PagedCache, tokens: Sequence[int], salt: str | bytes = '') -> StoreKey:
+        """
+        The key of the K/V of `tokens` (token ids) in `cache`'s layout under `salt` (model, adapter,
+        tenant: str or bytes): XXH3-128 of the salt and the ids. Equal tokens, salts and layouts give
+        equal keys.
+        """
+
+    @property
+    def content_hi(self) -> int: ...
+
+    @property
+    def content_lo(self) -> int: ...
+
+    @property
+    def layout(self) -> int: ...
+
+    def hex(self) -> str:
+        """
+        48 hex digits: layout, content hi, content lo (the name stores give the value).
+        """
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
+    def __hash__(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class StoreStats:
+    """Counts of a KvStore (of the whole chain for a TieredStore)."""
+
+    @property
+    def puts(self) -> int:
+        """put() calls that stored."""
+
+    @property
+    def put_failures(self) -> int:
+        """put() calls that did not (full, down, I/O error)."""
+
+    @property
+    def hits(self) -> int: ...
+
+    @property
+    def misses(self) -> int: ...
+
+    @property
+    def rejected(self) -> int:
+        """Values found but refused by the seal check (misses too)."""
+
+    @property
+    def evictions(self) -> int:
+        """Values dropped for the size limit."""
+
+    @property
+    def items(self) -> int: ...
+
+    @property
+    def bytes(self) -> int:
+        """Sealed bytes held now, where the store knows."""
+
+    @property
+    def down(self) -> bool:
+        """A lost connection the store is waiting to retry."""
+
+    @property
+    def reconnects(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class KvStore:
+    """
+    A store of sealed values keyed by StoreKey (HostStore, DiskStore, TieredStore, RedisStore). A
+    store is a cache: it may drop anything at any time. Every read opens the value's seal (size,
+    header, key, XXH3 checksum): a damaged value is a miss, never wrong bytes. Tier trouble (a full
+    disk, a lost connection) is a failed put or a miss, not an exception.
+    """
+
+    @property
+    def name(self) -> str:
+        """'host', 'disk', 'tiered' or 'redis'."""
+
+    def put(self, key: StoreKey, data: bytes) -> bool:
+        """Store data (bytes) under key; True when stored."""
+
+    def get(self, key: StoreKey) -> bytes | None:
+        """
+        The bytes stored under key, checked; None on a miss or a refused value.
+        """
+
+    def contains(self, key: StoreKey) -> bool:
+        """
+        Whether a value is stored under key (not checked: a later get may still miss).
+        """
+
+    def __contains__(self, arg: StoreKey, /) -> bool: ...
+
+    def remove(self, key: StoreKey) -> bool:
+        """Drop the value under key; True when there was one."""
+
+    def stats(self) -> StoreStats:
+        """Counts (StoreStats)."""
+
+class HostStore(KvStore):
+    """
+    Host memory: an LRU map bounded by max_bytes of sealed values (a larger value is
+    refused).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        """An empty store of at most max_bytes (> 0)."""
+
+class DiskStore(KvStore):
+    """
+    A local disk directory: one file per value, written to a temporary file, fsync'ed and renamed
+    (a reader never sees half a value). Bounded by max_bytes, least recently used files first; a full
+    disk fails the put and leaves the files already there readable.
+    """
+
+    def __init__(self, dir: str | os.PathLike[str], max_bytes: int, *, fsync_each_put: bool = True) -> None:
+        """
+        Values under dir (created if missing; the files already there are kept and counted).
+        """
+
+    def path_of(self, key: StoreKey) -> str:
+        """The file that holds key's value."""
+
+class TieredStore(KvStore):
+    """
+    Tiers in order, fastest first (the first a HostStore, e.g. HostStore, DiskStore, RedisStore).
+    put() stores into the first tier; what its limit evicts a worker thread writes to every lower
+    tier (the caller never waits for a slow one; past max_queue_bytes waiting, the oldest moves are
+    dropped). get() tries the tiers in order and copies a lower hit back into the first. Keeps its
+    tiers alive.
+    """
+
+    def __init__(self, tiers: Sequence[KvStore], *, max_queue_bytes: int = 1073741824) -> None:
+        """
+        A chain over tiers (a sequence of KvStore objects, the first a HostStore).
+        """
+
+    @property
+    def tiers(self) -> tuple[KvStore, ...]:
+        """The tiers, in order."""
+
+    def flush(self) -> None:
+        """Wait until the worker has moved everything queued so far."""
+
+    @property
+    def dropped_moves(self) -> int:
+        """Moves dropped because the queue was full."""
+
+    def tier_hits(self, tier: int) -> int:
+        """Hits served by tiers[tier]."""
+
+class RedisStore(KvStore):
+    """
+    A Redis (or Valkey) server through hiredis. The server is not trusted: AUTH with password,
+    every value's size, header and checksum checked before use. A lost connection or timeout marks
+    the store down (misses at once) until a retry after a doubling backoff. Connects lazily.
+    """
+
+    def __init__(self, host: str = '127.0.0.1', port: int = 6379, *, password: str | bytes = '', key_prefix: str | bytes = 'kvc:1:', connect_timeout_ms: int = 500, io_timeout_ms: int = 1000, max_value_bytes: int = 67108864, backoff_initial_ms: int = 50, backoff_max_ms: int = 2000, ttl_seconds: int = 0) -> None:
+        """
+        A store on the server at host:port (keys <key_prefix><StoreKey.hex()>; ttl_seconds 0: no expiry).
+        """
+
+    def ping(self) -> bool:
+        """Whether a connection is up now (connecting when the backoff allows)."""
+
+def redis_compiled() -> bool:
+    """
+    Whether this build has kvcore.RedisStore (kvcore was built with hiredis).
+    """
+
+class OffloadStats:
+    """Counts of a BlockOffloader."""
+
+    @property
+    def offloads(self) -> int:
+        """Values copied into pinned memory."""
+
+    @property
+    def refused(self) -> int:
+        """offload() calls whose value was larger than the whole arena."""
+
+    @property
+    def pinned_hits(self) -> int: ...
+
+    @property
+    def lower_hits(self) -> int: ...
+
+    @property
+    def misses(self) -> int: ...
+
+    @property
+    def demoted(self) -> int:
+        """Values the worker moved to the lower store."""
+
+    @property
+    def demote_failures(self) -> int:
+        """Values the lower store refused."""
+
+    @property
+    def dropped(self) -> int:
+        """Evicted values dropped (no lower store, or its queue full)."""
+
+    @property
+    def entries(self) -> int:
+        """Values in pinned memory now."""
+
+    @property
+    def pinned_used(self) -> int:
+        """Arena bytes in use now."""
+
+    @property
+    def holders(self) -> int:
+        """Holder sequences alive now (CUDA copies in flight)."""
+
+    def __repr__(self) -> str: ...
+
+class BlockOffloader:
+    """
+    A PagedCache's sequences copied to pinned host memory and back (the device and pinned-host tiers),
+    with a KvStore below for what pinned memory evicts.
+
+        lower = kvcore.TieredStore([kvcore.HostStore(8 << 30), kvcore.DiskStore('/var/kv', 200 << 30)])
+        off = kvcore.BlockOffloader(cache, pinned_bytes=4 << 30, lower=lower, model_id='llama-3-8b')
+        key = kvcore.StoreKey.for_tokens(cache, prompt, salt='tenant-a')
+        off.offload(seq, key); cache.erase(seq)          # blocks free at once, bytes kept
+        seq = off.load(key)                               # a new sequence, or None on a miss
+
+    On CUDA offload() queues the copy on a side stream after the work already queued on `stream` and
+    returns at once (a holder sequence keeps the blocks until the copy ran); load() copies on
+    `stream` after the value's own offload copy. The least recently used values go down to `lower`
+    through two worker threads (the caller never waits for a slow tier); a value of another model_id
+    or failing its checksums is a miss, never wrong K/V. On the CPU every call is synchronous.
+    Keeps its cache and lower store alive; calls must not overlap calls on the cache.
+    """
+
+    def __init__(self, cache: PagedCache, *, pinned_bytes: int = 1073741824, lower: KvStore | None = None, model_id: str | bytes = '', max_queue_bytes: int = 1073741824) -> None:
+        """
+        pinned_bytes: the arena (values and their block lists; pinned with cudaHostAlloc on CUDA).
+        lower: a KvStore for what the arena evicts (None: evicted values are dropped).
+        model_id (str or bytes): recorded in every value; a value of another model is a miss.
+        max_queue_bytes: values copied out, waiting for `lower`; past it the oldest are dropped.
+        """
+
+    def offload(self, seq: int, key: StoreKey, *, stream: int | Any | None = None) -> bool:
+        """
+        Start copying seq (every layer, K and V, scales) into pinned memory under key (key.layout must
+        be the cache's layout_hash). True when the value is (or already was) there; False when it is
+        larger than the whole arena. The sequence stays as it was: erase it to free its blocks.
+        """
+
+    def load(self, key: StoreKey, *, stream: int | Any | None = None) -> int | None:
+        """
+        A new sequence holding the value stored under key (pinned memory, then the lower store, whose
+        hit is promoted), its copy queued on stream; None on a miss. OutOfMemoryError (nothing
+        changed, the value kept) when the cache has too few free blocks.
+        """
+
+    def contains(self, key: StoreKey) -> bool:
+        """Whether key's value is in pinned memory or in the lower store."""
+
+    def __contains__(self, key: StoreKey) -> bool: ...
+
+    def poll(self) -> None:
+        """
+        Release holder sequences whose copies completed and pinned ranges nothing reads any more
+        (every other call does this too).
+        """
+
+    def flush(self) -> None:
+        """
+        Wait for every offload copy and every demotion to the lower store queued so far.
+        """
+
+    def stats(self) -> OffloadStats:
+        """Counts (OffloadStats)."""
+
+    @property
+    def cache(self) -> PagedCache:
+        """The PagedCache."""
+
+    @property
+    def lower(self) -> KvStore | None:
+        """The lower KvStore (or None)."""

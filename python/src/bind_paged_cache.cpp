@@ -50,12 +50,6 @@ on the cache's device; they are used in place, never copied. Views of the pools
 
 void bump(PyPagedCache& c) { ++c.epoch; }
 
-// The stream of this call: `stream`, else torch's current stream (CUDA caches; CPU ignores it).
-void use_stream(PyPagedCache& c, nb::handle stream) {
-  const Device dev = c.cache.device();
-  if (dev.is_cuda()) c.cache.set_stream(resolve_stream(stream, dev));
-}
-
 const char* pool_dtype_name(DType t) {
   switch (t) {
     case DType::E4M3: return "float8_e4m3fn";
@@ -144,6 +138,12 @@ nb::object plan_run(PyAttentionPlan& plan, int32_t layer, nb::handle q, nb::hand
 }
 
 }  // namespace
+
+// The stream of this call: `stream`, else torch's current stream (CUDA caches; CPU ignores it).
+void use_stream(PyPagedCache& c, nb::handle stream) {
+  const Device dev = c.cache.device();
+  if (dev.is_cuda()) c.cache.set_stream(resolve_stream(stream, dev));
+}
 
 void bind_paged_cache(nb::module_& m) {
   nb::class_<SeqInfo>(m, "SeqInfo", "One sequence: live tokens, cells spanned, blocks, last position (-1: empty).")

@@ -15,22 +15,14 @@
 #include "kvcore/persist/prefix_cache.hpp"
 #include "kvcore/persist/snapshot.hpp"
 #include "paged.hpp"
+#include "persist_args.hpp"
 
 namespace kvcore::py {
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
-namespace {
-
-// A Python PrefixCache: the C++ one plus a reference to its cache, declared first so the cache
-// outlives the prefix cache (whose destructor erases its holder sequences).
-struct PyPrefixCache {
-  nb::object cache_obj;
-  PyPagedCache* cache = nullptr;
-  std::optional<PrefixCache> prefix;
-};
-
+// (persist_args.hpp)
 std::string path_arg(nb::handle p, const char* name) {
   nb::object s = nb::module_::import_("os").attr("fspath")(p);
   require_arg(nb::isinstance<nb::str>(s), "argument '", name, "' must be a str or os.PathLike path, got ",
@@ -52,6 +44,16 @@ std::string bytes_arg(nb::handle b, const char* name) {
   throw Error(ErrorCode::InvalidArgument, detail::concat("argument '", name, "' must be str or bytes, got ",
                                                          nb::type_name(b.type()).c_str()));
 }
+
+namespace {
+
+// A Python PrefixCache: the C++ one plus a reference to its cache, declared first so the cache
+// outlives the prefix cache (whose destructor erases its holder sequences).
+struct PyPrefixCache {
+  nb::object cache_obj;
+  PyPagedCache* cache = nullptr;
+  std::optional<PrefixCache> prefix;
+};
 
 nb::dict loaded_dict(const SnapshotLoaded& l) {
   nb::dict d;
@@ -174,6 +176,10 @@ void add_paged_methods(nb::handle cls) {
                   [](const PyPagedCache& c) { return layout_fingerprint(c.cache.config()); }, nb::is_method(),
                   "What makes this cache's bytes meaningful (formats, dims, block size, RoPE): a snapshot\n"
                   "loads only into a cache with the same text.")));
+  nb::setattr(cls, "layout_hash",
+              nb::module_::import_("builtins").attr("property")(nb::cpp_function(
+                  [](const PyPagedCache& c) { return layout_fingerprint_hash(c.cache.config()); }, nb::is_method(),
+                  "The 64-bit hash of layout_fingerprint: the layout part of every StoreKey of this cache.")));
 }
 
 void add_dsv4_methods(nb::handle cls) {

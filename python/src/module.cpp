@@ -13,4 +13,6 @@ NB_MODULE(_ext, m) {
   kvcore::py::bind_paged_cache(m);
   kvcore::py::bind_dsv4(m);
   kvcore::py::bind_persist(m);
+  kvcore::py::bind_stores(m);
+  kvcore::py::bind_offload(m);
 }

@@ -36,4 +36,8 @@ struct PyAttentionPlan {
   std::optional<capi::PagedPlan> plan;
 };
 
+// The stream of this call: `stream`, else torch's current stream (CUDA caches; CPU ignores it).
+// Sets it as the cache's stream, so the call's cache work and what it orders after run there.
+void use_stream(PyPagedCache& c, nb::handle stream);
+
 }  // namespace kvcore::py

@@ -3,8 +3,8 @@ work on a side stream runs in that stream's order (the current torch stream, or 
 attention plan's runs captured in a CUDA graph replay what eager runs compute; FP8 pools as
 float8_e4m3fn views hold what read() decodes; engine-allocated pools are torch's memory (its
 accounting sees them, kvcore adds none to it) and the cache writes into them; outputs come back in
-the caller's tensors (zero copy, by data pointer). Every result is also checked against a float64
-reference. Run on the GPU machine:
+the caller's tensors (zero copy, by data pointer); BlockOffloader's copies follow the stream order.
+Every result is also checked against a float64 reference. Run on the GPU machine:
 
     OUT=out bash bench/gpu-python.sh     (builds the module with CUDA, runs this suite, then the overhead bench)
 """
@@ -198,3 +198,47 @@ def test_cuda_ops_write_in_place_on_the_current_stream():
     from conftest import fp8_round_trip_ref
 
     np.testing.assert_array_equal(out.cpu().numpy(), fp8_round_trip_ref(x.cpu().numpy(), 64))
+
+
+@pytest.mark.parametrize("k_format,rope_mode", [("fp8", "stored"), ("f16", "on_read")])
+def test_block_offloader_round_trips_on_side_streams(k_format, rope_mode):
+    """offload() on a side stream copies what was queued there before it (K/V appended after a slow
+    kernel); a sequence erased right after its offload stays whole (a holder keeps its blocks);
+    values evicted to the lower store and values in pinned memory load back on another stream and
+    read exactly as before."""
+    cache = cuda_cache(k_format=k_format, v_format=k_format, rope_mode=rope_mode)
+    a, b = filled(cache, [37, 20], seed=3)
+    want = [[cache.read(s, layer) for layer in range(2)] for s in (a, b)]
+    lower = kvcore.HostStore(64 << 20)
+    # Room for one of the two values: offloading b sends a down to `lower`.
+    off = kvcore.BlockOffloader(cache, pinned_bytes=cache.stats().bytes_per_block * 4, lower=lower, model_id="m")
+    ka = kvcore.StoreKey.for_tokens(cache, range(37))
+    kb = kvcore.StoreKey.for_tokens(cache, range(20))
+    side = torch.cuda.Stream()
+    late = cache.create()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        kv = torch.randn(2, 5, 2, 64, generator=torch.Generator().manual_seed(9)).cuda()
+        cache.append(late, [0, 1, 2, 3, 4], kv, kv)  # queued after the sleep
+        assert off.offload(late, kvcore.StoreKey.for_tokens(cache, [7] * 5))
+        assert off.offload(a, ka)
+        cache.erase(a)  # while the copy may still run: the holder keeps a's blocks
+        assert off.offload(b, kb)
+        cache.erase(b)
+    side.synchronize()
+    want_late = [cache.read(late, layer) for layer in range(2)]
+    off.flush()
+    assert off.stats().holders == 0 and off.stats().demoted >= 1
+    other = torch.cuda.Stream()
+    got = {}
+    for name, key in (("a", ka), ("b", kb), ("late", kvcore.StoreKey.for_tokens(cache, [7] * 5))):
+        with torch.cuda.stream(other):
+            got[name] = off.load(key, stream=other)
+        assert got[name] is not None, name
+    other.synchronize()
+    for name, expected in (("a", want[0]), ("b", want[1]), ("late", want_late)):
+        for layer in range(2):
+            for x, y in zip(cache.read(got[name], layer), expected[layer]):
+                if y is not None:
+                    np.testing.assert_array_equal(x, y)
+    assert off.stats().lower_hits >= 1 and off.stats().misses == 0

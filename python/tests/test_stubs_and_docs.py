@@ -14,6 +14,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def test_stubs_are_current(tmp_path):
     pytest.importorskip("nanobind")
+    if not kvcore.redis_compiled():
+        pytest.skip("the committed stubs are those of a build with hiredis (kvcore.RedisStore)")
     committed = os.path.join(HERE, "..", "kvcore", "_ext.pyi")
     fresh = tmp_path / "_ext.pyi"
     subprocess.run([sys.executable, os.path.join(HERE, "..", "make_stubs.py"), str(fresh)], check=True)

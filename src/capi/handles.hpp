@@ -1,11 +1,13 @@
 // The C API's cache handles, shared by the files that implement its entry points.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "capi/paged_plan.hpp"
 #include "kvcore/cache/dsv4_cache.hpp"
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/kvcore.h"
+#include "kvcore/persist/kv_store.hpp"
 
 // epoch counts the metadata changes made through the C API, so a plan can tell it went stale.
 struct kvc_paged_cache {
@@ -23,6 +25,12 @@ struct kvc_attention_plan {
 
 struct kvc_dsv4_cache {
   kvcore::Dsv4Cache cache;
+};
+
+// Any store (host, disk, tiered); `tiered` is set for a TieredStore (flush).
+struct kvc_store {
+  std::unique_ptr<kvcore::KvStore> store;
+  kvcore::TieredStore* tiered = nullptr;
 };
 
 namespace kvcore::capi {

@@ -111,6 +111,7 @@ void rope_shift_rows(const ops::RopeShiftRowsParams& p) {
   constexpr int32_t kPadded = math::RopeTable::kMaxPairs + 16;
   float freq[kPadded] = {};  // zero padded for the SIMD angles
   std::copy(p.table.freq, p.table.freq + l.n_pairs(), freq);
+  if (simd && ops::cpu::shift_simd_serves(t.kind)) return ops::cpu::shift_rows_simd(p, freq, big);
 #pragma omp parallel for schedule(static) if (big)
   for (int64_t r = 0; r < p.rows; ++r) {
     const int32_t delta = p.delta[r];

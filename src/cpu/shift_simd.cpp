@@ -1,6 +1,7 @@
 // One head of a shift, rotated with SIMD (simd_rope-inl.h's RotatePairs: NeoX
 // pairs a vector at a time): the bits of math::shift_rotate_head_plain. Moved heads
-// (shift_dense) rotate from their old row into the new one without a scratch copy.
+// (shift_dense) rotate from their old row into the new one without a scratch copy;
+// rope_shift_rows' rows go in contiguous runs per thread (ShiftRows).
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -9,8 +10,12 @@
 #include <hwy/highway.h>
 // clang-format on
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "cpu/shift_simd.hpp"
 #include "cpu/simd_rope-inl.h"
@@ -23,7 +28,8 @@ namespace kvcore::ops::cpu::HWY_NAMESPACE {
 void ShiftRotateHead(ops::ShiftKind kind, uint8_t* head, const math::RopeLayout& l, const float* c, const float* s) {
   switch (kind) {
     case ops::ShiftKind::F32: return RotatePairs(l, reinterpret_cast<float*>(head), reinterpret_cast<float*>(head), c, s);
-    case ops::ShiftKind::F16: return RotatePairs(l, reinterpret_cast<f16*>(head), reinterpret_cast<f16*>(head), c, s);
+    case ops::ShiftKind::F16:  // shift angles carry no magnitude: |cos|, |sin| <= 1
+      return RotatePairs(l, reinterpret_cast<f16*>(head), reinterpret_cast<f16*>(head), c, s, true);
     case ops::ShiftKind::BF16: return RotatePairs(l, reinterpret_cast<bf16*>(head), reinterpret_cast<bf16*>(head), c, s);
     case ops::ShiftKind::Dsv4: {  // the bf16 tail holds dims [kNope, 512): rotate it with dims counted from kNope
       math::RopeLayout tail = l;
@@ -55,13 +61,13 @@ HWY_INLINE void MoveRotate(const math::RopeLayout& l, const uint8_t* from, uint8
                            const float* c, const float* s) {
   if (l.interleaved) {  // copy, then rotate the copy in place
     CopyBytes(from, to, head_bytes);
-    return RotatePairs(l, reinterpret_cast<const T*>(to), reinterpret_cast<T*>(to), c, s);
+    return RotatePairs(l, reinterpret_cast<const T*>(to), reinterpret_cast<T*>(to), c, s, true);
   }
   // NeoX pairs: the rotated dims go from -> to directly; the others are copied around them.
   const int64_t r0 = int64_t{l.first_dim} * sizeof(T), r1 = r0 + int64_t{l.n_rot} * sizeof(T);
   if (r0 > 0) CopyBytes(from, to, r0);
   if (r1 < head_bytes) CopyBytes(from + r1, to + r1, head_bytes - r1);
-  RotatePairs(l, reinterpret_cast<const T*>(from), reinterpret_cast<T*>(to), c, s);
+  RotatePairs(l, reinterpret_cast<const T*>(from), reinterpret_cast<T*>(to), c, s, true);  // |cos|, |sin| <= 1
 }
 
 void ShiftMoveHead(ops::ShiftKind kind, const uint8_t* from, uint8_t* to, int64_t head_bytes,
@@ -78,46 +84,119 @@ void ShiftMoveHead(ops::ShiftKind kind, const uint8_t* from, uint8_t* to, int64_
   }
 }
 
-// cs[i], sn[i] = math::shift_sincos(delta, freq[i]) for i < n (freq zero padded to a multiple
-// of 16): the exact split of delta * w and the three-part 2 pi reduction in f32 lanes (fused
-// multiply-adds where the target has them, else the scalar function's std::fma lane by lane),
-// then math::sincos_f32 in double lanes (simd_rope-inl.h's SinCosLanes).
-void ShiftCosSinRow(const float* freq, int32_t n, int32_t delta, float* cs, float* sn) {
+// The reduced f32 angle math::shift_sincos takes the sine and cosine of, for the lanes of
+// freq at w: the exact split of delta * w and the three-part 2 pi reduction (fused
+// multiply-adds where the target has them, else the scalar function's std::fma lane by lane).
+template <class DF>
+HWY_INLINE hn::Vec<DF> ShiftReducedAngle(DF df, float dl, const float* freq) {
+#if HWY_NATIVE_FMA
+  const auto d = hn::Set(df, dl), w = hn::LoadU(df, freq);
+  const auto hi = hn::Mul(d, w);
+  const auto lo = hn::MulAdd(d, w, hn::Neg(hi));
+  const auto k = hn::Neg(hn::Round(hn::Mul(hi, hn::Set(df, 0.159154943091895336f))));  // -nearbyint
+  auto r = hn::MulAdd(k, hn::Set(df, 6.28318548202514648f), hi);
+  r = hn::MulAdd(k, hn::Set(df, -1.74845553146951715e-07f), r);
+  r = hn::MulAdd(k, hn::Set(df, -6.86049804e-15f), r);
+  return hn::Add(r, lo);
+#else
+  HWY_ALIGN float lanes[hn::MaxLanes(df)];
+  for (size_t j = 0; j < hn::Lanes(df); ++j) {
+    const float w = freq[j], hi = dl * w, lo = std::fma(dl, w, -hi);
+    const float k = std::nearbyint(hi * 0.159154943091895336f);
+    float r = std::fma(-k, 6.28318548202514648f, hi);
+    r = std::fma(-k, -1.74845553146951715e-07f, r);
+    r = std::fma(-k, -6.86049804e-15f, r);
+    lanes[j] = r + lo;
+  }
+  return hn::Load(df, lanes);
+#endif
+}
+
+// V vectors of pairs from i (see ShiftCosSinRow).
+template <int32_t V>
+HWY_INLINE void ShiftCosSinVectors(const float* freq, int32_t i, int32_t delta, float* cs, float* sn) {
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(dd));
-  const float dl = static_cast<float>(delta);
-  for (int32_t i = 0; i < n; i += N) {
-#if HWY_NATIVE_FMA
-    const auto d = hn::Set(df, dl), w = hn::LoadU(df, freq + i);
-    const auto hi = hn::Mul(d, w);
-    const auto lo = hn::MulAdd(d, w, hn::Neg(hi));
-    const auto k = hn::Neg(hn::Round(hn::Mul(hi, hn::Set(df, 0.159154943091895336f))));  // -nearbyint
-    auto r = hn::MulAdd(k, hn::Set(df, 6.28318548202514648f), hi);
-    r = hn::MulAdd(k, hn::Set(df, -1.74845553146951715e-07f), r);
-    r = hn::MulAdd(k, hn::Set(df, -6.86049804e-15f), r);
-    const auto a = hn::Add(r, lo);
-#else
-    HWY_ALIGN float lanes[hn::MaxLanes(df)];
-    for (int32_t j = 0; j < N; ++j) {
-      const float w = freq[i + j], hi = dl * w, lo = std::fma(dl, w, -hi);
-      const float k = std::nearbyint(hi * 0.159154943091895336f);
-      float r = std::fma(-k, 6.28318548202514648f, hi);
-      r = std::fma(-k, -1.74845553146951715e-07f, r);
-      r = std::fma(-k, -6.86049804e-15f, r);
-      lanes[j] = r + lo;
+  const auto limit = hn::Set(dd, 268435456.0);
+  hn::Vec<decltype(dd)> x[V], sv[V], cv[V];
+  auto ok = hn::Le(hn::Zero(dd), limit);
+  for (int32_t v = 0; v < V; ++v) {
+    x[v] = hn::PromoteTo(dd, ShiftReducedAngle(df, static_cast<float>(delta), freq + i + v * N));
+    ok = hn::And(ok, hn::Le(hn::Abs(x[v]), limit));
+  }
+  if (HWY_UNLIKELY(!hn::AllTrue(dd, ok))) {  // NaN / inf / huge
+    for (int32_t j = i; j < i + V * N; ++j) math::shift_sincos(delta, freq[j], &sn[j], &cs[j]);
+    return;
+  }
+  for (int32_t v = 0; v < V; ++v) SinCosLanes(dd, x[v], sv[v], cv[v]);
+  for (int32_t v = 0; v < V; ++v) {
+    hn::StoreU(hn::DemoteTo(df, cv[v]), df, cs + i + v * N);
+    hn::StoreU(hn::DemoteTo(df, sv[v]), df, sn + i + v * N);
+  }
+}
+
+// cs[i], sn[i] = math::shift_sincos(delta, freq[i]) for i < n (freq zero padded to a multiple
+// of 16): the reduced angles in f32 lanes (ShiftReducedAngle), then math::sincos_f32 in
+// double lanes (simd_rope-inl.h's SinCosLanes), several vectors a step so their
+// polynomials overlap.
+void ShiftCosSinRow(const float* freq, int32_t n, int32_t delta, float* cs, float* sn) {
+  const int32_t N = static_cast<int32_t>(hn::Lanes(hn::ScalableTag<double>()));
+  const int32_t end = (n + N - 1) / N * N;
+  int32_t i = 0;
+  for (; i + kRopeCosSinVecs * N <= end; i += kRopeCosSinVecs * N) ShiftCosSinVectors<kRopeCosSinVecs>(freq, i, delta, cs, sn);
+  for (; i < end; i += N) ShiftCosSinVectors<1>(freq, i, delta, cs, sn);
+}
+
+// cs[i], sn[i] for i in [i0, i1), i0 a multiple of RopeCosSinStep(); whole vectors up to i1
+// rounded up to the lanes are written.
+HWY_INLINE void ShiftCosSinRange(const float* freq, int32_t i0, int32_t i1, int32_t delta, float* cs, float* sn) {
+  const int32_t N = static_cast<int32_t>(hn::Lanes(hn::ScalableTag<double>()));
+  const int32_t end = (i1 + N - 1) / N * N;
+  int32_t i = i0;
+  for (; i + kRopeCosSinVecs * N <= end; i += kRopeCosSinVecs * N) ShiftCosSinVectors<kRopeCosSinVecs>(freq, i, delta, cs, sn);
+  for (; i < end; i += N) ShiftCosSinVectors<1>(freq, i, delta, cs, sn);
+}
+
+// rope_shift_rows for the kinds of shift_simd_serves: each thread a contiguous run of rows,
+// and, as rope_apply does, the next moved row's cos/sin computed in slices between the
+// heads of the current one, so that arithmetic overlaps the rotation's memory traffic.
+void ShiftRows(const ops::RopeShiftRowsParams& p, const float* freq, bool parallel) {
+  const ops::ShiftTensorParams& t = p.k;
+  const math::RopeLayout& l = p.table.layout;
+  const int32_t n_pairs = l.n_pairs();
+  const int32_t step = RopeCosSinStep();
+  const int64_t steps = (n_pairs + step - 1) / step;
+  const int64_t heads = std::max<int64_t>(t.n_heads, 1);
+  const int64_t steps_per_head = (steps + heads - 1) / heads;
+  constexpr int32_t kPadded = math::RopeTable::kMaxPairs + 16;
+#pragma omp parallel if (parallel)
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t r0 = p.rows * me / threads, r1 = p.rows * (me + 1) / threads;
+    HWY_ALIGN float angles[4][kPadded];
+    float *cs = angles[0], *sn = angles[1], *cs_next = angles[2], *sn_next = angles[3];
+    int64_t r = r0;
+    while (r < r1 && p.delta[r] == 0) ++r;
+    if (r < r1) ShiftCosSinRange(freq, 0, n_pairs, p.delta[r], cs, sn);
+    while (r < r1) {
+      int64_t next = r + 1;
+      while (next < r1 && p.delta[next] == 0) ++next;
+      int64_t done = next < r1 ? 0 : steps;  // steps of the next row's cos/sin computed so far
+      for (int64_t h = 0; h < t.n_heads; ++h) {
+        ShiftRotateHead(t.kind, t.base + r * t.token_stride + h * t.head_bytes, l, cs, sn);
+        if (done < steps) {
+          const int64_t upto = std::min(steps, done + steps_per_head);
+          ShiftCosSinRange(freq, static_cast<int32_t>(done * step), static_cast<int32_t>(std::min<int64_t>(upto * step, n_pairs)),
+                           p.delta[next], cs_next, sn_next);
+          done = upto;
+        }
+      }
+      if (done < steps) ShiftCosSinRange(freq, static_cast<int32_t>(done * step), n_pairs, p.delta[next], cs_next, sn_next);
+      std::swap(cs, cs_next);
+      std::swap(sn, sn_next);
+      r = next;
     }
-    const auto a = hn::Load(df, lanes);
-#endif
-    const auto x = hn::PromoteTo(dd, a);
-    if (HWY_UNLIKELY(!hn::AllTrue(dd, hn::Le(hn::Abs(x), hn::Set(dd, 268435456.0))))) {  // NaN / inf / huge
-      for (int32_t j = i; j < i + N; ++j) math::shift_sincos(delta, freq[j], &sn[j], &cs[j]);
-      continue;
-    }
-    hn::Vec<decltype(dd)> sv, cv;
-    SinCosLanes(dd, x, sv, cv);
-    hn::StoreU(hn::DemoteTo(df, cv), df, cs + i);
-    hn::StoreU(hn::DemoteTo(df, sv), df, sn + i);
   }
 }
 
@@ -129,6 +208,10 @@ namespace kvcore::ops::cpu {
 HWY_EXPORT(ShiftRotateHead);
 HWY_EXPORT(ShiftMoveHead);
 HWY_EXPORT(ShiftCosSinRow);
+HWY_EXPORT(ShiftRows);
+void shift_rows_simd(const ops::RopeShiftRowsParams& p, const float* freq, bool parallel) {
+  HWY_DYNAMIC_DISPATCH(ShiftRows)(p, freq, parallel);
+}
 void shift_cos_sin_row_simd(const float* freq, int32_t n, int32_t delta, float* cs, float* sn) {
   HWY_DYNAMIC_DISPATCH(ShiftCosSinRow)(freq, n, delta, cs, sn);
 }

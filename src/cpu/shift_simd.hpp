@@ -21,4 +21,7 @@ void shift_move_head_simd(ops::ShiftKind kind, const uint8_t* from, uint8_t* to,
 // cs[i], sn[i] = math::shift_sincos(delta, freq[i]) for i < n, the same bits. freq, cs and sn
 // hold a multiple of 16 entries (freq zero padded).
 void shift_cos_sin_row_simd(const float* freq, int32_t n, int32_t delta, float* cs, float* sn);
+// rope_shift_rows for a kind of shift_simd_serves, the same bits: freq is p.table.freq zero
+// padded to kMaxPairs + 16 entries; threads (OpenMP) when `parallel`.
+void shift_rows_simd(const ops::RopeShiftRowsParams& p, const float* freq, bool parallel);
 }  // namespace kvcore::ops::cpu

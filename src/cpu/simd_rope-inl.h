@@ -24,10 +24,19 @@ namespace kvcore::ops::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // sin and cos (as doubles, before the f32 rounding) of f32 angles held in double lanes,
-// for |x| <= 2^28: math::sincos_f32's reduction and polynomials.
+// for |x| <= 2^28: math::sincos_f32's reduction and polynomials, operation for operation.
+// k = nearbyint(x * 2/pi) comes from the 1.5 * 2^52 shifter: below 2^51 the sum rounds to
+// an integer (ties to even, as nearbyint), the subtraction is exact, and the sum's low
+// significand bits hold k in two's complement, so k mod 4 (the quadrant) is read from
+// its bits: bit 0 swaps sin and cos, bit 1 of k (of k + 1) negates sin (cos). A zero
+// k may come out +0 where nearbyint gives -0; r = x - k * c is x either way, and x = -0
+// gives sin +0 and cos 1 both ways.
 template <class DD>
 HWY_INLINE void SinCosLanes(DD dd, hn::Vec<DD> x, hn::Vec<DD>& sv, hn::Vec<DD>& cv) {
-  const auto k = hn::Round(hn::Mul(x, hn::Set(dd, 0.63661977236758134308)));
+  const hn::RebindToUnsigned<DD> du;
+  const auto shifter = hn::Set(dd, 0x1.8p52);
+  const auto kt = hn::Add(hn::Mul(x, hn::Set(dd, 0.63661977236758134308)), shifter);
+  const auto k = hn::Sub(kt, shifter);
   auto r = hn::Sub(x, hn::Mul(k, hn::Set(dd, 0x1.921fb4p+0)));
   r = hn::Sub(r, hn::Mul(k, hn::Set(dd, 0x1.4442dp-24)));
   r = hn::Sub(r, hn::Mul(k, hn::Set(dd, 0x1.8469898cc517p-48)));
@@ -47,31 +56,69 @@ HWY_INLINE void SinCosLanes(DD dd, hn::Vec<DD> x, hn::Vec<DD>& sv, hn::Vec<DD>& 
   pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, 1.0 / 24.0));
   pc = hn::Add(hn::Mul(pc, z), hn::Set(dd, -0.5));
   const auto cr = hn::Add(hn::Set(dd, 1.0), hn::Mul(z, pc));
-  const auto q = hn::Sub(k, hn::Mul(hn::Set(dd, 4.0), hn::Floor(hn::Mul(k, hn::Set(dd, 0.25)))));
-  const auto q0 = hn::Eq(q, hn::Zero(dd)), q1 = hn::Eq(q, hn::Set(dd, 1.0)), q2 = hn::Eq(q, hn::Set(dd, 2.0));
-  sv = hn::IfThenElse(q0, sr, hn::IfThenElse(q1, cr, hn::IfThenElse(q2, hn::Neg(sr), hn::Neg(cr))));
-  cv = hn::IfThenElse(q0, cr, hn::IfThenElse(q1, hn::Neg(sr), hn::IfThenElse(q2, hn::Neg(cr), sr)));
+  const auto kb = hn::BitCast(du, kt);
+  const auto sign = hn::Set(du, uint64_t{1} << 63);
+  const auto swap = hn::TestBit(kb, hn::Set(du, 1));
+  const auto s_neg = hn::BitCast(dd, hn::And(hn::ShiftLeft<62>(kb), sign));
+  const auto c_neg = hn::BitCast(dd, hn::And(hn::ShiftLeft<62>(hn::Add(kb, hn::Set(du, 1))), sign));
+  sv = hn::Xor(hn::IfThenElse(hn::RebindMask(dd, swap), cr, sr), s_neg);
+  cv = hn::Xor(hn::IfThenElse(hn::RebindMask(dd, swap), sr, cr), c_neg);
+}
+
+// Vectors of double lanes RopeCosSinRange takes per step: their polynomials overlap.
+inline constexpr int32_t kRopeCosSinVecs = 4;
+// Pairs RopeCosSinRange computes per full step.
+HWY_INLINE int32_t RopeCosSinStep() {
+  return kRopeCosSinVecs * static_cast<int32_t>(hn::Lanes(hn::ScalableTag<double>()));
+}
+
+// V vectors of pairs from i: cs / sn as math::rope_cos_sin (magnitude applied when `scale`).
+template <int32_t V>
+HWY_INLINE void RopeCosSinVectors(const float* freq, int32_t i, float position, float magnitude, bool scale, float* cs,
+                                  float* sn) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(dd));
+  const auto limit = hn::Set(dd, 268435456.0);
+  hn::Vec<decltype(dd)> x[V], sv[V], cv[V];
+  auto ok = hn::Le(hn::Zero(dd), limit);
+  for (int32_t v = 0; v < V; ++v) {
+    x[v] = hn::PromoteTo(dd, hn::Mul(hn::Set(df, position), hn::LoadU(df, freq + i + v * N)));  // math::rope_angle
+    ok = hn::And(ok, hn::Le(hn::Abs(x[v]), limit));
+  }
+  if (HWY_UNLIKELY(!hn::AllTrue(dd, ok))) {  // NaN, infinity or beyond 2^28: the scalar function
+    for (int32_t j = i; j < i + V * N; ++j) math::rope_cos_sin(position, freq[j], magnitude, &cs[j], &sn[j]);
+    return;
+  }
+  for (int32_t v = 0; v < V; ++v) SinCosLanes(dd, x[v], sv[v], cv[v]);
+  for (int32_t v = 0; v < V; ++v) {
+    auto fc = hn::DemoteTo(df, cv[v]), fs = hn::DemoteTo(df, sv[v]);
+    if (scale) fc = hn::Mul(fc, hn::Set(df, magnitude)), fs = hn::Mul(fs, hn::Set(df, magnitude));
+    hn::StoreU(fc, df, cs + i + v * N);
+    hn::StoreU(fs, df, sn + i + v * N);
+  }
+}
+
+// cs[i], sn[i] = math::rope_cos_sin(position, freq[i], magnitude) for i in [i0, i1), i0 a
+// multiple of RopeCosSinStep(). Whole vectors are written (up to i1 rounded up to a
+// multiple of the lanes), so freq, cs and sn hold a multiple of 16 entries (freq zero
+// padded). A magnitude of 1 is not multiplied (x * 1 is x for the finite values that
+// reach it).
+HWY_INLINE void RopeCosSinRange(const float* freq, int32_t i0, int32_t i1, float position, float magnitude, float* cs,
+                                float* sn) {
+  const int32_t N = static_cast<int32_t>(hn::Lanes(hn::ScalableTag<double>()));
+  const int32_t end = (i1 + N - 1) / N * N;
+  const bool scale = magnitude != 1.0f;
+  int32_t i = i0;
+  for (; i + kRopeCosSinVecs * N <= end; i += kRopeCosSinVecs * N)
+    RopeCosSinVectors<kRopeCosSinVecs>(freq, i, position, magnitude, scale, cs, sn);
+  for (; i < end; i += N) RopeCosSinVectors<1>(freq, i, position, magnitude, scale, cs, sn);
 }
 
 // cs[i], sn[i] = math::rope_cos_sin(position, freq[i], magnitude) for i < n. freq, cs and
 // sn hold a multiple of 16 entries (freq zero padded).
 HWY_INLINE void RopeCosSinRow(const float* freq, int32_t n, float position, float magnitude, float* cs, float* sn) {
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> df;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(dd));
-  const auto mag = hn::Set(df, magnitude);
-  for (int32_t i = 0; i < n; i += N) {
-    const auto angle = hn::Mul(hn::Set(df, position), hn::LoadU(df, freq + i));  // math::rope_angle, in f32
-    const auto x = hn::PromoteTo(dd, angle);
-    if (HWY_UNLIKELY(!hn::AllTrue(dd, hn::Le(hn::Abs(x), hn::Set(dd, 268435456.0))))) {
-      for (int32_t j = i; j < i + N; ++j) math::rope_cos_sin(position, freq[j], magnitude, &cs[j], &sn[j]);
-      continue;
-    }
-    hn::Vec<decltype(dd)> sv, cv;
-    SinCosLanes(dd, x, sv, cv);
-    hn::StoreU(hn::Mul(hn::DemoteTo(df, cv), mag), df, cs + i);
-    hn::StoreU(hn::Mul(hn::DemoteTo(df, sv), mag), df, sn + i);
-  }
+  RopeCosSinRange(freq, 0, n, position, magnitude, cs, sn);
 }
 
 // f32 lanes -> f16 bits as math::f32_to_f16_bits (round to nearest even; NaN -> 0x7e00).
@@ -168,10 +215,27 @@ HWY_INLINE void StorePairsFromF32(DF df, hn::Vec<DF> y0, hn::Vec<DF> y1, T* p) {
 }
 #endif
 
+// Whether the n f16 values at p hold no infinity and no NaN: (bits << 1) below 0xf800.
+HWY_INLINE bool F16RunFinite(const f16* p, int32_t n) {
+  const hn::ScalableTag<uint16_t> d16;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d16));
+  const uint16_t* b = reinterpret_cast<const uint16_t*>(p);
+  auto m = hn::Zero(d16);
+  int32_t i = 0;
+  for (; i + N <= n; i += N) m = hn::Max(m, hn::ShiftLeft<1>(hn::LoadU(d16, b + i)));
+  bool finite = hn::AllTrue(d16, hn::Lt(m, hn::Set(d16, uint16_t{0xf800})));
+  for (; i < n; ++i) finite &= static_cast<uint16_t>(b[i] << 1) < 0xf800;
+  return finite;
+}
+
 // Rotates the pairs of one row (xr -> orow, which may be xr) by cs / sn, as
-// math::rotate_pair does pair by pair.
+// math::rotate_pair does pair by pair. `bounded`: every |cs|, |sn| <= 2^100, so f16
+// rows without infinities or NaN (|x| <= 65504) give finite products and sums, and the
+// hardware f32 -> f16 conversion needs no NaN fix (checked per row).
 template <class T>
-HWY_INLINE void RotatePairs(const math::RopeLayout& l, const T* xr, T* orow, const float* cs, const float* sn) {
+HWY_INLINE void RotatePairs(const math::RopeLayout& l, const T* xr, T* orow, const float* cs, const float* sn,
+                            bool bounded = false) {
+  (void)bounded;  // only the hardware-f16 targets use it
   const int32_t n_pairs = l.n_pairs();
   int32_t i = 0;
   if (!l.interleaved) {
@@ -181,6 +245,21 @@ HWY_INLINE void RotatePairs(const math::RopeLayout& l, const T* xr, T* orow, con
     const T* x1p = x0p + n_pairs;
     T* y0p = orow + l.first_dim;
     T* y1p = y0p + n_pairs;
+#if KVCORE_SIMD_HW_F16
+    if constexpr (std::is_same_v<T, f16>) {
+      if (bounded && F16RunFinite(x0p, l.n_rot)) {  // no NaN can come out: convert without the NaN fix
+        const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+        for (; i + N <= n_pairs; i += N) {
+          const auto x0 = LoadAsF32(df, x0p + i), x1 = LoadAsF32(df, x1p + i);
+          const auto c = hn::LoadU(df, cs + i), s = hn::LoadU(df, sn + i);
+          const auto y0 = hn::Sub(hn::Mul(x0, c), hn::Mul(x1, s));
+          const auto y1 = hn::Add(hn::Mul(x0, s), hn::Mul(x1, c));
+          hn::StoreU(hn::DemoteTo(dh, y0), dh, reinterpret_cast<hwy::float16_t*>(y0p + i));
+          hn::StoreU(hn::DemoteTo(dh, y1), dh, reinterpret_cast<hwy::float16_t*>(y1p + i));
+        }
+      }
+    }
+#endif
     for (; i + N <= n_pairs; i += N) {
       const auto x0 = LoadAsF32(df, x0p + i), x1 = LoadAsF32(df, x1p + i);
       const auto c = hn::LoadU(df, cs + i), s = hn::LoadU(df, sn + i);

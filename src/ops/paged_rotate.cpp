@@ -1,10 +1,15 @@
 // kv_rotate_blocks_layers: every layer's pending rotation in one launch where
-// the layers allow it (ops/paged_rotate.hpp), else kv_rotate_blocks per layer.
+// the layers allow it (ops/paged_rotate.hpp), on the CPU in one pass that computes each
+// cell's cos/sin once for all layers (cpu/paged_rotate_simd.hpp), else kv_rotate_blocks
+// per layer.
 #include "ops/paged_rotate.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "cpu/paged_rotate_simd.hpp"
+#include "cpu/simd_targets.hpp"
 #include "ops/checks.hpp"
 #include "ops/kv_rotate_checks.hpp"
 #include "ops/kv_store_params.hpp"
@@ -30,10 +35,10 @@ KvRotateParams layer_params(const KvPool& pool, const math::RopeTable& rope) {
   return p;
 }
 
-}  // namespace
-
-bool paged_rotate_fused_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
-  if (pools.empty() || pools.size() != ropes.size() || !pools[0].data.device().is_cuda()) return false;
+// Pools of one format and shape on one device, contiguous, with one table whose layout
+// fits the head (else kv_rotate_blocks reports it).
+bool layers_alike(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
+  if (pools.empty() || pools.size() != ropes.size()) return false;
   const KvPool& p0 = pools[0];
   for (size_t l = 0; l < pools.size(); ++l) {
     const KvPool& p = pools[l];
@@ -42,10 +47,37 @@ bool paged_rotate_fused_ok(std::span<const KvPool> pools, std::span<const math::
       if (p.data.size(d) != p0.data.size(d)) return false;
     if (p.data.device() != p0.data.device() || !p.data.is_contiguous() || p.data.dtype() != kv_format_dtype(p.format))
       return false;
-    if (!same_table(ropes[l], ropes[0]) || !kvvec::vec_rotate_ok(layer_params(p, ropes[l]))) return false;
+    if (!same_table(ropes[l], ropes[0])) return false;
     const math::RopeLayout& rl = ropes[l].layout;
     if (rl.first_dim < 0 || rl.first_dim + rl.n_rot > p.head_dim) return false;  // kv_rotate_blocks reports it
   }
+  return true;
+}
+
+// The CPU's pass over every layer at once (cpu/paged_rotate_simd.hpp): SIMD on, plain formats,
+// pools and a table kv_rotate_blocks would accept (anything else goes to kv_rotate_blocks,
+// which reports it).
+bool paged_rotate_cpu_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
+  if (pools.empty() || !pools[0].data.device().is_cpu() || !ops::cpu::simd_on() ||
+      !ops::cpu::paged_rotate_layers_cpu_serves(pools[0].format) || !layers_alike(pools, ropes))
+    return false;
+  const KvPool& p0 = pools[0];
+  const math::RopeTable& t = ropes[0];
+  const math::RopeLayout& l = t.layout;
+  if (p0.head_dim <= 0 || p0.head_dim > kMaxKvHeadDim || p0.data.size(3) != kv_row_width(p0.format, p0.head_dim) ||
+      l.n_rot < 0 || l.n_rot % 2 != 0 || l.n_pairs() > math::RopeTable::kMaxPairs)
+    return false;
+  for (int32_t i = 0; i < l.n_pairs(); ++i)
+    if (!std::isfinite(t.freq[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+bool paged_rotate_fused_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
+  if (pools.empty() || !pools[0].data.device().is_cuda() || !layers_alike(pools, ropes)) return false;
+  for (size_t l = 0; l < pools.size(); ++l)
+    if (!kvvec::vec_rotate_ok(layer_params(pools[l], ropes[l]))) return false;
   return true;
 }
 
@@ -54,7 +86,8 @@ void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blo
   constexpr std::string_view op = "kv_rotate_blocks_layers";
   require_arg(pools.size() == ropes.size(), op, ": ", pools.size(), " pools but ", ropes.size(), " rope tables");
   if (pools.empty()) return;
-  if (!paged_rotate_fused_ok(pools, ropes)) {
+  const bool cpu = paged_rotate_cpu_ok(pools, ropes);
+  if (!cpu && !paged_rotate_fused_ok(pools, ropes)) {
     for (size_t l = 0; l < pools.size(); ++l) kv_rotate_blocks(pools[l], blocks, cell_delta, ropes[l], stream);
     return;
   }
@@ -73,6 +106,14 @@ void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blo
   p.n_blocks = static_cast<int32_t>(blocks.size(0));
   p.cell_delta = cell_delta.data_as<const int32_t>();
   p.rope = ropes[0];
+  if (cpu) {
+    for (size_t l0 = 0; l0 < pools.size(); l0 += kRotateMaxLayers) {
+      p.n_layers = static_cast<int32_t>(std::min<size_t>(kRotateMaxLayers, pools.size() - l0));
+      for (int32_t l = 0; l < p.n_layers; ++l) p.pools[l] = pools[l0 + l].data.data();
+      ops::cpu::paged_rotate_layers_simd(p);
+    }
+    return;
+  }
 #if KVCORE_WITH_CUDA
   for (size_t l0 = 0; l0 < pools.size(); l0 += kRotateMaxLayers) {
     p.n_layers = static_cast<int32_t>(std::min<size_t>(kRotateMaxLayers, pools.size() - l0));
