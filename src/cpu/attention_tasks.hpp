@@ -25,6 +25,6 @@ bool attention_simd_serves(const PagedAttentionParams& p);
 void attention_task_simd(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, int32_t h1, int32_t split);
 
 // Query rows per SIMD prefill task: a block of a sequence's rows shares each K/V tile read.
-inline constexpr int32_t kSimdPrefillRows = 4;
+inline constexpr int32_t kSimdPrefillRows = 8;
 
 }  // namespace kvcore::ops::cpu
