@@ -184,15 +184,25 @@ struct NextRows {
   int64_t run_lines;     // 64-byte lines per cell run
   int64_t total;         // lines in all: cells x run_lines
   int64_t cursor = 0;
-  int64_t cell_i = 0, line_i = 0;  // the cursor's cell and line in it (counted, not divided: an idiv per line cost 4%)
+  int64_t cell_i = 0, line_i = 0;  // the cursor's cell and line in its run
 
+  // Runs of lines inside one cell: one base address each, then a line a prefetch pair
+  // (the address arithmetic per line was a third as many instructions as the FMAs).
   HWY_INLINE void ask(int64_t lines) {
-    const int64_t end = std::min(total, cursor + lines);
-    for (; cursor < end; ++cursor) {
+    int64_t left = std::min(lines, total - cursor);
+    cursor += left;
+    while (left > 0) {
+      const int64_t n = std::min(left, run_lines - line_i);
       const int64_t off = cells[cell_i] * cell_bytes + line_i * 64;
-      PrefetchLine(k + off);
-      PrefetchLine(v + off);
-      if (++line_i == run_lines) line_i = 0, ++cell_i;
+      const uint8_t* kp = k + off;
+      const uint8_t* vp = v + off;
+      for (int64_t i = 0; i < n; ++i) {
+        PrefetchLine(kp + i * 64);
+        PrefetchLine(vp + i * 64);
+      }
+      left -= n;
+      line_i += n;
+      if (line_i == run_lines) line_i = 0, ++cell_i;
     }
   }
 };
