@@ -231,12 +231,14 @@ void ScoresAll(const Task& t, const Tile& tile, NextRows& next, int64_t lines_pe
 // of two up to 64), so the chunk's scale (times 2^8) goes into the weights: a power of
 // two, exact either way.
 template <math::KvElem E, bool kFinite, int kG, int kU, class D>
-HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, int32_t d) {
+HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, int32_t d, NextRows& next,
+                             int64_t lines_per_block) {
   const int32_t N = static_cast<int32_t>(hn::Lanes(dv));
   hn::Vec<D> a[kG][kU];
   for (int g = 0; g < kG; ++g)
     for (int u = 0; u < kU; ++u) a[g][u] = hn::LoadU(dv, t.acc + (g0 + g) * t.Dp + d + u * N);
   for (int32_t j = 0; j < n_vis; ++j) {
+    if (j % kKeys == 0) next.ask(lines_per_block);
     hn::Vec<D> v[kU];
     float scale = 1.0f;
     if constexpr (E == math::KvElem::E4M3) {
@@ -256,23 +258,23 @@ HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0
 }
 
 template <math::KvElem E, bool kFinite, int kG>
-void ValuePass(const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis) {
+void ValuePass(const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, NextRows& next, int64_t lines_per_block) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
   int32_t d = 0;
-  for (; d + kCols * N <= t.D; d += kCols * N) ValueColumns<E, kFinite, kG, kCols>(df, t, vrows, g0, n_vis, d);
-  for (; d + N <= t.D; d += N) ValueColumns<E, kFinite, kG, 1>(df, t, vrows, g0, n_vis, d);
-  if (d < t.D) ValueColumns<E, kFinite, kG, 1>(DTail(), t, vrows, g0, n_vis, d);
+  for (; d + kCols * N <= t.D; d += kCols * N) ValueColumns<E, kFinite, kG, kCols>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
+  for (; d + N <= t.D; d += N) ValueColumns<E, kFinite, kG, 1>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
+  if (d < t.D) ValueColumns<E, kFinite, kG, 1>(DTail(), t, vrows, g0, n_vis, d, next, lines_per_block);
 }
 
 template <math::KvElem E, bool kFinite>
-void ValuePassAll(const Task& t, const KvRow* vrows, int32_t n_vis) {
+void ValuePassAll(const Task& t, const KvRow* vrows, int32_t n_vis, NextRows& next, int64_t lines_per_block) {
   for (int32_t g0 = 0; g0 < t.G; g0 += kHeads) {
     switch (std::min(kHeads, t.G - g0)) {
-      case 1: ValuePass<E, kFinite, 1>(t, vrows, g0, n_vis); break;
-      case 2: ValuePass<E, kFinite, 2>(t, vrows, g0, n_vis); break;
-      case 3: ValuePass<E, kFinite, 3>(t, vrows, g0, n_vis); break;
-      default: ValuePass<E, kFinite, 4>(t, vrows, g0, n_vis); break;
+      case 1: ValuePass<E, kFinite, 1>(t, vrows, g0, n_vis, next, lines_per_block); break;
+      case 2: ValuePass<E, kFinite, 2>(t, vrows, g0, n_vis, next, lines_per_block); break;
+      case 3: ValuePass<E, kFinite, 3>(t, vrows, g0, n_vis, next, lines_per_block); break;
+      default: ValuePass<E, kFinite, 4>(t, vrows, g0, n_vis, next, lines_per_block); break;
     }
   }
 }
@@ -426,7 +428,14 @@ template <math::KvElem E>
 void RunTile(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t H, const Task* tasks, math::OnlineSoftmax* sm,
              int32_t sm_stride, Tile& tile, NextRows& next) {
   if (tile.n_vis == 0) return;
-  const int64_t blocks = int64_t{H} * ((tile.n_vis + kKeys - 1) / kKeys);
+  // The next tile's lines, spread evenly over the points that ask for them: every kKeys
+  // rows of the score pass and of each value column pass (bursts of prefetches stall
+  // on the miss queue, the more so while another core streams from memory too).
+  const DF df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df)), D = tasks[0].D;
+  const int64_t columns = D / (kCols * N) + D % (kCols * N) / N + (D % N != 0 ? 1 : 0);
+  const int64_t passes = 1 + (tasks[0].G + kHeads - 1) / kHeads * columns;
+  const int64_t blocks = int64_t{H} * ((tile.n_vis + kKeys - 1) / kKeys) * passes;
   const int64_t lines_per_block = (next.total + blocks - 1) / blocks;
   if (p.rope_on_read) {  // math::rope_rotate_row's cos and sin, once per cell for every head
     const int32_t n_pairs = p.rope.layout.n_pairs();
@@ -443,8 +452,8 @@ void RunTile(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t H, co
     else if (finite) ScoresAll<E, true>(t, tile, next, lines_per_block);
     else ScoresAll<E, false>(t, tile, next, lines_per_block);
     SoftmaxTile(t, sm + kh * sm_stride);
-    if (finite) ValuePassAll<E, true>(t, tile.vrows, tile.n_vis);
-    else ValuePassAll<E, false>(t, tile.vrows, tile.n_vis);
+    if (finite) ValuePassAll<E, true>(t, tile.vrows, tile.n_vis, next, lines_per_block);
+    else ValuePassAll<E, false>(t, tile.vrows, tile.n_vis, next, lines_per_block);
   }
 }
 
