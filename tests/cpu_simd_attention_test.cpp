@@ -155,6 +155,75 @@ TEST(CpuSimdAttention, PrefillCausal) {
   }
 }
 
+// Prefill blocks: the SIMD kernel takes up to kSimdPrefillRows query rows of one
+// sequence per task. Row counts below, at and above the block size (blocks that end
+// inside a sequence and at its end), causal masks, windows narrower than a chunk (the
+// rows of a block see different window edges, so their tiles part ways), sinks, rope
+// on read, position offsets, dead cells, GQA groups 1-8, every pool format and splits.
+TEST(CpuSimdAttention, PrefillRowBlocksMasksWindowsRope) {
+  const DType kinds[] = {DType::F16, DType::BF16, DType::E4M3, DType::F32};
+  const int groups[] = {4, 1, 3, 8};
+  const int R = cpu::kSimdPrefillRows;
+  for (int variant = 0; variant < 8; ++variant) {
+    CaseSpec s;
+    s.kv = kinds[variant % 4];
+    s.head_dim = variant % 3 == 2 ? 64 : 128;
+    s.n_kv_heads = 2;
+    s.n_q_heads = 2 * groups[(variant + variant / 4) % 4];
+    s.seq_cells = {90, 41, 2 * R + 3};
+    s.q_tokens = {R - 1 + variant % 3, 2 * R + 1, R};
+    s.dead_rate = 0.1;
+    s.sinks = variant % 2 == 0;
+    s.window = variant % 4 == 1 ? 6 : variant % 4 == 3 ? 37 : 0;
+    s.rope_on_read = variant >= 4;
+    s.pos_offsets = variant == 5 || variant == 6;
+    s.seed = 700 + static_cast<uint64_t>(variant);
+    check_all_targets(s, variant % 3 + 1);
+  }
+}
+
+// A NaN in the V row of a cell only the later rows of a prefill block see (the chunk's
+// last token: causal) reaches exactly the outputs the scalar path makes NaN: the rows
+// that do not see the cell stay finite (the block shares no masked cell with them).
+TEST(CpuSimdAttention, PrefillMaskedNanStaysOutOfEarlierRows) {
+  for (DType kv : {DType::E4M3, DType::F16}) {
+    CaseSpec s;
+    s.kv = kv;
+    s.head_dim = 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {50};
+    s.q_tokens = {2 * cpu::kSimdPrefillRows};
+    s.seed = 800 + static_cast<uint64_t>(kv);
+    HostCase c = make_case(s);
+    const int bs = s.block_size, D = s.head_dim;
+    const int64_t cell = int64_t{c.indices[c.indptr[0] + 49 / bs]} * bs + 49 % bs;  // the last token's cell
+    ASSERT_TRUE(c.valid[cell]);
+    if (kv == DType::E4M3) c.v[c.row_of(cell, 1) * D + 17] = 0x7f;
+    else reinterpret_cast<uint16_t*>(c.v.data())[c.row_of(cell, 1) * D + 17] = 0x7e00;  // f16 NaN
+    std::vector<float> scalar;
+    {
+      cpu::SimdPin pin(cpu::kSimdScalar);
+      scalar = run_op(c, Device::cpu(), 1);
+    }
+    int nan_outputs = 0;
+    for (float x : scalar) nan_outputs += std::isnan(x) ? 1 : 0;
+    EXPECT_GT(nan_outputs, 0);
+    EXPECT_LT(nan_outputs, static_cast<int>(scalar.size()) / 8);  // the last row's kv head 1 only
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      const std::vector<float> got = run_op(c, Device::cpu(), 1);
+      ASSERT_EQ(got.size(), scalar.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(std::isnan(got[i]), std::isnan(scalar[i])) << t.name << " output " << i;
+        if (!std::isnan(scalar[i])) {
+          EXPECT_NEAR(got[i], scalar[i], tol_vs_scalar(s) * 4) << t.name << " output " << i;
+        }
+      }
+    }
+  }
+}
+
 // E4M3 pages: every code (subnormals and 448 included) against the scalar path, and
 // NaN codes (0x7f / 0xff, which send a tile to the NaN-aware decode) in two live V
 // rows: NaN exactly in the outputs the scalar path makes NaN. (A NaN code in a K row

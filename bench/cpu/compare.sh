@@ -3,7 +3,7 @@
 # hits every variant alike: each round runs, per thread count, the kvcore benches of the
 # build under test, of an older build (optional) and the ggml / NumPy baselines.
 # Usage: bench/cpu/compare.sh OUT_DIR AFTER_KVCORE [BEFORE_KVCORE]
-#   env ROUNDS (default 3), THREADS (default "1 2"), BENCHES (default "attention rope shift fp8"),
+#   env ROUNDS (default 3), THREADS (default "1 2"), BENCHES (default "attention attention_prefill rope shift fp8"),
 #   PAGED_ARGS (default "--quick": the paged bench's small CPU sizes),
 #   PRIO (default empty): a command prefix for every timed command, e.g. "chrt -f 10": on a host
 #   shared with busy processes, calls longer than a scheduler slice are otherwise preempted
@@ -24,7 +24,7 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
       [ "$side" = before ] && bin=$before
       [ -n "$bin" ] || continue
       echo "round $round threads $t $side: $(uptime)" >>"$log"
-      OMP_NUM_THREADS=$t ${PRIO:-} "$bin" bench ${BENCHES:-attention rope shift fp8} --device cpu --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
+      OMP_NUM_THREADS=$t ${PRIO:-} "$bin" bench ${BENCHES:-attention attention_prefill rope shift fp8} --device cpu --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
       OMP_NUM_THREADS=$t ${PRIO:-} "$bin" bench paged --device cpu ${PAGED_ARGS:---quick} --json "$out/$side-t$t.jsonl" >>"$log" 2>&1
     done
     echo "round $round threads $t baselines: $(uptime)" >>"$log"

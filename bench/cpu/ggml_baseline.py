@@ -10,6 +10,9 @@ rows line up with kvcore's:
       ggml_q8_0  the same with q8_0 K/V (llama.cpp's 8-bit cache type: blocks of
                  32 int8 with an f16 scale, 34 bytes per 32 values);
       numpy_f32  dense f32 K/V [8, N, 128]: scores by matmul, softmax, matmul.
+  llama8b_prefill_f16_b1_ctx1024_new128  causal prefill (bench attention_prefill):
+      the last 128 of 1024 tokens as queries, ggml_flash_attn_ext with f16 K/V and
+      llama.cpp's f16 causal KQ mask (rows padded to GGML_KQ_MASK_PAD);
   "f16 neox theta 5e5 [T,8,128] T=32768"  ggml_rope_ext in place on f16
       [128, 8, T] (NeoX pairs, theta 5e5), the shape of kvcore's rope bench.
 The kvcore fp8 cases read e4m3 bytes plus one UE8M0 byte per 64 values (1.016
@@ -21,7 +24,7 @@ Timing: wall clock around the graph compute (ggml's own thread pool, n_threads
 bytes kvcore's case counts for the same shape), gbps, cpu (ggml's view of the
 CPU features).
 
-Usage: ggml_baseline.py [--threads N] [--reps N] [--ctx 1024 4096 ...] [--json out.jsonl]
+Usage: ggml_baseline.py [--threads N] [--reps N] [--ctx 1024 4096 ...] [--prefill 1024+128 ...] [--json out.jsonl]
 Installs nothing itself: bench/cpu/baselines.sh makes a virtual environment with
 ggml-python and numpy and runs this.
 """
@@ -131,6 +134,46 @@ def attention_ggml(ctx_len, kv_type, threads, reps, rng):
     return med, mn, err
 
 
+def attention_prefill_ggml(ctx_len, n_new, threads, reps, rng):
+    """Causal prefill: n_new queries (the chunk's tokens, the last n_new of ctx_len) over ctx_len f16 keys in
+    llama.cpp's cache layout, with llama.cpp's f16 KQ mask; returns (median, min, max error vs float64)."""
+    kf = rng.standard_normal((ctx_len, KVH, D), dtype=np.float32)
+    vf = rng.standard_normal((ctx_len, KVH, D), dtype=np.float32)
+    qf = rng.standard_normal((QH, n_new, D), dtype=np.float32)
+    rows_pad = (n_new + ggml.GGML_KQ_MASK_PAD - 1) // ggml.GGML_KQ_MASK_PAD * ggml.GGML_KQ_MASK_PAD
+    g = Graph(2 * ctx_len * KVH * D * 2 + QH * n_new * D * 8 + ctx_len * rows_pad * 2 + (64 << 20))
+    k = ggml.ggml_new_tensor_2d(g.ctx, ggml.GGML_TYPE_F16, D * KVH, ctx_len)
+    v = ggml.ggml_new_tensor_2d(g.ctx, ggml.GGML_TYPE_F16, D * KVH, ctx_len)
+    put(k, kf.astype(np.float16))
+    put(v, vf.astype(np.float16))
+    nb1 = k.contents.nb[1]
+    ehead = ggml.ggml_row_size(ggml.GGML_TYPE_F16, D)
+    kview = ggml.ggml_view_3d(g.ctx, k, D, ctx_len, KVH, nb1, ehead, 0)
+    vview = ggml.ggml_view_3d(g.ctx, v, D, ctx_len, KVH, nb1, ehead, 0)
+    q = ggml.ggml_new_tensor_3d(g.ctx, ggml.GGML_TYPE_F32, D, n_new, QH)  # [D, n_tokens, heads]
+    put(q, qf)
+    # query i (position ctx_len - n_new + i) sees keys 0 .. ctx_len - n_new + i
+    visible = np.arange(ctx_len)[None, :] <= (ctx_len - n_new + np.arange(rows_pad))[:, None]
+    mask = ggml.ggml_new_tensor_2d(g.ctx, ggml.GGML_TYPE_F16, ctx_len, rows_pad)
+    put(mask, np.where(visible, 0.0, -np.inf).astype(np.float16))
+    out = ggml.ggml_flash_attn_ext(g.ctx, q, kview, vview, mask, 1.0 / math.sqrt(D), 0.0, 0.0)
+    ggml.ggml_flash_attn_ext_set_prec(out, ggml.GGML_PREC_DEFAULT)
+    g.build(out, threads)
+    med, mn = timed(g.compute, reps)
+    got = get_f32(out, QH * n_new * D).reshape(n_new, QH, D)  # ggml's result: [D, heads, n_tokens]
+    kr, vr = kf.astype(np.float16).astype(np.float64), vf.astype(np.float16).astype(np.float64)
+    err = 0.0
+    for i in (0, n_new - 1):
+        for h in (0, QH - 1):
+            s = kr[:, h // (QH // KVH), :] @ qf[h, i].astype(np.float64) / math.sqrt(D)
+            s[~visible[i]] = -np.inf
+            p = np.exp(s - s.max())
+            ref = p @ vr[:, h // (QH // KVH), :] / p.sum()
+            err = max(err, float(np.abs(got[i, h] - ref).max() / max(1.0, np.abs(ref).max())))
+    g.free()
+    return med, mn, err
+
+
 def attention_numpy(ctx_len, reps, rng):
     k = rng.standard_normal((KVH, ctx_len, D), dtype=np.float32)
     v = rng.standard_normal((KVH, ctx_len, D), dtype=np.float32)
@@ -172,6 +215,8 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--ctx", type=int, nargs="*", default=[1024, 4096, 8192, 32768])
     ap.add_argument("--rope-tokens", type=int, default=32768)
+    ap.add_argument("--prefill", type=lambda x: tuple(int(v) for v in x.split("+")), nargs="*", default=[(1024, 128)],
+                    help="prefill shapes CTX+NEW (the chunk's NEW tokens are the last of CTX)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     out = open(args.json, "a") if args.json else None
@@ -195,6 +240,11 @@ def main():
             emit("attention", case, "ggml_q8_0" if fp8 else "ggml_f16", med, mn, kv_bytes(ctx_len, fp8), max_rel_err=err)
         med, mn = attention_numpy(ctx_len, args.reps, rng)
         emit("attention", f"llama8b_f16_b1_ctx{ctx_len}", "numpy_f32", med, mn, kv_bytes(ctx_len, False))
+    for ctx_len, n_new in args.prefill:
+        med, mn, err = attention_prefill_ggml(ctx_len, n_new, args.threads, max(5, args.reps // 3), rng)
+        flops = 4.0 * D * QH * (n_new * (ctx_len - n_new + 1) + n_new * (n_new - 1) / 2)
+        emit("attention_prefill", f"llama8b_prefill_f16_b1_ctx{ctx_len}_new{n_new}", "ggml_f16", med, mn,
+             2.0 * ctx_len * KVH * D * 2, max_rel_err=err, gflops=flops / med / 1e3)
     t = args.rope_tokens
     med, mn = rope_ggml(t, args.threads, max(5, args.reps // 3), rng)
     emit("rope", f"f16 neox theta 5e5 [T,8,128] T={t}", "ggml_f16", med, mn, 2.0 * 2.0 * t * 8 * D)

@@ -1,7 +1,8 @@
-// CPU (OpenMP) paged attention: one task per (query row, kv head, split), run
-// by the SIMD kernel where it serves the shape and by the scalar path otherwise
-// (attention_tasks.hpp); a second pass merges the splits as the CUDA split-K
-// merge does, adds the sink and stores the output.
+// CPU (OpenMP) paged attention: tasks over (query rows, kv heads, split), run by
+// the SIMD kernel where it serves the shape (a block of up to kSimdPrefillRows rows
+// of one sequence and a range of kv heads a task) and by the scalar path otherwise
+// (one row and kv head a task; attention_tasks.hpp); a second pass merges the
+// splits as the CUDA split-K merge does, adds the sink and stores the output.
 #include <omp.h>
 
 #include <algorithm>
@@ -26,10 +27,21 @@ void attention_paged(const PagedAttentionParams& p) {
             p.n_q_heads * p.layout.head_dim;
   const bool parallel = macs > (int64_t{1} << 20);
   if (simd) {
+    // Row blocks: one row each for decode; up to kSimdPrefillRows consecutive rows of one
+    // sequence for prefill, which then share every K/V tile read.
+    std::vector<int32_t> blocks;  // first row of each block, then n_rows
+    if (p.maybe_qo_indptr) {
+      for (int32_t b = 0; b < p.batch; ++b)
+        for (int32_t r = p.maybe_qo_indptr[b]; r < p.maybe_qo_indptr[b + 1]; r += kSimdPrefillRows) blocks.push_back(r);
+    } else {
+      for (int32_t r = 0; r < p.n_rows; ++r) blocks.push_back(r);
+    }
+    const int64_t n_blocks = static_cast<int64_t>(blocks.size());
+    blocks.push_back(p.n_rows);
     // Tasks of several kv heads read a cell's heads as one contiguous run: as many heads per
-    // task as still leaves every thread a task (one task per thread when rows x splits are few).
+    // task as still leaves every thread a task (one task per thread when blocks x splits are few).
     const int64_t threads = parallel ? omp_get_max_threads() : 1;
-    const int64_t base = int64_t{p.n_rows} * p.num_splits;
+    const int64_t base = n_blocks * p.num_splits;
     const int64_t groups = std::clamp<int64_t>((threads + base - 1) / base, 1, n_kv);
     const int64_t per = (n_kv + groups - 1) / groups;
     const int64_t n_groups = (n_kv + per - 1) / per;
@@ -37,9 +49,10 @@ void attention_paged(const PagedAttentionParams& p) {
     for (int64_t t = 0; t < base * n_groups; ++t) {
       const int32_t split = static_cast<int32_t>(t % p.num_splits);
       const int64_t grp = (t / p.num_splits) % n_groups;
-      const int32_t r = static_cast<int32_t>(t / (p.num_splits * n_groups));
+      const int64_t blk = t / (p.num_splits * n_groups);
+      const int32_t r0 = blocks[blk], r1 = std::min(blocks[blk + 1], r0 + kSimdPrefillRows);
       const int32_t h0 = static_cast<int32_t>(grp * per), h1 = static_cast<int32_t>(std::min(n_kv, (grp + 1) * per));
-      attention_task_simd(p, r, h0, h1, split);
+      attention_task_simd(p, r0, r1, h0, h1, split);
     }
   } else {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)

@@ -1,7 +1,9 @@
 // The SIMD kernel of one CPU paged-attention task (attention_tasks.hpp), written
 // once with Highway and compiled for every target of simd_config.hpp.
 //
-// A task covers one query row, a range of kv heads and one split of the cells.
+// A task covers query rows of one sequence (decode: one; prefill: a block of rows
+// whose query vectors sit side by side as one larger group, so each K/V tile read
+// serves them all), a range of kv heads and one split of the cells.
 // Per tile of kTile cells: the visible cells are listed once (block table, masks);
 // then per kv head, the score pass takes kKeys K rows at a time and walks the head
 // dims in vectors: each vector of each row is decoded to f32 once and multiplied
@@ -38,7 +40,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using DTail = hn::CappedTag<float, 8>;  // the last 8 dims when a full vector holds 16
 
-constexpr int32_t kTile = 32;  // cells per tile (a multiple of every target's lane count and of kKeys)
+constexpr int32_t kTile = 64;  // cells per tile (a multiple of every target's lane count and of kKeys)
 constexpr int32_t kHeads = 4;  // query heads per register block
 // Register blocking: K rows per score block and vectors per value column. Targets
 // with 32 vector registers hold 4 rows x 4 heads of score accumulators (plus 4 query
@@ -182,13 +184,25 @@ struct NextRows {
   int64_t run_lines;     // 64-byte lines per cell run
   int64_t total;         // lines in all: cells x run_lines
   int64_t cursor = 0;
+  int64_t cell_i = 0, line_i = 0;  // the cursor's cell and line in its run
 
+  // Runs of lines inside one cell: one base address each, then a line a prefetch pair
+  // (the address arithmetic per line was a third as many instructions as the FMAs).
   HWY_INLINE void ask(int64_t lines) {
-    const int64_t end = std::min(total, cursor + lines);
-    for (; cursor < end; ++cursor) {
-      const int64_t off = cells[cursor / run_lines] * cell_bytes + cursor % run_lines * 64;
-      PrefetchLine(k + off);
-      PrefetchLine(v + off);
+    int64_t left = std::min(lines, total - cursor);
+    cursor += left;
+    while (left > 0) {
+      const int64_t n = std::min(left, run_lines - line_i);
+      const int64_t off = cells[cell_i] * cell_bytes + line_i * 64;
+      const uint8_t* kp = k + off;
+      const uint8_t* vp = v + off;
+      for (int64_t i = 0; i < n; ++i) {
+        PrefetchLine(kp + i * 64);
+        PrefetchLine(vp + i * 64);
+      }
+      left -= n;
+      line_i += n;
+      if (line_i == run_lines) line_i = 0, ++cell_i;
     }
   }
 };
@@ -217,12 +231,14 @@ void ScoresAll(const Task& t, const Tile& tile, NextRows& next, int64_t lines_pe
 // of two up to 64), so the chunk's scale (times 2^8) goes into the weights: a power of
 // two, exact either way.
 template <math::KvElem E, bool kFinite, int kG, int kU, class D>
-HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, int32_t d) {
+HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, int32_t d, NextRows& next,
+                             int64_t lines_per_block) {
   const int32_t N = static_cast<int32_t>(hn::Lanes(dv));
   hn::Vec<D> a[kG][kU];
   for (int g = 0; g < kG; ++g)
     for (int u = 0; u < kU; ++u) a[g][u] = hn::LoadU(dv, t.acc + (g0 + g) * t.Dp + d + u * N);
   for (int32_t j = 0; j < n_vis; ++j) {
+    if (j % kKeys == 0) next.ask(lines_per_block);
     hn::Vec<D> v[kU];
     float scale = 1.0f;
     if constexpr (E == math::KvElem::E4M3) {
@@ -242,23 +258,23 @@ HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0
 }
 
 template <math::KvElem E, bool kFinite, int kG>
-void ValuePass(const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis) {
+void ValuePass(const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, NextRows& next, int64_t lines_per_block) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
   int32_t d = 0;
-  for (; d + kCols * N <= t.D; d += kCols * N) ValueColumns<E, kFinite, kG, kCols>(df, t, vrows, g0, n_vis, d);
-  for (; d + N <= t.D; d += N) ValueColumns<E, kFinite, kG, 1>(df, t, vrows, g0, n_vis, d);
-  if (d < t.D) ValueColumns<E, kFinite, kG, 1>(DTail(), t, vrows, g0, n_vis, d);
+  for (; d + kCols * N <= t.D; d += kCols * N) ValueColumns<E, kFinite, kG, kCols>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
+  for (; d + N <= t.D; d += N) ValueColumns<E, kFinite, kG, 1>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
+  if (d < t.D) ValueColumns<E, kFinite, kG, 1>(DTail(), t, vrows, g0, n_vis, d, next, lines_per_block);
 }
 
 template <math::KvElem E, bool kFinite>
-void ValuePassAll(const Task& t, const KvRow* vrows, int32_t n_vis) {
+void ValuePassAll(const Task& t, const KvRow* vrows, int32_t n_vis, NextRows& next, int64_t lines_per_block) {
   for (int32_t g0 = 0; g0 < t.G; g0 += kHeads) {
     switch (std::min(kHeads, t.G - g0)) {
-      case 1: ValuePass<E, kFinite, 1>(t, vrows, g0, n_vis); break;
-      case 2: ValuePass<E, kFinite, 2>(t, vrows, g0, n_vis); break;
-      case 3: ValuePass<E, kFinite, 3>(t, vrows, g0, n_vis); break;
-      default: ValuePass<E, kFinite, 4>(t, vrows, g0, n_vis); break;
+      case 1: ValuePass<E, kFinite, 1>(t, vrows, g0, n_vis, next, lines_per_block); break;
+      case 2: ValuePass<E, kFinite, 2>(t, vrows, g0, n_vis, next, lines_per_block); break;
+      case 3: ValuePass<E, kFinite, 3>(t, vrows, g0, n_vis, next, lines_per_block); break;
+      default: ValuePass<E, kFinite, 4>(t, vrows, g0, n_vis, next, lines_per_block); break;
     }
   }
 }
@@ -311,6 +327,7 @@ struct Scratch {
   std::vector<float> f;
   std::vector<math::OnlineSoftmax> sm;
   std::vector<Task> tasks;
+  std::vector<int32_t> q_pos;  // the rows' query positions plus the sequence's position offset
   Tile tile;
 };
 
@@ -386,26 +403,90 @@ bool TileHasNan(const Tile& tile, int32_t D, bool k_is_f32) {
   return false;
 }
 
-// Kv heads [h0, h1) of row r, split `split`. Per tile, the visible cells are listed
-// once; then each kv head's scores, softmax step and values.
+// Lists the cells of [t0, t0 + n) of sequence b that any of the rows' queries (at
+// q_pos[0 .. R)) sees; returns whether every listed cell is visible to all of them
+// (then the rows can share the tile's scores and values pass).
+bool ListVisibleRows(const PagedAttentionParams& p, int32_t b, int32_t t0, int32_t n, const int32_t* q_pos, int32_t R,
+                     Tile& tile) {
+  const int32_t bs = p.layout.block_size;
+  bool uniform = true;
+  tile.n_vis = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t j = t0 + i;
+    const int64_t cell = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs);
+    int32_t seen = 0;
+    for (int32_t r = 0; r < R; ++r) seen += attention_cell_visible(p, cell, q_pos[r]) ? 1 : 0;
+    if (seen > 0) tile.cells[tile.n_vis++] = cell;
+    uniform = uniform && (seen == 0 || seen == R);
+  }
+  return uniform;
+}
+
+// The listed cells of a tile for kv heads h0 .. h0 + H: per kv head kh, the scores,
+// softmax step and values of tasks[kh]'s query vectors (softmax states sm + kh * sm_stride).
 template <math::KvElem E>
-void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
+void RunTile(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t H, const Task* tasks, math::OnlineSoftmax* sm,
+             int32_t sm_stride, Tile& tile, NextRows& next) {
+  if (tile.n_vis == 0) return;
+  // The next tile's lines, spread evenly over the points that ask for them: every kKeys
+  // rows of the score pass and of each value column pass (bursts of prefetches stall
+  // on the miss queue, the more so while another core streams from memory too).
+  const DF df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df)), D = tasks[0].D;
+  const int64_t columns = D / (kCols * N) + D % (kCols * N) / N + (D % N != 0 ? 1 : 0);
+  const int64_t passes = 1 + (tasks[0].G + kHeads - 1) / kHeads * columns;
+  const int64_t blocks = int64_t{H} * ((tile.n_vis + kKeys - 1) / kKeys) * passes;
+  const int64_t lines_per_block = (next.total + blocks - 1) / blocks;
+  if (p.rope_on_read) {  // math::rope_rotate_row's cos and sin, once per cell for every head
+    const int32_t n_pairs = p.rope.layout.n_pairs();
+    for (int32_t j = 0; j < tile.n_vis; ++j)
+      RopeCosSinRow(tile.freq, n_pairs, static_cast<float>(attention_key_position(p, tile.cells[j], b)),
+                    p.rope.attention_factor, tile.cs + j * tile.pairs_p, tile.sn + j * tile.pairs_p);
+  }
+  for (int32_t kh = 0; kh < H; ++kh) {
+    const Task& t = tasks[kh];
+    TileRows<E>(p, t, h0 + kh, tile);
+    // E4M3 rows without NaN codes (all of them but corrupted or hand-made ones) take the shorter decode.
+    const bool finite = E == math::KvElem::E4M3 && !TileHasNan(tile, t.D, p.rope_on_read);
+    if (p.rope_on_read) ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
+    else if (finite) ScoresAll<E, true>(t, tile, next, lines_per_block);
+    else ScoresAll<E, false>(t, tile, next, lines_per_block);
+    SoftmaxTile(t, sm + kh * sm_stride);
+    if (finite) ValuePassAll<E, true>(t, tile.vrows, tile.n_vis, next, lines_per_block);
+    else ValuePassAll<E, false>(t, tile.vrows, tile.n_vis, next, lines_per_block);
+  }
+}
+
+// Rows [r0, r1) of one sequence (decode: one row), kv heads [h0, h1), split `split`.
+// Per kv head the task's query vectors are the rows' groups side by side (row i's head g
+// at i * G + g), so every K and V row a tile reads serves all rows at once. Per tile, the
+// cells any row sees are listed once; where every listed cell is visible to every row
+// (the prefix before a causal diagonal or window edge) the rows share the scores and
+// values pass; otherwise each row takes the tile alone with its own list, so a masked
+// cell never enters a row's sums (0 times a NaN or infinite V would).
+template <math::KvElem E>
+void RunTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, int32_t h1, int32_t split) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-  const int32_t D = p.layout.head_dim, G = p.group, H = h1 - h0, bs = p.layout.block_size;
+  const int32_t D = p.layout.head_dim, G = p.group, H = h1 - h0, bs = p.layout.block_size, R = r1 - r0, GR = G * R;
   const int32_t Dp = (D + 2 * N - 1) / (2 * N) * (2 * N);
   const int32_t n_pairs = p.rope_on_read ? p.rope.layout.n_pairs() : 0;
   const int32_t pairs_p = (n_pairs + 15) / 16 * 16;
-  const int64_t per_head = 2 * G * Dp + G * kTile;  // q, acc, s
+  const int64_t per_head = 2 * GR * Dp + GR * kTile;  // q, acc, s
   const int64_t rope_floats = p.rope_on_read ? kTile * Dp + pairs_p + 2 * kTile * pairs_p : 0;
   thread_local Scratch scratch;
   scratch.f.assign(static_cast<size_t>(H * per_head + rope_floats), 0.0f);
-  scratch.sm.assign(static_cast<size_t>(H) * G, math::OnlineSoftmax{});
+  scratch.sm.assign(static_cast<size_t>(H) * GR, math::OnlineSoftmax{});
   scratch.tasks.clear();
-  for (int32_t h = 0; h < H; ++h) {
+  for (int32_t h = 0; h < H; ++h) {  // tasks[0, H): all rows; then H per row: row i's slice
     float* f = scratch.f.data() + h * per_head;
-    scratch.tasks.push_back(Task{p, D, G, Dp, f, f + G * Dp, f + 2 * G * Dp});
+    scratch.tasks.push_back(Task{p, D, GR, Dp, f, f + GR * Dp, f + 2 * GR * Dp});
   }
+  for (int32_t i = 0; i < R && R > 1; ++i)
+    for (int32_t h = 0; h < H; ++h) {
+      const Task& all = scratch.tasks[h];
+      scratch.tasks.push_back(Task{p, D, G, Dp, all.q + i * G * Dp, all.acc + i * G * Dp, all.s + i * G * kTile});
+    }
   Tile& tile = scratch.tile;
   float* rope = scratch.f.data() + H * per_head;
   tile.kbuf = rope;
@@ -416,23 +497,26 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, i
   for (int32_t i = 0; i < n_pairs; ++i) tile.freq[i] = p.rope.freq[i];
   const Task* tasks = scratch.tasks.data();
 
-  const int32_t b = attention_row_seq(p, r);
+  const int32_t b = attention_row_seq(p, r0);
   const int32_t n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, b, p.layout.block_size);
   const CellRange range = attention_split_range(n_cells, split, p.num_splits);
-  const int32_t q_pos = p.maybe_q_positions ? p.maybe_q_positions[r] : 0;
   const int32_t pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[b] : 0;
+  scratch.q_pos.resize(static_cast<size_t>(R));
+  for (int32_t i = 0; i < R; ++i) scratch.q_pos[i] = (p.maybe_q_positions ? p.maybe_q_positions[r0 + i] : 0) + pos_off;
 
-  // Queries of each kv head's group, rotated if asked, scaled into the log2 domain (as the scalar path).
+  // Queries of each kv head's group per row, rotated if asked, scaled into the log2 domain (as the scalar path).
   for (int32_t kh = 0; kh < H; ++kh)
-    for (int32_t g = 0; g < G; ++g) {
-      const int32_t h = (h0 + kh) * G + g;
-      float* qg = tasks[kh].q + g * Dp;
-      const int64_t off = int64_t{r} * p.q_row_stride + int64_t{h} * p.q_head_stride;
-      for (int32_t d = 0; d < D; ++d) qg[d] = q_elem_to_f32(p.q, off + d, p.q_elem);
-      if (p.rotate_query) math::rope_rotate_row(qg, p.rope, static_cast<float>(q_pos), p.rope.attention_factor);
-      const float scale = p.softmax_scale * math::kLog2e;
-      for (int32_t d = 0; d < D; ++d) qg[d] *= scale;
-    }
+    for (int32_t i = 0; i < R; ++i)
+      for (int32_t g = 0; g < G; ++g) {
+        const int32_t h = (h0 + kh) * G + g, r = r0 + i;
+        float* qg = tasks[kh].q + (i * G + g) * Dp;
+        const int64_t off = int64_t{r} * p.q_row_stride + int64_t{h} * p.q_head_stride;
+        for (int32_t d = 0; d < D; ++d) qg[d] = q_elem_to_f32(p.q, off + d, p.q_elem);
+        const float q_pos = static_cast<float>(scratch.q_pos[i] - pos_off);
+        if (p.rotate_query) math::rope_rotate_row(qg, p.rope, q_pos, p.rope.attention_factor);
+        const float scale = p.softmax_scale * math::kLog2e;
+        for (int32_t d = 0; d < D; ++d) qg[d] *= scale;
+      }
 
   constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
   const int64_t row_bytes = int64_t{D} * kBytes;
@@ -444,53 +528,41 @@ void RunTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, i
       const int32_t j = t0 + kTile + i;
       tile.next_cells[i] = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs);
     }
-    ListVisible(p, b, t0, n, q_pos + pos_off, tile);
     const int64_t run_lines = (H * row_bytes + 63) / 64;
     NextRows next{static_cast<const uint8_t*>(p.k) + h0 * row_bytes, static_cast<const uint8_t*>(p.v) + h0 * row_bytes,
                   tile.next_cells, p.layout.n_kv_heads * row_bytes, run_lines, tile.n_next * run_lines};
-    const int64_t blocks = int64_t{H} * ((tile.n_vis + kKeys - 1) / kKeys);
-    const int64_t lines_per_block = blocks > 0 ? (next.total + blocks - 1) / blocks : 0;
-    if (tile.n_vis == 0) {
-      next.ask(next.total);
-      continue;
+    if (ListVisibleRows(p, b, t0, n, scratch.q_pos.data(), R, tile)) {
+      RunTile<E>(p, b, h0, H, tasks, scratch.sm.data(), GR, tile, next);
+    } else {
+      for (int32_t i = 0; i < R; ++i) {
+        ListVisible(p, b, t0, n, scratch.q_pos[i], tile);
+        RunTile<E>(p, b, h0, H, tasks + H * (1 + i), scratch.sm.data() + i * G, GR, tile, next);
+      }
     }
-    if (p.rope_on_read)  // math::rope_rotate_row's cos and sin, once per cell for every head
-      for (int32_t j = 0; j < tile.n_vis; ++j)
-        RopeCosSinRow(tile.freq, n_pairs, static_cast<float>(attention_key_position(p, tile.cells[j], b)),
-                      p.rope.attention_factor, tile.cs + j * pairs_p, tile.sn + j * pairs_p);
-    for (int32_t kh = 0; kh < H; ++kh) {
-      const Task& t = tasks[kh];
-      TileRows<E>(p, t, h0 + kh, tile);
-      // E4M3 rows without NaN codes (all of them but corrupted or hand-made ones) take the shorter decode.
-      const bool finite = E == math::KvElem::E4M3 && !TileHasNan(tile, D, p.rope_on_read);
-      if (p.rope_on_read) ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
-      else if (finite) ScoresAll<E, true>(t, tile, next, lines_per_block);
-      else ScoresAll<E, false>(t, tile, next, lines_per_block);
-      SoftmaxTile(t, scratch.sm.data() + kh * G);
-      if (finite) ValuePassAll<E, true>(t, tile.vrows, tile.n_vis);
-      else ValuePassAll<E, false>(t, tile.vrows, tile.n_vis);
-    }
+    next.ask(next.total);
   }
   for (int32_t kh = 0; kh < H; ++kh)
-    for (int32_t g = 0; g < G; ++g) {
-      const math::OnlineSoftmax& sm = scratch.sm[kh * G + g];
-      const int32_t h = (h0 + kh) * G + g;
-      const int64_t part = (int64_t{r} * p.n_q_heads + h) * p.num_splits + split;
-      const float inv = sm.l > 0.0f ? 1.0f / sm.l : 0.0f;
-      float* o = p.o_part + part * D;
-      for (int32_t d = 0; d < D; ++d) o[d] = tasks[kh].acc[g * Dp + d] * inv;
-      p.lse_part[part] = sm.lse();
-    }
+    for (int32_t i = 0; i < R; ++i)
+      for (int32_t g = 0; g < G; ++g) {
+        const math::OnlineSoftmax& sm = scratch.sm[kh * GR + i * G + g];
+        const int32_t h = (h0 + kh) * G + g;
+        const int64_t part = (int64_t{r0 + i} * p.n_q_heads + h) * p.num_splits + split;
+        const float inv = sm.l > 0.0f ? 1.0f / sm.l : 0.0f;
+        float* o = p.o_part + part * D;
+        const float* acc = tasks[kh].acc + (i * G + g) * Dp;
+        for (int32_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
+        p.lse_part[part] = sm.lse();
+      }
 }
 
 }  // namespace
 
-void AttentionTask(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
+void AttentionTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, int32_t h1, int32_t split) {
   switch (p.kv_elem) {
-    case math::KvElem::F32: return RunTask<math::KvElem::F32>(p, r, h0, h1, split);
-    case math::KvElem::F16: return RunTask<math::KvElem::F16>(p, r, h0, h1, split);
-    case math::KvElem::BF16: return RunTask<math::KvElem::BF16>(p, r, h0, h1, split);
-    case math::KvElem::E4M3: return RunTask<math::KvElem::E4M3>(p, r, h0, h1, split);
+    case math::KvElem::F32: return RunTask<math::KvElem::F32>(p, r0, r1, h0, h1, split);
+    case math::KvElem::F16: return RunTask<math::KvElem::F16>(p, r0, r1, h0, h1, split);
+    case math::KvElem::BF16: return RunTask<math::KvElem::BF16>(p, r0, r1, h0, h1, split);
+    case math::KvElem::E4M3: return RunTask<math::KvElem::E4M3>(p, r0, r1, h0, h1, split);
   }
 }
 
@@ -506,8 +578,8 @@ bool attention_simd_serves(const PagedAttentionParams& p) {
   return p.layout.head_dim % 8 == 0 && p.v_head_dim == p.layout.head_dim;
 }
 
-void attention_task_simd(const PagedAttentionParams& p, int32_t r, int32_t h0, int32_t h1, int32_t split) {
-  HWY_DYNAMIC_DISPATCH(AttentionTask)(p, r, h0, h1, split);
+void attention_task_simd(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, int32_t h1, int32_t split) {
+  HWY_DYNAMIC_DISPATCH(AttentionTask)(p, r0, r1, h0, h1, split);
 }
 
 }  // namespace kvcore::ops::cpu
