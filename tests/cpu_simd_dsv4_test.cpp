@@ -192,15 +192,22 @@ TEST(CpuSimdDsv4, IndexerOnEveryTargetMatchesTheScalarPath) {
 // ---- sparse attention ---------------------------------------------------------------------
 
 TEST(CpuSimdDsv4, SparseAttentionOnEveryTargetMatchesTheScalarPath) {
+  struct Shape {
+    bool f16;
+    int rows, heads;
+  };
+  // Heads 7 and 40: padded to the lanes, partial blocks of heads; 64: four full vectors of
+  // 16 heads; one row: the heads split into groups across the threads.
+  const Shape shapes[] = {{false, 3, 16}, {true, 3, 7}, {false, 1, 64}, {true, 2, 40}};
   int cases = 0;
-  for (bool f16 : {false, true}) {
+  for (const Shape& sh : shapes) {
     dsv4_test::Case c;
-    c.rows = 3;
-    c.heads = f16 ? 7 : 16;  // 7: groups of heads that are not a multiple of the four a pass takes
-    c.n_window = 37;  // window + picks = 98 keys: a partial tile of 16, partial groups of 4
+    c.rows = sh.rows;
+    c.heads = sh.heads;
+    c.n_window = 37;  // window + picks = 98 keys: partial tiles and partial blocks of keys
     c.k = 61;
-    c.f16_window = f16;
-    c.seed = f16 ? 12 : 11;
+    c.f16_window = sh.f16;
+    c.seed = static_cast<uint64_t>(11 + sh.heads);
     dsv4_test::fill(c);
     const std::vector<double> ref = dsv4_test::reference(c);
     for (int splits : {1, 3}) {
@@ -212,8 +219,10 @@ TEST(CpuSimdDsv4, SparseAttentionOnEveryTargetMatchesTheScalarPath) {
       for (const cpu::SimdTarget& t : cpu::simd_targets()) {
         cpu::SimdPin pin(t.bits);
         const std::vector<float> got = dsv4_test::run(c, Device::cpu(), splits);
-        EXPECT_LE(attn_test::max_rel_err(got, want), 1e-5) << t.name << " f16 window " << f16 << " splits " << splits;
-        EXPECT_LE(attn_test::max_rel_err(got, ref), 1e-5) << t.name << " f16 window " << f16 << " splits " << splits;
+        SCOPED_TRACE(::testing::Message() << t.name << " f16 window " << sh.f16 << " heads " << sh.heads << " rows "
+                                          << sh.rows << " splits " << splits);
+        EXPECT_LE(attn_test::max_rel_err(got, want), 1e-5);
+        EXPECT_LE(attn_test::max_rel_err(got, ref), 1e-5);
         ++cases;
       }
     }

@@ -40,6 +40,22 @@ void dsv4_tile_dots4_simd(const float* q, const float* keys, const bool* live, i
 void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
                                 const float* w0, const float* w1, int32_t n, int32_t dim);
 
+// The lanes of a vector of floats on the dispatched target: dsv4_heads_tile_simd's heads
+// are padded to a multiple of it.
+int32_t dsv4_head_lanes();
+
+// One tile of the sparse attention for every head of a query row at once (heads in lanes;
+// MQA: each head reads the same key rows). hp: n_heads rounded up to dsv4_head_lanes().
+//   qt[d * hp + h]: head h's query times the softmax scale in log2 units (padding heads: any
+//     finite values); keys: n rows of 512 f32 (a dead row, !live[i], must hold finite values:
+//     it weighs 0); m[hp], l[hp]: each head's math::OnlineSoftmax state, updated;
+//   acc[h * 512 + d], h < n_heads: the un-normalized weighted sums, rescaled and summed;
+//   s: scratch of n * hp floats (left holding the tile's weights), rescale: of hp floats.
+// Each score sums d in the scalar order (FMA); the exp2 is Exp2NonPositive (within 1e-7
+// relative); the weighted sums add the keys in the scalar order.
+void dsv4_heads_tile_simd(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
+                          float* m, float* l, float* acc, float* s, float* rescale);
+
 // s[i] = exp2(s[i] - m) (0 for -inf scores), i < n, and their sum: the softmax weights of a
 // tile whose running max is m (Exp2NonPositive: within 1e-7 relative of exp2). s holds a
 // multiple of 16 entries.

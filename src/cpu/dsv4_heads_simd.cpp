@@ -1,0 +1,207 @@
+// The DeepSeek-V4 sparse attention's tile step with the heads in lanes
+// (dsv4_heads_tile_simd in dsv4_simd.hpp).
+//
+// Every head of a query row reads the same key rows (MQA, K = V), so a tile's
+// two products are matrix products with the heads on one side:
+//   scores S[i][h] = sum_d K[i][d] Q[h][d]: lanes over heads; each key value is
+//     broadcast against a vector of the transposed queries, a register block of
+//     (keys x head vectors) accumulators, each lane one FMA chain over d in the
+//     scalar order (no lane reductions); the dims pass in chunks whose queries
+//     stay in L1, the partial sums parked in S between chunks;
+//   softmax: tile max, rescale and exp2 per vector of heads;
+//   sums acc[h][d] = acc[h][d] * rescale[h] + sum_i P[i][h] K[i][d]: lanes over
+//     dims; each weight is broadcast, a register block of (heads x dim vectors)
+//     accumulators runs over the tile's keys, loaded and stored once a tile.
+#include "cpu/simd_config.hpp"
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/dsv4_heads_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+// clang-format on
+
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/dsv4_simd.hpp"
+#include "cpu/simd_kv-inl.h"
+#include "kvcore/math/dsv4_row.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcore::ops::cpu::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr int32_t kD = math::Dsv4RowLayout::kHeadDim;
+// Dims of the queries one pass of the score blocks reads: 64 x hp floats (16 KB at 64 heads).
+constexpr int32_t kChunk = 64;
+// Accumulator registers a block keeps (AVX-512 has 32 vector registers, the others 16),
+// leaving room for the loaded vectors and the broadcast.
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+constexpr int kAcc = 24, kMaxHv = 4, kSumDv = 4;
+#else
+constexpr int kAcc = 12, kMaxHv = 2, kSumDv = 2;
+#endif
+constexpr int kSumHeads = kAcc / kSumDv;
+
+// Scores of KB keys (rows k[j]; the first nk stored) against head vectors [hv0, hv0 + HV),
+// dims [x0, x0 + kChunk): s[j * hp + h] continues the sum (first: starts it).
+template <int HV, int KB>
+HWY_INLINE void ScoreBlock(const float* qt, int32_t hp, int32_t hv0, const float* const* k, int32_t nk, int32_t x0,
+                           bool first, float* s) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  VF a[KB][HV];
+  HWY_UNROLL(32)
+  for (int j = 0; j < KB; ++j) {
+    HWY_UNROLL(32)
+    for (int c = 0; c < HV; ++c)
+      a[j][c] = first || j >= nk ? hn::Zero(d) : hn::LoadU(d, s + int64_t{j} * hp + (hv0 + c) * N);
+  }
+  const float* q = qt + int64_t{x0} * hp + hv0 * N;
+  for (int32_t x = x0; x < x0 + kChunk; ++x, q += hp) {
+    VF qv[HV];
+    HWY_UNROLL(32)
+    for (int c = 0; c < HV; ++c) qv[c] = hn::LoadU(d, q + c * N);
+    HWY_UNROLL(32)
+    for (int j = 0; j < KB; ++j) {
+      const VF kb = hn::Set(d, k[j][x]);
+      HWY_UNROLL(32)
+      for (int c = 0; c < HV; ++c) a[j][c] = hn::MulAdd(qv[c], kb, a[j][c]);
+    }
+  }
+  HWY_UNROLL(32)
+  for (int j = 0; j < KB; ++j) {
+    if (j >= nk) break;
+    HWY_UNROLL(32)
+    for (int c = 0; c < HV; ++c) hn::StoreU(a[j][c], d, s + int64_t{j} * hp + (hv0 + c) * N);
+  }
+}
+
+// Scores of the n keys against head vectors [hv0, hv0 + HV), every dim.
+template <int HV>
+HWY_INLINE void ScoreHeads(const float* qt, int32_t hp, int32_t hv0, const float* keys, int32_t n, float* s) {
+  constexpr int KB = kAcc / HV;
+  for (int32_t x0 = 0; x0 < kD; x0 += kChunk) {
+    for (int32_t i = 0; i < n; i += KB) {
+      const float* k[KB];
+      for (int j = 0; j < KB; ++j) k[j] = keys + int64_t{std::min(i + j, n - 1)} * kD;  // past n: re-read, not stored
+      ScoreBlock<HV, KB>(qt, hp, hv0, k, std::min(KB, n - i), x0, x0 == 0, s + int64_t{i} * hp);
+    }
+  }
+}
+
+// acc rows [h0, h0 + HB), dim vectors [v0, v0 + kSumDv): times rescale[h] (when scaled)
+// and plus the n keys weighted by P = s[i * hp + h].
+template <int HB>
+HWY_INLINE void SumBlock(const float* keys, const float* s, int32_t hp, int32_t n, int32_t h0, int32_t v0,
+                         const float* rescale, bool scaled, float* acc) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  VF a[HB][kSumDv];
+  HWY_UNROLL(32)
+  for (int h = 0; h < HB; ++h) {
+    const VF r = hn::Set(d, rescale[h0 + h]);
+    HWY_UNROLL(32)
+    for (int v = 0; v < kSumDv; ++v) {
+      a[h][v] = hn::LoadU(d, acc + int64_t{h0 + h} * kD + (v0 + v) * N);
+      if (scaled) a[h][v] = hn::Mul(a[h][v], r);
+    }
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    const float* k = keys + int64_t{i} * kD + v0 * N;
+    const float* w = s + int64_t{i} * hp + h0;
+    VF kv[kSumDv];
+    HWY_UNROLL(32)
+    for (int v = 0; v < kSumDv; ++v) kv[v] = hn::LoadU(d, k + v * N);
+    HWY_UNROLL(32)
+    for (int h = 0; h < HB; ++h) {
+      const VF wb = hn::Set(d, w[h]);
+      HWY_UNROLL(32)
+      for (int v = 0; v < kSumDv; ++v) a[h][v] = hn::MulAdd(wb, kv[v], a[h][v]);
+    }
+  }
+  HWY_UNROLL(32)
+  for (int h = 0; h < HB; ++h) {
+    HWY_UNROLL(32)
+    for (int v = 0; v < kSumDv; ++v) hn::StoreU(a[h][v], d, acc + int64_t{h0 + h} * kD + (v0 + v) * N);
+  }
+}
+
+}  // namespace
+
+int32_t Dsv4HeadLanes() { return static_cast<int32_t>(hn::Lanes(DF())); }
+
+void Dsv4HeadsTile(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
+                   float* m, float* l, float* acc, float* s, float* rescale) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  const int32_t hv = hp / N;
+  // Scores.
+  for (int32_t v = 0; v < hv; v += kMaxHv) {
+    switch (std::min(kMaxHv, hv - v)) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+      case 4: ScoreHeads<4>(qt, hp, v, keys, n, s); break;
+      case 3: ScoreHeads<3>(qt, hp, v, keys, n, s); break;
+#endif
+      case 2: ScoreHeads<2>(qt, hp, v, keys, n, s); break;
+      default: ScoreHeads<1>(qt, hp, v, keys, n, s); break;
+    }
+  }
+  const VF ninf = hn::Set(d, -INFINITY), one = hn::Set(d, 1.0f);
+  for (int32_t i = 0; i < n; ++i)
+    if (!live[i])
+      for (int32_t h = 0; h < hp; h += N) hn::StoreU(ninf, d, s + int64_t{i} * hp + h);
+  // Softmax: per vector of heads, math::OnlineSoftmax::begin_tile, then the weights.
+  for (int32_t h = 0; h < hp; h += N) {
+    VF mx = ninf;
+    for (int32_t i = 0; i < n; ++i) mx = hn::Max(mx, hn::LoadU(d, s + int64_t{i} * hp + h));
+    const VF m_old = hn::LoadU(d, m + h), m_new = hn::Max(m_old, mx);
+    // exp2(m_old - m_new); m_old = -inf: 0, or 1 when m_new is -inf too (nothing seen yet).
+    const VF r = hn::IfThenElse(hn::Eq(m_new, ninf), one, Exp2NonPositive(d, hn::Sub(m_old, m_new)));
+    VF sum = hn::Zero(d);
+    for (int32_t i = 0; i < n; ++i) {  // -inf scores (and every score while m_new is -inf) weigh 0
+      float* si = s + int64_t{i} * hp + h;
+      const VF p = Exp2NonPositive(d, hn::Sub(hn::LoadU(d, si), m_new));
+      hn::StoreU(p, d, si);
+      sum = hn::Add(sum, p);
+    }
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, l + h), r, sum), d, l + h);
+    hn::StoreU(m_new, d, m + h);
+    hn::StoreU(r, d, rescale + h);
+  }
+  // Weighted sums of the real heads: a block of dims at a time (its key values stay in L1),
+  // every block of heads.
+  bool scaled = false;
+  for (int32_t h = 0; h < n_heads; ++h) scaled |= rescale[h] != 1.0f;
+  for (int32_t v0 = 0; v0 < kD / N; v0 += kSumDv) {
+    for (int32_t h = 0; h < n_heads; h += kSumHeads) {
+      switch (std::min(kSumHeads, n_heads - h)) {
+        case 6: SumBlock<6>(keys, s, hp, n, h, v0, rescale, scaled, acc); break;
+        case 5: SumBlock<5>(keys, s, hp, n, h, v0, rescale, scaled, acc); break;
+        case 4: SumBlock<4>(keys, s, hp, n, h, v0, rescale, scaled, acc); break;
+        case 3: SumBlock<3>(keys, s, hp, n, h, v0, rescale, scaled, acc); break;
+        case 2: SumBlock<2>(keys, s, hp, n, h, v0, rescale, scaled, acc); break;
+        default: SumBlock<1>(keys, s, hp, n, h, v0, rescale, scaled, acc); break;
+      }
+    }
+  }
+}
+
+}  // namespace kvcore::ops::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcore::ops::cpu {
+HWY_EXPORT(Dsv4HeadLanes);
+HWY_EXPORT(Dsv4HeadsTile);
+int32_t dsv4_head_lanes() { return HWY_DYNAMIC_DISPATCH(Dsv4HeadLanes)(); }
+void dsv4_heads_tile_simd(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
+                          float* m, float* l, float* acc, float* s, float* rescale) {
+  HWY_DYNAMIC_DISPATCH(Dsv4HeadsTile)(qt, n_heads, hp, keys, live, n, m, l, acc, s, rescale);
+}
+}  // namespace kvcore::ops::cpu
+#endif  // HWY_ONCE
