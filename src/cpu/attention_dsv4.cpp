@@ -66,19 +66,27 @@ void run_task_lanes(const Dsv4AttentionParams& p, int32_t r, int32_t split, int3
   auto padded = [](size_t n) { return (n + 15) / 16 * 16; };
   const size_t n_qt = padded(size_t{kD} * hp), n_acc = padded(size_t{kD} * H), n_hp = padded(hp),
                n_keys = size_t{kKeys} * kD;
-  float* qt = lanes_scratch(n_qt + n_acc + 3 * n_hp + n_keys + size_t{kKeys} * hp);
+  const size_t n_s = std::max(size_t{kKeys}, size_t{kD}) * hp;  // the tile's scores; first the query rows
+  float* qt = lanes_scratch(n_qt + n_acc + 3 * n_hp + n_keys + n_s);
   float* acc = qt + n_qt;
   float *m = acc + n_acc, *l = m + n_hp, *rescale = l + n_hp;
   float* keys = rescale + n_hp;
   float* s = keys + n_keys;
   const float scale = p.softmax_scale * math::kLog2e;
+  // The queries as f32 rows times the scale (padding heads zero), then transposed.
+  float* qrows = s;  // the scratch's first use: hp rows of 512 floats
   for (int32_t h = 0; h < hp; ++h) {
+    float* dst = qrows + static_cast<size_t>(h) * kD;
     const int64_t q0 = int64_t{r} * p.q_row_stride + int64_t{h0 + h} * p.q_head_stride;
-    for (int32_t d = 0; d < kD; ++d)
-      qt[static_cast<size_t>(d) * hp + h] = h < H ? q_elem_to_f32(p.q, q0 + d, p.q_elem) * scale : 0.0f;
-    m[h] = math::neg_inf_f32();
-    l[h] = 0.0f;
+    if (h >= H) std::fill(dst, dst + kD, 0.0f);
+    else if (p.q_elem == QElem::F32)
+      for (int32_t d = 0; d < kD; ++d) dst[d] = static_cast<const float*>(p.q)[q0 + d] * scale;
+    else
+      for (int32_t d = 0; d < kD; ++d) dst[d] = q_elem_to_f32(p.q, q0 + d, p.q_elem) * scale;
   }
+  dsv4_transpose_heads_simd(qrows, hp, qt);
+  std::fill(m, m + hp, math::neg_inf_f32());
+  std::fill(l, l + hp, 0.0f);
   std::fill(acc, acc + size_t{kD} * H, 0.0f);
   bool live[kKeys];
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kKeys) {
@@ -176,6 +184,14 @@ void attention_dsv4(const Dsv4AttentionParams& p) {
     if (simd) run_task_lanes(p, r, split, h0, h1);
     else run_task(p, r, split, h0, h1);
   }
+  // The value's rope tail carries each key's rotation; undo the query's: each row's cos and
+  // sin once (math::rope_rotate_row's, the same bits), then every head.
+  const int32_t n_pairs = p.rope.layout.n_pairs();
+  std::vector<float> cs(static_cast<size_t>(p.n_rows) * n_pairs), sn(cs.size());
+  for (int32_t r = 0; r < p.n_rows; ++r)
+    for (int32_t i = 0; i < n_pairs; ++i)
+      math::rope_cos_sin(-static_cast<float>(p.q_positions[r]), p.rope.freq[i], 1.0f,
+                         &cs[static_cast<size_t>(r) * n_pairs + i], &sn[static_cast<size_t>(r) * n_pairs + i]);
   const int64_t heads = int64_t{p.n_rows} * p.n_heads;
 #pragma omp parallel for schedule(static) if (heads * p.num_splits * kD > (int64_t{1} << 18))
   for (int64_t rh = 0; rh < heads; ++rh) {
@@ -183,10 +199,17 @@ void attention_dsv4(const Dsv4AttentionParams& p) {
     float row[kD];
     merge_partials(p.o_part + rh * p.num_splits * kD, p.lse_part + rh * p.num_splits, p.num_splits, kD,
                    p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row);
-    // The value's rope tail carries each key's rotation; undo the query's.
-    math::rope_rotate_row(row, p.rope, -static_cast<float>(p.q_positions[r]), 1.0f);
+    for (int32_t i = 0; i < n_pairs; ++i)
+      math::rotate_pair(row[p.rope.layout.dim0(i)], row[p.rope.layout.dim1(i)], cs[static_cast<size_t>(r) * n_pairs + i],
+                        sn[static_cast<size_t>(r) * n_pairs + i]);
     const int64_t off = int64_t{r} * p.out_row_stride + int64_t{h} * p.out_head_stride;
-    for (int32_t d = 0; d < kD; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+    switch (p.out_elem) {  // store_q_elem, the switch out of the loop
+      case QElem::F32:
+        std::copy(row, row + kD, static_cast<float*>(p.out) + off);
+        break;
+      default:
+        for (int32_t d = 0; d < kD; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+    }
   }
 }
 

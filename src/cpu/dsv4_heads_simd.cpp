@@ -135,6 +135,16 @@ HWY_INLINE void SumBlock(const float* keys, const float* s, int32_t hp, int32_t 
 
 int32_t Dsv4HeadLanes() { return static_cast<int32_t>(hn::Lanes(DF())); }
 
+void Dsv4TransposeHeads(const float* q, int32_t hp, float* qt) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  const auto idx = hn::Mul(hn::Iota(di, 0), hn::Set(di, kD));  // lane j: head j's row
+  for (int32_t h = 0; h < hp; h += N)
+    for (int32_t x = 0; x < kD; ++x)
+      hn::StoreU(hn::GatherIndex(d, q + int64_t{h} * kD + x, idx), d, qt + int64_t{x} * hp + h);
+}
+
 void Dsv4HeadsTile(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
                    float* m, float* l, float* acc, float* s, float* rescale) {
   const DF d;
@@ -198,6 +208,10 @@ HWY_AFTER_NAMESPACE();
 namespace kvcore::ops::cpu {
 HWY_EXPORT(Dsv4HeadLanes);
 HWY_EXPORT(Dsv4HeadsTile);
+HWY_EXPORT(Dsv4TransposeHeads);
+void dsv4_transpose_heads_simd(const float* q, int32_t hp, float* qt) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TransposeHeads)(q, hp, qt);
+}
 int32_t dsv4_head_lanes() { return HWY_DYNAMIC_DISPATCH(Dsv4HeadLanes)(); }
 void dsv4_heads_tile_simd(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
                           float* m, float* l, float* acc, float* s, float* rescale) {

@@ -56,6 +56,10 @@ int32_t dsv4_head_lanes();
 void dsv4_heads_tile_simd(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
                           float* m, float* l, float* acc, float* s, float* rescale);
 
+// qt[d * hp + h] = q[h * 512 + d]: hp rows of 512 floats transposed (hp a multiple of
+// dsv4_head_lanes()).
+void dsv4_transpose_heads_simd(const float* q, int32_t hp, float* qt);
+
 // s[i] = exp2(s[i] - m) (0 for -inf scores), i < n, and their sum: the softmax weights of a
 // tile whose running max is m (Exp2NonPositive: within 1e-7 relative of exp2). s holds a
 // multiple of 16 entries.
