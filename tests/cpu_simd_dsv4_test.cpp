@@ -279,4 +279,32 @@ TEST(CpuSimdDsv4, RowKernelsOnEveryTargetGiveTheSharedMathsBits) {
   EXPECT_GT(cases, 0);
 }
 
+// Any bytes, not only the packer's: every UE8M0 scale code (the largest ones make 256 x
+// scale overflow, 0xff is NaN) and rows with and without e4m3 NaN codes.
+TEST(CpuSimdDsv4, RowDecodeOnEveryTargetGivesTheSharedMathsBitsForAnyBytes) {
+  using L = math::Dsv4RowLayout;
+  std::mt19937_64 rng(19);
+  int cases = 0;
+  for (int trial = 0; trial < 128; ++trial) {
+    std::vector<uint8_t> row(L::kBytes);
+    for (uint8_t& b : row) b = static_cast<uint8_t>(rng());
+    for (int i = 0; i < L::kNope; ++i)  // the second 64 trials: no NaN code (|code| = 0x7f)
+      if (trial >= 64 && (row[L::kNopeOffset + i] & 0x7f) == 0x7f) row[L::kNopeOffset + i] ^= 1;
+    for (int b = 0; b < L::kBlocks; ++b)  // every scale code in each half
+      row[L::kScaleOffset + b] = static_cast<uint8_t>((trial % 64) * 4 + b);
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      std::vector<float> got(L::kHeadDim);
+      cpu::dsv4_row_decode_simd(row.data(), got.data());
+      for (int d = 0; d < L::kHeadDim; ++d) {
+        const float w = math::dsv4_row_value(row.data(), d);
+        ASSERT_TRUE(std::memcmp(&got[d], &w, 4) == 0 || (got[d] != got[d] && w != w))
+            << t.name << " trial " << trial << " dim " << d << ": " << got[d] << " vs " << w;
+      }
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 0);
+}
+
 }  // namespace

@@ -60,7 +60,9 @@ float* lanes_scratch(size_t floats) {
 // Heads [h0, h1) of row r over the keys of one split, with SIMD: every head at once, in
 // lanes (dsv4_heads_tile_simd), a tile of keys at a time.
 void run_task_lanes(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0, int32_t h1) {
-  constexpr int32_t kKeys = 32;  // keys a tile: 64 KB decoded
+  // Keys a tile (96 KB decoded): a multiple of the keys a score block takes (6, 8, 12 or 24
+  // at 4, 3, 2 or 1 vectors of heads), so only a split's last tile runs partial blocks.
+  constexpr int32_t kKeys = 48;
   const int32_t H = h1 - h0, lanes = dsv4_head_lanes(), hp = (H + lanes - 1) / lanes * lanes;
   const CellRange range = attention_split_range(p.n_window + p.comp_k, split, p.num_splits);
   auto padded = [](size_t n) { return (n + 15) / 16 * 16; };

@@ -332,9 +332,22 @@ void Dsv4RowDecode(const uint8_t* row, float* dst) {
   using L = math::Dsv4RowLayout;
   const DF d;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));  // divides 64: one scale per vector
-  for (int32_t i = 0; i < L::kNope; i += N) {
-    const VF scale = hn::Set(d, math::ue8m0_decode(row[L::kScaleOffset + i / 64]));
-    hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, row + L::kNopeOffset, i), scale), d, dst + i);
+  // Without NaN codes, e4m3 / 256 times (256 x scale) in one product: the same bits as
+  // (e4m3 / 256 x 256) x scale, both single roundings of one exact product, while 256 x scale
+  // is finite (UE8M0 codes below 0xf8; a NaN scale gives its NaN either way).
+  const bool nan_codes = E4m3RowHasNan(row + L::kNopeOffset, L::kNope);
+  for (int32_t b = 0; b < L::kBlocks; ++b) {
+    const float scale = math::ue8m0_decode(row[L::kScaleOffset + b]), scale256 = scale * 256.0f;
+    const int32_t i1 = (b + 1) * math::kFp8Block;
+    if (!nan_codes && !std::isinf(scale256)) {
+      const VF f = hn::Set(d, scale256);
+      for (int32_t i = b * math::kFp8Block; i < i1; i += N)
+        hn::StoreU(hn::Mul(LoadE4m3Over256Finite(d, row + L::kNopeOffset, i), f), d, dst + i);
+    } else {
+      const VF f = hn::Set(d, scale);
+      for (int32_t i = b * math::kFp8Block; i < i1; i += N)
+        hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, row + L::kNopeOffset, i), f), d, dst + i);
+    }
   }
   for (int32_t i = 0; i < L::kRope; i += N)
     hn::StoreU(LoadKv<math::KvElem::BF16>(d, row + L::kRopeOffset, i), d, dst + L::kNope + i);
