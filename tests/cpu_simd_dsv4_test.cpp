@@ -307,4 +307,29 @@ TEST(CpuSimdDsv4, RowDecodeOnEveryTargetGivesTheSharedMathsBitsForAnyBytes) {
   EXPECT_GT(cases, 0);
 }
 
+// The indexer's packed FP4 rows: every code byte and every scale code, bit for bit.
+TEST(CpuSimdDsv4, Fp4RowDecodeOnEveryTargetGivesTheSharedMathsBits) {
+  const int D = 128, rb = math::dsv4_fp4_row_bytes(D), n = 64, stride = rb + 3;  // rows not aligned
+  std::vector<uint8_t> rows(static_cast<size_t>(n) * stride);
+  for (int r = 0; r < n; ++r) {
+    uint8_t* row = &rows[static_cast<size_t>(r) * stride];
+    for (int b = 0; b < D / 2; ++b) row[b] = static_cast<uint8_t>(r * 4 + b);  // every byte over the rows
+    for (int b = 0; b < D / math::kFp4Block; ++b) row[D / 2 + b] = static_cast<uint8_t>(r * 4 + b);  // every scale
+  }
+  int cases = 0;
+  for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+    cpu::SimdPin pin(t.bits);
+    std::vector<float> got(static_cast<size_t>(n) * D);
+    cpu::dsv4_fp4_rows_decode_simd(rows.data(), stride, n, D, got.data());
+    for (int r = 0; r < n; ++r)
+      for (int d = 0; d < D; ++d) {
+        const float w = math::dsv4_unpack_fp4_value(&rows[static_cast<size_t>(r) * stride], D, d);
+        const float g = got[static_cast<size_t>(r) * D + d];
+        ASSERT_TRUE(std::memcmp(&g, &w, 4) == 0 || (g != g && w != w)) << t.name << " row " << r << " dim " << d;
+      }
+    ++cases;
+  }
+  EXPECT_GT(cases, 0);
+}
+
 }  // namespace

@@ -86,7 +86,7 @@ void run_task_lanes(const Dsv4AttentionParams& p, int32_t r, int32_t split, int3
     else
       for (int32_t d = 0; d < kD; ++d) dst[d] = q_elem_to_f32(p.q, q0 + d, p.q_elem) * scale;
   }
-  dsv4_transpose_heads_simd(qrows, hp, qt);
+  dsv4_transpose_heads_simd(qrows, hp, kD, qt);
   std::fill(m, m + hp, math::neg_inf_f32());
   std::fill(l, l + hp, 0.0f);
   std::fill(acc, acc + size_t{kD} * H, 0.0f);

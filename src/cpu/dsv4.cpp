@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -273,11 +274,28 @@ void indexer_topk(const IndexerParams& p) {
         math::dsv4_fp4_round_trip(dst, p.dim);
       }
     }
+  // With SIMD and dims in whole chunks of 64: the heads in lanes (zero-padded queries and
+  // weights), each query's transposed once.
+  const bool lanes = simd && p.dim % 64 == 0;
+  const int32_t hp = lanes ? (p.n_heads + ops::cpu::dsv4_head_lanes() - 1) / ops::cpu::dsv4_head_lanes() *
+                                 ops::cpu::dsv4_head_lanes()
+                           : 0;
+  std::vector<float> qt(lanes ? static_cast<size_t>(p.n_q) * hp * p.dim : 0), wt(static_cast<size_t>(p.n_q) * hp, 0.0f);
+  if (lanes) {
+    std::vector<float> rows(static_cast<size_t>(hp) * p.dim, 0.0f);
+    for (int32_t i = 0; i < p.n_q; ++i) {
+      std::copy(qall.begin() + i * q_floats, qall.begin() + (i + 1) * q_floats, rows.begin());
+      ops::cpu::dsv4_transpose_heads_simd(rows.data(), hp, p.dim, qt.data() + static_cast<size_t>(i) * hp * p.dim);
+      std::copy(p.weights + i * p.w_stride, p.weights + i * p.w_stride + p.n_heads, wt.begin() + i * hp);
+    }
+  }
   // Scores: one task per (query, block of key rows); rows a query cannot see score -inf.
   const int64_t n_blocks = (p.cap + kIndexerRowBlock - 1) / kIndexerRowBlock;
 #pragma omp parallel if (big)
   {
-    std::vector<float> keys(static_cast<size_t>(kIndexerRowBlock) * p.dim);
+    thread_local std::vector<float> keys, dots;
+    keys.resize(static_cast<size_t>(kIndexerRowBlock) * p.dim);
+    dots.resize(static_cast<size_t>(kIndexerRowBlock) * hp);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < int64_t{p.n_q} * n_blocks; ++task) {
       const int32_t i = static_cast<int32_t>(task / n_blocks);
@@ -287,33 +305,45 @@ void indexer_topk(const IndexerParams& p) {
       const int64_t e = std::clamp(vis, s0, s1);
       std::fill(sc + e, sc + s1, -INFINITY);
       if (e == s0) continue;
-      indexer_decode_rows(p, s0, e, keys.data());
+      if (lanes && p.rows_packed)
+        ops::cpu::dsv4_fp4_rows_decode_simd(static_cast<const uint8_t*>(p.rows) + s0 * p.rows_stride, p.rows_stride,
+                                            static_cast<int32_t>(e - s0), p.dim, keys.data());
+      else indexer_decode_rows(p, s0, e, keys.data());
       const float* qh = qall.data() + i * q_floats;
       const float* w = p.weights + i * p.w_stride;
-      if (simd) ops::cpu::dsv4_indexer_scores_simd(qh, w, p.n_heads, p.dim, keys.data(), e - s0, sc + s0);
+      if (lanes)
+        ops::cpu::dsv4_indexer_scores_lanes_simd(qt.data() + static_cast<size_t>(i) * hp * p.dim, wt.data() + i * hp, hp,
+                                                 p.dim, keys.data(), static_cast<int32_t>(e - s0), dots.data(), sc + s0);
+      else if (simd) ops::cpu::dsv4_indexer_scores_simd(qh, w, p.n_heads, p.dim, keys.data(), e - s0, sc + s0);
       else indexer_scores_scalar(p, qh, w, keys.data(), e - s0, sc + s0);
     }
   }
-  // Top-k per query: the k highest scores, ties to the lower row.
+  // Top-k per query: the k highest scores, ties to the lower row; every NaN counts as one
+  // value above +inf (a total order, the same the CUDA kernels select by), so NaN scores give
+  // defined picks too. Sorted as one u64 key a row: the score's order-preserving bits (NaN
+  // highest, -0 as +0) above the row's complement, so a larger key is a higher score or, equal,
+  // a lower row.
 #pragma omp parallel if (big && p.n_q > 1)
   {
-    std::vector<int64_t> order;
+    std::vector<uint64_t> order;
 #pragma omp for schedule(dynamic, 1)
     for (int32_t i = 0; i < p.n_q; ++i) {
       const int64_t vis = std::min<int64_t>(p.n_rows, visible_rows(p.first_query_pos + i, p.ratio));
       const float* sc = p.scores + i * p.scores_stride;
       order.resize(static_cast<size_t>(std::max<int64_t>(vis, 0)));
-      std::iota(order.begin(), order.end(), int64_t{0});
+      for (size_t s = 0; s < order.size(); ++s) {
+        uint32_t u;
+        const float x = sc[s] + 0.0f;  // -0 -> +0
+        std::memcpy(&u, &x, 4);
+        const uint32_t key = std::isnan(sc[s]) ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+        order[s] = uint64_t{key} << 32 | (0xffffffffu - static_cast<uint32_t>(s));
+      }
       const int64_t take = std::min<int64_t>(p.k, static_cast<int64_t>(order.size()));
-      // Score descending, then row ascending; every NaN counts as one value above +inf (a total
-      // order, the same the CUDA kernels select by), so NaN scores give defined picks too.
-      std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int64_t a, int64_t b) {
-        const bool na = std::isnan(sc[a]), nb = std::isnan(sc[b]);
-        if (na || nb) return na && (!nb || a < b);
-        return sc[a] > sc[b] || (sc[a] == sc[b] && a < b);
-      });
+      std::nth_element(order.begin(), order.begin() + take - (take > 0), order.end(), std::greater<>());
+      std::sort(order.begin(), order.begin() + take, std::greater<>());
       int32_t* out = p.out + i * p.out_stride;
-      for (int32_t j = 0; j < p.k; ++j) out[j] = j < take ? static_cast<int32_t>(order[j]) : -1;
+      for (int32_t j = 0; j < p.k; ++j)
+        out[j] = j < take ? static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(order[j])) : -1;
     }
   }
 }

@@ -25,7 +25,10 @@
 
 #include "cpu/dsv4_simd.hpp"
 #include "cpu/simd_kv-inl.h"
+#include "kvcore/math/dsv4.hpp"
 #include "kvcore/math/dsv4_row.hpp"
+#include "kvcore/math/fp4.hpp"
+#include "kvcore/math/fp8.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcore::ops::cpu::HWY_NAMESPACE {
@@ -81,14 +84,16 @@ HWY_INLINE void ScoreBlock(const float* qt, int32_t hp, int32_t hv0, const float
   }
 }
 
-// Scores of the n keys against head vectors [hv0, hv0 + HV), every dim.
+// Scores of the n keys (rows of dim floats, dim a multiple of kChunk) against head vectors
+// [hv0, hv0 + HV).
 template <int HV>
-HWY_INLINE void ScoreHeads(const float* qt, int32_t hp, int32_t hv0, const float* keys, int32_t n, float* s) {
+HWY_INLINE void ScoreHeads(const float* qt, int32_t hp, int32_t hv0, const float* keys, int32_t n, int32_t dim,
+                           float* s) {
   constexpr int KB = kAcc / HV;
-  for (int32_t x0 = 0; x0 < kD; x0 += kChunk) {
+  for (int32_t x0 = 0; x0 < dim; x0 += kChunk) {
     for (int32_t i = 0; i < n; i += KB) {
       const float* k[KB];
-      for (int j = 0; j < KB; ++j) k[j] = keys + int64_t{std::min(i + j, n - 1)} * kD;  // past n: re-read, not stored
+      for (int j = 0; j < KB; ++j) k[j] = keys + int64_t{std::min(i + j, n - 1)} * dim;  // past n: re-read, not stored
       ScoreBlock<HV, KB>(qt, hp, hv0, k, std::min(KB, n - i), x0, x0 == 0, s + int64_t{i} * hp);
     }
   }
@@ -131,36 +136,89 @@ HWY_INLINE void SumBlock(const float* keys, const float* s, int32_t hp, int32_t 
   }
 }
 
+// s[i * hp + h] = the dot of key row i (dim floats) with head h's query qt[x * hp + h].
+HWY_INLINE void Scores(const float* qt, int32_t hp, const float* keys, int32_t n, int32_t dim, float* s) {
+  const int32_t hv = hp / static_cast<int32_t>(hn::Lanes(DF()));
+  for (int32_t v = 0; v < hv; v += kMaxHv) {
+    switch (std::min(kMaxHv, hv - v)) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+      case 4: ScoreHeads<4>(qt, hp, v, keys, n, dim, s); break;
+      case 3: ScoreHeads<3>(qt, hp, v, keys, n, dim, s); break;
+#endif
+      case 2: ScoreHeads<2>(qt, hp, v, keys, n, dim, s); break;
+      default: ScoreHeads<1>(qt, hp, v, keys, n, dim, s); break;
+    }
+  }
+}
+
 }  // namespace
 
 int32_t Dsv4HeadLanes() { return static_cast<int32_t>(hn::Lanes(DF())); }
 
-void Dsv4TransposeHeads(const float* q, int32_t hp, float* qt) {
+void Dsv4TransposeHeads(const float* q, int32_t hp, int32_t dim, float* qt) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  const auto idx = hn::Mul(hn::Iota(di, 0), hn::Set(di, kD));  // lane j: head j's row
+  const auto idx = hn::Mul(hn::Iota(di, 0), hn::Set(di, dim));  // lane j: head j's row
   for (int32_t h = 0; h < hp; h += N)
-    for (int32_t x = 0; x < kD; ++x)
-      hn::StoreU(hn::GatherIndex(d, q + int64_t{h} * kD + x, idx), d, qt + int64_t{x} * hp + h);
+    for (int32_t x = 0; x < dim; ++x)
+      hn::StoreU(hn::GatherIndex(d, q + int64_t{h} * dim + x, idx), d, qt + int64_t{x} * hp + h);
+}
+
+void Dsv4IndexerScoresLanes(const float* qt, const float* w, int32_t hp, int32_t dim, const float* keys, int32_t n,
+                            float* s, float* scores) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  Scores(qt, hp, keys, n, dim, s);
+  for (int32_t i = 0; i < n; ++i) {  // the same operations for every row
+    const float* si = s + int64_t{i} * hp;
+    VF acc = hn::Zero(d);
+    for (int32_t h = 0; h < hp; h += N) {
+      const VF dot = hn::LoadU(d, si + h);
+      acc = hn::MulAdd(hn::LoadU(d, w + h), hn::IfThenElseZero(hn::Gt(dot, hn::Zero(d)), dot), acc);  // NaN: 0
+    }
+    scores[i] = hn::GetLane(hn::SumOfLanes(d, acc));
+  }
+}
+
+void Dsv4Fp4RowsDecode(const uint8_t* rows, int64_t stride, int32_t n, int32_t dim, float* dst) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: no pair of codes a u64 lane
+  for (int32_t r = 0; r < n; ++r)
+    for (int32_t x = 0; x < dim; ++x)
+      dst[int64_t{r} * dim + x] = math::dsv4_unpack_fp4_value(rows + r * stride, dim, x);
+#else
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Repartition<uint64_t, DF> d64;
+  const hn::Rebind<uint32_t, decltype(d64)> d32h;
+  const hn::Rebind<uint8_t, decltype(d64)> d8;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  for (int32_t r = 0; r < n; ++r) {
+    const uint8_t* row = rows + r * stride;
+    float* out = dst + int64_t{r} * dim;
+    for (int32_t x = 0; x < dim; x += N) {
+      // N / 2 bytes, each two codes: low nibble first, as u32 lanes.
+      const auto b = hn::PromoteTo(d64, hn::PromoteTo(d32h, hn::LoadU(d8, row + x / 2)));
+      const auto c = hn::BitCast(du, hn::Or(hn::And(b, hn::Set(d64, 0xfu)), hn::ShiftLeft<28>(hn::And(b, hn::Set(d64, 0xf0u)))));
+      // math::e2m1_decode: magnitude codes 2..7 are 2^(e - 1) (1 + m / 2), placed as f32 bits;
+      // 1 is 0.5, 0 is 0; the sign from bit 3.
+      const auto mag = hn::And(c, hn::Set(du, 7u));
+      const auto normal = hn::Add(hn::ShiftLeft<22>(mag), hn::Set(du, 126u << 23));
+      const auto small = hn::IfThenElseZero(hn::Eq(mag, hn::Set(du, 1u)), hn::Set(du, 0x3f000000u));
+      const auto bits = hn::Or(hn::IfThenElse(hn::Gt(mag, hn::Set(du, 1u)), normal, small),
+                               hn::ShiftLeft<28>(hn::And(c, hn::Set(du, 8u))));
+      const VF scale = hn::Set(d, math::ue8m0_decode(row[dim / 2 + x / math::kFp4Block]));
+      hn::StoreU(hn::Mul(hn::BitCast(d, bits), scale), d, out + x);
+    }
+  }
+#endif
 }
 
 void Dsv4HeadsTile(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
                    float* m, float* l, float* acc, float* s, float* rescale) {
   const DF d;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  const int32_t hv = hp / N;
-  // Scores.
-  for (int32_t v = 0; v < hv; v += kMaxHv) {
-    switch (std::min(kMaxHv, hv - v)) {
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
-      case 4: ScoreHeads<4>(qt, hp, v, keys, n, s); break;
-      case 3: ScoreHeads<3>(qt, hp, v, keys, n, s); break;
-#endif
-      case 2: ScoreHeads<2>(qt, hp, v, keys, n, s); break;
-      default: ScoreHeads<1>(qt, hp, v, keys, n, s); break;
-    }
-  }
+  Scores(qt, hp, keys, n, kD, s);
   const VF ninf = hn::Set(d, -INFINITY), one = hn::Set(d, 1.0f);
   for (int32_t i = 0; i < n; ++i)
     if (!live[i])
@@ -209,8 +267,17 @@ namespace kvcore::ops::cpu {
 HWY_EXPORT(Dsv4HeadLanes);
 HWY_EXPORT(Dsv4HeadsTile);
 HWY_EXPORT(Dsv4TransposeHeads);
-void dsv4_transpose_heads_simd(const float* q, int32_t hp, float* qt) {
-  HWY_DYNAMIC_DISPATCH(Dsv4TransposeHeads)(q, hp, qt);
+void dsv4_transpose_heads_simd(const float* q, int32_t hp, int32_t dim, float* qt) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TransposeHeads)(q, hp, dim, qt);
+}
+HWY_EXPORT(Dsv4IndexerScoresLanes);
+void dsv4_indexer_scores_lanes_simd(const float* qt, const float* w, int32_t hp, int32_t dim, const float* keys,
+                                    int32_t n, float* s, float* scores) {
+  HWY_DYNAMIC_DISPATCH(Dsv4IndexerScoresLanes)(qt, w, hp, dim, keys, n, s, scores);
+}
+HWY_EXPORT(Dsv4Fp4RowsDecode);
+void dsv4_fp4_rows_decode_simd(const uint8_t* rows, int64_t stride, int32_t n, int32_t dim, float* dst) {
+  HWY_DYNAMIC_DISPATCH(Dsv4Fp4RowsDecode)(rows, stride, n, dim, dst);
 }
 int32_t dsv4_head_lanes() { return HWY_DYNAMIC_DISPATCH(Dsv4HeadLanes)(); }
 void dsv4_heads_tile_simd(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,

@@ -56,9 +56,21 @@ int32_t dsv4_head_lanes();
 void dsv4_heads_tile_simd(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
                           float* m, float* l, float* acc, float* s, float* rescale);
 
-// qt[d * hp + h] = q[h * 512 + d]: hp rows of 512 floats transposed (hp a multiple of
+// qt[x * hp + h] = q[h * dim + x]: hp rows of dim floats transposed (hp a multiple of
 // dsv4_head_lanes()).
-void dsv4_transpose_heads_simd(const float* q, int32_t hp, float* qt);
+void dsv4_transpose_heads_simd(const float* q, int32_t hp, int32_t dim, float* qt);
+
+// The indexer's score of each of n f32 key rows keys[i * dim ..] with the heads in lanes:
+// sum over heads h of w[h] * relu(q_h . key), qt[x * hp + h] the transposed queries and w[hp]
+// the weights (padding heads: weight 0). Each dot sums x in order (FMA), the heads are summed
+// in lanes, then across lanes: every row through the same operations, so equal rows score
+// equal bits. dim a multiple of 64; s: scratch of n * hp floats.
+void dsv4_indexer_scores_lanes_simd(const float* qt, const float* w, int32_t hp, int32_t dim, const float* keys,
+                                    int32_t n, float* s, float* scores);
+
+// n packed FP4 indexer rows (dim e2m1 codes, two a byte, low nibble first, then dim / 32
+// UE8M0 scales; rows stride bytes apart) as f32: math::e2m1_decode(code) x scale, the same bits.
+void dsv4_fp4_rows_decode_simd(const uint8_t* rows, int64_t stride, int32_t n, int32_t dim, float* dst);
 
 // s[i] = exp2(s[i] - m) (0 for -inf scores), i < n, and their sum: the softmax weights of a
 // tile whose running max is m (Exp2NonPositive: within 1e-7 relative of exp2). s holds a
