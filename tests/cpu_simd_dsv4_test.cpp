@@ -332,4 +332,54 @@ TEST(CpuSimdDsv4, Fp4RowDecodeOnEveryTargetGivesTheSharedMathsBits) {
   EXPECT_GT(cases, 0);
 }
 
+// The indexer's query preparation (Hadamard, then the FP4 round trip) on transposed queries,
+// bit for bit with the shared math, special values included: NaN, infinities, huge values
+// (the scale's top), tiny ones (the amax floor), signed zeros and the encoder's ties.
+TEST(CpuSimdDsv4, IndexerQueryPrepOnEveryTargetGivesTheSharedMathsBits) {
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto special = [&]() -> float {
+    switch (rng() % 16) {
+      case 0: return NAN;
+      case 1: return (rng() % 2 ? 1 : -1) * INFINITY;
+      case 2: return 3e38f * nd(rng);
+      case 3: return 1e-6f * nd(rng);
+      case 4: return (rng() % 2) ? 0.0f : -0.0f;
+      case 5: return static_cast<float>(static_cast<int>(rng() % 25) - 12) * 0.25f;  // grid points and ties
+      default: return nd(rng);
+    }
+  };
+  int cases = 0;
+  for (int dim : {64, 128, 256, 512})
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      const int H = 37, hp = (H + cpu::dsv4_head_lanes() - 1) / cpu::dsv4_head_lanes() * cpu::dsv4_head_lanes();
+      std::vector<float> rows(static_cast<size_t>(hp) * dim, 0.0f);
+      for (int h = 0; h < H; ++h)
+        for (int x = 0; x < dim; ++x) rows[static_cast<size_t>(h) * dim + x] = h % 4 == 3 ? special() : nd(rng);
+      // Heads whose transform is exact (dims 64 and 256 scale by a power of two): a few
+      // multiples of 1/4, so the scaled values land on the encoder's grid points and ties.
+      for (int h = 1; h < H && (dim == 64 || dim == 256); h += 4) {
+        float* row = &rows[static_cast<size_t>(h) * dim];
+        std::fill(row, row + dim, 0.0f);
+        for (int j = 0; j < 4; ++j) row[rng() % dim] = static_cast<float>(static_cast<int>(rng() % 17) - 8) * 0.25f;
+      }
+      std::vector<float> qt(rows.size());
+      cpu::dsv4_transpose_heads_simd(rows.data(), hp, dim, qt.data());
+      cpu::dsv4_indexer_query_prep_simd(qt.data(), hp, dim);
+      for (int h = 0; h < H; ++h) {
+        std::vector<float> want(rows.begin() + static_cast<size_t>(h) * dim, rows.begin() + static_cast<size_t>(h + 1) * dim);
+        math::dsv4_hadamard(want.data(), dim);
+        math::dsv4_fp4_round_trip(want.data(), dim);
+        for (int x = 0; x < dim; ++x) {
+          const float g = qt[static_cast<size_t>(x) * hp + h];
+          ASSERT_TRUE(std::memcmp(&g, &want[x], 4) == 0 || (g != g && want[x] != want[x]))
+              << t.name << " dim " << dim << " head " << h << " x " << x << ": " << g << " vs " << want[x];
+        }
+      }
+      ++cases;
+    }
+  EXPECT_GT(cases, 0);
+}
+
 }  // namespace

@@ -261,10 +261,13 @@ void indexer_topk(const IndexerParams& p) {
   const bool simd = ops::cpu::simd_on();
   const size_t q_floats = static_cast<size_t>(p.n_heads) * p.dim;
   const bool big = static_cast<double>(p.n_q) * p.n_rows * p.n_heads * p.dim > 1e6;  // threads pay off
+  // With SIMD and dims in whole chunks of 64: the heads in lanes (zero-padded queries and
+  // weights), each query transposed once (and prepared there, below).
+  const bool lanes = simd && (p.dim == 64 || p.dim == 128 || p.dim == 256 || p.dim == 512);
   // The queries as scored: copied, and with quantization Hadamard-rotated and FP4 round-tripped.
-  std::vector<float> qall(static_cast<size_t>(p.n_q) * q_floats);
+  std::vector<float> qall(lanes ? 0 : static_cast<size_t>(p.n_q) * q_floats);
 #pragma omp parallel for schedule(static) if (big && p.n_q > 1)
-  for (int32_t i = 0; i < p.n_q; ++i)
+  for (int32_t i = 0; i < (lanes ? 0 : p.n_q); ++i)
     for (int32_t h = 0; h < p.n_heads; ++h) {
       float* dst = qall.data() + i * q_floats + static_cast<size_t>(h) * p.dim;
       const float* src = p.q + i * p.q_stride0 + h * p.q_stride1;
@@ -274,9 +277,6 @@ void indexer_topk(const IndexerParams& p) {
         math::dsv4_fp4_round_trip(dst, p.dim);
       }
     }
-  // With SIMD and dims in whole chunks of 64: the heads in lanes (zero-padded queries and
-  // weights), each query's transposed once.
-  const bool lanes = simd && p.dim % 64 == 0;
   const int32_t hp = lanes ? (p.n_heads + ops::cpu::dsv4_head_lanes() - 1) / ops::cpu::dsv4_head_lanes() *
                                  ops::cpu::dsv4_head_lanes()
                            : 0;
@@ -284,8 +284,13 @@ void indexer_topk(const IndexerParams& p) {
   if (lanes) {
     std::vector<float> rows(static_cast<size_t>(hp) * p.dim, 0.0f);
     for (int32_t i = 0; i < p.n_q; ++i) {
-      std::copy(qall.begin() + i * q_floats, qall.begin() + (i + 1) * q_floats, rows.begin());
-      ops::cpu::dsv4_transpose_heads_simd(rows.data(), hp, p.dim, qt.data() + static_cast<size_t>(i) * hp * p.dim);
+      for (int32_t h = 0; h < p.n_heads; ++h) {
+        const float* src = p.q + i * p.q_stride0 + h * p.q_stride1;
+        std::copy(src, src + p.dim, rows.begin() + static_cast<size_t>(h) * p.dim);
+      }
+      float* qi = qt.data() + static_cast<size_t>(i) * hp * p.dim;
+      ops::cpu::dsv4_transpose_heads_simd(rows.data(), hp, p.dim, qi);
+      if (p.quant) ops::cpu::dsv4_indexer_query_prep_simd(qi, hp, p.dim);
       std::copy(p.weights + i * p.w_stride, p.weights + i * p.w_stride + p.n_heads, wt.begin() + i * hp);
     }
   }
@@ -309,7 +314,7 @@ void indexer_topk(const IndexerParams& p) {
         ops::cpu::dsv4_fp4_rows_decode_simd(static_cast<const uint8_t*>(p.rows) + s0 * p.rows_stride, p.rows_stride,
                                             static_cast<int32_t>(e - s0), p.dim, keys.data());
       else indexer_decode_rows(p, s0, e, keys.data());
-      const float* qh = qall.data() + i * q_floats;
+      const float* qh = lanes ? nullptr : qall.data() + i * q_floats;
       const float* w = p.weights + i * p.w_stride;
       if (lanes)
         ops::cpu::dsv4_indexer_scores_lanes_simd(qt.data() + static_cast<size_t>(i) * hp * p.dim, wt.data() + i * hp, hp,

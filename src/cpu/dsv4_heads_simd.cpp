@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "cpu/dsv4_simd.hpp"
 #include "cpu/simd_kv-inl.h"
@@ -29,6 +30,7 @@
 #include "kvcore/math/dsv4_row.hpp"
 #include "kvcore/math/fp4.hpp"
 #include "kvcore/math/fp8.hpp"
+#include "kvcore/math/hadamard.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcore::ops::cpu::HWY_NAMESPACE {
@@ -181,6 +183,59 @@ void Dsv4IndexerScoresLanes(const float* qt, const float* w, int32_t hp, int32_t
   }
 }
 
+void Dsv4IndexerQueryPrep(float* qt, int32_t hp, int32_t dim, float hadamard_scale) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  using VI = hn::Vec<decltype(di)>;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  auto ci = [&](uint32_t v) { return hn::Set(di, static_cast<int32_t>(v)); };
+  for (int32_t c = 0; c < hp; c += N) {  // a vector of heads: row x of the queries at qt + x * hp + c
+    auto at = [&](int32_t x) { return qt + int64_t{x} * hp + c; };
+    // math::hadamard_transform: the same butterflies in the same order, then the scale.
+    for (int32_t h = 1; h < dim; h *= 2)
+      for (int32_t i = 0; i < dim; i += 2 * h)
+        for (int32_t j = i; j < i + h; ++j) {
+          const VF a = hn::LoadU(d, at(j)), b = hn::LoadU(d, at(j + h));
+          hn::StoreU(hn::Add(a, b), d, at(j));
+          hn::StoreU(hn::Sub(a, b), d, at(j + h));
+        }
+    for (int32_t x = 0; x < dim; ++x) hn::StoreU(hn::Mul(hn::LoadU(d, at(x)), hn::Set(d, hadamard_scale)), d, at(x));
+    // math::fp4_block_round_trip per block of 32 dims.
+    for (int32_t x0 = 0; x0 < dim; x0 += math::kFp4Block) {
+      VF amax = hn::Zero(d);  // math::finite_abs_max
+      for (int32_t x = x0; x < x0 + math::kFp4Block; ++x) {
+        const VF v = hn::LoadU(d, at(x)), a = hn::Abs(v);
+        const auto finite = hn::RebindMask(d, hn::Ne(hn::And(hn::BitCast(di, v), ci(0x7f800000u)), ci(0x7f800000u)));
+        amax = hn::IfThenElse(hn::And(finite, hn::Gt(a, amax)), a, amax);
+      }
+      // math::e2m1_scale_exponent: pow2_scale_exponent<0x400000, 2> of max(amax, floor).
+      const VF floor = hn::Set(d, math::kScaleAmaxFloor);
+      const VI ab = hn::And(hn::BitCast(di, hn::IfThenElse(hn::Ge(amax, floor), amax, floor)), ci(0x7fffffffu));
+      VI k = hn::Sub(hn::ShiftRight<23>(ab), hn::Set(di, 127 + 2));
+      k = hn::Sub(k, hn::VecFromMask(di, hn::Gt(hn::And(ab, ci(0x7fffffu)), ci(0x400000u))));  // + 1
+      const VF inv = hn::BitCast(d, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 127), k)));  // pow2f(-k)
+      const VF scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127))));  // pow2f(k)
+      const VF six = hn::Set(d, math::kE2M1Max), msix = hn::Set(d, -math::kE2M1Max);
+      for (int32_t x = x0; x < x0 + math::kFp4Block; ++x) {
+        VF sv = hn::Mul(hn::LoadU(d, at(x)), inv);  // math::e2m1_scaled
+        sv = hn::IfThenElse(hn::Gt(sv, six), six, sv);
+        sv = hn::IfThenElse(hn::Lt(sv, msix), msix, sv);
+        // math::e2m1_encode: the boundaries at or below |s| (bit patterns; a >= b as a > b - 1).
+        const VI u = hn::BitCast(di, sv), a = hn::And(u, ci(0x7fffffffu));
+        VI code = hn::Zero(di);
+        for (uint32_t bound : {0x3e800000u, 0x3f3fffffu, 0x3fa00000u, 0x3fdfffffu, 0x40200000u, 0x405fffffu, 0x40a00000u})
+          code = hn::Sub(code, hn::VecFromMask(di, hn::Gt(a, ci(bound))));
+        const VI sign = hn::IfThenElseZero(hn::Not(hn::Gt(a, ci(0x7f800000u))), hn::And(hn::ShiftRight<28>(u), ci(8u)));
+        // math::e2m1_decode of (sign | code), times pow2f(k).
+        const VI normal = hn::Add(hn::ShiftLeft<22>(code), ci(126u << 23));
+        const VI small = hn::IfThenElseZero(hn::Eq(code, ci(1u)), ci(0x3f000000u));
+        const VI bits = hn::Or(hn::IfThenElse(hn::Gt(code, ci(1u)), normal, small), hn::ShiftLeft<28>(sign));
+        hn::StoreU(hn::Mul(hn::BitCast(d, bits), scale), d, at(x));
+      }
+    }
+  }
+}
+
 void Dsv4Fp4RowsDecode(const uint8_t* rows, int64_t stride, int32_t n, int32_t dim, float* dst) {
 #if HWY_TARGET == HWY_SCALAR  // one lane: no pair of codes a u64 lane
   for (int32_t r = 0; r < n; ++r)
@@ -274,6 +329,18 @@ HWY_EXPORT(Dsv4IndexerScoresLanes);
 void dsv4_indexer_scores_lanes_simd(const float* qt, const float* w, int32_t hp, int32_t dim, const float* keys,
                                     int32_t n, float* s, float* scores) {
   HWY_DYNAMIC_DISPATCH(Dsv4IndexerScoresLanes)(qt, w, hp, dim, keys, n, s, scores);
+}
+HWY_EXPORT(Dsv4IndexerQueryPrep);
+void dsv4_indexer_query_prep_simd(float* qt, int32_t hp, int32_t dim) {
+  float scale = 0.0f;
+  switch (dim) {
+    case 64: scale = math::hadamard_scale<64>(); break;
+    case 128: scale = math::hadamard_scale<128>(); break;
+    case 256: scale = math::hadamard_scale<256>(); break;
+    case 512: scale = math::hadamard_scale<512>(); break;
+    default: throw std::invalid_argument("dsv4_indexer_query_prep_simd: dim must be 64, 128, 256 or 512");
+  }
+  HWY_DYNAMIC_DISPATCH(Dsv4IndexerQueryPrep)(qt, hp, dim, scale);
 }
 HWY_EXPORT(Dsv4Fp4RowsDecode);
 void dsv4_fp4_rows_decode_simd(const uint8_t* rows, int64_t stride, int32_t n, int32_t dim, float* dst) {

@@ -68,6 +68,12 @@ void dsv4_transpose_heads_simd(const float* q, int32_t hp, int32_t dim, float* q
 void dsv4_indexer_scores_lanes_simd(const float* qt, const float* w, int32_t hp, int32_t dim, const float* keys,
                                     int32_t n, float* s, float* scores);
 
+// The indexer's quantized query preparation on transposed queries (qt[x * hp + h], hp a
+// multiple of dsv4_head_lanes()): each head's math::dsv4_hadamard then
+// math::dsv4_fp4_round_trip, the same operations lane by lane, so the same bits. dim 64, 128,
+// 256 or 512.
+void dsv4_indexer_query_prep_simd(float* qt, int32_t hp, int32_t dim);
+
 // n packed FP4 indexer rows (dim e2m1 codes, two a byte, low nibble first, then dim / 32
 // UE8M0 scales; rows stride bytes apart) as f32: math::e2m1_decode(code) x scale, the same bits.
 void dsv4_fp4_rows_decode_simd(const uint8_t* rows, int64_t stride, int32_t n, int32_t dim, float* dst);
