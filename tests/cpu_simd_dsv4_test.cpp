@@ -365,7 +365,7 @@ TEST(CpuSimdDsv4, IndexerQueryPrepOnEveryTargetGivesTheSharedMathsBits) {
         for (int j = 0; j < 4; ++j) row[rng() % dim] = static_cast<float>(static_cast<int>(rng() % 17) - 8) * 0.25f;
       }
       std::vector<float> qt(rows.size());
-      cpu::dsv4_transpose_heads_simd(rows.data(), hp, dim, qt.data());
+      cpu::dsv4_transpose_heads_simd(rows.data(), dim, hp, dim, 1.0f, qt.data());
       cpu::dsv4_indexer_query_prep_simd(qt.data(), hp, dim);
       for (int h = 0; h < H; ++h) {
         std::vector<float> want(rows.begin() + static_cast<size_t>(h) * dim, rows.begin() + static_cast<size_t>(h + 1) * dim);

@@ -75,18 +75,21 @@ void run_task_lanes(const Dsv4AttentionParams& p, int32_t r, int32_t split, int3
   float* keys = rescale + n_hp;
   float* s = keys + n_keys;
   const float scale = p.softmax_scale * math::kLog2e;
-  // The queries as f32 rows times the scale (padding heads zero), then transposed.
-  float* qrows = s;  // the scratch's first use: hp rows of 512 floats
-  for (int32_t h = 0; h < hp; ++h) {
-    float* dst = qrows + static_cast<size_t>(h) * kD;
-    const int64_t q0 = int64_t{r} * p.q_row_stride + int64_t{h0 + h} * p.q_head_stride;
-    if (h >= H) std::fill(dst, dst + kD, 0.0f);
-    else if (p.q_elem == QElem::F32)
-      for (int32_t d = 0; d < kD; ++d) dst[d] = static_cast<const float*>(p.q)[q0 + d] * scale;
-    else
-      for (int32_t d = 0; d < kD; ++d) dst[d] = q_elem_to_f32(p.q, q0 + d, p.q_elem) * scale;
+  // The queries transposed, times the scale: gathered where they are (f32, whole vectors of
+  // heads), else first as f32 rows (padding heads zero).
+  const int64_t q0 = int64_t{r} * p.q_row_stride + int64_t{h0} * p.q_head_stride;
+  if (p.q_elem == QElem::F32 && hp == H && p.q_head_stride * hp < (int64_t{1} << 31)) {
+    dsv4_transpose_heads_simd(static_cast<const float*>(p.q) + q0, p.q_head_stride, hp, kD, scale, qt);
+  } else {
+    float* qrows = s;  // the scratch's first use: hp rows of 512 floats
+    for (int32_t h = 0; h < hp; ++h) {
+      float* dst = qrows + static_cast<size_t>(h) * kD;
+      if (h >= H) std::fill(dst, dst + kD, 0.0f);
+      else
+        for (int32_t d = 0; d < kD; ++d) dst[d] = q_elem_to_f32(p.q, q0 + int64_t{h} * p.q_head_stride + d, p.q_elem);
+    }
+    dsv4_transpose_heads_simd(qrows, kD, hp, kD, scale, qt);
   }
-  dsv4_transpose_heads_simd(qrows, hp, kD, qt);
   std::fill(m, m + hp, math::neg_inf_f32());
   std::fill(l, l + hp, 0.0f);
   std::fill(acc, acc + size_t{kD} * H, 0.0f);
@@ -177,15 +180,6 @@ void attention_dsv4(const Dsv4AttentionParams& p) {
   const int32_t per_group =
       static_cast<int32_t>((int64_t{(p.n_heads + groups - 1) / groups} + min_heads - 1) / min_heads * min_heads);
   const int64_t tasks = row_splits * groups;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t rs = t / groups;
-    const int32_t r = static_cast<int32_t>(rs / p.num_splits), split = static_cast<int32_t>(rs % p.num_splits);
-    const int32_t h0 = static_cast<int32_t>(t % groups) * per_group, h1 = std::min(p.n_heads, h0 + per_group);
-    if (h0 >= h1) continue;
-    if (simd) run_task_lanes(p, r, split, h0, h1);
-    else run_task(p, r, split, h0, h1);
-  }
   // The value's rope tail carries each key's rotation; undo the query's: each row's cos and
   // sin once (math::rope_rotate_row's, the same bits), then every head.
   const int32_t n_pairs = p.rope.layout.n_pairs();
@@ -195,22 +189,35 @@ void attention_dsv4(const Dsv4AttentionParams& p) {
       math::rope_cos_sin(-static_cast<float>(p.q_positions[r]), p.rope.freq[i], 1.0f,
                          &cs[static_cast<size_t>(r) * n_pairs + i], &sn[static_cast<size_t>(r) * n_pairs + i]);
   const int64_t heads = int64_t{p.n_rows} * p.n_heads;
-#pragma omp parallel for schedule(static) if (heads * p.num_splits * kD > (int64_t{1} << 18))
-  for (int64_t rh = 0; rh < heads; ++rh) {
-    const int32_t r = static_cast<int32_t>(rh / p.n_heads), h = static_cast<int32_t>(rh % p.n_heads);
-    float row[kD];
-    merge_partials(p.o_part + rh * p.num_splits * kD, p.lse_part + rh * p.num_splits, p.num_splits, kD,
-                   p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row);
-    for (int32_t i = 0; i < n_pairs; ++i)
-      math::rotate_pair(row[p.rope.layout.dim0(i)], row[p.rope.layout.dim1(i)], cs[static_cast<size_t>(r) * n_pairs + i],
-                        sn[static_cast<size_t>(r) * n_pairs + i]);
-    const int64_t off = int64_t{r} * p.out_row_stride + int64_t{h} * p.out_head_stride;
-    switch (p.out_elem) {  // store_q_elem, the switch out of the loop
-      case QElem::F32:
-        std::copy(row, row + kD, static_cast<float*>(p.out) + off);
-        break;
-      default:
-        for (int32_t d = 0; d < kD; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+  // One parallel region: the tasks, then (after the loop's barrier) the merge over heads.
+#pragma omp parallel if (parallel)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t rs = t / groups;
+      const int32_t r = static_cast<int32_t>(rs / p.num_splits), split = static_cast<int32_t>(rs % p.num_splits);
+      const int32_t h0 = static_cast<int32_t>(t % groups) * per_group, h1 = std::min(p.n_heads, h0 + per_group);
+      if (h0 >= h1) continue;
+      if (simd) run_task_lanes(p, r, split, h0, h1);
+      else run_task(p, r, split, h0, h1);
+    }
+#pragma omp for schedule(static)
+    for (int64_t rh = 0; rh < heads; ++rh) {
+      const int32_t r = static_cast<int32_t>(rh / p.n_heads), h = static_cast<int32_t>(rh % p.n_heads);
+      float row[kD];
+      merge_partials(p.o_part + rh * p.num_splits * kD, p.lse_part + rh * p.num_splits, p.num_splits, kD,
+                     p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row);
+      for (int32_t i = 0; i < n_pairs; ++i)
+        math::rotate_pair(row[p.rope.layout.dim0(i)], row[p.rope.layout.dim1(i)],
+                          cs[static_cast<size_t>(r) * n_pairs + i], sn[static_cast<size_t>(r) * n_pairs + i]);
+      const int64_t off = int64_t{r} * p.out_row_stride + int64_t{h} * p.out_head_stride;
+      switch (p.out_elem) {  // store_q_elem, the switch out of the loop
+        case QElem::F32:
+          std::copy(row, row + kD, static_cast<float*>(p.out) + off);
+          break;
+        default:
+          for (int32_t d = 0; d < kD; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+      }
     }
   }
 }

@@ -289,7 +289,7 @@ void indexer_topk(const IndexerParams& p) {
         std::copy(src, src + p.dim, rows.begin() + static_cast<size_t>(h) * p.dim);
       }
       float* qi = qt.data() + static_cast<size_t>(i) * hp * p.dim;
-      ops::cpu::dsv4_transpose_heads_simd(rows.data(), hp, p.dim, qi);
+      ops::cpu::dsv4_transpose_heads_simd(rows.data(), p.dim, hp, p.dim, 1.0f, qi);
       if (p.quant) ops::cpu::dsv4_indexer_query_prep_simd(qi, hp, p.dim);
       std::copy(p.weights + i * p.w_stride, p.weights + i * p.w_stride + p.n_heads, wt.begin() + i * hp);
     }

@@ -157,14 +157,15 @@ HWY_INLINE void Scores(const float* qt, int32_t hp, const float* keys, int32_t n
 
 int32_t Dsv4HeadLanes() { return static_cast<int32_t>(hn::Lanes(DF())); }
 
-void Dsv4TransposeHeads(const float* q, int32_t hp, int32_t dim, float* qt) {
+void Dsv4TransposeHeads(const float* q, int64_t head_stride, int32_t hp, int32_t dim, float scale, float* qt) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  const auto idx = hn::Mul(hn::Iota(di, 0), hn::Set(di, dim));  // lane j: head j's row
+  const auto idx = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(head_stride)));  // lane j: head j
+  const VF sv = hn::Set(d, scale);
   for (int32_t h = 0; h < hp; h += N)
     for (int32_t x = 0; x < dim; ++x)
-      hn::StoreU(hn::GatherIndex(d, q + int64_t{h} * dim + x, idx), d, qt + int64_t{x} * hp + h);
+      hn::StoreU(hn::Mul(hn::GatherIndex(d, q + h * head_stride + x, idx), sv), d, qt + int64_t{x} * hp + h);
 }
 
 void Dsv4IndexerScoresLanes(const float* qt, const float* w, int32_t hp, int32_t dim, const float* keys, int32_t n,
@@ -322,8 +323,8 @@ namespace kvcore::ops::cpu {
 HWY_EXPORT(Dsv4HeadLanes);
 HWY_EXPORT(Dsv4HeadsTile);
 HWY_EXPORT(Dsv4TransposeHeads);
-void dsv4_transpose_heads_simd(const float* q, int32_t hp, int32_t dim, float* qt) {
-  HWY_DYNAMIC_DISPATCH(Dsv4TransposeHeads)(q, hp, dim, qt);
+void dsv4_transpose_heads_simd(const float* q, int64_t head_stride, int32_t hp, int32_t dim, float scale, float* qt) {
+  HWY_DYNAMIC_DISPATCH(Dsv4TransposeHeads)(q, head_stride, hp, dim, scale, qt);
 }
 HWY_EXPORT(Dsv4IndexerScoresLanes);
 void dsv4_indexer_scores_lanes_simd(const float* qt, const float* w, int32_t hp, int32_t dim, const float* keys,

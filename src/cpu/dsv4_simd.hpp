@@ -56,9 +56,9 @@ int32_t dsv4_head_lanes();
 void dsv4_heads_tile_simd(const float* qt, int32_t n_heads, int32_t hp, const float* keys, const bool* live, int32_t n,
                           float* m, float* l, float* acc, float* s, float* rescale);
 
-// qt[x * hp + h] = q[h * dim + x]: hp rows of dim floats transposed (hp a multiple of
-// dsv4_head_lanes()).
-void dsv4_transpose_heads_simd(const float* q, int32_t hp, int32_t dim, float* qt);
+// qt[x * hp + h] = q[h * head_stride + x] * scale: hp rows of dim floats transposed (hp a
+// multiple of dsv4_head_lanes(); head_stride * hp below 2^31).
+void dsv4_transpose_heads_simd(const float* q, int64_t head_stride, int32_t hp, int32_t dim, float scale, float* qt);
 
 // The indexer's score of each of n f32 key rows keys[i * dim ..] with the heads in lanes:
 // sum over heads h of w[h] * relu(q_h . key), qt[x * hp + h] the transposed queries and w[hp]
