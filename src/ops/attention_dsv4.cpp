@@ -29,10 +29,11 @@ void check_i32_vector(const TensorRef& t, const char* name, int64_t n, Device de
   require_arg(t.is_contiguous(), kOp, ": ", name, " must be contiguous");
 }
 
-// One task a CPU thread (a CPU task takes every head of a row: they share each key's
-// loads) or four CTAs an SM (a CTA takes 8 heads), at least min_chunk keys a split.
+// One task a CPU thread or four CTAs an SM, at least min_chunk keys a split. A CPU task takes
+// a group of at least 16 heads of a row (they share each key's loads; splitting the heads
+// costs less than merging key splits), a CTA 8 heads.
 int32_t auto_splits(Device dev, int64_t n_rows, int64_t n_heads, int64_t n_keys) {
-  int64_t base = std::max<int64_t>(1, n_rows), target = ops::attn::cpu_threads(), min_chunk = 64;
+  int64_t base = std::max<int64_t>(1, n_rows * ((n_heads + 15) / 16)), target = ops::attn::cpu_threads(), min_chunk = 64;
 #if KVCORE_WITH_CUDA
   if (dev.is_cuda())
     base = std::max<int64_t>(1, n_rows * ((n_heads + 7) / 8)), target = 4 * int64_t{ops::cuda::sm_count(dev.index)};
