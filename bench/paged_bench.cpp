@@ -233,18 +233,21 @@ void bench_decode(BenchOptions& opt, const Geometry& g, const Rows& rows, KvForm
   opt.report(rec);
 }
 
-void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMode mode, int64_t ctx, int32_t discard) {
+void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, KvFormat f, RopeMode mode, int64_t ctx,
+                 int32_t discard) {
   const bool stored = mode == RopeMode::RopeStored;
-  const std::string name = std::string("shift_") + (stored ? "stored_" : "onread_") + ctx_name(ctx) + "_" +
+  const std::string name = std::string("shift_") + (stored ? "stored_" : "onread_") +
+                           (f == KvFormat::F16 ? "" : std::string(kv_format_name(f)) + "_") + ctx_name(ctx) + "_" +
                            (discard == ctx / 2 ? std::string("half") : std::to_string(discard));
   if (!opt.wants(name)) return;
   const int32_t keep = 4;
-  PagedCache c(llama_config(g, KvFormat::F16, mode, ctx), opt.device);
+  PagedCache c(llama_config(g, f, mode, ctx), opt.device);
   const SeqId s = c.create();
   fill(c, s, rows, ctx);
   // Check once: token j >= keep now holds source row j + discard at position j.
   c.shift(s, keep, discard);
-  const double tol = 3.0 / 2048 + 2.4e-7 * static_cast<double>(ctx + discard);
+  // f16: a half-ulp per rounding; FP8 (E4M3, 3 mantissa bits): stored, then rotated and stored again
+  const double tol = (f == KvFormat::Fp8 ? 0.15 : 3.0 / 2048) + 2.4e-7 * static_cast<double>(ctx + discard);
   const bool ok = require_ok(opt, name, check_layer0(c, s, rows, [&](int64_t j) { return j < keep ? j : j + discard; }), tol);
   fill(c, s, rows, discard);
   if (!ok) return;
@@ -255,7 +258,7 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMod
     c.shift(s, keep, discard);
     if (stored) c.prepare();
   });
-  const double retained_k = static_cast<double>(ctx - keep - discard) * g.layers * g.heads * g.dim * 2;
+  const double retained_k = static_cast<double>(ctx - keep - discard) * g.layers * g.heads * kv_row_bytes(f, g.dim);
   const double bytes = stored ? 2.0 * retained_k : static_cast<double>(keep + 2 * 16) * 5.0;
   if (!stored) {  // the fold an offset-unaware reader pays once after the shift
     BenchRecord fold = record(name + "_fold", static_cast<double>(ctx - keep - discard) * 4.0);
@@ -266,8 +269,8 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, RopeMod
     opt.report(fold);
   }
   const PagedShiftCase sc{ctx, keep, discard, g.layers, g.heads, g.dim};
-  // Baselines are CUDA programs (bench/paged_shift_baselines.cu): compared on a GPU only.
-  const bool with_baselines = opt.device.is_cuda() && !paged_shift_baselines().empty();
+  // Baselines are CUDA programs on f16 keys (bench/paged_shift_baselines.cu): compared on a GPU only.
+  const bool with_baselines = opt.device.is_cuda() && f == KvFormat::F16 && !paged_shift_baselines().empty();
   if (!with_baselines) {
     BenchRecord rec = record(name, bytes);
     rec.t = t;
@@ -316,7 +319,10 @@ KVCORE_BENCH(paged, "PagedCache: append (f16, FP8), decode step, shift at 32k/12
   const std::vector<int64_t> contexts = opt.quick ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{32768, 131072};
   for (int64_t ctx : contexts)
     for (RopeMode mode : {RopeMode::RopeStored, RopeMode::RopeOnRead})
-      for (int32_t discard : {static_cast<int32_t>(ctx / 2), opt.quick ? 32 : 256}) bench_shift(opt, g, rows, mode, ctx, discard);
+      for (int32_t discard : {static_cast<int32_t>(ctx / 2), opt.quick ? 32 : 256})
+        bench_shift(opt, g, rows, KvFormat::F16, mode, ctx, discard);
+  // FP8 keys stored rotated: the shift decodes, rotates and re-encodes every kept key (on read moves nothing)
+  for (int64_t ctx : contexts) bench_shift(opt, g, rows, KvFormat::Fp8, RopeMode::RopeStored, ctx, static_cast<int32_t>(ctx / 2));
   for (int64_t ctx : contexts) bench_fork(opt, g, rows, ctx);
 }
 

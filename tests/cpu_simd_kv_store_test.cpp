@@ -47,6 +47,7 @@ TEST(CpuSimdKvStore, StoreAndRotateGiveTheScalarBytesOnEveryTarget) {
       {KvFormat::BF16, DType::BF16, 80, RopeSpec::plain(80, 5e5)},
       {KvFormat::F32, DType::F16, 64, RopeSpec::plain(32, 1e4)},
       {KvFormat::Fp8, DType::BF16, 128, RopeSpec::llama3_8b()},
+      {KvFormat::Fp8, DType::F16, 192, RopeSpec::plain(64, 1e4)},  // group 0 rotates, groups 1-2 keep their bytes
       {KvFormat::Dsv4Row, DType::F32, 512, RopeSpec::deepseek_v4_compressed()},
   };
   const int n_tokens = 37, n_heads = 3, n_cells = 50;

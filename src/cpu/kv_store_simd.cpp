@@ -1,8 +1,8 @@
 // kv_store and kv_rotate_blocks with SIMD: per token (cell) the pairs' cos and
 // sin in double lanes (simd_rope-inl.h), per head the source row widened to f32
 // a vector at a time, NeoX pairs rotated a vector at a time, and f32 / f16 /
-// bf16 pools written a vector at a time. FP8 groups and the DeepSeek-V4 row are
-// encoded by the shared scalar row codec (kv_store_row.hpp). Every byte equals
+// bf16 pools written a vector at a time, FP8 groups decoded and encoded a vector at
+// a time (a rotation touches only the groups holding rotated dims). Every byte equals
 // the scalar kernels': the same operations per element, the same roundings.
 #include "cpu/simd_config.hpp"
 // clang-format off
@@ -12,6 +12,7 @@
 #include <hwy/highway.h>
 // clang-format on
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/kv_store_simd.hpp"
@@ -65,6 +66,40 @@ void EncodeRow(KvFormat f, const float* row, void* dst, uint8_t* scales, int32_t
       if (f == KvFormat::Dsv4Row) static_cast<uint8_t*>(dst)[kvrow::Dsv4::kPadOffset] = 0;
     }
   }
+}
+
+// The first rotated dim outside the FP8 groups of an FP8 row (Fp8, Dsv4Row): the rotated dims
+// past it are plain (the Dsv4Row's bf16 tail); an Fp8 row has none (the end of the rotation).
+int32_t FirstPlainRotatedDim(KvFormat f, const math::RopeLayout& l) {
+  const int32_t end = l.first_dim + l.n_rot;
+  return f == KvFormat::Dsv4Row ? std::min(std::max(l.first_dim, kvrow::Dsv4::kNope), end) : end;
+}
+
+// The dims of an FP8 row (Fp8, Dsv4Row) that a rotation reads: every group holding a rotated
+// dim, decoded a vector at a time (the e4m3 value times the power-of-two scale: exact, the
+// same floats as kvrow::decode), and the rotated plain dims (the Dsv4Row's bf16 tail).
+void DecodeRotated(KvFormat f, void* dst, uint8_t* scales, int32_t n, const math::RopeLayout& l, float* row) {
+  const hn::ScalableTag<float> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  const int32_t groups = kvrow::n_fp8_groups(f, n);
+  for (int32_t g = 0; g < groups; ++g) {
+    if (!kvrow::group_rotates(l, g)) continue;
+    const uint8_t* codes = kvrow::group_codes(f, dst, g);
+    const auto scale = hn::Set(df, math::ue8m0_decode(*kvrow::group_scale(f, dst, scales, g)));
+    for (int32_t i = 0; i < math::kFp8Block; i += N)
+      hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(df, codes, i), scale), df, row + g * math::kFp8Block + i);
+  }
+  for (int32_t d = FirstPlainRotatedDim(f, l); d < l.first_dim + l.n_rot; ++d) row[d] = kvrow::decode(f, dst, scales, d);
+}
+
+// kvrow::encode_rotated with the groups encoded a vector at a time (EncodeFp8Group: the same
+// bytes): only what the rotation changed is written, every other byte stays.
+void EncodeRotated(KvFormat f, const float* row, void* dst, uint8_t* scales, int32_t n, const math::RopeLayout& l) {
+  const int32_t groups = kvrow::n_fp8_groups(f, n);
+  for (int32_t g = 0; g < groups; ++g)
+    if (kvrow::group_rotates(l, g))
+      EncodeFp8Group(row + g * math::kFp8Block, kvrow::group_codes(f, dst, g), kvrow::group_scale(f, dst, scales, g));
+  for (int32_t d = FirstPlainRotatedDim(f, l); d < l.first_dim + l.n_rot; ++d) kvrow::encode_plain(f, dst, d, row[d]);
 }
 
 }  // namespace
@@ -125,10 +160,10 @@ void KvRotateBlocks(const KvRotateParams& p) {
         }
         continue;
       }
-      float row[kMaxKvHeadDim];
-      for (int32_t d = 0; d < p.head_dim; ++d) row[d] = kvrow::decode(p.format, dst, scales, d);
+      HWY_ALIGN float row[kMaxKvHeadDim];
+      DecodeRotated(p.format, dst, scales, p.head_dim, p.rope.layout, row);
       RotatePairs(p.rope.layout, row, row, c, s);
-      kvrow::encode_rotated(p.format, row, dst, scales, p.head_dim, p.rope.layout);
+      EncodeRotated(p.format, row, dst, scales, p.head_dim, p.rope.layout);
     }
   }
 }
