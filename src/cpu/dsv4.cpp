@@ -98,20 +98,22 @@ void finish_row(const CompressorParams& p, int64_t w, float* buf, bool simd) {
 // token's logit plus its ape).
 struct CandidateRows {
   std::vector<const float*> z, c;
+  std::vector<const void*> ape;  // a chunk token's ape row (added to z in the pool), else null
   std::vector<float> z_buf;
   explicit CandidateRows(const CompressorParams& p)
-      : z(p.state_rows), c(p.state_rows), z_buf(static_cast<size_t>(p.state_rows) * p.head_dim) {}
+      : z(p.state_rows), c(p.state_rows), ape(p.state_rows, nullptr), z_buf(static_cast<size_t>(p.state_rows) * p.head_dim) {}
   static bool serves(const CompressorParams& p) {
     return ops::cpu::simd_on() && p.state_rows <= ops::cpu::kDsv4PoolMaxCandidates;
   }
   void pool(const CompressorParams& p, float* out) const {
-    ops::cpu::dsv4_pool_rows_simd(z.data(), c.data(), p.state_rows, p.head_dim, out);
+    ops::cpu::dsv4_pool_rows_simd(z.data(), ape.data(), p.ape_f16 != 0, c.data(), p.state_rows, p.head_dim, out);
   }
   // Candidate j of every channel when emitting from the state (state_candidate's values).
   void state_row(const CompressorParams& p, int32_t j) {
     const int32_t col0 = math::dsv4_candidate_col(j, 0, p.ratio, p.head_dim, p.overlap != 0);
     z[j] = p.state_score + static_cast<int64_t>(j) * p.width + col0;
     c[j] = p.state_kv + static_cast<int64_t>(j) * p.width + col0;
+    ape[j] = nullptr;
   }
   // Candidate j of every channel of window w during prefill: prefill_candidate's values,
   // with the token and lane worked out once per row (the column is col0 + k).
@@ -124,23 +126,18 @@ struct CandidateRows {
     } else {
       tok = (p.overlap ? w - 1 : w) * m + j, col0 = 0, jm = j;
     }
-    float* zb = z_buf.data() + static_cast<size_t>(j) * p.head_dim;
+    ape[j] = nullptr;
     if (tok < 0) {  // no candidate: -inf logits (the pool computes their terms and never takes them)
+      float* zb = z_buf.data() + static_cast<size_t>(j) * p.head_dim;
       std::fill(zb, zb + p.head_dim, -INFINITY);
       z[j] = c[j] = zb;
       return;
     }
-    if (tok >= p.pos) {
+    if (tok >= p.pos) {  // a chunk token: its logit row, the ape added in the pool
       const int64_t i = tok - p.pos;
-      const float* zs = p.z + i * p.z_stride + col0;
-      if (p.ape_f16) {
-        const uint16_t* a = static_cast<const uint16_t*>(p.ape) + jm * p.ape_stride + col0;
-        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + math::f16_bits_to_f32(a[k]);
-      } else {
-        const float* a = static_cast<const float*>(p.ape) + jm * p.ape_stride + col0;
-        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + a[k];
-      }
-      z[j] = zb;
+      z[j] = p.z + i * p.z_stride + col0;
+      ape[j] = p.ape_f16 ? static_cast<const void*>(static_cast<const uint16_t*>(p.ape) + jm * p.ape_stride + col0)
+                         : static_cast<const void*>(static_cast<const float*>(p.ape) + jm * p.ape_stride + col0);
       c[j] = p.c + i * p.c_stride + col0;
       return;
     }

@@ -36,13 +36,26 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+// Candidate j's logits at channel k: z[j][k], plus the ape row a[j] where it has one (f32 or
+// f16 values, widened exactly: the scalar path's single float add).
+struct Ape {
+  const void* const* a;
+  bool f16;
+  HWY_INLINE VF Logit(DF d, const float* const* z, int32_t j, int32_t k) const {
+    const VF zv = hn::LoadU(d, z[j] + k);
+    if (a == nullptr || a[j] == nullptr) return zv;
+    return hn::Add(zv, f16 ? LoadF16(d, static_cast<const uint16_t*>(a[j]) + k)
+                           : hn::LoadU(d, static_cast<const float*>(a[j]) + k));
+  }
+};
+
 // math::dsv4_pool_fixed<8> per lane.
-HWY_INLINE VF PoolFixed8(DF d, const float* const* z, const float* const* c, int32_t k) {
+HWY_INLINE VF PoolFixed8(DF d, const float* const* z, const Ape& ape, const float* const* c, int32_t k) {
   const VF ninf = hn::Set(d, -INFINITY);
   VF zs[8], cs[8], es[8];
   VF mx = ninf;
   for (int j = 0; j < 8; ++j) {
-    zs[j] = hn::LoadU(d, z[j] + k);
+    zs[j] = ape.Logit(d, z, j, k);
     cs[j] = hn::LoadU(d, c[j] + k);
     mx = hn::IfThenElse(hn::Gt(zs[j], mx), zs[j], mx);  // z > mx ? z : mx (a NaN logit is skipped)
   }
@@ -60,11 +73,11 @@ HWY_INLINE VF PoolFixed8(DF d, const float* const* z, const float* const* c, int
 }
 
 // math::Dsv4OnlineFold per lane over n candidates.
-HWY_INLINE VF PoolOnline(DF d, const float* const* z, const float* const* c, int32_t n, int32_t k) {
+HWY_INLINE VF PoolOnline(DF d, const float* const* z, const Ape& ape, const float* const* c, int32_t n, int32_t k) {
   const VF ninf = hn::Set(d, -INFINITY), one = hn::Set(d, 1.0f);
   VF mx = ninf, den = hn::Zero(d), acc = hn::Zero(d);
   for (int32_t j = 0; j < n; ++j) {
-    const VF zv = hn::LoadU(d, z[j] + k), cv = hn::LoadU(d, c[j] + k);
+    const VF zv = ape.Logit(d, z, j, k), cv = hn::LoadU(d, c[j] + k);
     const auto up = hn::Gt(zv, mx);
     const VF e = hn::Exp(d, hn::Neg(hn::Abs(hn::Sub(zv, mx))));  // exp(-inf) and exp(NaN) give 0
     const VF den_up = hn::Add(hn::Mul(den, e), one), acc_up = hn::Add(hn::Mul(acc, e), cv);
@@ -149,14 +162,16 @@ HWY_INLINE void Dot4x4(const float* q, const float* r, int32_t dim, float* out /
 
 }  // namespace
 
-void Dsv4PoolRows(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
+void Dsv4PoolRows(const float* const* z, const void* const* ape, bool ape_f16, const float* const* c, int32_t n_cand,
+                  int32_t n_ch, float* out) {
   const DF d;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  auto pool = [&](const float* const* zr, const float* const* cr, int32_t k) {
-    return n_cand == 8 ? PoolFixed8(d, zr, cr, k) : PoolOnline(d, zr, cr, n_cand, k);
+  auto pool = [&](const float* const* zr, const Ape& a, const float* const* cr, int32_t k) {
+    return n_cand == 8 ? PoolFixed8(d, zr, a, cr, k) : PoolOnline(d, zr, a, cr, n_cand, k);
   };
+  const Ape with{ape, ape_f16};
   int32_t k = 0;
-  for (; k + N <= n_ch; k += N) hn::StoreU(pool(z, c, k), d, out + k);
+  for (; k + N <= n_ch; k += N) hn::StoreU(pool(z, with, c, k), d, out + k);
   if (k == n_ch) return;
   // The last channels through the same lane arithmetic: copied into rows of one vector,
   // the lanes past n_ch holding no candidate (computed and dropped).
@@ -165,13 +180,17 @@ void Dsv4PoolRows(const float* const* z, const float* const* c, int32_t n_cand, 
   const float* cp[kDsv4PoolMaxCandidates];
   for (int32_t j = 0; j < n_cand; ++j) {
     for (int32_t i = 0; i < N; ++i) {
-      zt[j][i] = k + i < n_ch ? z[j][k + i] : -INFINITY;
+      float a = 0.0f;
+      if (ape != nullptr && ape[j] != nullptr && k + i < n_ch)
+        a = ape_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(ape[j])[k + i])
+                    : static_cast<const float*>(ape[j])[k + i];
+      zt[j][i] = k + i < n_ch ? (ape != nullptr && ape[j] != nullptr ? z[j][k + i] + a : z[j][k + i]) : -INFINITY;
       ct[j][i] = k + i < n_ch ? c[j][k + i] : 0.0f;
     }
     zp[j] = zt[j], cp[j] = ct[j];
   }
   HWY_ALIGN float lanes[hn::MaxLanes(DF())];
-  hn::Store(pool(zp, cp, 0), d, lanes);
+  hn::Store(pool(zp, Ape{nullptr, false}, cp, 0), d, lanes);
   for (int32_t i = 0; k + i < n_ch; ++i) out[k + i] = lanes[i];
 }
 
@@ -433,8 +452,9 @@ void dsv4_rope_row_simd(float* row, const math::RopeTable& t, float position) {
   HWY_DYNAMIC_DISPATCH(Dsv4RopeRow)(row, t, position);
 }
 void dsv4_row_pack_simd(const float* src, uint8_t* row) { HWY_DYNAMIC_DISPATCH(Dsv4RowPack)(src, row); }
-void dsv4_pool_rows_simd(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
-  HWY_DYNAMIC_DISPATCH(Dsv4PoolRows)(z, c, n_cand, n_ch, out);
+void dsv4_pool_rows_simd(const float* const* z, const void* const* ape, bool ape_f16, const float* const* c,
+                         int32_t n_cand, int32_t n_ch, float* out) {
+  HWY_DYNAMIC_DISPATCH(Dsv4PoolRows)(z, ape, ape_f16, c, n_cand, n_ch, out);
 }
 void dsv4_indexer_scores_simd(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys,
                               int64_t n_keys, float* scores) {

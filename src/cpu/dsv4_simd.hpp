@@ -15,8 +15,11 @@ inline constexpr int32_t kDsv4PoolMaxCandidates = 256;
 
 // out[k] = the compressor pool (math::dsv4_pool_any: HF's three-pass softmax for 8
 // candidates, the online fold otherwise) of channel k over n_cand candidates: logit
-// z[j][k] (-inf: none), value c[j][k], k in [0, n_ch). Rows are read only in [0, n_ch).
-void dsv4_pool_rows_simd(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out);
+// z[j][k] (-inf: none) plus ape[j][k] where ape and ape[j] are not null (f32 values, or f16
+// with ape_f16: the scalar path's single add), value c[j][k], k in [0, n_ch). Rows are read
+// only in [0, n_ch).
+void dsv4_pool_rows_simd(const float* const* z, const void* const* ape, bool ape_f16, const float* const* c,
+                         int32_t n_cand, int32_t n_ch, float* out);
 
 // The indexer's score of each of n_keys f32 rows keys[s * dim ..]: sum over heads h
 // (in order) of w[h] * relu(q[h * dim ..] . key). dim a multiple of 16.
