@@ -382,4 +382,54 @@ TEST(CpuSimdDsv4, IndexerQueryPrepOnEveryTargetGivesTheSharedMathsBits) {
   EXPECT_GT(cases, 0);
 }
 
+// The finalizer's row (FP8 round trip of the nope part, the f16 or f32 raw copy) on every
+// target, bit for bit with the shared math, specials included: NaNs of either sign, infinities,
+// values past the f16 range and at its rounding edge, f16 subnormals.
+TEST(CpuSimdDsv4, FinalizeRowOnEveryTargetGivesTheSharedMathsBits) {
+  using L = math::Dsv4RowLayout;
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto special = [&]() -> float {
+    switch (rng() % 12) {
+      case 0: return (rng() % 2 ? 1.0f : -1.0f) * NAN;
+      case 1: return (rng() % 2 ? 1.0f : -1.0f) * INFINITY;
+      case 2: return 65504.0f + static_cast<float>(rng() % 48);  // f16 max and the overflow edge (65520)
+      case 3: return 3e-6f * nd(rng);                             // f16 subnormals
+      case 4: return 1e30f * nd(rng);
+      default: return nd(rng);
+    }
+  };
+  int cases = 0;
+  for (int trial = 0; trial < 64; ++trial) {
+    std::vector<float> row(L::kHeadDim);
+    for (float& v : row) v = trial % 2 ? special() : nd(rng);
+    for (bool quant : {false, true})
+      for (bool f16 : {false, true}) {
+        std::vector<float> want_row = row, want32(L::kHeadDim);
+        std::vector<uint16_t> want16(L::kHeadDim);
+        if (quant) math::dsv4_fp8_round_trip_nope(want_row.data(), L::kNope);
+        for (int d = 0; d < L::kHeadDim; ++d) {
+          want16[d] = math::f32_to_f16_bits(want_row[d]);
+          want32[d] = quant ? math::f16_bits_to_f32(want16[d]) : want_row[d];
+        }
+        for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+          cpu::SimdPin pin(t.bits);
+          std::vector<float> got_row = row, got32(L::kHeadDim);
+          std::vector<uint16_t> got16(L::kHeadDim);
+          cpu::dsv4_finalize_row_simd(got_row.data(), L::kHeadDim, L::kNope, quant,
+                                      f16 ? static_cast<void*>(got16.data()) : static_cast<void*>(got32.data()), f16);
+          for (int d = 0; d < L::kHeadDim; ++d) {
+            SCOPED_TRACE(::testing::Message() << t.name << " trial " << trial << " quant " << quant << " f16 " << f16
+                                              << " dim " << d << " value " << row[d]);
+            ASSERT_TRUE(std::memcmp(&got_row[d], &want_row[d], 4) == 0 || (got_row[d] != got_row[d] && want_row[d] != want_row[d]));
+            if (f16) ASSERT_EQ(got16[d], want16[d]);
+            else ASSERT_TRUE(std::memcmp(&got32[d], &want32[d], 4) == 0 || (got32[d] != got32[d] && want32[d] != want32[d]));
+          }
+          ++cases;
+        }
+      }
+  }
+  EXPECT_GT(cases, 0);
+}
+
 }  // namespace

@@ -22,9 +22,20 @@ namespace kvcore::dsv4::cpu {
 void finalize(const FinalizeParams& p) {
   const int32_t n_nope = p.head_dim - p.n_rot;
   const int64_t first_stored = std::max<int64_t>(0, p.n_rows - p.raw_rows);
+  const bool simd = ops::cpu::simd_on() && n_nope % math::kFp8Block == 0;
 #pragma omp parallel for if (p.n_rows > 64)
   for (int64_t i = 0; i < p.n_rows; ++i) {
     float* row = p.kv + i * p.kv_stride;
+    if (simd) {
+      void* raw = nullptr;
+      if (i >= first_stored) {
+        const int64_t r = (p.first_raw_row + i) % p.raw_rows;
+        raw = p.raw_f16 ? static_cast<void*>(static_cast<uint16_t*>(p.raw) + r * p.raw_stride)
+                        : static_cast<void*>(static_cast<float*>(p.raw) + r * p.raw_stride);
+      }
+      ops::cpu::dsv4_finalize_row_simd(row, p.head_dim, n_nope, p.quant != 0, raw, p.raw_f16 != 0);
+      continue;
+    }
     if (p.quant) math::dsv4_fp8_round_trip_nope(row, n_nope);
     if (i < first_stored) continue;
     const int64_t r = (p.first_raw_row + i) % p.raw_rows;

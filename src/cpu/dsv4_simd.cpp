@@ -404,6 +404,41 @@ void Dsv4RopeRow(float* row, const math::RopeTable& t, float position) {
   RotatePairs(t.layout, row, row, cs, sn);
 }
 
+void Dsv4FinalizeRow(float* row, int32_t head_dim, int32_t n_nope, bool quant, void* raw, bool raw_f16) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  if (quant)  // math::dsv4_fp8_round_trip_nope: fp8_block_unpack(fp8_block_pack(x)), n_nope a multiple of 64
+    for (int32_t off = 0; off < n_nope; off += math::kFp8Block) {
+      HWY_ALIGN uint8_t codes[math::kFp8Block];
+      uint8_t scale_byte;
+      EncodeFp8Group(row + off, codes, &scale_byte);
+      const VF scale = hn::Set(d, math::ue8m0_decode(scale_byte));
+      for (int32_t i = 0; i < math::kFp8Block; i += N)
+        hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, codes, i), scale), d, row + off + i);
+    }
+  if (raw == nullptr) return;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  // math::f32_to_f16_bits by the hardware conversion (round to nearest even, overflow to inf,
+  // subnormals exact); NaN lanes first made the +quiet NaN the scalar code returns (0x7e00).
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const VF qnan = hn::BitCast(d, hn::Set(hn::RebindToUnsigned<DF>(), 0x7fc00000u));
+  int32_t x = 0;
+  for (; x + N <= head_dim; x += N) {
+    VF v = hn::LoadU(d, row + x);
+    v = hn::IfThenElse(hn::IsNaN(v), qnan, v);
+    const auto h = hn::DemoteTo(dh, v);
+    if (raw_f16) hn::StoreU(h, dh, reinterpret_cast<hwy::float16_t*>(static_cast<uint16_t*>(raw) + x));
+    else hn::StoreU(quant ? hn::PromoteTo(d, h) : hn::LoadU(d, row + x), d, static_cast<float*>(raw) + x);
+  }
+#else
+  int32_t x = 0;
+#endif
+  for (; x < head_dim; ++x) {
+    if (raw_f16) static_cast<uint16_t*>(raw)[x] = math::f32_to_f16_bits(row[x]);
+    else static_cast<float*>(raw)[x] = quant ? math::f16_bits_to_f32(math::f32_to_f16_bits(row[x])) : row[x];
+  }
+}
+
 void Dsv4RowPack(const float* src, uint8_t* row) {
   using L = math::Dsv4RowLayout;
   for (int32_t b = 0; b < L::kBlocks; ++b)
@@ -447,6 +482,10 @@ HWY_EXPORT(Dsv4F16Decode);
 HWY_EXPORT(Dsv4SumSquares);
 HWY_EXPORT(Dsv4RopeRow);
 HWY_EXPORT(Dsv4RowPack);
+HWY_EXPORT(Dsv4FinalizeRow);
+void dsv4_finalize_row_simd(float* row, int32_t head_dim, int32_t n_nope, bool quant, void* raw, bool raw_f16) {
+  HWY_DYNAMIC_DISPATCH(Dsv4FinalizeRow)(row, head_dim, n_nope, quant, raw, raw_f16);
+}
 float dsv4_sum_squares_simd(const float* x, int32_t n) { return HWY_DYNAMIC_DISPATCH(Dsv4SumSquares)(x, n); }
 void dsv4_rope_row_simd(float* row, const math::RopeTable& t, float position) {
   HWY_DYNAMIC_DISPATCH(Dsv4RopeRow)(row, t, position);

@@ -98,6 +98,12 @@ float dsv4_sum_squares_simd(const float* x, int32_t n);
 // math::rope_rotate_row(row, t, position, 1), the same bits.
 void dsv4_rope_row_simd(float* row, const math::RopeTable& t, float position);
 
+// The finalizer's row (dsv4::cpu::finalize), the same bits: with quant, the first n_nope
+// values (a multiple of 64) through math::dsv4_fp8_round_trip_nope; then, where raw is not
+// null, the row stored to raw as f16 (math::f32_to_f16_bits; raw_f16) or f32 (with quant,
+// through f16 and back).
+void dsv4_finalize_row_simd(float* row, int32_t head_dim, int32_t n_nope, bool quant, void* raw, bool raw_f16);
+
 // math::dsv4_row_pack(src, row), the same bytes.
 void dsv4_row_pack_simd(const float* src, uint8_t* row);
 
