@@ -1,8 +1,9 @@
 // SIMD kernels of the DeepSeek-V4 CPU ops (Highway, every target of
-// simd_config.hpp): the compressor's softmax pool, the indexer's scores and the
-// sparse attention's per-head tile. Float sums in another order than the scalar
-// path (lanes, then across lanes) and Highway's exp (1 ulp): results agree with
-// the scalar path to the tolerances the tests state; the row decoding is exact.
+// simd_config.hpp): the compressor's softmax pool, the indexer's scores and query
+// preparation, the sparse attention's tile with the heads in lanes, and the row
+// codecs. Float sums in another order than the scalar path and Highway's exp (1 ulp):
+// results agree with the scalar path to the tolerances the tests state; the row
+// decoding, packing, rotation, query preparation and finalizer row are exact.
 #pragma once
 #include <cstdint>
 
@@ -25,23 +26,6 @@ void dsv4_pool_rows_simd(const float* const* z, const void* const* ape, bool ape
 // (in order) of w[h] * relu(q[h * dim ..] . key). dim a multiple of 16.
 void dsv4_indexer_scores_simd(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys,
                               int64_t n_keys, float* scores);
-
-// s[i] = q . keys[i * dim ..] for live[i], else -inf, i in [0, n); keys rows past n may be read
-// (the caller pads the tile to a multiple of 4 rows). dim a multiple of 16.
-void dsv4_tile_dots_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s);
-
-// acc[d] = acc[d] * rescale + sum_i w[i] * keys[i * dim + d] (terms with w[i] == 0 skipped).
-void dsv4_tile_accumulate_simd(float* acc, float rescale, const float* keys, const float* w, int32_t n, int32_t dim);
-
-// Two query heads at once (each key vector loaded once for both): the values of
-// dsv4_tile_dots_simd / dsv4_tile_accumulate_simd for each head, up to the sums' order.
-void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
-                          float* s0, float* s1);
-// Four query heads q + h * dim, h < 4: s[h * s_stride + i] as dsv4_tile_dots_simd gives them.
-void dsv4_tile_dots4_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s,
-                          int64_t s_stride);
-void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
-                                const float* w0, const float* w1, int32_t n, int32_t dim);
 
 // The lanes of a vector of floats on the dispatched target: dsv4_heads_tile_simd's heads
 // are padded to a multiple of it.
@@ -80,11 +64,6 @@ void dsv4_indexer_query_prep_simd(float* qt, int32_t hp, int32_t dim);
 // n packed FP4 indexer rows (dim e2m1 codes, two a byte, low nibble first, then dim / 32
 // UE8M0 scales; rows stride bytes apart) as f32: math::e2m1_decode(code) x scale, the same bits.
 void dsv4_fp4_rows_decode_simd(const uint8_t* rows, int64_t stride, int32_t n, int32_t dim, float* dst);
-
-// s[i] = exp2(s[i] - m) (0 for -inf scores), i < n, and their sum: the softmax weights of a
-// tile whose running max is m (Exp2NonPositive: within 1e-7 relative of exp2). s holds a
-// multiple of 16 entries.
-float dsv4_tile_weights_simd(float* s, int32_t n, float m);
 
 // The attention row (math::Dsv4RowLayout) as 512 f32 values, the bits of math::dsv4_row_value.
 void dsv4_row_decode_simd(const uint8_t* row, float* dst);
