@@ -192,15 +192,22 @@ TEST(CpuSimdDsv4, IndexerOnEveryTargetMatchesTheScalarPath) {
 // ---- sparse attention ---------------------------------------------------------------------
 
 TEST(CpuSimdDsv4, SparseAttentionOnEveryTargetMatchesTheScalarPath) {
+  struct Shape {
+    bool f16;
+    int rows, heads;
+  };
+  // Heads 7 and 40: padded to the lanes, partial blocks of heads; 64: four full vectors of
+  // 16 heads; one row: the heads split into groups across the threads.
+  const Shape shapes[] = {{false, 3, 16}, {true, 3, 7}, {false, 1, 64}, {true, 2, 40}};
   int cases = 0;
-  for (bool f16 : {false, true}) {
+  for (const Shape& sh : shapes) {
     dsv4_test::Case c;
-    c.rows = 3;
-    c.heads = f16 ? 7 : 16;  // 7: groups of heads that are not a multiple of the four a pass takes
-    c.n_window = 37;  // window + picks = 98 keys: a partial tile of 16, partial groups of 4
+    c.rows = sh.rows;
+    c.heads = sh.heads;
+    c.n_window = 37;  // window + picks = 98 keys: partial tiles and partial blocks of keys
     c.k = 61;
-    c.f16_window = f16;
-    c.seed = f16 ? 12 : 11;
+    c.f16_window = sh.f16;
+    c.seed = static_cast<uint64_t>(11 + sh.heads);
     dsv4_test::fill(c);
     const std::vector<double> ref = dsv4_test::reference(c);
     for (int splits : {1, 3}) {
@@ -212,8 +219,10 @@ TEST(CpuSimdDsv4, SparseAttentionOnEveryTargetMatchesTheScalarPath) {
       for (const cpu::SimdTarget& t : cpu::simd_targets()) {
         cpu::SimdPin pin(t.bits);
         const std::vector<float> got = dsv4_test::run(c, Device::cpu(), splits);
-        EXPECT_LE(attn_test::max_rel_err(got, want), 1e-5) << t.name << " f16 window " << f16 << " splits " << splits;
-        EXPECT_LE(attn_test::max_rel_err(got, ref), 1e-5) << t.name << " f16 window " << f16 << " splits " << splits;
+        SCOPED_TRACE(::testing::Message() << t.name << " f16 window " << sh.f16 << " heads " << sh.heads << " rows "
+                                          << sh.rows << " splits " << splits);
+        EXPECT_LE(attn_test::max_rel_err(got, want), 1e-5);
+        EXPECT_LE(attn_test::max_rel_err(got, ref), 1e-5);
         ++cases;
       }
     }
@@ -266,6 +275,159 @@ TEST(CpuSimdDsv4, RowKernelsOnEveryTargetGiveTheSharedMathsBits) {
             << "rotation dim " << d << ": " << rot[d] << " vs " << want_rot[d];
       ++cases;
     }
+  }
+  EXPECT_GT(cases, 0);
+}
+
+// Any bytes, not only the packer's: every UE8M0 scale code (the largest ones make 256 x
+// scale overflow, 0xff is NaN) and rows with and without e4m3 NaN codes.
+TEST(CpuSimdDsv4, RowDecodeOnEveryTargetGivesTheSharedMathsBitsForAnyBytes) {
+  using L = math::Dsv4RowLayout;
+  std::mt19937_64 rng(19);
+  int cases = 0;
+  for (int trial = 0; trial < 128; ++trial) {
+    std::vector<uint8_t> row(L::kBytes);
+    for (uint8_t& b : row) b = static_cast<uint8_t>(rng());
+    for (int i = 0; i < L::kNope; ++i)  // the second 64 trials: no NaN code (|code| = 0x7f)
+      if (trial >= 64 && (row[L::kNopeOffset + i] & 0x7f) == 0x7f) row[L::kNopeOffset + i] ^= 1;
+    for (int b = 0; b < L::kBlocks; ++b)  // every scale code in each half
+      row[L::kScaleOffset + b] = static_cast<uint8_t>((trial % 64) * 4 + b);
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      std::vector<float> got(L::kHeadDim);
+      cpu::dsv4_row_decode_simd(row.data(), got.data());
+      for (int d = 0; d < L::kHeadDim; ++d) {
+        const float w = math::dsv4_row_value(row.data(), d);
+        ASSERT_TRUE(std::memcmp(&got[d], &w, 4) == 0 || (got[d] != got[d] && w != w))
+            << t.name << " trial " << trial << " dim " << d << ": " << got[d] << " vs " << w;
+      }
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 0);
+}
+
+// The indexer's packed FP4 rows: every code byte and every scale code, bit for bit.
+TEST(CpuSimdDsv4, Fp4RowDecodeOnEveryTargetGivesTheSharedMathsBits) {
+  const int D = 128, rb = math::dsv4_fp4_row_bytes(D), n = 64, stride = rb + 3;  // rows not aligned
+  std::vector<uint8_t> rows(static_cast<size_t>(n) * stride);
+  for (int r = 0; r < n; ++r) {
+    uint8_t* row = &rows[static_cast<size_t>(r) * stride];
+    for (int b = 0; b < D / 2; ++b) row[b] = static_cast<uint8_t>(r * 4 + b);  // every byte over the rows
+    for (int b = 0; b < D / math::kFp4Block; ++b) row[D / 2 + b] = static_cast<uint8_t>(r * 4 + b);  // every scale
+  }
+  int cases = 0;
+  for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+    cpu::SimdPin pin(t.bits);
+    std::vector<float> got(static_cast<size_t>(n) * D);
+    cpu::dsv4_fp4_rows_decode_simd(rows.data(), stride, n, D, got.data());
+    for (int r = 0; r < n; ++r)
+      for (int d = 0; d < D; ++d) {
+        const float w = math::dsv4_unpack_fp4_value(&rows[static_cast<size_t>(r) * stride], D, d);
+        const float g = got[static_cast<size_t>(r) * D + d];
+        ASSERT_TRUE(std::memcmp(&g, &w, 4) == 0 || (g != g && w != w)) << t.name << " row " << r << " dim " << d;
+      }
+    ++cases;
+  }
+  EXPECT_GT(cases, 0);
+}
+
+// The indexer's query preparation (Hadamard, then the FP4 round trip) on transposed queries,
+// bit for bit with the shared math, special values included: NaN, infinities, huge values
+// (the scale's top), tiny ones (the amax floor), signed zeros and the encoder's ties.
+TEST(CpuSimdDsv4, IndexerQueryPrepOnEveryTargetGivesTheSharedMathsBits) {
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto special = [&]() -> float {
+    switch (rng() % 16) {
+      case 0: return NAN;
+      case 1: return (rng() % 2 ? 1 : -1) * INFINITY;
+      case 2: return 3e38f * nd(rng);
+      case 3: return 1e-6f * nd(rng);
+      case 4: return (rng() % 2) ? 0.0f : -0.0f;
+      case 5: return static_cast<float>(static_cast<int>(rng() % 25) - 12) * 0.25f;  // grid points and ties
+      default: return nd(rng);
+    }
+  };
+  int cases = 0;
+  for (int dim : {64, 128, 256, 512})
+    for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+      cpu::SimdPin pin(t.bits);
+      const int H = 37, hp = (H + cpu::dsv4_head_lanes() - 1) / cpu::dsv4_head_lanes() * cpu::dsv4_head_lanes();
+      std::vector<float> rows(static_cast<size_t>(hp) * dim, 0.0f);
+      for (int h = 0; h < H; ++h)
+        for (int x = 0; x < dim; ++x) rows[static_cast<size_t>(h) * dim + x] = h % 4 == 3 ? special() : nd(rng);
+      // Heads whose transform is exact (dims 64 and 256 scale by a power of two): a few
+      // multiples of 1/4, so the scaled values land on the encoder's grid points and ties.
+      for (int h = 1; h < H && (dim == 64 || dim == 256); h += 4) {
+        float* row = &rows[static_cast<size_t>(h) * dim];
+        std::fill(row, row + dim, 0.0f);
+        for (int j = 0; j < 4; ++j) row[rng() % dim] = static_cast<float>(static_cast<int>(rng() % 17) - 8) * 0.25f;
+      }
+      std::vector<float> qt(rows.size());
+      cpu::dsv4_transpose_heads_simd(rows.data(), dim, hp, dim, 1.0f, qt.data());
+      cpu::dsv4_indexer_query_prep_simd(qt.data(), hp, dim);
+      for (int h = 0; h < H; ++h) {
+        std::vector<float> want(rows.begin() + static_cast<size_t>(h) * dim, rows.begin() + static_cast<size_t>(h + 1) * dim);
+        math::dsv4_hadamard(want.data(), dim);
+        math::dsv4_fp4_round_trip(want.data(), dim);
+        for (int x = 0; x < dim; ++x) {
+          const float g = qt[static_cast<size_t>(x) * hp + h];
+          ASSERT_TRUE(std::memcmp(&g, &want[x], 4) == 0 || (g != g && want[x] != want[x]))
+              << t.name << " dim " << dim << " head " << h << " x " << x << ": " << g << " vs " << want[x];
+        }
+      }
+      ++cases;
+    }
+  EXPECT_GT(cases, 0);
+}
+
+// The finalizer's row (FP8 round trip of the nope part, the f16 or f32 raw copy) on every
+// target, bit for bit with the shared math, specials included: NaNs of either sign, infinities,
+// values past the f16 range and at its rounding edge, f16 subnormals.
+TEST(CpuSimdDsv4, FinalizeRowOnEveryTargetGivesTheSharedMathsBits) {
+  using L = math::Dsv4RowLayout;
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto special = [&]() -> float {
+    switch (rng() % 12) {
+      case 0: return (rng() % 2 ? 1.0f : -1.0f) * NAN;
+      case 1: return (rng() % 2 ? 1.0f : -1.0f) * INFINITY;
+      case 2: return 65504.0f + static_cast<float>(rng() % 48);  // f16 max and the overflow edge (65520)
+      case 3: return 3e-6f * nd(rng);                             // f16 subnormals
+      case 4: return 1e30f * nd(rng);
+      default: return nd(rng);
+    }
+  };
+  int cases = 0;
+  for (int trial = 0; trial < 64; ++trial) {
+    std::vector<float> row(L::kHeadDim);
+    for (float& v : row) v = trial % 2 ? special() : nd(rng);
+    for (bool quant : {false, true})
+      for (bool f16 : {false, true}) {
+        std::vector<float> want_row = row, want32(L::kHeadDim);
+        std::vector<uint16_t> want16(L::kHeadDim);
+        if (quant) math::dsv4_fp8_round_trip_nope(want_row.data(), L::kNope);
+        for (int d = 0; d < L::kHeadDim; ++d) {
+          want16[d] = math::f32_to_f16_bits(want_row[d]);
+          want32[d] = quant ? math::f16_bits_to_f32(want16[d]) : want_row[d];
+        }
+        for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+          cpu::SimdPin pin(t.bits);
+          std::vector<float> got_row = row, got32(L::kHeadDim);
+          std::vector<uint16_t> got16(L::kHeadDim);
+          cpu::dsv4_finalize_row_simd(got_row.data(), L::kHeadDim, L::kNope, quant,
+                                      f16 ? static_cast<void*>(got16.data()) : static_cast<void*>(got32.data()), f16);
+          for (int d = 0; d < L::kHeadDim; ++d) {
+            SCOPED_TRACE(::testing::Message() << t.name << " trial " << trial << " quant " << quant << " f16 " << f16
+                                              << " dim " << d << " value " << row[d]);
+            ASSERT_TRUE(std::memcmp(&got_row[d], &want_row[d], 4) == 0 || (got_row[d] != got_row[d] && want_row[d] != want_row[d]));
+            if (f16) ASSERT_EQ(got16[d], want16[d]);
+            else ASSERT_TRUE(std::memcmp(&got32[d], &want32[d], 4) == 0 || (got32[d] != got32[d] && want32[d] != want32[d]));
+          }
+          ++cases;
+        }
+      }
   }
   EXPECT_GT(cases, 0);
 }

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <vector>
 
+#include <hwy/aligned_allocator.h>
+
 #include "cpu/attention_merge.hpp"
 #include "cpu/dsv4_simd.hpp"
 #include "cpu/simd_targets.hpp"
@@ -46,8 +48,72 @@ bool load_key(const Dsv4AttentionParams& p, int32_t r, int32_t j, float* dst, bo
   return true;
 }
 
-// Heads [h0, h1) of row r over the keys of one split.
-void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0, int32_t h1, bool simd) {
+// Per-thread buffers of the heads-in-lanes path, kept between calls (a task's
+// queries and sums are 128 KB each at 64 heads).
+float* lanes_scratch(size_t floats) {
+  thread_local hwy::AlignedFreeUniquePtr<float[]> buf;
+  thread_local size_t cap = 0;
+  if (cap < floats) buf = hwy::AllocateAligned<float>(floats), cap = floats;
+  return buf.get();
+}
+
+// Heads [h0, h1) of row r over the keys of one split, with SIMD: every head at once, in
+// lanes (dsv4_heads_tile_simd), a tile of keys at a time.
+void run_task_lanes(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0, int32_t h1) {
+  // Keys a tile (96 KB decoded): a multiple of the keys a score block takes (6, 8, 12 or 24
+  // at 4, 3, 2 or 1 vectors of heads), so only a split's last tile runs partial blocks.
+  constexpr int32_t kKeys = 48;
+  const int32_t H = h1 - h0, lanes = dsv4_head_lanes(), hp = (H + lanes - 1) / lanes * lanes;
+  const CellRange range = attention_split_range(p.n_window + p.comp_k, split, p.num_splits);
+  auto padded = [](size_t n) { return (n + 15) / 16 * 16; };
+  const size_t n_qt = padded(size_t{kD} * hp), n_acc = padded(size_t{kD} * H), n_hp = padded(hp),
+               n_keys = size_t{kKeys} * kD;
+  const size_t n_s = std::max(size_t{kKeys}, size_t{kD}) * hp;  // the tile's scores; first the query rows
+  float* qt = lanes_scratch(n_qt + n_acc + 3 * n_hp + n_keys + n_s);
+  float* acc = qt + n_qt;
+  float *m = acc + n_acc, *l = m + n_hp, *rescale = l + n_hp;
+  float* keys = rescale + n_hp;
+  float* s = keys + n_keys;
+  const float scale = p.softmax_scale * math::kLog2e;
+  // The queries transposed, times the scale: gathered where they are (f32, whole vectors of
+  // heads), else first as f32 rows (padding heads zero).
+  const int64_t q0 = int64_t{r} * p.q_row_stride + int64_t{h0} * p.q_head_stride;
+  if (p.q_elem == QElem::F32 && hp == H && p.q_head_stride * hp < (int64_t{1} << 31)) {
+    dsv4_transpose_heads_simd(static_cast<const float*>(p.q) + q0, p.q_head_stride, hp, kD, scale, qt);
+  } else {
+    float* qrows = s;  // the scratch's first use: hp rows of 512 floats
+    for (int32_t h = 0; h < hp; ++h) {
+      float* dst = qrows + static_cast<size_t>(h) * kD;
+      if (h >= H) std::fill(dst, dst + kD, 0.0f);
+      else
+        for (int32_t d = 0; d < kD; ++d) dst[d] = q_elem_to_f32(p.q, q0 + int64_t{h} * p.q_head_stride + d, p.q_elem);
+    }
+    dsv4_transpose_heads_simd(qrows, kD, hp, kD, scale, qt);
+  }
+  std::fill(m, m + hp, math::neg_inf_f32());
+  std::fill(l, l + hp, 0.0f);
+  std::fill(acc, acc + size_t{kD} * H, 0.0f);
+  bool live[kKeys];
+  for (int32_t t0 = range.begin; t0 < range.end; t0 += kKeys) {
+    const int32_t n = std::min(kKeys, range.end - t0);
+    for (int32_t i = 0; i < n; ++i) {
+      float* row = keys + static_cast<size_t>(i) * kD;
+      live[i] = load_key(p, r, t0 + i, row, true);
+      if (!live[i]) std::fill(row, row + kD, 0.0f);  // weighs 0: finite values
+    }
+    dsv4_heads_tile_simd(qt, H, hp, keys, live, n, m, l, acc, s, rescale);
+  }
+  for (int32_t h = 0; h < H; ++h) {
+    const int64_t part = (int64_t{r} * p.n_heads + h0 + h) * p.num_splits + split;
+    const math::OnlineSoftmax sm{m[h], l[h]};
+    const float inv = sm.l > 0.0f ? 1.0f / sm.l : 0.0f;
+    for (int32_t d = 0; d < kD; ++d) p.o_part[part * kD + d] = acc[static_cast<size_t>(h) * kD + d] * inv;
+    p.lse_part[part] = sm.lse();
+  }
+}
+
+// Heads [h0, h1) of row r over the keys of one split, the scalar path.
+void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0, int32_t h1) {
   const int32_t H = h1 - h0;
   const int32_t n_keys = p.n_window + p.comp_k;
   const CellRange range = attention_split_range(n_keys, split, p.num_splits);
@@ -59,43 +125,10 @@ void run_task(const Dsv4AttentionParams& p, int32_t r, int32_t split, int32_t h0
           q_elem_to_f32(p.q, int64_t{r} * p.q_row_stride + int64_t{h0 + h} * p.q_head_stride + d, p.q_elem) * scale;
   std::vector<math::OnlineSoftmax> sm(static_cast<size_t>(H));
   std::vector<float> keys(static_cast<size_t>(kTile) * kD), s(static_cast<size_t>(kTile));
-  std::vector<float> s2(simd ? static_cast<size_t>(H) * kTile : 0);  // the SIMD path's scores, then weights, per head
   bool live[kTile];
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
-    for (int32_t i = 0; i < n; ++i) live[i] = load_key(p, r, t0 + i, &keys[static_cast<size_t>(i) * kD], simd);
-    if (simd) {  // scores four heads at a time, softmax weights, then the sums two heads at a time
-      for (int32_t h = 0; h < H; h += 4) {
-        const int32_t nh = std::min(4, H - h);
-        float* s0 = &s2[static_cast<size_t>(h) * kTile];
-        const float* qh0 = &q[static_cast<size_t>(h) * kD];
-        if (nh == 4) {
-          dsv4_tile_dots4_simd(qh0, keys.data(), live, n, kD, s0, kTile);
-        } else {
-          for (int32_t e = 0; e < nh; e += 2) {
-            if (e + 1 < nh) dsv4_tile_dots2_simd(qh0 + e * kD, qh0 + (e + 1) * kD, keys.data(), live, n, kD, s0 + e * kTile, s0 + (e + 1) * kTile);
-            else dsv4_tile_dots_simd(qh0 + e * kD, keys.data(), live, n, kD, s0 + e * kTile);
-          }
-        }
-        float rescale[4];
-        for (int32_t e = 0; e < nh; ++e) {
-          math::OnlineSoftmax& m = sm[static_cast<size_t>(h + e)];
-          float* se = s0 + e * kTile;
-          float mx = math::neg_inf_f32();
-          for (int32_t i = 0; i < n; ++i) mx = math::max_f32(mx, se[i]);
-          rescale[e] = m.begin_tile(mx);
-          m.add(dsv4_tile_weights_simd(se, n, m.m));
-        }
-        for (int32_t e = 0; e < nh; e += 2) {
-          float* a0 = &acc[static_cast<size_t>(h + e) * kD];
-          if (e + 1 < nh)
-            dsv4_tile_accumulate2_simd(a0, a0 + kD, rescale[e], rescale[e + 1], keys.data(), s0 + e * kTile,
-                                       s0 + (e + 1) * kTile, n, kD);
-          else dsv4_tile_accumulate_simd(a0, rescale[e], keys.data(), s0 + e * kTile, n, kD);
-        }
-      }
-      continue;
-    }
+    for (int32_t i = 0; i < n; ++i) live[i] = load_key(p, r, t0 + i, &keys[static_cast<size_t>(i) * kD], false);
     for (int32_t h = 0; h < H; ++h) {
       const float* qh = &q[static_cast<size_t>(h) * kD];
       float mx = math::neg_inf_f32();
@@ -136,30 +169,56 @@ void attention_dsv4(const Dsv4AttentionParams& p) {
   const bool simd = simd_on();
   const bool parallel = int64_t{p.n_rows} * (p.n_window + p.comp_k) * p.n_heads * kD > (int64_t{1} << 20);
   // Tasks: (row, split, group of heads). Heads are grouped only as far as the threads need
-  // tasks (two a thread), at least 8 heads a group: each task decodes its keys once.
+  // tasks, each task decoding its keys once: the scalar path two tasks a thread, at least 8
+  // heads a group; the SIMD path, whose heads share each key's loads, one task a thread and
+  // groups of a multiple of 16 heads (the widest vector's lanes).
   const int64_t row_splits = int64_t{p.n_rows} * p.num_splits;
   const int64_t threads = parallel ? omp_get_max_threads() : 1;
+  const int64_t want = simd ? threads : 2 * threads, min_heads = simd ? 16 : 8;
   const int32_t groups = static_cast<int32_t>(
-      std::clamp<int64_t>((2 * threads + row_splits - 1) / row_splits, 1, (p.n_heads + 7) / 8));
-  const int32_t per_group = (p.n_heads + groups - 1) / groups;
+      std::clamp<int64_t>((want + row_splits - 1) / row_splits, 1, (p.n_heads + min_heads - 1) / min_heads));
+  const int32_t per_group =
+      static_cast<int32_t>((int64_t{(p.n_heads + groups - 1) / groups} + min_heads - 1) / min_heads * min_heads);
   const int64_t tasks = row_splits * groups;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t rs = t / groups;
-    const int32_t h0 = static_cast<int32_t>(t % groups) * per_group, h1 = std::min(p.n_heads, h0 + per_group);
-    if (h0 < h1) run_task(p, static_cast<int32_t>(rs / p.num_splits), static_cast<int32_t>(rs % p.num_splits), h0, h1, simd);
-  }
+  // The value's rope tail carries each key's rotation; undo the query's: each row's cos and
+  // sin once (math::rope_rotate_row's, the same bits), then every head.
+  const int32_t n_pairs = p.rope.layout.n_pairs();
+  std::vector<float> cs(static_cast<size_t>(p.n_rows) * n_pairs), sn(cs.size());
+  for (int32_t r = 0; r < p.n_rows; ++r)
+    for (int32_t i = 0; i < n_pairs; ++i)
+      math::rope_cos_sin(-static_cast<float>(p.q_positions[r]), p.rope.freq[i], 1.0f,
+                         &cs[static_cast<size_t>(r) * n_pairs + i], &sn[static_cast<size_t>(r) * n_pairs + i]);
   const int64_t heads = int64_t{p.n_rows} * p.n_heads;
-#pragma omp parallel for schedule(static) if (heads * p.num_splits * kD > (int64_t{1} << 18))
-  for (int64_t rh = 0; rh < heads; ++rh) {
-    const int32_t r = static_cast<int32_t>(rh / p.n_heads), h = static_cast<int32_t>(rh % p.n_heads);
-    float row[kD];
-    merge_partials(p.o_part + rh * p.num_splits * kD, p.lse_part + rh * p.num_splits, p.num_splits, kD,
-                   p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row);
-    // The value's rope tail carries each key's rotation; undo the query's.
-    math::rope_rotate_row(row, p.rope, -static_cast<float>(p.q_positions[r]), 1.0f);
-    const int64_t off = int64_t{r} * p.out_row_stride + int64_t{h} * p.out_head_stride;
-    for (int32_t d = 0; d < kD; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+  // One parallel region: the tasks, then (after the loop's barrier) the merge over heads.
+#pragma omp parallel if (parallel)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t rs = t / groups;
+      const int32_t r = static_cast<int32_t>(rs / p.num_splits), split = static_cast<int32_t>(rs % p.num_splits);
+      const int32_t h0 = static_cast<int32_t>(t % groups) * per_group, h1 = std::min(p.n_heads, h0 + per_group);
+      if (h0 >= h1) continue;
+      if (simd) run_task_lanes(p, r, split, h0, h1);
+      else run_task(p, r, split, h0, h1);
+    }
+#pragma omp for schedule(static)
+    for (int64_t rh = 0; rh < heads; ++rh) {
+      const int32_t r = static_cast<int32_t>(rh / p.n_heads), h = static_cast<int32_t>(rh % p.n_heads);
+      float row[kD];
+      merge_partials(p.o_part + rh * p.num_splits * kD, p.lse_part + rh * p.num_splits, p.num_splits, kD,
+                     p.maybe_sinks ? p.maybe_sinks[h] : math::neg_inf_f32(), row);
+      for (int32_t i = 0; i < n_pairs; ++i)
+        math::rotate_pair(row[p.rope.layout.dim0(i)], row[p.rope.layout.dim1(i)],
+                          cs[static_cast<size_t>(r) * n_pairs + i], sn[static_cast<size_t>(r) * n_pairs + i]);
+      const int64_t off = int64_t{r} * p.out_row_stride + int64_t{h} * p.out_head_stride;
+      switch (p.out_elem) {  // store_q_elem, the switch out of the loop
+        case QElem::F32:
+          std::copy(row, row + kD, static_cast<float*>(p.out) + off);
+          break;
+        default:
+          for (int32_t d = 0; d < kD; ++d) store_q_elem(p.out, off + d, p.out_elem, row[d]);
+      }
+    }
   }
 }
 

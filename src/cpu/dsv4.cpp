@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -21,9 +22,20 @@ namespace kvcore::dsv4::cpu {
 void finalize(const FinalizeParams& p) {
   const int32_t n_nope = p.head_dim - p.n_rot;
   const int64_t first_stored = std::max<int64_t>(0, p.n_rows - p.raw_rows);
+  const bool simd = ops::cpu::simd_on() && n_nope % math::kFp8Block == 0;
 #pragma omp parallel for if (p.n_rows > 64)
   for (int64_t i = 0; i < p.n_rows; ++i) {
     float* row = p.kv + i * p.kv_stride;
+    if (simd) {
+      void* raw = nullptr;
+      if (i >= first_stored) {
+        const int64_t r = (p.first_raw_row + i) % p.raw_rows;
+        raw = p.raw_f16 ? static_cast<void*>(static_cast<uint16_t*>(p.raw) + r * p.raw_stride)
+                        : static_cast<void*>(static_cast<float*>(p.raw) + r * p.raw_stride);
+      }
+      ops::cpu::dsv4_finalize_row_simd(row, p.head_dim, n_nope, p.quant != 0, raw, p.raw_f16 != 0);
+      continue;
+    }
     if (p.quant) math::dsv4_fp8_round_trip_nope(row, n_nope);
     if (i < first_stored) continue;
     const int64_t r = (p.first_raw_row + i) % p.raw_rows;
@@ -97,20 +109,22 @@ void finish_row(const CompressorParams& p, int64_t w, float* buf, bool simd) {
 // token's logit plus its ape).
 struct CandidateRows {
   std::vector<const float*> z, c;
+  std::vector<const void*> ape;  // a chunk token's ape row (added to z in the pool), else null
   std::vector<float> z_buf;
   explicit CandidateRows(const CompressorParams& p)
-      : z(p.state_rows), c(p.state_rows), z_buf(static_cast<size_t>(p.state_rows) * p.head_dim) {}
+      : z(p.state_rows), c(p.state_rows), ape(p.state_rows, nullptr), z_buf(static_cast<size_t>(p.state_rows) * p.head_dim) {}
   static bool serves(const CompressorParams& p) {
     return ops::cpu::simd_on() && p.state_rows <= ops::cpu::kDsv4PoolMaxCandidates;
   }
   void pool(const CompressorParams& p, float* out) const {
-    ops::cpu::dsv4_pool_rows_simd(z.data(), c.data(), p.state_rows, p.head_dim, out);
+    ops::cpu::dsv4_pool_rows_simd(z.data(), ape.data(), p.ape_f16 != 0, c.data(), p.state_rows, p.head_dim, out);
   }
   // Candidate j of every channel when emitting from the state (state_candidate's values).
   void state_row(const CompressorParams& p, int32_t j) {
     const int32_t col0 = math::dsv4_candidate_col(j, 0, p.ratio, p.head_dim, p.overlap != 0);
     z[j] = p.state_score + static_cast<int64_t>(j) * p.width + col0;
     c[j] = p.state_kv + static_cast<int64_t>(j) * p.width + col0;
+    ape[j] = nullptr;
   }
   // Candidate j of every channel of window w during prefill: prefill_candidate's values,
   // with the token and lane worked out once per row (the column is col0 + k).
@@ -123,23 +137,18 @@ struct CandidateRows {
     } else {
       tok = (p.overlap ? w - 1 : w) * m + j, col0 = 0, jm = j;
     }
-    float* zb = z_buf.data() + static_cast<size_t>(j) * p.head_dim;
+    ape[j] = nullptr;
     if (tok < 0) {  // no candidate: -inf logits (the pool computes their terms and never takes them)
+      float* zb = z_buf.data() + static_cast<size_t>(j) * p.head_dim;
       std::fill(zb, zb + p.head_dim, -INFINITY);
       z[j] = c[j] = zb;
       return;
     }
-    if (tok >= p.pos) {
+    if (tok >= p.pos) {  // a chunk token: its logit row, the ape added in the pool
       const int64_t i = tok - p.pos;
-      const float* zs = p.z + i * p.z_stride + col0;
-      if (p.ape_f16) {
-        const uint16_t* a = static_cast<const uint16_t*>(p.ape) + jm * p.ape_stride + col0;
-        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + math::f16_bits_to_f32(a[k]);
-      } else {
-        const float* a = static_cast<const float*>(p.ape) + jm * p.ape_stride + col0;
-        for (int32_t k = 0; k < p.head_dim; ++k) zb[k] = zs[k] + a[k];
-      }
-      z[j] = zb;
+      z[j] = p.z + i * p.z_stride + col0;
+      ape[j] = p.ape_f16 ? static_cast<const void*>(static_cast<const uint16_t*>(p.ape) + jm * p.ape_stride + col0)
+                         : static_cast<const void*>(static_cast<const float*>(p.ape) + jm * p.ape_stride + col0);
       c[j] = p.c + i * p.c_stride + col0;
       return;
     }
@@ -260,10 +269,13 @@ void indexer_topk(const IndexerParams& p) {
   const bool simd = ops::cpu::simd_on();
   const size_t q_floats = static_cast<size_t>(p.n_heads) * p.dim;
   const bool big = static_cast<double>(p.n_q) * p.n_rows * p.n_heads * p.dim > 1e6;  // threads pay off
+  // With SIMD and dims in whole chunks of 64: the heads in lanes (zero-padded queries and
+  // weights), each query transposed once (and prepared there, below).
+  const bool lanes = simd && (p.dim == 64 || p.dim == 128 || p.dim == 256 || p.dim == 512);
   // The queries as scored: copied, and with quantization Hadamard-rotated and FP4 round-tripped.
-  std::vector<float> qall(static_cast<size_t>(p.n_q) * q_floats);
+  std::vector<float> qall(lanes ? 0 : static_cast<size_t>(p.n_q) * q_floats);
 #pragma omp parallel for schedule(static) if (big && p.n_q > 1)
-  for (int32_t i = 0; i < p.n_q; ++i)
+  for (int32_t i = 0; i < (lanes ? 0 : p.n_q); ++i)
     for (int32_t h = 0; h < p.n_heads; ++h) {
       float* dst = qall.data() + i * q_floats + static_cast<size_t>(h) * p.dim;
       const float* src = p.q + i * p.q_stride0 + h * p.q_stride1;
@@ -273,11 +285,30 @@ void indexer_topk(const IndexerParams& p) {
         math::dsv4_fp4_round_trip(dst, p.dim);
       }
     }
+  const int32_t hp = lanes ? (p.n_heads + ops::cpu::dsv4_head_lanes() - 1) / ops::cpu::dsv4_head_lanes() *
+                                 ops::cpu::dsv4_head_lanes()
+                           : 0;
+  std::vector<float> qt(lanes ? static_cast<size_t>(p.n_q) * hp * p.dim : 0), wt(static_cast<size_t>(p.n_q) * hp, 0.0f);
+  if (lanes) {
+    std::vector<float> rows(static_cast<size_t>(hp) * p.dim, 0.0f);
+    for (int32_t i = 0; i < p.n_q; ++i) {
+      for (int32_t h = 0; h < p.n_heads; ++h) {
+        const float* src = p.q + i * p.q_stride0 + h * p.q_stride1;
+        std::copy(src, src + p.dim, rows.begin() + static_cast<size_t>(h) * p.dim);
+      }
+      float* qi = qt.data() + static_cast<size_t>(i) * hp * p.dim;
+      ops::cpu::dsv4_transpose_heads_simd(rows.data(), p.dim, hp, p.dim, 1.0f, qi);
+      if (p.quant) ops::cpu::dsv4_indexer_query_prep_simd(qi, hp, p.dim);
+      std::copy(p.weights + i * p.w_stride, p.weights + i * p.w_stride + p.n_heads, wt.begin() + i * hp);
+    }
+  }
   // Scores: one task per (query, block of key rows); rows a query cannot see score -inf.
   const int64_t n_blocks = (p.cap + kIndexerRowBlock - 1) / kIndexerRowBlock;
 #pragma omp parallel if (big)
   {
-    std::vector<float> keys(static_cast<size_t>(kIndexerRowBlock) * p.dim);
+    thread_local std::vector<float> keys, dots;
+    keys.resize(static_cast<size_t>(kIndexerRowBlock) * p.dim);
+    dots.resize(static_cast<size_t>(kIndexerRowBlock) * hp);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < int64_t{p.n_q} * n_blocks; ++task) {
       const int32_t i = static_cast<int32_t>(task / n_blocks);
@@ -287,33 +318,45 @@ void indexer_topk(const IndexerParams& p) {
       const int64_t e = std::clamp(vis, s0, s1);
       std::fill(sc + e, sc + s1, -INFINITY);
       if (e == s0) continue;
-      indexer_decode_rows(p, s0, e, keys.data());
-      const float* qh = qall.data() + i * q_floats;
+      if (lanes && p.rows_packed)
+        ops::cpu::dsv4_fp4_rows_decode_simd(static_cast<const uint8_t*>(p.rows) + s0 * p.rows_stride, p.rows_stride,
+                                            static_cast<int32_t>(e - s0), p.dim, keys.data());
+      else indexer_decode_rows(p, s0, e, keys.data());
+      const float* qh = lanes ? nullptr : qall.data() + i * q_floats;
       const float* w = p.weights + i * p.w_stride;
-      if (simd) ops::cpu::dsv4_indexer_scores_simd(qh, w, p.n_heads, p.dim, keys.data(), e - s0, sc + s0);
+      if (lanes)
+        ops::cpu::dsv4_indexer_scores_lanes_simd(qt.data() + static_cast<size_t>(i) * hp * p.dim, wt.data() + i * hp, hp,
+                                                 p.dim, keys.data(), static_cast<int32_t>(e - s0), dots.data(), sc + s0);
+      else if (simd) ops::cpu::dsv4_indexer_scores_simd(qh, w, p.n_heads, p.dim, keys.data(), e - s0, sc + s0);
       else indexer_scores_scalar(p, qh, w, keys.data(), e - s0, sc + s0);
     }
   }
-  // Top-k per query: the k highest scores, ties to the lower row.
+  // Top-k per query: the k highest scores, ties to the lower row; every NaN counts as one
+  // value above +inf (a total order, the same the CUDA kernels select by), so NaN scores give
+  // defined picks too. Sorted as one u64 key a row: the score's order-preserving bits (NaN
+  // highest, -0 as +0) above the row's complement, so a larger key is a higher score or, equal,
+  // a lower row.
 #pragma omp parallel if (big && p.n_q > 1)
   {
-    std::vector<int64_t> order;
+    std::vector<uint64_t> order;
 #pragma omp for schedule(dynamic, 1)
     for (int32_t i = 0; i < p.n_q; ++i) {
       const int64_t vis = std::min<int64_t>(p.n_rows, visible_rows(p.first_query_pos + i, p.ratio));
       const float* sc = p.scores + i * p.scores_stride;
       order.resize(static_cast<size_t>(std::max<int64_t>(vis, 0)));
-      std::iota(order.begin(), order.end(), int64_t{0});
+      for (size_t s = 0; s < order.size(); ++s) {
+        uint32_t u;
+        const float x = sc[s] + 0.0f;  // -0 -> +0
+        std::memcpy(&u, &x, 4);
+        const uint32_t key = std::isnan(sc[s]) ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+        order[s] = uint64_t{key} << 32 | (0xffffffffu - static_cast<uint32_t>(s));
+      }
       const int64_t take = std::min<int64_t>(p.k, static_cast<int64_t>(order.size()));
-      // Score descending, then row ascending; every NaN counts as one value above +inf (a total
-      // order, the same the CUDA kernels select by), so NaN scores give defined picks too.
-      std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int64_t a, int64_t b) {
-        const bool na = std::isnan(sc[a]), nb = std::isnan(sc[b]);
-        if (na || nb) return na && (!nb || a < b);
-        return sc[a] > sc[b] || (sc[a] == sc[b] && a < b);
-      });
+      std::nth_element(order.begin(), order.begin() + take - (take > 0), order.end(), std::greater<>());
+      std::sort(order.begin(), order.begin() + take, std::greater<>());
       int32_t* out = p.out + i * p.out_stride;
-      for (int32_t j = 0; j < p.k; ++j) out[j] = j < take ? static_cast<int32_t>(order[j]) : -1;
+      for (int32_t j = 0; j < p.k; ++j)
+        out[j] = j < take ? static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(order[j])) : -1;
     }
   }
 }

@@ -1,13 +1,13 @@
 // The DeepSeek-V4 CPU kernels' SIMD parts (see dsv4_simd.hpp).
 //
 // Pool: channels in lanes; each lane runs the scalar pool's operations in the
-// scalar order (candidate by candidate), with Highway's exp. Scores and dots:
-// four key rows at a time against one query vector, two accumulators per row (the
-// even and odd vectors of the dims, eight independent FMA chains), reduced across
-// lanes by SumOfLanes4; every row goes through the same operations whatever its
-// place in the group, so equal rows score equal bits (the indexer's top-k breaks
-// ties by row). Accumulate: four vectors of dims at a time, the tile's rows
-// streaming through them.
+// scalar order (candidate by candidate), with Highway's exp. Indexer scores (dims
+// the heads-in-lanes path does not take, dsv4_heads_simd.cpp): four key rows at a
+// time against one query vector, two accumulators per row (the even and odd vectors
+// of the dims, eight independent FMA chains), reduced across lanes by SumOfLanes4;
+// every row goes through the same operations whatever its place in the group, so
+// equal rows score equal bits (the indexer's top-k breaks ties by row). The row
+// kernels (decode, pack, rotation, the finalizer's row) give the shared math's bits.
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -36,13 +36,26 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+// Candidate j's logits at channel k: z[j][k], plus the ape row a[j] where it has one (f32 or
+// f16 values, widened exactly: the scalar path's single float add).
+struct Ape {
+  const void* const* a;
+  bool f16;
+  HWY_INLINE VF Logit(DF d, const float* const* z, int32_t j, int32_t k) const {
+    const VF zv = hn::LoadU(d, z[j] + k);
+    if (a == nullptr || a[j] == nullptr) return zv;
+    return hn::Add(zv, f16 ? LoadF16(d, static_cast<const uint16_t*>(a[j]) + k)
+                           : hn::LoadU(d, static_cast<const float*>(a[j]) + k));
+  }
+};
+
 // math::dsv4_pool_fixed<8> per lane.
-HWY_INLINE VF PoolFixed8(DF d, const float* const* z, const float* const* c, int32_t k) {
+HWY_INLINE VF PoolFixed8(DF d, const float* const* z, const Ape& ape, const float* const* c, int32_t k) {
   const VF ninf = hn::Set(d, -INFINITY);
   VF zs[8], cs[8], es[8];
   VF mx = ninf;
   for (int j = 0; j < 8; ++j) {
-    zs[j] = hn::LoadU(d, z[j] + k);
+    zs[j] = ape.Logit(d, z, j, k);
     cs[j] = hn::LoadU(d, c[j] + k);
     mx = hn::IfThenElse(hn::Gt(zs[j], mx), zs[j], mx);  // z > mx ? z : mx (a NaN logit is skipped)
   }
@@ -60,11 +73,11 @@ HWY_INLINE VF PoolFixed8(DF d, const float* const* z, const float* const* c, int
 }
 
 // math::Dsv4OnlineFold per lane over n candidates.
-HWY_INLINE VF PoolOnline(DF d, const float* const* z, const float* const* c, int32_t n, int32_t k) {
+HWY_INLINE VF PoolOnline(DF d, const float* const* z, const Ape& ape, const float* const* c, int32_t n, int32_t k) {
   const VF ninf = hn::Set(d, -INFINITY), one = hn::Set(d, 1.0f);
   VF mx = ninf, den = hn::Zero(d), acc = hn::Zero(d);
   for (int32_t j = 0; j < n; ++j) {
-    const VF zv = hn::LoadU(d, z[j] + k), cv = hn::LoadU(d, c[j] + k);
+    const VF zv = ape.Logit(d, z, j, k), cv = hn::LoadU(d, c[j] + k);
     const auto up = hn::Gt(zv, mx);
     const VF e = hn::Exp(d, hn::Neg(hn::Abs(hn::Sub(zv, mx))));  // exp(-inf) and exp(NaN) give 0
     const VF den_up = hn::Add(hn::Mul(den, e), one), acc_up = hn::Add(hn::Mul(acc, e), cv);
@@ -105,58 +118,18 @@ HWY_INLINE void Dot4(const float* q, const float* r0, const float* r1, const flo
   SumOfLanes4(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), out);
 }
 
-// Dots of q0 and q1 with rows r[0..4) over dim floats (dim a multiple of one vector): one
-// accumulator per (row, query), eight FMA chains, each row vector loaded once for both.
-HWY_INLINE void Dot4x2(const float* q0, const float* q1, const float* r, int32_t dim, float* out0, float* out1) {
-  const DF d;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  for (int32_t i = 0; i < dim; i += N) {
-    const VF x = hn::LoadU(d, q0 + i), y = hn::LoadU(d, q1 + i);
-    const VF k0 = hn::LoadU(d, r + i), k1 = hn::LoadU(d, r + dim + i), k2 = hn::LoadU(d, r + 2 * dim + i),
-             k3 = hn::LoadU(d, r + 3 * dim + i);
-    a0 = hn::MulAdd(x, k0, a0);
-    a1 = hn::MulAdd(x, k1, a1);
-    a2 = hn::MulAdd(x, k2, a2);
-    a3 = hn::MulAdd(x, k3, a3);
-    b0 = hn::MulAdd(y, k0, b0);
-    b1 = hn::MulAdd(y, k1, b1);
-    b2 = hn::MulAdd(y, k2, b2);
-    b3 = hn::MulAdd(y, k3, b3);
-  }
-  SumOfLanes4(d, a0, a1, a2, a3, out0);
-  SumOfLanes4(d, b0, b1, b2, b3, out1);
-}
-
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
-// Dots of four queries (q + h * dim) with rows r[0..4): 16 accumulators, each query and row
-// vector loaded once (32 vector registers hold them with the 8 loaded vectors).
-HWY_INLINE void Dot4x4(const float* q, const float* r, int32_t dim, float* out /* [4 queries][4 rows] */) {
-  const DF d;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  VF a[4][4];
-  for (auto& row : a)
-    for (auto& v : row) v = hn::Zero(d);
-  for (int32_t i = 0; i < dim; i += N) {
-    VF k[4], x[4];
-    for (int j = 0; j < 4; ++j) k[j] = hn::LoadU(d, r + j * dim + i), x[j] = hn::LoadU(d, q + j * dim + i);
-    for (int h = 0; h < 4; ++h)
-      for (int j = 0; j < 4; ++j) a[h][j] = hn::MulAdd(x[h], k[j], a[h][j]);
-  }
-  for (int h = 0; h < 4; ++h) SumOfLanes4(d, a[h][0], a[h][1], a[h][2], a[h][3], out + 4 * h);
-}
-#endif
-
 }  // namespace
 
-void Dsv4PoolRows(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
+void Dsv4PoolRows(const float* const* z, const void* const* ape, bool ape_f16, const float* const* c, int32_t n_cand,
+                  int32_t n_ch, float* out) {
   const DF d;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  auto pool = [&](const float* const* zr, const float* const* cr, int32_t k) {
-    return n_cand == 8 ? PoolFixed8(d, zr, cr, k) : PoolOnline(d, zr, cr, n_cand, k);
+  auto pool = [&](const float* const* zr, const Ape& a, const float* const* cr, int32_t k) {
+    return n_cand == 8 ? PoolFixed8(d, zr, a, cr, k) : PoolOnline(d, zr, a, cr, n_cand, k);
   };
+  const Ape with{ape, ape_f16};
   int32_t k = 0;
-  for (; k + N <= n_ch; k += N) hn::StoreU(pool(z, c, k), d, out + k);
+  for (; k + N <= n_ch; k += N) hn::StoreU(pool(z, with, c, k), d, out + k);
   if (k == n_ch) return;
   // The last channels through the same lane arithmetic: copied into rows of one vector,
   // the lanes past n_ch holding no candidate (computed and dropped).
@@ -165,13 +138,17 @@ void Dsv4PoolRows(const float* const* z, const float* const* c, int32_t n_cand, 
   const float* cp[kDsv4PoolMaxCandidates];
   for (int32_t j = 0; j < n_cand; ++j) {
     for (int32_t i = 0; i < N; ++i) {
-      zt[j][i] = k + i < n_ch ? z[j][k + i] : -INFINITY;
+      float a = 0.0f;
+      if (ape != nullptr && ape[j] != nullptr && k + i < n_ch)
+        a = ape_f16 ? math::f16_bits_to_f32(static_cast<const uint16_t*>(ape[j])[k + i])
+                    : static_cast<const float*>(ape[j])[k + i];
+      zt[j][i] = k + i < n_ch ? (ape != nullptr && ape[j] != nullptr ? z[j][k + i] + a : z[j][k + i]) : -INFINITY;
       ct[j][i] = k + i < n_ch ? c[j][k + i] : 0.0f;
     }
     zp[j] = zt[j], cp[j] = ct[j];
   }
   HWY_ALIGN float lanes[hn::MaxLanes(DF())];
-  hn::Store(pool(zp, cp, 0), d, lanes);
+  hn::Store(pool(zp, Ape{nullptr, false}, cp, 0), d, lanes);
   for (int32_t i = 0; k + i < n_ch; ++i) out[k + i] = lanes[i];
 }
 
@@ -196,145 +173,26 @@ void Dsv4IndexerScores(const float* q, const float* w, int32_t n_heads, int32_t 
   }
 }
 
-void Dsv4TileDots(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s) {
-  float dots[4];
-  for (int32_t i0 = 0; i0 < n; i0 += 4) {
-    const float* r = keys + int64_t{i0} * dim;
-    Dot4(q, r, r + dim, r + 2 * dim, r + 3 * dim, dim, dots);
-    for (int32_t i = i0; i < std::min(n, i0 + 4); ++i) s[i] = live[i] ? dots[i - i0] : -INFINITY;
-  }
-}
-
-void Dsv4TileAccumulate(float* acc, float rescale, const float* keys, const float* w, int32_t n, int32_t dim) {
-  const DF d;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  const VF sc = hn::Set(d, rescale);
-  const bool scaled = rescale != 1.0f;
-  int32_t i = 0;
-  for (; i + 4 * N <= dim; i += 4 * N) {
-    VF a0 = hn::LoadU(d, acc + i), a1 = hn::LoadU(d, acc + i + N), a2 = hn::LoadU(d, acc + i + 2 * N),
-       a3 = hn::LoadU(d, acc + i + 3 * N);
-    if (scaled) a0 = hn::Mul(a0, sc), a1 = hn::Mul(a1, sc), a2 = hn::Mul(a2, sc), a3 = hn::Mul(a3, sc);
-    for (int32_t j = 0; j < n; ++j) {
-      if (w[j] == 0.0f) continue;
-      const VF wv = hn::Set(d, w[j]);
-      const float* k = keys + int64_t{j} * dim + i;
-      a0 = hn::MulAdd(wv, hn::LoadU(d, k), a0);
-      a1 = hn::MulAdd(wv, hn::LoadU(d, k + N), a1);
-      a2 = hn::MulAdd(wv, hn::LoadU(d, k + 2 * N), a2);
-      a3 = hn::MulAdd(wv, hn::LoadU(d, k + 3 * N), a3);
-    }
-    hn::StoreU(a0, d, acc + i);
-    hn::StoreU(a1, d, acc + i + N);
-    hn::StoreU(a2, d, acc + i + 2 * N);
-    hn::StoreU(a3, d, acc + i + 3 * N);
-  }
-  for (; i < dim; i += N) {
-    VF a = hn::LoadU(d, acc + i);
-    if (scaled) a = hn::Mul(a, sc);
-    for (int32_t j = 0; j < n; ++j)
-      if (w[j] != 0.0f) a = hn::MulAdd(hn::Set(d, w[j]), hn::LoadU(d, keys + int64_t{j} * dim + i), a);
-    hn::StoreU(a, d, acc + i);
-  }
-}
-
-void Dsv4TileDots2(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
-                   float* s0, float* s1) {
-  float d0[4], d1[4];
-  for (int32_t i0 = 0; i0 < n; i0 += 4) {
-    Dot4x2(q0, q1, keys + int64_t{i0} * dim, dim, d0, d1);
-    for (int32_t i = i0; i < std::min(n, i0 + 4); ++i) {
-      s0[i] = live[i] ? d0[i - i0] : -INFINITY;
-      s1[i] = live[i] ? d1[i - i0] : -INFINITY;
-    }
-  }
-}
-
-void Dsv4TileDots4(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s,
-                   int64_t s_stride) {
-#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
-  float dots[16];
-  for (int32_t i0 = 0; i0 < n; i0 += 4) {
-    Dot4x4(q, keys + int64_t{i0} * dim, dim, dots);
-    for (int h = 0; h < 4; ++h)
-      for (int32_t i = i0; i < std::min(n, i0 + 4); ++i) s[h * s_stride + i] = live[i] ? dots[4 * h + i - i0] : -INFINITY;
-  }
-#else  // 16 vector registers: two heads at a time
-  Dsv4TileDots2(q, q + dim, keys, live, n, dim, s, s + s_stride);
-  Dsv4TileDots2(q + 2 * dim, q + 3 * dim, keys, live, n, dim, s + 2 * s_stride, s + 3 * s_stride);
-#endif
-}
-
-void Dsv4TileAccumulate2(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys, const float* w0,
-                         const float* w1, int32_t n, int32_t dim) {
-  const DF d;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  if (dim % (4 * N) != 0) {  // one head at a time
-    Dsv4TileAccumulate(acc0, rescale0, keys, w0, n, dim);
-    return Dsv4TileAccumulate(acc1, rescale1, keys, w1, n, dim);
-  }
-  // Which heads take key j (zero weights are skipped, per head): bit 0 head 0, bit 1 head 1.
-  uint8_t take[64];
-  for (int32_t j0 = 0; j0 < n; j0 += 64) {
-    const int32_t m = std::min<int32_t>(64, n - j0);
-    for (int32_t j = 0; j < m; ++j)
-      take[j] = static_cast<uint8_t>((w0[j0 + j] != 0.0f ? 1 : 0) | (w1[j0 + j] != 0.0f ? 2 : 0));
-    const bool first = j0 == 0;
-    for (int32_t i = 0; i < dim; i += 4 * N) {
-      VF a[4], b[4];
-      for (int v = 0; v < 4; ++v) {
-        a[v] = hn::LoadU(d, acc0 + i + v * N);
-        b[v] = hn::LoadU(d, acc1 + i + v * N);
-        if (first && rescale0 != 1.0f) a[v] = hn::Mul(a[v], hn::Set(d, rescale0));
-        if (first && rescale1 != 1.0f) b[v] = hn::Mul(b[v], hn::Set(d, rescale1));
-      }
-      for (int32_t j = 0; j < m; ++j) {
-        const float* k = keys + int64_t{j0 + j} * dim + i;
-        const VF wa = hn::Set(d, w0[j0 + j]), wb = hn::Set(d, w1[j0 + j]);
-        switch (take[j]) {
-          case 3:
-            for (int v = 0; v < 4; ++v) {
-              const VF kv = hn::LoadU(d, k + v * N);
-              a[v] = hn::MulAdd(wa, kv, a[v]);
-              b[v] = hn::MulAdd(wb, kv, b[v]);
-            }
-            break;
-          case 1:
-            for (int v = 0; v < 4; ++v) a[v] = hn::MulAdd(wa, hn::LoadU(d, k + v * N), a[v]);
-            break;
-          case 2:
-            for (int v = 0; v < 4; ++v) b[v] = hn::MulAdd(wb, hn::LoadU(d, k + v * N), b[v]);
-            break;
-          default:
-            break;
-        }
-      }
-      for (int v = 0; v < 4; ++v) {
-        hn::StoreU(a[v], d, acc0 + i + v * N);
-        hn::StoreU(b[v], d, acc1 + i + v * N);
-      }
-    }
-  }
-}
-
-float Dsv4TileWeights(float* s, int32_t n, float m) {
-  const DF d;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  const VF mv = hn::Set(d, m);
-  for (int32_t i = 0; i < n; i += N)  // s - m <= 0; -inf scores (and an all -inf tile's NaN) give 0
-    hn::StoreU(Exp2NonPositive(d, hn::Sub(hn::LoadU(d, s + i), mv)), d, s + i);
-  float sum = 0.0f;
-  for (int32_t i = 0; i < n; ++i) sum += s[i];
-  return sum;
-}
-
 void Dsv4RowDecode(const uint8_t* row, float* dst) {
   using L = math::Dsv4RowLayout;
   const DF d;
   const int32_t N = static_cast<int32_t>(hn::Lanes(d));  // divides 64: one scale per vector
-  for (int32_t i = 0; i < L::kNope; i += N) {
-    const VF scale = hn::Set(d, math::ue8m0_decode(row[L::kScaleOffset + i / 64]));
-    hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, row + L::kNopeOffset, i), scale), d, dst + i);
+  // Without NaN codes, e4m3 / 256 times (256 x scale) in one product: the same bits as
+  // (e4m3 / 256 x 256) x scale, both single roundings of one exact product, while 256 x scale
+  // is finite (UE8M0 codes below 0xf8; a NaN scale gives its NaN either way).
+  const bool nan_codes = E4m3RowHasNan(row + L::kNopeOffset, L::kNope);
+  for (int32_t b = 0; b < L::kBlocks; ++b) {
+    const float scale = math::ue8m0_decode(row[L::kScaleOffset + b]), scale256 = scale * 256.0f;
+    const int32_t i1 = (b + 1) * math::kFp8Block;
+    if (!nan_codes && !std::isinf(scale256)) {
+      const VF f = hn::Set(d, scale256);
+      for (int32_t i = b * math::kFp8Block; i < i1; i += N)
+        hn::StoreU(hn::Mul(LoadE4m3Over256Finite(d, row + L::kNopeOffset, i), f), d, dst + i);
+    } else {
+      const VF f = hn::Set(d, scale);
+      for (int32_t i = b * math::kFp8Block; i < i1; i += N)
+        hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, row + L::kNopeOffset, i), f), d, dst + i);
+    }
   }
   for (int32_t i = 0; i < L::kRope; i += N)
     hn::StoreU(LoadKv<math::KvElem::BF16>(d, row + L::kRopeOffset, i), d, dst + L::kNope + i);
@@ -372,6 +230,41 @@ void Dsv4RopeRow(float* row, const math::RopeTable& t, float position) {
   RotatePairs(t.layout, row, row, cs, sn);
 }
 
+void Dsv4FinalizeRow(float* row, int32_t head_dim, int32_t n_nope, bool quant, void* raw, bool raw_f16) {
+  const DF d;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  if (quant)  // math::dsv4_fp8_round_trip_nope: fp8_block_unpack(fp8_block_pack(x)), n_nope a multiple of 64
+    for (int32_t off = 0; off < n_nope; off += math::kFp8Block) {
+      HWY_ALIGN uint8_t codes[math::kFp8Block];
+      uint8_t scale_byte;
+      EncodeFp8Group(row + off, codes, &scale_byte);
+      const VF scale = hn::Set(d, math::ue8m0_decode(scale_byte));
+      for (int32_t i = 0; i < math::kFp8Block; i += N)
+        hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, codes, i), scale), d, row + off + i);
+    }
+  if (raw == nullptr) return;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  // math::f32_to_f16_bits by the hardware conversion (round to nearest even, overflow to inf,
+  // subnormals exact); NaN lanes first made the +quiet NaN the scalar code returns (0x7e00).
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const VF qnan = hn::BitCast(d, hn::Set(hn::RebindToUnsigned<DF>(), 0x7fc00000u));
+  int32_t x = 0;
+  for (; x + N <= head_dim; x += N) {
+    VF v = hn::LoadU(d, row + x);
+    v = hn::IfThenElse(hn::IsNaN(v), qnan, v);
+    const auto h = hn::DemoteTo(dh, v);
+    if (raw_f16) hn::StoreU(h, dh, reinterpret_cast<hwy::float16_t*>(static_cast<uint16_t*>(raw) + x));
+    else hn::StoreU(quant ? hn::PromoteTo(d, h) : hn::LoadU(d, row + x), d, static_cast<float*>(raw) + x);
+  }
+#else
+  int32_t x = 0;
+#endif
+  for (; x < head_dim; ++x) {
+    if (raw_f16) static_cast<uint16_t*>(raw)[x] = math::f32_to_f16_bits(row[x]);
+    else static_cast<float*>(raw)[x] = quant ? math::f16_bits_to_f32(math::f32_to_f16_bits(row[x])) : row[x];
+  }
+}
+
 void Dsv4RowPack(const float* src, uint8_t* row) {
   using L = math::Dsv4RowLayout;
   for (int32_t b = 0; b < L::kBlocks; ++b)
@@ -391,47 +284,27 @@ HWY_AFTER_NAMESPACE();
 namespace kvcore::ops::cpu {
 HWY_EXPORT(Dsv4PoolRows);
 HWY_EXPORT(Dsv4IndexerScores);
-HWY_EXPORT(Dsv4TileDots);
-HWY_EXPORT(Dsv4TileAccumulate);
-HWY_EXPORT(Dsv4TileDots2);
-HWY_EXPORT(Dsv4TileAccumulate2);
-HWY_EXPORT(Dsv4TileDots4);
-void dsv4_tile_dots4_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s,
-                          int64_t s_stride) {
-  HWY_DYNAMIC_DISPATCH(Dsv4TileDots4)(q, keys, live, n, dim, s, s_stride);
-}
-HWY_EXPORT(Dsv4TileWeights);
-float dsv4_tile_weights_simd(float* s, int32_t n, float m) { return HWY_DYNAMIC_DISPATCH(Dsv4TileWeights)(s, n, m); }
 HWY_EXPORT(Dsv4RowDecode);
-void dsv4_tile_dots2_simd(const float* q0, const float* q1, const float* keys, const bool* live, int32_t n, int32_t dim,
-                          float* s0, float* s1) {
-  HWY_DYNAMIC_DISPATCH(Dsv4TileDots2)(q0, q1, keys, live, n, dim, s0, s1);
-}
-void dsv4_tile_accumulate2_simd(float* acc0, float* acc1, float rescale0, float rescale1, const float* keys,
-                                const float* w0, const float* w1, int32_t n, int32_t dim) {
-  HWY_DYNAMIC_DISPATCH(Dsv4TileAccumulate2)(acc0, acc1, rescale0, rescale1, keys, w0, w1, n, dim);
-}
 HWY_EXPORT(Dsv4F16Decode);
 HWY_EXPORT(Dsv4SumSquares);
 HWY_EXPORT(Dsv4RopeRow);
 HWY_EXPORT(Dsv4RowPack);
+HWY_EXPORT(Dsv4FinalizeRow);
+void dsv4_finalize_row_simd(float* row, int32_t head_dim, int32_t n_nope, bool quant, void* raw, bool raw_f16) {
+  HWY_DYNAMIC_DISPATCH(Dsv4FinalizeRow)(row, head_dim, n_nope, quant, raw, raw_f16);
+}
 float dsv4_sum_squares_simd(const float* x, int32_t n) { return HWY_DYNAMIC_DISPATCH(Dsv4SumSquares)(x, n); }
 void dsv4_rope_row_simd(float* row, const math::RopeTable& t, float position) {
   HWY_DYNAMIC_DISPATCH(Dsv4RopeRow)(row, t, position);
 }
 void dsv4_row_pack_simd(const float* src, uint8_t* row) { HWY_DYNAMIC_DISPATCH(Dsv4RowPack)(src, row); }
-void dsv4_pool_rows_simd(const float* const* z, const float* const* c, int32_t n_cand, int32_t n_ch, float* out) {
-  HWY_DYNAMIC_DISPATCH(Dsv4PoolRows)(z, c, n_cand, n_ch, out);
+void dsv4_pool_rows_simd(const float* const* z, const void* const* ape, bool ape_f16, const float* const* c,
+                         int32_t n_cand, int32_t n_ch, float* out) {
+  HWY_DYNAMIC_DISPATCH(Dsv4PoolRows)(z, ape, ape_f16, c, n_cand, n_ch, out);
 }
 void dsv4_indexer_scores_simd(const float* q, const float* w, int32_t n_heads, int32_t dim, const float* keys,
                               int64_t n_keys, float* scores) {
   HWY_DYNAMIC_DISPATCH(Dsv4IndexerScores)(q, w, n_heads, dim, keys, n_keys, scores);
-}
-void dsv4_tile_dots_simd(const float* q, const float* keys, const bool* live, int32_t n, int32_t dim, float* s) {
-  HWY_DYNAMIC_DISPATCH(Dsv4TileDots)(q, keys, live, n, dim, s);
-}
-void dsv4_tile_accumulate_simd(float* acc, float rescale, const float* keys, const float* w, int32_t n, int32_t dim) {
-  HWY_DYNAMIC_DISPATCH(Dsv4TileAccumulate)(acc, rescale, keys, w, n, dim);
 }
 void dsv4_row_decode_simd(const uint8_t* row, float* dst) { HWY_DYNAMIC_DISPATCH(Dsv4RowDecode)(row, dst); }
 void dsv4_f16_decode_simd(const uint16_t* src, int32_t n, float* dst) {

@@ -29,14 +29,16 @@ void check_i32_vector(const TensorRef& t, const char* name, int64_t n, Device de
   require_arg(t.is_contiguous(), kOp, ": ", name, " must be contiguous");
 }
 
-// About two tasks a CPU thread or four CTAs an SM, at least min_chunk keys a split.
+// One task a CPU thread or four CTAs an SM, at least min_chunk keys a split. A CPU task takes
+// a group of at least 16 heads of a row (they share each key's loads; splitting the heads
+// costs less than merging key splits), a CTA 8 heads.
 int32_t auto_splits(Device dev, int64_t n_rows, int64_t n_heads, int64_t n_keys) {
-  const int64_t base = std::max<int64_t>(1, n_rows * ((n_heads + 7) / 8));
-  int64_t target = 2 * int64_t{ops::attn::cpu_threads()}, min_chunk = 128;
+  int64_t base = std::max<int64_t>(1, n_rows * ((n_heads + 15) / 16)), target = ops::attn::cpu_threads(), min_chunk = 64;
 #if KVCORE_WITH_CUDA
-  if (dev.is_cuda()) target = 4 * int64_t{ops::cuda::sm_count(dev.index)}, min_chunk = 64;
+  if (dev.is_cuda())
+    base = std::max<int64_t>(1, n_rows * ((n_heads + 7) / 8)), target = 4 * int64_t{ops::cuda::sm_count(dev.index)};
 #endif
-  (void)dev;
+  (void)dev, (void)n_heads;
   int64_t s = (target + base - 1) / base;
   s = std::min(s, (n_keys + min_chunk - 1) / min_chunk);
   return static_cast<int32_t>(std::clamp<int64_t>(s, 1, 128));
