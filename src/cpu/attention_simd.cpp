@@ -40,7 +40,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using DTail = hn::CappedTag<float, 8>;  // the last 8 dims when a full vector holds 16
 
-constexpr int32_t kTile = 64;  // cells per tile (a multiple of every target's lane count and of kKeys)
+constexpr int32_t kTile = 32;  // cells per tile (a multiple of every target's lane count and of kKeys)
 constexpr int32_t kHeads = 4;  // query heads per register block
 // Register blocking: K rows per score block and vectors per value column. Targets
 // with 32 vector registers hold 4 rows x 4 heads of score accumulators (plus 4 query
