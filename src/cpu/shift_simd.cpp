@@ -115,25 +115,15 @@ HWY_INLINE hn::Vec<DF> ShiftReducedAngle(DF df, float dl, const float* freq) {
 // V vectors of pairs from i (see ShiftCosSinRow).
 template <int32_t V>
 HWY_INLINE void ShiftCosSinVectors(const float* freq, int32_t i, int32_t delta, float* cs, float* sn) {
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> df;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(dd));
-  const auto limit = hn::Set(dd, 268435456.0);
-  hn::Vec<decltype(dd)> x[V], sv[V], cv[V];
-  auto ok = hn::Le(hn::Zero(dd), limit);
-  for (int32_t v = 0; v < V; ++v) {
-    x[v] = hn::PromoteTo(dd, ShiftReducedAngle(df, static_cast<float>(delta), freq + i + v * N));
-    ok = hn::And(ok, hn::Le(hn::Abs(x[v]), limit));
-  }
-  if (HWY_UNLIKELY(!hn::AllTrue(dd, ok))) {  // NaN / inf / huge
-    for (int32_t j = i; j < i + V * N; ++j) math::shift_sincos(delta, freq[j], &sn[j], &cs[j]);
-    return;
-  }
-  for (int32_t v = 0; v < V; ++v) SinCosLanes(dd, x[v], sv[v], cv[v]);
-  for (int32_t v = 0; v < V; ++v) {
-    hn::StoreU(hn::DemoteTo(df, cv[v]), df, cs + i + v * N);
-    hn::StoreU(hn::DemoteTo(df, sv[v]), df, sn + i + v * N);
-  }
+  const hn::Rebind<float, hn::ScalableTag<double>> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  CosSinVectors<V>(
+      i, [&](int32_t v) KVCORE_INLINE_LAMBDA { return ShiftReducedAngle(df, static_cast<float>(delta), freq + i + v * N); },
+      [&](int32_t j) KVCORE_INLINE_LAMBDA { math::shift_sincos(delta, freq[j], &sn[j], &cs[j]); },
+      [&](int32_t v, hn::Vec<decltype(df)> fc, hn::Vec<decltype(df)> fs) KVCORE_INLINE_LAMBDA {
+        hn::StoreU(fc, df, cs + i + v * N);
+        hn::StoreU(fs, df, sn + i + v * N);
+      });
 }
 
 // cs[i], sn[i] = math::shift_sincos(delta, freq[i]) for i < n (freq zero padded to a multiple

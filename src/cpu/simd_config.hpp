@@ -11,3 +11,11 @@
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS HWY_SSSE3
 #endif
+
+// Lambdas handed to HWY_INLINE templates (vector arguments in registers): forced inline
+// like the template, since a lambda call that stays a call passes vectors through memory.
+#if defined(__GNUC__) || defined(__clang__)
+#define KVCORE_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define KVCORE_INLINE_LAMBDA
+#endif

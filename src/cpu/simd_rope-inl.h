@@ -72,10 +72,11 @@ HWY_INLINE int32_t RopeCosSinStep() {
   return kRopeCosSinVecs * static_cast<int32_t>(hn::Lanes(hn::ScalableTag<double>()));
 }
 
-// V vectors of pairs from i: cs / sn as math::rope_cos_sin (magnitude applied when `scale`).
-template <int32_t V>
-HWY_INLINE void RopeCosSinVectors(const float* freq, int32_t i, float position, float magnitude, bool scale, float* cs,
-                                  float* sn) {
+// V vectors of double lanes of sin and cos from pair i on: angle(v) gives vector v's f32
+// angles; a NaN, infinite or beyond-2^28 lane sends every pair of the step to fallback(j)
+// (the scalar function); else store(v, cos, sin) takes each vector's values demoted to f32.
+template <int32_t V, class Angle, class Fallback, class Store>
+HWY_INLINE void CosSinVectors(int32_t i, const Angle& angle, const Fallback& fallback, const Store& store) {
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(dd));
@@ -83,20 +84,31 @@ HWY_INLINE void RopeCosSinVectors(const float* freq, int32_t i, float position, 
   hn::Vec<decltype(dd)> x[V], sv[V], cv[V];
   auto ok = hn::Le(hn::Zero(dd), limit);
   for (int32_t v = 0; v < V; ++v) {
-    x[v] = hn::PromoteTo(dd, hn::Mul(hn::Set(df, position), hn::LoadU(df, freq + i + v * N)));  // math::rope_angle
+    x[v] = hn::PromoteTo(dd, angle(v));
     ok = hn::And(ok, hn::Le(hn::Abs(x[v]), limit));
   }
-  if (HWY_UNLIKELY(!hn::AllTrue(dd, ok))) {  // NaN, infinity or beyond 2^28: the scalar function
-    for (int32_t j = i; j < i + V * N; ++j) math::rope_cos_sin(position, freq[j], magnitude, &cs[j], &sn[j]);
+  if (HWY_UNLIKELY(!hn::AllTrue(dd, ok))) {
+    for (int32_t j = i; j < i + V * N; ++j) fallback(j);
     return;
   }
   for (int32_t v = 0; v < V; ++v) SinCosLanes(dd, x[v], sv[v], cv[v]);
-  for (int32_t v = 0; v < V; ++v) {
-    auto fc = hn::DemoteTo(df, cv[v]), fs = hn::DemoteTo(df, sv[v]);
-    if (scale) fc = hn::Mul(fc, hn::Set(df, magnitude)), fs = hn::Mul(fs, hn::Set(df, magnitude));
-    hn::StoreU(fc, df, cs + i + v * N);
-    hn::StoreU(fs, df, sn + i + v * N);
-  }
+  for (int32_t v = 0; v < V; ++v) store(v, hn::DemoteTo(df, cv[v]), hn::DemoteTo(df, sv[v]));
+}
+
+// V vectors of pairs from i: cs / sn as math::rope_cos_sin (magnitude applied when `scale`).
+template <int32_t V>
+HWY_INLINE void RopeCosSinVectors(const float* freq, int32_t i, float position, float magnitude, bool scale, float* cs,
+                                  float* sn) {
+  const hn::Rebind<float, hn::ScalableTag<double>> df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  CosSinVectors<V>(
+      i, [&](int32_t v) KVCORE_INLINE_LAMBDA { return hn::Mul(hn::Set(df, position), hn::LoadU(df, freq + i + v * N)); },  // math::rope_angle
+      [&](int32_t j) KVCORE_INLINE_LAMBDA { math::rope_cos_sin(position, freq[j], magnitude, &cs[j], &sn[j]); },
+      [&](int32_t v, hn::Vec<decltype(df)> fc, hn::Vec<decltype(df)> fs) KVCORE_INLINE_LAMBDA {
+        if (scale) fc = hn::Mul(fc, hn::Set(df, magnitude)), fs = hn::Mul(fs, hn::Set(df, magnitude));
+        hn::StoreU(fc, df, cs + i + v * N);
+        hn::StoreU(fs, df, sn + i + v * N);
+      });
 }
 
 // cs[i], sn[i] = math::rope_cos_sin(position, freq[i], magnitude) for i in [i0, i1), i0 a
