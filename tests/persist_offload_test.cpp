@@ -190,6 +190,29 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, OffloadRoundTrip, ::testing::ValuesIn(offlo
                                   (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
                          });
 
+// A value the first tier evicted is in the tiered store until the tier below holds it: contains()
+// and get() find it while its move is held at the gate.
+TEST(PersistTiered, AValueOnItsWayDownIsContainedAndServed) {
+  HostStore first{3000};  // room for one 2000-byte value (and its seal)
+  GateStore below;
+  TieredStore tiered({&first, &below}, int64_t{1} << 20);
+  const StoreKey a{1, 2, 3}, b{4, 5, 6};
+  const std::vector<uint8_t> va(2000, 0xa1), vb(2000, 0xb2);
+  ASSERT_TRUE(tiered.put(a, va));
+  ASSERT_TRUE(tiered.put(b, vb));  // evicts a: its move waits at the gate
+  EXPECT_FALSE(first.contains(a));
+  EXPECT_EQ(below.done(), 0);
+  EXPECT_TRUE(tiered.contains(a));
+  EXPECT_TRUE(tiered.contains(b));
+  EXPECT_FALSE(tiered.contains(StoreKey{7, 8, 9}));
+  below.release();
+  tiered.flush();
+  EXPECT_TRUE(tiered.contains(a));
+  const std::optional<std::vector<uint8_t>> got = tiered.get(a);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, va);
+}
+
 TEST(PersistOffload, ASlowLowerTierNeverBlocksTheCaller) {
   PagedCache cache(paged_test::small_config(KvFormat::F16, RopeMode::RopeOnRead, 8, 48), Device::cpu());
   std::mt19937_64 rng(3);

@@ -137,9 +137,15 @@ std::optional<std::vector<uint8_t>> TieredStore::get(const StoreKey& key) {
   return std::nullopt;
 }
 
+// In get()'s order: the first tier, then the values evicted from it and not yet written below
+// (the worker keeps a value listed until every tier below holds it), then the tiers below, so a
+// value moving down is never missed.
 bool TieredStore::contains(const StoreKey& key) {
-  for (KvStore* t : s_->tiers)
-    if (t->contains(key)) return true;
+  State& s = *s_;
+  for (size_t i = 0; i < s.tiers.size(); ++i) {
+    if (s.tiers[i]->contains(key)) return true;
+    if (i == 0 && s.in_flight(key)) return true;
+  }
   return false;
 }
 
