@@ -232,15 +232,12 @@ void Dsv4RopeRow(float* row, const math::RopeTable& t, float position) {
 
 void Dsv4FinalizeRow(float* row, int32_t head_dim, int32_t n_nope, bool quant, void* raw, bool raw_f16) {
   const DF d;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
   if (quant)  // math::dsv4_fp8_round_trip_nope: fp8_block_unpack(fp8_block_pack(x)), n_nope a multiple of 64
     for (int32_t off = 0; off < n_nope; off += math::kFp8Block) {
       HWY_ALIGN uint8_t codes[math::kFp8Block];
       uint8_t scale_byte;
       EncodeFp8Group(row + off, codes, &scale_byte);
-      const VF scale = hn::Set(d, math::ue8m0_decode(scale_byte));
-      for (int32_t i = 0; i < math::kFp8Block; i += N)
-        hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(d, codes, i), scale), d, row + off + i);
+      DecodeFp8Group(d, codes, scale_byte, row + off);
     }
   if (raw == nullptr) return;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
@@ -248,6 +245,7 @@ void Dsv4FinalizeRow(float* row, int32_t head_dim, int32_t n_nope, bool quant, v
   // subnormals exact); NaN lanes first made the +quiet NaN the scalar code returns (0x7e00).
   const hn::Rebind<hwy::float16_t, DF> dh;
   const VF qnan = hn::BitCast(d, hn::Set(hn::RebindToUnsigned<DF>(), 0x7fc00000u));
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
   int32_t x = 0;
   for (; x + N <= head_dim; x += N) {
     VF v = hn::LoadU(d, row + x);

@@ -115,19 +115,12 @@ int32_t FirstPlainRotatedDim(KvFormat f, const math::RopeLayout& l) {
 }
 
 // The dims of an FP8 row (Fp8, Dsv4Row) that a rotation reads: every group holding a rotated
-// dim, decoded a vector at a time (the e4m3 value times the power-of-two scale: exact, the
-// same floats as kvrow::decode), and the rotated plain dims (the Dsv4Row's bf16 tail).
+// dim (DecodeFp8Group: kvrow::decode's floats) and the rotated plain dims (the Dsv4Row's bf16 tail).
 void DecodeRotated(KvFormat f, void* dst, uint8_t* scales, int32_t n, const math::RopeLayout& l, float* row) {
-  const hn::ScalableTag<float> df;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
   const int32_t groups = kvrow::n_fp8_groups(f, n);
-  for (int32_t g = 0; g < groups; ++g) {
-    if (!kvrow::group_rotates(l, g)) continue;
-    const uint8_t* codes = kvrow::group_codes(f, dst, g);
-    const auto scale = hn::Set(df, math::ue8m0_decode(*kvrow::group_scale(f, dst, scales, g)));
-    for (int32_t i = 0; i < math::kFp8Block; i += N)
-      hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(df, codes, i), scale), df, row + g * math::kFp8Block + i);
-  }
+  for (int32_t g = 0; g < groups; ++g)
+    if (kvrow::group_rotates(l, g))
+      DecodeFp8Group(DF(), kvrow::group_codes(f, dst, g), *kvrow::group_scale(f, dst, scales, g), row + g * math::kFp8Block);
   for (int32_t d = FirstPlainRotatedDim(f, l); d < l.first_dim + l.n_rot; ++d) row[d] = kvrow::decode(f, dst, scales, d);
 }
 

@@ -234,6 +234,15 @@ HWY_INLINE void EncodeFp8GroupFinite(DF df, const float* v, int k, uint8_t* code
                    E4m3CodesInRange(df, hn::Mul(hn::LoadU(df, v + i + 3 * N), inv), kc), codes + i);
 }
 
+// One FP8 group of 64 codes and its UE8M0 scale byte decoded to f32: the e4m3 value times the
+// scale (both exact, one rounding), the floats of kvrow::decode and math::fp8_block_unpack.
+template <class DF>
+HWY_INLINE void DecodeFp8Group(DF df, const uint8_t* codes, uint8_t scale_byte, float* out) {
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  const auto scale = hn::Set(df, math::ue8m0_decode(scale_byte));
+  for (int32_t i = 0; i < math::kFp8Block; i += N) hn::StoreU(hn::Mul(LoadKv<math::KvElem::E4M3>(df, codes, i), scale), df, out + i);
+}
+
 // One FP8 group of 64 values: the UE8M0 scale from the finite amax and the 64
 // codes, as kvrow::encode_group / math::fp8_block_pack compute them. The amax is
 // the largest magnitude's bits (integer order is float order for magnitudes); a
