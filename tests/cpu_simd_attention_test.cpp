@@ -303,6 +303,8 @@ std::vector<float> run_params(const HostCase& c, int splits) {
   p.maybe_valid = c.valid.data();
   p.layout = PagedLayout{s.block_size, s.n_kv_heads, D};
   p.v_head_dim = D;
+  p.v_row_stride = D;  // V in a pool of its own
+  p.v_scale_row_stride = D / 64;
   p.num_blocks = c.num_blocks;
   p.indptr = c.indptr.data();
   p.indices = c.indices.data();

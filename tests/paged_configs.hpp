@@ -66,6 +66,14 @@ inline kvcore::PagedCacheConfig mla_config(kvcore::KvFormat f, kvcore::RopeMode 
   return c;
 }
 
+// The same geometry in MLA's shared layout (FlashMLA's): no V pools, V is each K row's 512-dim latent.
+inline kvcore::PagedCacheConfig mla_shared_config(kvcore::KvFormat f, kvcore::RopeMode mode, int32_t block_size = 8,
+                                                  int32_t num_blocks = 40) {
+  kvcore::PagedCacheConfig c = mla_config(f, mode, block_size, num_blocks);
+  c.v_from_k_latent = true;
+  return c;
+}
+
 // The formats kvcore's attention reads at MLA's widths.
 inline const kvcore::KvFormat kMlaFormats[] = {kvcore::KvFormat::F16, kvcore::KvFormat::BF16, kvcore::KvFormat::Fp8};
 

@@ -3,6 +3,10 @@
 // rolls back and appends a decode step, on a cache of either device, while a float64 model
 // keeps every token as written; then the model's attention for a query batch.
 //
+// V of each token is random, or -- in MLA proper -- the first 512 dims of its K row (the latent):
+// always so for a cache with v_from_k_latent (which is given K only), and on request for a
+// separate-V cache (fed the latent as V), so the two layouts can be compared on the same tokens.
+//
 // Reference attention, per (sequence, query head): keys and the query rotated in double at
 // their positions (interleaved pairs of dims [512, 576), frequencies from
 // rope_frequencies_f64, cos and sin times the spec's attention factor), scores
@@ -61,7 +65,9 @@ inline double attention_tolerance(KvFormat f) {
 class Scenario {
  public:
   // The scenario's operations applied to `cache` (an mla_config cache, any format and mode).
-  Scenario(PagedCache& cache, uint32_t seed) : cache_(cache), rng_(seed) {
+  Scenario(PagedCache& cache, uint32_t seed, bool v_is_latent = false)
+      : cache_(cache), rng_(seed), v_is_latent_(v_is_latent || cache.config().v_from_k_latent),
+        shared_(cache.config().v_from_k_latent) {
     const SeqId a = cache.create(), b = cache.create();
     seqs_ = {a, b};
     model_.resize(2);
@@ -151,6 +157,7 @@ class Scenario {
       // f32-exact inputs; the RoPE tail 3x the latent's scale, so that positions weigh in the scores
       for (int32_t e = 0; e < kDk; ++e) t.k[l].push_back(static_cast<float>(u(rng_) * (e < kDv ? 1.0 : 3.0)));
       for (int32_t e = 0; e < kDv; ++e) t.v[l].push_back(static_cast<float>(u(rng_)));
+      if (v_is_latent_) t.v[l].assign(t.k[l].begin(), t.k[l].begin() + kDv);  // (drawn anyway: same stream)
     }
     return t;
   }
@@ -170,7 +177,7 @@ class Scenario {
       }
     const Buffer dk = upload(k), dv = upload(v);
     cache_.append(seqs_[s], pos, TensorRef(dk.data(), DType::F32, cache_.device(), {kLayers, n, 1, kDk}),
-                  TensorRef(dv.data(), DType::F32, cache_.device(), {kLayers, n, 1, kDv}));
+                  shared_ ? TensorRef() : TensorRef(dv.data(), DType::F32, cache_.device(), {kLayers, n, 1, kDv}));
     model_[s].insert(model_[s].end(), toks.begin(), toks.end());
   }
 
@@ -190,28 +197,32 @@ class Scenario {
       const Buffer dk = upload(k), dv = upload(v);
       const int64_t n = static_cast<int64_t>(toks.size());
       cache_.store(ticket, l, TensorRef(dk.data(), DType::F32, cache_.device(), {n, 1, kDk}),
-                   TensorRef(dv.data(), DType::F32, cache_.device(), {n, 1, kDv}));
+                   shared_ ? TensorRef() : TensorRef(dv.data(), DType::F32, cache_.device(), {n, 1, kDv}));
     }
     for (size_t s = 0; s < toks.size(); ++s) model_[s].push_back(toks[s]);
   }
 
   PagedCache& cache_;
   std::mt19937 rng_;
+  bool v_is_latent_ = false, shared_ = false;
   std::vector<SeqId> seqs_;
   std::vector<std::vector<Token>> model_;
 };
 
 // One parameter of the MLA suites (CPU and CUDA): pool format, RoPE mode, and whether every layer
 // shares one RoPE spec (as DeepSeek's do: CUDA then rotates all layers in one launch).
+// shared_v: MLA's shared layout (v_from_k_latent: V is K's latent, no V pools).
 struct MlaCase {
   KvFormat format;
   RopeMode mode;
   bool one_spec = false;
+  bool shared_v = false;
 };
 
 inline PagedCacheConfig config_of(const MlaCase& mc) {
   PagedCacheConfig c = paged_test::mla_config(mc.format, mc.mode, 16, 32);
   if (mc.one_spec) c.rope = {c.rope[0]};
+  c.v_from_k_latent = mc.shared_v;
   return c;
 }
 
@@ -221,12 +232,15 @@ inline std::vector<MlaCase> all_cases() {
   for (KvFormat f : paged_test::kMlaFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
   for (KvFormat f : paged_test::kMlaFormats) v.push_back({f, RopeMode::RopeStored, true});
+  for (KvFormat f : paged_test::kMlaFormats)
+    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m, false, true});
+  v.push_back({KvFormat::Fp8, RopeMode::RopeStored, true, true});
   return v;
 }
 
 inline std::string case_name(const MlaCase& mc) {
   return std::string(kv_format_name(mc.format)) + (mc.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead") +
-         (mc.one_spec ? "_OneSpec" : "");
+         (mc.one_spec ? "_OneSpec" : "") + (mc.shared_v ? "_SharedV" : "");
 }
 
 }  // namespace mla_test

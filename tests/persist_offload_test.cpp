@@ -101,16 +101,23 @@ class BrokenStore : public KvStore {
   StoreStats stats() const override { return {}; }
 };
 
+// mla_shared: DeepSeek MLA's geometry in the shared layout (V is K's latent, no V pools).
 struct OffloadCase {
   KvFormat format;
   RopeMode mode;
+  bool mla_shared = false;
 };
+
+PagedCacheConfig config_of(const OffloadCase& oc) {
+  return oc.mla_shared ? paged_test::mla_shared_config(oc.format, oc.mode, 8, 48)
+                       : paged_test::small_config(oc.format, oc.mode, 8, 48);
+}
 
 class OffloadRoundTrip : public ::testing::TestWithParam<OffloadCase> {};
 
 TEST_P(OffloadRoundTrip, PinnedAndLowerTierRoundTripsAreBitIdentical) {
   const OffloadCase oc = GetParam();
-  PagedCache cache(paged_test::small_config(oc.format, oc.mode, 8, 48), Device::cpu());
+  PagedCache cache(config_of(oc), Device::cpu());
   std::mt19937_64 rng(7 + static_cast<int>(oc.format) * 2 + static_cast<int>(oc.mode));
   // a: truncated (stale cells past its span); b: a fork of a, sharing its blocks, then extended;
   // c: shifted (dead cells inside its span).
@@ -168,7 +175,7 @@ TEST_P(OffloadRoundTrip, PinnedAndLowerTierRoundTripsAreBitIdentical) {
   EXPECT_EQ(st.misses, 0);
 
   // The lower tier's values are ordinary sequence values: load_sequence reads them too.
-  PagedCache other(paged_test::small_config(oc.format, oc.mode, 8, 48), Device::cpu());
+  PagedCache other(config_of(oc), Device::cpu());
   for (int i = 0; i < 3; ++i) {
     if (!lower.contains(key_of(i, cache.config()))) continue;
     const std::optional<SeqId> got = load_sequence(lower, key_of(i, cache.config()), other, "model-x");
@@ -181,13 +188,16 @@ std::vector<OffloadCase> offload_cases() {
   std::vector<OffloadCase> v;
   for (KvFormat f : paged_test::kAllFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
+  for (KvFormat f : paged_test::kMlaFormats)
+    for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m, true});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, OffloadRoundTrip, ::testing::ValuesIn(offload_cases()),
                          [](const ::testing::TestParamInfo<OffloadCase>& i) {
                            return std::string(kv_format_name(i.param.format)) +
-                                  (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
+                                  (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead") +
+                                  (i.param.mla_shared ? "_MlaSharedV" : "");
                          });
 
 // A value the first tier evicted is in the tiered store until the tier below holds it: contains()

@@ -21,7 +21,7 @@ inline void append_random(kvcore::PagedCache& c, kvcore::SeqId id, int32_t n, st
   for (int32_t i = 0; i < n; ++i) pos[i] = first + i;
   paged_test::Source k =
       paged_test::make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.head_dim, DType::F32, c.device(), false);
-  paged_test::Source v = cfg.v_head_dim ? paged_test::make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.v_head_dim,
+  paged_test::Source v = cfg.v_head_dim && !cfg.v_from_k_latent ? paged_test::make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.v_head_dim,
                                                                   DType::F32, c.device(), false)
                                         : paged_test::Source{};
   c.append(id, pos, k.tensor, v.tensor);

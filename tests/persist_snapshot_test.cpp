@@ -36,7 +36,7 @@ void append_random(PagedCache& c, SeqId id, int32_t n, std::mt19937_64& rng, int
   const PagedCacheConfig& cfg = c.config();
   if (first < 0) first = c.info(id).last_position + 1;
   Source k = make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.head_dim, DType::F32, c.device(), false);
-  Source v = cfg.v_head_dim ? make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.v_head_dim, DType::F32, c.device(), false)
+  Source v = cfg.v_head_dim && !cfg.v_from_k_latent ? make_source(rng, cfg.n_layers, n, cfg.n_kv_heads, cfg.v_head_dim, DType::F32, c.device(), false)
                             : Source{};
   c.append(id, iota_from(first, n), k.tensor, v.tensor);
 }
@@ -313,19 +313,46 @@ TEST(PersistSnapshot, InspectDescribesTheFile) {
   EXPECT_NE(text.find("k_format fp8"), std::string::npos) << text;
 }
 
-// DeepSeek-V2/V3 MLA's rows (K 576 with a 64-dim RoPE tail, V 512) round-trip bit-identically too.
+// DeepSeek-V2/V3 MLA's rows (K 576 with a 64-dim RoPE tail, V 512) round-trip bit-identically too,
+// in the separate-V layout and in the shared one (v_from_k_latent: V is K's latent).
 TEST(PersistSnapshot, MlaRowsRoundTripBitIdentically) {
-  for (KvFormat f : kMlaFormats)
-    for (RopeMode mode : {RopeMode::RopeStored, RopeMode::RopeOnRead}) {
-      SCOPED_TRACE(std::string(kv_format_name(f)) + (mode == RopeMode::RopeOnRead ? " rope-on-read" : " rope-stored"));
-      std::mt19937_64 rng(19);
-      PagedCache src(mla_config(f, mode, 8, 40), Device::cpu());
-      const std::vector<SeqId> ids = fill(src, rng);
-      const std::vector<uint8_t> bytes = snapshot_encode(src, ids, "mla");
-      PagedCache dst(mla_config(f, mode, 8, 40), Device::cpu());
-      const SnapshotLoaded got = snapshot_decode(dst, bytes, {"mla", 0});
-      ASSERT_EQ(got.ids.size(), ids.size());
-      for (size_t i = 0; i < ids.size(); ++i) expect_same_sequence(src, ids[i], dst, got.ids[i]);
-      EXPECT_EQ(dst.stats().blocks_shared, src.stats().blocks_shared);
+  for (bool shared : {false, true})
+    for (KvFormat f : kMlaFormats)
+      for (RopeMode mode : {RopeMode::RopeStored, RopeMode::RopeOnRead}) {
+        SCOPED_TRACE(std::string(kv_format_name(f)) + (mode == RopeMode::RopeOnRead ? " rope-on-read" : " rope-stored") +
+                     (shared ? " shared V" : ""));
+        const PagedCacheConfig cfg = shared ? mla_shared_config(f, mode, 8, 40) : mla_config(f, mode, 8, 40);
+        std::mt19937_64 rng(19);
+        PagedCache src(cfg, Device::cpu());
+        const std::vector<SeqId> ids = fill(src, rng);
+        const std::vector<uint8_t> bytes = snapshot_encode(src, ids, "mla");
+        PagedCache dst(cfg, Device::cpu());
+        const SnapshotLoaded got = snapshot_decode(dst, bytes, {"mla", 0});
+        ASSERT_EQ(got.ids.size(), ids.size());
+        for (size_t i = 0; i < ids.size(); ++i) expect_same_sequence(src, ids[i], dst, got.ids[i]);
+        EXPECT_EQ(dst.stats().blocks_shared, src.stats().blocks_shared);
+        if (shared) {
+          EXPECT_EQ(src.read(ids[0], 1).v.size(), src.read(ids[0], 1).positions.size() * 512);
+        }
+      }
+}
+
+// The shared-V layout and the separate-V one of the same dims are different layouts: a snapshot of
+// either is refused by a cache of the other, naming the line that differs, and changes nothing.
+TEST(PersistSnapshot, MlaSharedAndSeparateVLayoutsNeverLoadIntoEachOther) {
+  for (bool from_shared : {false, true}) {
+    std::mt19937_64 rng(23);
+    const PagedCacheConfig a = mla_config(KvFormat::Fp8, RopeMode::RopeStored, 8, 40);
+    const PagedCacheConfig b = mla_shared_config(KvFormat::Fp8, RopeMode::RopeStored, 8, 40);
+    PagedCache src(from_shared ? b : a, Device::cpu());
+    const std::vector<uint8_t> bytes = snapshot_encode(src, fill(src, rng), "mla");
+    PagedCache dst(from_shared ? a : b, Device::cpu());
+    append_random(dst, dst.create(), 5, rng);
+    expect_refused(dst, ErrorCode::InvalidArgument, bytes, {"mla", 0}, from_shared ? "shared into separate" : "separate into shared");
+    try {
+      snapshot_decode(dst, bytes, {"mla", 0});
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("v_format"), std::string::npos) << e.what();
     }
+  }
 }

@@ -110,6 +110,9 @@ typedef struct kvc_paged_config {
   int32_t n_rope;
   void* stream; /* CUDA stream of every cache operation */
   int32_t kvcore_attention; /* bool, default 1: refuse formats kvcore's attention cannot read */
+  /* bool, default 0: MLA's shared layout -- no V pools, V is the first v_head_dim dims of each K
+   * row (K's format and scales); stores take K only (v NULL). See PagedCacheConfig::v_from_k_latent. */
+  int32_t v_from_k_latent;
 } kvc_paged_config;
 
 typedef struct kvc_seq_info {

@@ -62,7 +62,7 @@ const char* pool_dtype_name(DType t) {
 PagedCacheConfig make_config(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
                              std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
                              std::optional<std::string> v_format, nb::handle rope, const std::string& rope_mode,
-                             bool strict_positions, bool kvcore_attention) {
+                             bool strict_positions, bool kvcore_attention, bool v_from_k_latent) {
   PagedCacheConfig cfg;
   cfg.n_layers = n_layers;
   cfg.n_kv_heads = n_kv_heads;
@@ -78,6 +78,7 @@ PagedCacheConfig make_config(int32_t n_layers, int32_t n_kv_heads, int32_t head_
   cfg.rope_mode = parse_rope_mode(rope_mode);
   cfg.strict_positions = strict_positions;
   cfg.kvcore_attention = kvcore_attention;
+  cfg.v_from_k_latent = v_from_k_latent;
   return cfg;
 }
 
@@ -220,10 +221,10 @@ void bind_paged_cache(nb::module_& m) {
           [](PyPagedCache* self, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks,
              nb::handle rope, std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
              std::optional<std::string> v_format, const std::string& rope_mode, bool strict_positions,
-             bool kvcore_attention, nb::handle device, nb::handle stream, nb::handle pools) {
+             bool kvcore_attention, bool v_from_k_latent, nb::handle device, nb::handle stream, nb::handle pools) {
             PagedCacheConfig cfg = make_config(n_layers, n_kv_heads, head_dim, num_blocks, v_head_dim, block_size,
                                                k_format, v_format, rope, rope_mode, strict_positions,
-                                               kvcore_attention);
+                                               kvcore_attention, v_from_k_latent);
             const Device dev = parse_device(device);
             cfg.stream = resolve_stream(stream, dev);
             std::optional<PagedCache> built;
@@ -256,14 +257,16 @@ void bind_paged_cache(nb::module_& m) {
           },
           "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "num_blocks"_a, nb::kw_only(), "rope"_a,
           "v_head_dim"_a = nb::none(), "block_size"_a = 16, "k_format"_a = "f16", "v_format"_a = nb::none(),
-          "rope_mode"_a = "stored", "strict_positions"_a = true, "kvcore_attention"_a = true, "device"_a = "cpu",
-          "stream"_a = nb::none(), "pools"_a = nb::none(),
+          "rope_mode"_a = "stored", "strict_positions"_a = true, "kvcore_attention"_a = true,
+          "v_from_k_latent"_a = false, "device"_a = "cpu", "stream"_a = nb::none(), "pools"_a = nb::none(),
           "Allocate the pools: num_blocks blocks of block_size cells per layer.\n"
           "rope: a RopeSpec (or one per layer); k_format/v_format: 'f32', 'f16', 'bf16', 'fp8' (e4m3 + one\n"
           "UE8M0 scale per 64 dims); v_head_dim 0: no V pools; rope_mode 'stored' (K rotated when written)\n"
           "or 'on_read' (K stored unrotated, rotated by attention; shift() moves no byte);\n"
           "strict_positions: positions must increase along a sequence; kvcore_attention: refuse at once\n"
           "formats kvcore's attention cannot read (False: pages for an engine's own attention);\n"
+          "v_from_k_latent: MLA's shared layout -- no V pools, V is the first v_head_dim dims of each K\n"
+          "row (K's format and scales); append/store then take K only (v=None);\n"
           "device 'cpu' or 'cuda:N';\n"
           "stream: the CUDA stream of the construction (default: torch's current stream); every later\n"
           "call runs on its own stream= or, without one, on torch's current stream at the call;\n"
@@ -276,15 +279,18 @@ void bind_paged_cache(nb::module_& m) {
           [](int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t num_blocks, nb::handle rope,
              std::optional<int32_t> v_head_dim, int32_t block_size, const std::string& k_format,
              std::optional<std::string> v_format, const std::string& rope_mode, bool strict_positions,
-             bool kvcore_attention) {
+             bool kvcore_attention, bool v_from_k_latent) {
             return paged_pool_specs(make_config(n_layers, n_kv_heads, head_dim, num_blocks, v_head_dim, block_size, k_format,
-                                          v_format, rope, rope_mode, strict_positions, kvcore_attention));
+                                          v_format, rope, rope_mode, strict_positions, kvcore_attention,
+                                          v_from_k_latent));
           },
           "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "num_blocks"_a, nb::kw_only(), "rope"_a,
           "v_head_dim"_a = nb::none(), "block_size"_a = 16, "k_format"_a = "f16", "v_format"_a = nb::none(),
           "rope_mode"_a = "stored", "strict_positions"_a = true, "kvcore_attention"_a = true,
+          "v_from_k_latent"_a = false,
           "The pool arrays a cache of this configuration needs (PoolSpec list, in the order\n"
-          "PagedCache(..., pools=) takes them): per layer k, k_scales (fp8 K), v (v_head_dim > 0),\n"
+          "PagedCache(..., pools=) takes them): per layer k, k_scales (fp8 K), v (v_head_dim > 0 and\n"
+          "not v_from_k_latent),\n"
           "v_scales (fp8 V). An engine allocates them itself, e.g.\n"
           "    pools = [torch.empty(s.shape, dtype=getattr(torch, s.dtype), device='cuda') for s in specs]\n"
           "Each has num_blocks + 1 blocks: the last is the cache's zero block (never write it).")
@@ -591,6 +597,8 @@ void bind_paged_cache(nb::module_& m) {
       .def_prop_ro("n_kv_heads", [](const PyPagedCache& c) { return c.cache.config().n_kv_heads; })
       .def_prop_ro("head_dim", [](const PyPagedCache& c) { return c.cache.config().head_dim; })
       .def_prop_ro("v_head_dim", [](const PyPagedCache& c) { return c.cache.config().v_head_dim; })
+      .def_prop_ro("v_from_k_latent", [](const PyPagedCache& c) { return c.cache.config().v_from_k_latent; },
+                   "True: no V pools; V is the first v_head_dim dims of each K row (MLA's shared layout).")
       .def_prop_ro("block_size", [](const PyPagedCache& c) { return c.cache.config().block_size; })
       .def_prop_ro("num_blocks", [](const PyPagedCache& c) { return c.cache.config().num_blocks; })
       .def_prop_ro("k_format", [](const PyPagedCache& c) { return kv_format_str(c.cache.config().k_format); })

@@ -225,3 +225,28 @@ def test_store_layers_equals_store_per_layer(k_format, rng):
             np.testing.assert_array_equal(a, b)
     with pytest.raises(kvcore.InvalidArgumentError, match="store_layers"):
         caches[1].store_layers(tickets[1], k[:2], v)
+
+
+def test_mla_shared_v_layout_reads_v_from_k(rng):
+    """v_from_k_latent (MLA's shared layout): no V pool, stores take K only, V reads back as the
+    first v_head_dim dims of K, and attention equals the separate-V layout fed the latent."""
+    rope = kvcore.RopeSpec(64, 10000.0, pairing="interleaved", slice="tail")
+    kw = dict(rope=rope, v_head_dim=512, k_format="bf16", rope_mode="stored", block_size=8)
+    shared = kvcore.PagedCache(1, 1, 576, 8, v_from_k_latent=True, **kw)
+    sep = kvcore.PagedCache(1, 1, 576, 8, **kw)
+    assert shared.v_from_k_latent and not sep.v_from_k_latent
+    assert shared.v_pool(0) is None
+    assert [s.part for s in kvcore.PagedCache.pool_specs(1, 1, 576, 8, v_from_k_latent=True, **kw)] == ["k"]
+    assert shared.stats().bytes_per_block * (576 + 512) == sep.stats().bytes_per_block * 576
+    k = rng.uniform(-1, 1, (1, 6, 1, 576)).astype(np.float32)
+    a, b = shared.create(), sep.create()
+    with pytest.raises(kvcore.InvalidArgumentError, match="v_from_k_latent"):
+        shared.append(a, list(range(6)), k, k[..., :512])
+    shared.append(a, list(range(6)), k)
+    sep.append(b, list(range(6)), k, np.ascontiguousarray(k[..., :512]))
+    _, ka, va = shared.read(a, 0)
+    _, kb, vb = sep.read(b, 0)
+    np.testing.assert_array_equal(va, ka[..., :512])
+    np.testing.assert_array_equal(va, vb)
+    q = rng.uniform(-1, 1, (1, 4, 576)).astype(np.float32)
+    np.testing.assert_array_equal(shared.plan([a], [6]).run(0, q), sep.plan([b], [6]).run(0, q))

@@ -35,12 +35,23 @@ void PagedCacheConfig::validate() const {
               " x block_size ", block_size, " cells exceed i32 cell ids");
   if (k_format == KvFormat::Fp8)
     require_arg(head_dim % 64 == 0, "PagedCacheConfig: fp8 K needs head_dim % 64 == 0, got ", head_dim);
+  if (v_from_k_latent) {
+    // V is read from K's rows: it must fit in them, in a format whose dims are addressable one by
+    // one (Dsv4Row packs dims), on whole FP8 scale groups, and no rotation may ever touch it.
+    require_arg(v_head_dim >= 1 && v_head_dim <= head_dim, "PagedCacheConfig.v_head_dim must be in [1, head_dim = ",
+                head_dim, "] with v_from_k_latent (V is the first v_head_dim dims of the K row), got ", v_head_dim);
+    require_arg(k_format != KvFormat::Dsv4Row, "PagedCacheConfig.k_format: v_from_k_latent needs f32, f16, bf16 or fp8 K, got ",
+                kv_format_name(k_format));
+    if (k_format == KvFormat::Fp8)
+      require_arg(v_head_dim % 64 == 0, "PagedCacheConfig.v_head_dim must be a multiple of 64 with fp8 K and v_from_k_latent ",
+                  "(V takes K's first v_head_dim / 64 scale groups), got ", v_head_dim);
+  }
   if (k_format == KvFormat::Dsv4Row) {
     require_arg(head_dim == math::Dsv4RowLayout::kHeadDim, "PagedCacheConfig: Dsv4Row K needs head_dim ",
                 math::Dsv4RowLayout::kHeadDim, ", got ", head_dim);
     require_arg(v_head_dim == 0, "PagedCacheConfig: Dsv4Row rows are K and V at once: v_head_dim must be 0, got ", v_head_dim);
   }
-  if (v_head_dim > 0) {
+  if (v_head_dim > 0 && !v_from_k_latent) {
     require_arg(v_format != KvFormat::Dsv4Row, "PagedCacheConfig.v_format: Dsv4Row is a K-only format");
     if (v_format == KvFormat::Fp8)
       require_arg(v_head_dim % 64 == 0, "PagedCacheConfig: fp8 V needs v_head_dim % 64 == 0, got ", v_head_dim);
@@ -52,6 +63,12 @@ void PagedCacheConfig::validate() const {
     // Rows wider than the rotation tables (MLA's 576) rotate a slice: DeepSeek-V2/V3 the 64-dim tail.
     require_arg(rope[l].n_rot <= 2 * math::RopeTable::kMaxPairs, "PagedCacheConfig.rope[", l, "].n_rot must be <= ",
                 2 * math::RopeTable::kMaxPairs, " (rotate a head or tail slice of wider rows), got ", rope[l].n_rot);
+    if (v_from_k_latent) {
+      const math::RopeLayout lay = rope[l].layout(head_dim);
+      require_arg(lay.n_rot == 0 || lay.first_dim >= v_head_dim, "PagedCacheConfig.rope[", l, "] rotates dims [",
+                  lay.first_dim, ", ", lay.first_dim + lay.n_rot, "), but with v_from_k_latent dims [0, v_head_dim = ",
+                  v_head_dim, ") are V and must never rotate (use a tail slice past the latent)");
+    }
     if (k_format == KvFormat::Dsv4Row) {
       const math::RopeLayout lay = rope[l].layout(head_dim);
       require_arg(lay.first_dim >= math::Dsv4RowLayout::kNope, "PagedCacheConfig.rope[", l,
@@ -78,6 +95,19 @@ KvPool PagedCache::Impl::pool(bool is_k, int32_t layer) const {
     p.scales = TensorRef(s.data, DType::UE8M0, dev, {cfg.num_blocks, cfg.block_size, cfg.n_kv_heads, hd / 64});
   }
   return p;
+}
+
+KvPool PagedCache::Impl::v_in_k_view(const KvPool& k) const {
+  // Rows of K's pool cut to their first v_head_dim dims: K's row stride, so no byte is copied.
+  const int64_t nb = cfg.num_blocks, bs = cfg.block_size, H = cfg.n_kv_heads, D = cfg.head_dim, DV = cfg.v_head_dim;
+  KvPool v;
+  v.format = k.format;
+  v.head_dim = cfg.v_head_dim;
+  v.data = TensorRef(k.data.data(), k.data.dtype(), dev, {nb, bs, H, DV}, {bs * H * D, H * D, D, 1});
+  if (!k.scales.empty())
+    v.scales = TensorRef(k.scales.data(), k.scales.dtype(), dev, {nb, bs, H, DV / 64},
+                         {bs * H * (D / 64), H * (D / 64), D / 64, 1});
+  return v;
 }
 
 TensorRef PagedCache::Impl::pending_view() const {
@@ -205,7 +235,7 @@ std::vector<PagedPoolSpec> paged_pool_specs(const PagedCacheConfig& config) {
   for (int32_t l = 0; l < config.n_layers; ++l) {
     add(l, PoolPart::KData, kv_format_dtype(config.k_format), kv_row_width(config.k_format, config.head_dim));
     if (kv_format_has_scales(config.k_format)) add(l, PoolPart::KScales, DType::UE8M0, config.head_dim / 64);
-    if (config.v_head_dim > 0) {
+    if (config.v_head_dim > 0 && !config.v_from_k_latent) {
       add(l, PoolPart::VData, kv_format_dtype(config.v_format), kv_row_width(config.v_format, config.v_head_dim));
       if (kv_format_has_scales(config.v_format)) add(l, PoolPart::VScales, DType::UE8M0, config.v_head_dim / 64);
     }
@@ -269,11 +299,13 @@ void PagedCache::Impl::init(PagedCacheConfig config, Device device, const std::s
   checks::device_known("PagedCache", device);
   checks::backend_available("PagedCache", device);
   if (config.kvcore_attention && config.k_format != KvFormat::Dsv4Row) {
-    const DType v = config.v_head_dim > 0 ? kv_format_dtype(config.v_format) : kv_format_dtype(config.k_format);
+    const DType v = config.v_head_dim > 0 && !config.v_from_k_latent ? kv_format_dtype(config.v_format)
+                                                                      : kv_format_dtype(config.k_format);
     const std::string why = ops::attention_cannot_read(
         device, {kv_format_dtype(config.k_format), v, config.head_dim, config.v_head_dim});
     require_arg(why.empty(), "PagedCacheConfig (kvcore_attention = true, on ", device.str(), "): attention cannot read ",
-                why, " (k_format ", kv_format_name(config.k_format), ", v_format ", kv_format_name(config.v_format),
+                why, " (k_format ", kv_format_name(config.k_format), ", v_format ",
+                config.v_from_k_latent ? std::string_view("k's (v_from_k_latent)") : kv_format_name(config.v_format),
                 ", head_dim ", config.head_dim, ", v_head_dim ", config.v_head_dim,
                 "); set kvcore_attention = false for pages an engine reads itself");
   }
@@ -464,7 +496,8 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
   PagedReadBack out;
   out.positions.reserve(s.n_live);
   out.k.reserve(static_cast<size_t>(s.n_live) * H * D);
-  if (m.has_v()) out.v.reserve(static_cast<size_t>(s.n_live) * H * DV);
+  const bool v_in_k = m.cfg.v_from_k_latent;  // V: the first DV dims of the K row just decoded
+  if (m.has_v() || v_in_k) out.v.reserve(static_cast<size_t>(s.n_live) * H * DV);
 
   // Bring one block of a pool array to the host (a view on the CPU).
   auto block_bytes = [&](const Impl::PoolMem& buf, int64_t block_bytes, int32_t b, std::vector<uint8_t>& tmp) -> const uint8_t* {
@@ -499,6 +532,8 @@ PagedReadBack PagedCache::read(SeqId seq, int32_t layer) {
         if (m.cfg.rope_mode == RopeMode::RopeOnRead)
           math::rope_rotate_row(row.data(), m.rope[layer], static_cast<float>(pos), m.rope[layer].attention_factor);
         out.k.insert(out.k.end(), row.begin(), row.begin() + D);
+        // (RoPE never rotates dims below DV in this layout: the rotated row's prefix is V as stored.)
+        if (v_in_k) out.v.insert(out.v.end(), row.begin(), row.begin() + DV);
         if (!vd) continue;
         for (int32_t d = 0; d < DV; ++d) row[d] = kvrow::decode(vf, vd + r * v_row, vs ? vs + r * vg : nullptr, d);
         out.v.insert(out.v.end(), row.begin(), row.begin() + DV);
@@ -531,7 +566,7 @@ PagedKV PagedCache::paged_kv(int32_t layer) const {
   m.check_usable();
   require_arg(layer >= 0 && layer < m.cfg.n_layers, "PagedCache::paged_kv: layer must be in [0, ", m.cfg.n_layers,
               "), got ", layer);
-  const KvPool k = m.pool(true, layer), v = m.pool(false, layer);
+  const KvPool k = m.pool(true, layer), v = m.cfg.v_from_k_latent ? m.v_in_k_view(k) : m.pool(false, layer);
   PagedKV kv;
   kv.k = k.data;
   kv.v = v.data;

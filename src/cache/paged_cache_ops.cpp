@@ -146,6 +146,14 @@ uint64_t PagedCache::Impl::stamp_of(const AppendTicket& t) const {
   return h;
 }
 
+void PagedCache::Impl::check_no_v(std::string_view op, const TensorRef& v) const {
+  if (v.empty() || v.numel() == 0) return;
+  if (cfg.v_from_k_latent)
+    require_arg(false, op, ": this cache reads V from K's latent (v_from_k_latent: V is the first v_head_dim = ",
+                cfg.v_head_dim, " dims of each K row, written with K), so v must be empty, got ", described(v));
+  require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
+}
+
 void PagedCache::Impl::check_ticket(std::string_view op, const AppendTicket& t) const {
   if (t.owner_ != id || t.stamp_ != stamp_of(t)) {
     require_arg(t.owner_ != 0, op, ": the ticket holds no reservation (default constructed, moved from, or its "
@@ -299,7 +307,7 @@ void PagedCache::append(SeqId seq, std::span<const int32_t> positions, const Ten
     const int64_t vw[4] = {m.cfg.n_layers, n, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 4, vw, m.dev);
   } else {
-    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
+    m.check_no_v(op, v);
   }
   const SeqId ids[1] = {seq};
   const int32_t counts[1] = {static_cast<int32_t>(n)};
@@ -337,7 +345,7 @@ void PagedCache::store(const AppendTicket& t, int32_t layer, const TensorRef& k,
     const int64_t vw[3] = {t.n_tokens_, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 3, vw, m.dev);
   } else {
-    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
+    m.check_no_v(op, v);
   }
   if (t.n_tokens_ == 0) return;
   m.store_rows(t, layer, k, v);
@@ -354,7 +362,7 @@ void PagedCache::store_layers(const AppendTicket& t, const TensorRef& k, const T
     const int64_t vw[4] = {m.cfg.n_layers, t.n_tokens_, m.cfg.n_kv_heads, m.cfg.v_head_dim};
     check_rows(op, "v", v, 4, vw, m.dev);
   } else {
-    if (!v.empty() && v.numel() != 0) require_arg(false, op, ": this cache has no V pools, but v = ", described(v));
+    m.check_no_v(op, v);
   }
   if (t.n_tokens_ == 0) return;
   if (!m.one_rope && m.shared_angles && m.cfg.n_layers > 1) {  // one angle table for every layer's K

@@ -47,7 +47,8 @@ struct PagedCache::Impl {
   int64_t bytes_per_block = 0;
   bool corrupt = false;
 
-  bool has_v() const { return cfg.v_head_dim > 0; }
+  // Are there V pools? (Not with v_head_dim 0, nor when V is read from K's latent.)
+  bool has_v() const { return cfg.v_head_dim > 0 && !cfg.v_from_k_latent; }
   // Are the contract's cell arrays separate mirrors of the host metadata (CUDA, or debug_mirror)?
   bool mirrored() const { return dev.is_cuda() || cfg.debug_mirror; }
   // The mirror kernels (ops/paged_blocks_params.hpp) on this cache's device; lists live in device memory.
@@ -62,6 +63,8 @@ struct PagedCache::Impl {
   int64_t num_cells() const { return static_cast<int64_t>(cfg.num_blocks) * cfg.block_size; }
 
   KvPool pool(bool is_k, int32_t layer) const;
+  // v_from_k_latent: V as a strided view of K's pool `k` (data and scales), for attention.
+  KvPool v_in_k_view(const KvPool& k) const;
   TensorRef pending_view() const;
   // Upload the per-cell arrays of blocks [lo, hi) to the device mirrors. No-op on CPU.
   void sync_cells(int32_t lo, int32_t hi);
@@ -116,6 +119,8 @@ struct PagedCache::Impl {
   uint64_t stamp_of(const AppendTicket& t) const;  // keyed hash of every field of the ticket
   // Throws InvalidArgument unless `t` is a current, unaltered ticket of this cache.
   void check_ticket(std::string_view op, const AppendTicket& t) const;
+  // Caches without V pools take no V: v must be empty (or hold no element).
+  void check_no_v(std::string_view op, const TensorRef& v) const;
   // Upload an i32 list into `scratch` (grown when too small); returns its device address.
   int32_t* upload_list(const std::vector<int32_t>& v);
   void reserve_impl(AppendTicket& t, std::span<const SeqId> seqs, std::span<const int32_t> counts,

@@ -59,6 +59,7 @@ PagedCacheConfig capi::paged_config(const kvc_paged_config* cfg, const char* fn)
   for (int32_t i = 0; i < c.n_rope; ++i) p.rope.push_back(capi::rope_spec(&c.rope[i], fn));
   p.stream = capi::stream(c.stream);
   p.kvcore_attention = c.kvcore_attention != 0;
+  p.v_from_k_latent = c.v_from_k_latent != 0;
   return p;
 }
 
@@ -83,6 +84,7 @@ void kvc_paged_config_init(kvc_paged_config* cfg) {
   cfg->n_rope = 0;
   cfg->stream = nullptr;
   cfg->kvcore_attention = d.kvcore_attention ? 1 : 0;
+  cfg->v_from_k_latent = d.v_from_k_latent ? 1 : 0;
 }
 
 kvc_status kvc_paged_create(const kvc_paged_config* cfg, kvc_device device, kvc_paged_cache** out) {

@@ -20,10 +20,10 @@ void load_row(const PagedAttentionParams& p, bool is_k, int64_t cell, int32_t he
   const int32_t d_n = is_k ? p.layout.head_dim : p.v_head_dim;
   const int64_t row = (cell * p.layout.n_kv_heads + head);
   const void* base = is_k ? p.k : p.v;
-  const int64_t off = row * d_n;
+  const int64_t off = row * (is_k ? d_n : p.v_row_stride);
   for (int32_t d = 0; d < d_n; ++d) dst[d] = math::kv_elem_to_f32(base, off + d, p.kv_elem);
   if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
-    const uint8_t* s = (is_k ? p.maybe_k_scale_u8 : p.maybe_v_scale_u8) + row * (d_n / 64);
+    const uint8_t* s = is_k ? p.maybe_k_scale_u8 + row * (d_n / 64) : p.maybe_v_scale_u8 + row * p.v_scale_row_stride;
     for (int32_t d = 0; d < d_n; ++d) dst[d] *= math::ue8m0_decode(s[d / 64]);
   } else if (p.scale_mode == math::KvScaleMode::F32PerRow) {
     const float s = (is_k ? p.maybe_k_scale_f32 : p.maybe_v_scale_f32)[row];

@@ -575,7 +575,9 @@ namespace kvcore::ops::cpu {
 HWY_EXPORT(AttentionTask);
 
 bool attention_simd_serves(const PagedAttentionParams& p) {
-  return p.layout.head_dim % 8 == 0 && p.v_head_dim == p.layout.head_dim;
+  // V rows laid out as K's (their own pool, or K itself): one row offset serves both.
+  return p.layout.head_dim % 8 == 0 && p.v_head_dim == p.layout.head_dim && p.v_row_stride == p.v_head_dim &&
+         p.v_scale_row_stride == p.v_head_dim / 64;
 }
 
 void attention_task_simd(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, int32_t h1, int32_t split) {

@@ -63,7 +63,7 @@ TensorSignature signature_of(const TensorRef& t) {
   if (!s.present) return s;
   s.dtype = t.dtype();
   s.ndim = t.ndim();
-  for (int d = 0; d < std::min(t.ndim(), 4); ++d) s.sizes[d] = t.size(d);
+  for (int d = 0; d < std::min(t.ndim(), 4); ++d) s.sizes[d] = t.size(d), s.strides[d] = t.stride(d);
   s.contiguous = t.is_contiguous() && (t.data() != nullptr || t.numel() == 0);
   s.device = t.device();
   return s;
@@ -174,7 +174,11 @@ std::string describe(const TensorSignature& s) {
   if (!s.present) return "empty";
   std::string out = detail::concat(dtype_name(s.dtype), "[");
   for (int d = 0; d < s.ndim; ++d) out += detail::concat(d ? ", " : "", d < 4 ? s.sizes[d] : -1);
-  return out + detail::concat("] on ", s.device.str(), s.contiguous ? "" : " (not contiguous)");
+  out += detail::concat("] on ", s.device.str());
+  if (s.contiguous) return out;
+  out += " (strides [";
+  for (int d = 0; d < s.ndim && d < 4; ++d) out += detail::concat(d ? ", " : "", s.strides[d]);
+  return out + "])";
 }
 
 [[noreturn]] void pages_mismatch(const char* op, const PagesSignature& want, const PagesSignature& got) {

@@ -30,6 +30,13 @@ void check_float_tensor(const char* op, const char* name, const TensorRef& t, in
 
 namespace {
 
+// Rows of v_head_dim elements spaced s >= v_head_dim apart, packed as [blocks][slots][heads]: V read
+// in place from a wider pool (MLA's latent, the first v_head_dim dims of each K row).
+bool rows_with_stride(const TensorRef& t) {
+  const int64_t s = t.stride(2);
+  return t.stride(3) == 1 && s >= t.size(3) && t.stride(1) == t.size(2) * s && t.stride(0) == t.size(1) * t.stride(1);
+}
+
 void check_cell_array(const char* op, const char* name, const TensorRef& t, DType want, const TensorRef& pool,
                       Device dev) {
   checks::not_null(op, name, t);
@@ -50,7 +57,14 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
     checks::not_null(op, name, t);
     checks::ndim_is(op, name, t, 4);
     require_arg(t.device() == dev, op, ": ", name, " is on ", t.device().str(), ", q on ", dev.str());
-    require_arg(t.is_contiguous(), op, ": ", name, " must be contiguous [num_blocks, block_size, n_kv_heads, head_dim]");
+    if (name[6] == 'k' || t.is_contiguous()) {
+      require_arg(t.is_contiguous(), op, ": ", name, " must be contiguous [num_blocks, block_size, n_kv_heads, head_dim]");
+    } else {
+      require_arg(rows_with_stride(t), op, ": ", name, " must be contiguous [num_blocks, block_size, n_kv_heads, v_head_dim] ",
+                  "or rows of a wider pool (strides [block_size * n_kv_heads * s, n_kv_heads * s, s, 1], s >= v_head_dim, ",
+                  "e.g. K's latent), got ", described(t), " with strides [", t.stride(0), ", ", t.stride(1), ", ", t.stride(2),
+                  ", ", t.stride(3), "]");
+    }
     require_arg(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16 ||
                     t.dtype() == DType::E4M3,
                 op, ": ", name, " must be f32, f16, bf16 or e4m3, got ", dtype_name(t.dtype()));
@@ -80,7 +94,8 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
       const TensorRef& s = name[6] == 'k' ? kv.k_scale : kv.v_scale;
       checks::not_null(op, name, s);
       require_arg(s.device() == dev, op, ": ", name, " is on ", s.device().str(), ", q on ", dev.str());
-      require_arg(s.is_contiguous(), op, ": ", name, " must be contiguous");
+      require_arg(s.is_contiguous() || (name[6] == 'v' && s.ndim() == 4 && rows_with_stride(s)), op, ": ", name,
+                  " must be contiguous (V's scales: or rows of a wider scale array, as pages.v)");
       if (s.dtype() == DType::F32) {
         checks::ndim_is(op, name, s, 3);
         for (int d = 0; d < 3; ++d) checks::size_is(op, name, s, d, kv.k.size(d));
@@ -123,6 +138,8 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
   p.layout.n_kv_heads = static_cast<int32_t>(n_kv);
   p.layout.head_dim = static_cast<int32_t>(head_dim);
   p.v_head_dim = static_cast<int32_t>(v_head_dim);
+  p.v_row_stride = kv.v.stride(2);
+  p.v_scale_row_stride = p.scale_mode == math::KvScaleMode::Ue8m0Per64 ? kv.v_scale.stride(2) : v_head_dim / 64;
   p.num_blocks = static_cast<int32_t>(num_blocks);
 }
 

@@ -28,6 +28,12 @@ struct PagedAttentionParams {
   const uint8_t* maybe_valid;         // [num_blocks, block_size]
   PagedLayout layout;                 // block_size, n_kv_heads, head_dim (of K and of q)
   int32_t v_head_dim;                 // width of V rows, of the output and of the partials
+  // Elements from one V row (cell, head) to the next: v_head_dim for a V pool of its own, K's
+  // head_dim when V is K's latent (the first v_head_dim dims of each K row, MLA's shared layout);
+  // Ue8m0Per64 V scales likewise advance v_scale_row_stride bytes a row (v_head_dim / 64 or
+  // head_dim / 64). V row (cell, head) starts at (cell * n_kv_heads + head) * v_row_stride.
+  int64_t v_row_stride;
+  int64_t v_scale_row_stride;
   int32_t num_blocks;
   // ---- block tables (CSR)
   const int32_t* indptr;              // [batch + 1]

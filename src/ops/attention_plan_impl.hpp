@@ -18,6 +18,7 @@ struct TensorSignature {
   int ndim = 0;
   int64_t sizes[4] = {0, 0, 0, 0};
   bool contiguous = false;
+  int64_t strides[4] = {0, 0, 0, 0};  // V may be rows of a wider pool (K's latent): the plan fixes its stride
   Device device = Device::cpu();
   bool operator==(const TensorSignature&) const = default;
 };

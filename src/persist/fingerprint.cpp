@@ -45,7 +45,13 @@ std::string layout_fingerprint(const PagedCacheConfig& c) {
   os << "v_head_dim " << c.v_head_dim << "\n";
   os << "block_size " << c.block_size << "\n";
   os << "k_format " << kv_format_name(c.k_format) << "\n";
-  os << "v_format " << (c.v_head_dim > 0 ? kv_format_name(c.v_format) : std::string_view("none")) << "\n";
+  if (c.v_from_k_latent) {
+    // A layout without V pools whose V is K's latent: its own line, so it never matches (and never
+    // loads into) the separate-V layout of the same dims; separate-V fingerprints stay as they were.
+    os << "v_format k_latent\n";
+  } else {
+    os << "v_format " << (c.v_head_dim > 0 ? kv_format_name(c.v_format) : std::string_view("none")) << "\n";
+  }
   os << "rope_mode " << (c.rope_mode == RopeMode::RopeOnRead ? "rope_on_read" : "rope_stored") << "\n";
   // One line for all layers when they agree (one spec or n equal specs are the same layout).
   bool same = true;

@@ -187,11 +187,65 @@ static void store_layers(void) {
   }
 }
 
+/* MLA's shared layout through the C API: cfg.v_from_k_latent = 1 lists no V pool, stores take K only
+ * (a V given is refused, naming the field), and read() returns V as the first v_head_dim dims of K. */
+static void mla_shared_v(void) {
+  enum { D = 576, DV = 512, N = 2 };
+  static float k[N][D], rk[N * D], rv[N * DV];
+  int64_t shape3[3] = {N, 1, D}, vshape3[3] = {N, 1, DV};
+  const int32_t positions[N] = {3, 4}, one = N;
+  int32_t rpos[N], n_live = 0;
+  kvc_device cpu = {KVC_DEVICE_CPU, 0};
+  kvc_rope_spec rope;
+  kvc_paged_config cfg;
+  kvc_pool_spec specs[4];
+  size_t n = 0;
+  kvc_paged_cache* cache = NULL;
+  kvc_ticket* ticket = NULL;
+  int64_t seq = 0;
+  unsigned i;
+  DLTensor tk, tv;
+  for (i = 0; i < (unsigned)(N * D); ++i) (&k[0][0])[i] = unit(i);
+  kvc_rope_spec_init(&rope, 64, 10000.0);
+  rope.slice = KVC_ROPE_SLICE_TAIL;
+  rope.pairing = KVC_ROPE_PAIRING_INTERLEAVED;
+  kvc_paged_config_init(&cfg);
+  CHECK(cfg.v_from_k_latent == 0, "v_from_k_latent defaults to %d", (int)cfg.v_from_k_latent);
+  cfg.n_layers = 1;
+  cfg.head_dim = D;
+  cfg.v_head_dim = DV;
+  cfg.block_size = 4;
+  cfg.num_blocks = 4;
+  cfg.k_format = cfg.v_format = KVC_FORMAT_F32;
+  cfg.rope = &rope;
+  cfg.n_rope = 1;
+  cfg.v_from_k_latent = 1;
+  for (i = 0; i < 4; ++i) kvc_pool_spec_init(&specs[i]);
+  CHECK(kvc_paged_pool_specs(&cfg, specs, 4, &n) == KVC_OK && n == 1, "shared V: %d pool arrays (%s)", (int)n,
+        kvc_last_error());
+  CHECK(kvc_paged_create(&cfg, cpu, &cache) == KVC_OK, "create: %s", kvc_last_error());
+  CHECK(kvc_ticket_create(&ticket) == KVC_OK, "ticket: %s", kvc_last_error());
+  CHECK(kvc_paged_seq_create(cache, &seq) == KVC_OK, "seq: %s", kvc_last_error());
+  CHECK(kvc_paged_reserve(cache, &seq, &one, 1, positions, ticket) == KVC_OK, "reserve: %s", kvc_last_error());
+  tk = host_tensor(&k[0][0], kDLFloat, 32, 3, shape3);
+  tv = host_tensor(&k[0][0], kDLFloat, 32, 3, vshape3);
+  CHECK(kvc_paged_store(cache, ticket, 0, &tk, &tv) == KVC_E_INVALID_ARGUMENT, "a V given to a shared-V cache accepted");
+  CHECK(strstr(kvc_last_error(), "v_from_k_latent") != NULL, "message '%s' does not name v_from_k_latent",
+        kvc_last_error());
+  CHECK(kvc_paged_store(cache, ticket, 0, &tk, NULL) == KVC_OK, "store K only: %s", kvc_last_error());
+  CHECK(kvc_paged_read(cache, seq, 0, rpos, rk, rv, N, &n_live) == KVC_OK && n_live == N, "read: %s", kvc_last_error());
+  for (i = 0; i < (unsigned)N; ++i)
+    CHECK(memcmp(&rv[i * DV], &rk[i * D], sizeof(float) * DV) == 0, "token %u: V is not K's first 512 dims", i);
+  kvc_ticket_free(ticket);
+  kvc_paged_free(cache);
+}
+
 int main(void) {
   codecs();
   shift();
   dsv4();
   store_layers();
+  mla_shared_v();
   printf("capi_ops: %d failures\n", failures);
   return failures ? 1 : 0;
 }

@@ -88,11 +88,20 @@ struct PagedCacheConfig {
   // then 64 RoPE dims), v_head_dim 512, and a RopeSpec with slice Tail, n_rot 64, interleaved
   // pairs: RoPE rotates at most 512 dims of a row, so wider rows rotate a head or tail slice.
   int32_t head_dim = 128;
-  int32_t v_head_dim = 128;  // 0: no V pools (K and V are one row, as in DeepSeek-V4)
+  int32_t v_head_dim = 128;  // 0: no V pools (K and V are one row, as in DeepSeek-V4); see v_from_k_latent
   int32_t block_size = 16;
   int32_t num_blocks = 0;
   KvFormat k_format = KvFormat::F16;
-  KvFormat v_format = KvFormat::F16;  // ignored when v_head_dim == 0; never Dsv4Row
+  KvFormat v_format = KvFormat::F16;  // ignored when v_head_dim == 0 or v_from_k_latent; never Dsv4Row
+  // MLA's shared layout (FlashMLA's): V is K's latent. No V pools: V of a cell is the first
+  // v_head_dim dims of its K row -- the same bytes, K's format and, FP8, K's first v_head_dim / 64
+  // scale groups -- so a token costs one 576-dim row instead of 576 + 512. store(), store_layers()
+  // and append() take K only (v must be empty: the latent is written once, inside K); paged_kv()
+  // hands attention a V view of K's pool with K's row stride; read() returns V as K's first
+  // v_head_dim dims. Requires 1 <= v_head_dim <= head_dim, k_format f32, f16, bf16 or fp8 (fp8:
+  // v_head_dim % 64 == 0), and RoPE specs that rotate no dim below v_head_dim (a stored-RoPE
+  // rotation, or a shift's, would change V). v_format is ignored (V has K's format).
+  bool v_from_k_latent = false;
   std::vector<RopeSpec> rope;         // one spec for every layer, or one per layer
   RopeMode rope_mode = RopeMode::RopeStored;
   // Appended positions must be >= 0 and strictly increase along a sequence (its last
@@ -144,8 +153,8 @@ class AppendTicket;
 // Engine-owned pool memory. An engine may allocate the pools itself (so its allocator, e.g.
 // PyTorch's, accounts for them) and hand them to PagedCache(config, device, pools). The pools
 // are a list of arrays; paged_pool_specs(config) says what each must be, in the order the
-// constructor takes them: per layer K data, K scales (FP8 K only), V data (v_head_dim > 0), V
-// scales (FP8 V only). Every array has num_blocks + 1 blocks: block num_blocks is the cache's
+// constructor takes them: per layer K data, K scales (FP8 K only), V data (v_head_dim > 0 and not
+// v_from_k_latent), V scales (FP8 V only). Every array has num_blocks + 1 blocks: block num_blocks is the cache's
 // zero block (kept all zeros; blocks are copied from it when they leave the free list), which
 // the engine must not write.
 enum class PoolPart : uint8_t { KData, KScales, VData, VScales };
@@ -166,7 +175,7 @@ std::vector<PagedPoolSpec> paged_pool_specs(const PagedCacheConfig& config);
 struct PagedReadBack {
   std::vector<int32_t> positions;  // [n_live]
   std::vector<float> k;            // [n_live, n_kv_heads, head_dim]
-  std::vector<float> v;            // [n_live, n_kv_heads, v_head_dim] (empty without V)
+  std::vector<float> v;            // [n_live, n_kv_heads, v_head_dim] (empty when v_head_dim is 0)
 };
 
 class PagedCache {
@@ -255,7 +264,7 @@ class PagedCache {
   TensorRef positions() const;  // i32 [num_blocks, block_size]: stored positions (token positions after prepare())
   TensorRef valid() const;      // u8  [num_blocks, block_size] (always current)
   KvPool k_pool(int32_t layer) const;
-  KvPool v_pool(int32_t layer) const;  // data empty without V
+  KvPool v_pool(int32_t layer) const;  // data empty without V pools (v_head_dim 0 or v_from_k_latent)
   const math::RopeTable& rope_table(int32_t layer) const;
 
   // ---- inspection ------------------------------------------------------------------

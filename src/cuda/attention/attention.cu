@@ -260,6 +260,9 @@ void attention_paged(const PagedAttentionParams& p, const AttentionTuning& tunin
   KVCORE_CUDA_CHECK(cudaSetDevice(p.device));
   require_arg(reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0,
               "attention: CUDA pools must be 16-byte aligned (kv.k at ", p.k, ", kv.v at ", p.v, ")");
+  const int64_t v_row_bytes = p.v_row_stride * (p.kv_elem == math::KvElem::F32 ? 4 : p.kv_elem == math::KvElem::E4M3 ? 1 : 2);
+  require_arg(v_row_bytes % 16 == 0, "attention: CUDA V rows must start 16-byte aligned (V row stride ", p.v_row_stride,
+              " elements)");
   const int hd = p.layout.head_dim;
   cudaStream_t stream = kvcore::ops::cuda::native(p.stream);
   if (prefill_attn::serves(p, sm_count(p.device))) {  // writes the output itself

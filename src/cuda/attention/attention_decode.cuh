@@ -210,7 +210,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
             const int64_t cell = int64_t{blk} * bs + (pow2_bs ? j & (bs - 1) : j % bs);
             const int64_t row_id = cell * n_kv + kvh;
             const uint4* kp = reinterpret_cast<const uint4*>(kbase + row_id * HDK * S::kBytes);
-            const uint4* vp = reinterpret_cast<const uint4*>(vbase + row_id * HDV * S::kBytes);
+            const uint4* vp = reinterpret_cast<const uint4*>(vbase + row_id * p.v_row_stride * S::kBytes);
 #pragma unroll
             for (int v = 0; v < S::kVplK; ++v)
               if (S::in_k(v, li)) cp_async16(&stage[(u * S::kVplK + v) * 32 + lane], kp + v * S::kLpr + li);
@@ -222,7 +222,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
             if constexpr (KV == math::KvElem::E4M3) {
               if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
                 prefetch_l1(p.maybe_k_scale_u8 + row_id * (HDK / 64) + S::dim(0, li, 0) / 64);
-                prefetch_l1(p.maybe_v_scale_u8 + row_id * (HDV / 64) + S::dim(0, li, 0) / 64);
+                prefetch_l1(p.maybe_v_scale_u8 + row_id * p.v_scale_row_stride + S::dim(0, li, 0) / 64);
               } else {
                 prefetch_l1(p.maybe_k_scale_f32 + row_id);
                 prefetch_l1(p.maybe_v_scale_f32 + row_id);
@@ -282,7 +282,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
               if (S::in_v(v, li)) vraw[u][v] = stage[(S::kUnroll * S::kVplK + u * S::kVplV + v) * 32 + lane];
           } else {
             const uint4* kp = reinterpret_cast<const uint4*>(kbase + row_id * HDK * S::kBytes);
-            const uint4* vp = reinterpret_cast<const uint4*>(vbase + row_id * HDV * S::kBytes);
+            const uint4* vp = reinterpret_cast<const uint4*>(vbase + row_id * p.v_row_stride * S::kBytes);
 #pragma unroll
             for (int v = 0; v < S::kVplK; ++v)
               if (S::in_k(v, li)) kraw[u][v] = __ldg(kp + v * S::kLpr + li);
@@ -299,7 +299,7 @@ __device__ __forceinline__ void decode_body(const PagedAttentionParams& p, Decod
 #pragma unroll
               for (int v = 0; v < S::kVplV; ++v)
                 if (S::in_v(v, li))
-                  vsc[u][v] = math::ue8m0_decode(p.maybe_v_scale_u8[row_id * (HDV / 64) + S::dim(v, li, 0) / 64]);
+                  vsc[u][v] = math::ue8m0_decode(p.maybe_v_scale_u8[row_id * p.v_scale_row_stride + S::dim(v, li, 0) / 64]);
             } else {
               const float ks = p.maybe_k_scale_f32[row_id], vs = p.maybe_v_scale_f32[row_id];
 #pragma unroll

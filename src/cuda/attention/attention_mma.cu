@@ -88,6 +88,8 @@ bool serves_shape(int head_dim, math::KvElem kv, int kernel_variant) {
 
 bool serves(const PagedAttentionParams& p) {
   if (!serves_shape(p.layout.head_dim, p.kv_elem, p.kernel_variant) || p.v_head_dim != p.layout.head_dim) return false;
+  // V rows indexed as K's: a V pool of its own, not rows of a wider one (MLA's latent).
+  if (p.v_row_stride != p.v_head_dim || p.v_scale_row_stride != p.v_head_dim / 64) return false;
   if (p.rope_on_read && !rope_chunk_aligned(p.rope.layout)) return false;  // rotated in 8-dim chunks
   // Byte metadata (valid flags, UE8M0 scales) is copied as the aligned 4-byte word holding
   // it: the arrays must start word-aligned and span whole words (no read past their end).
