@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -160,6 +161,70 @@ TEST(AttentionHeadDims, MlaDefaultScaleIsKeyWidthAndOutputIsValueWidth) {
   expect_error([&] { g.run(TensorRef(wide.data(), DType::F32, Device::cpu(), {c.rows, 4, 576})); },
                "out must be f32, f16 or bf16 [n_rows = 1, n_q_heads = 4, v_head_dim = 512]");
   EXPECT_EQ(wide, std::vector<float>(wide.size(), 42.0f));
+}
+
+// V read in place from K's rows (MLA's shared layout: V is the first 512 dims of each 576-dim K
+// row): a strided view of K's pool (and, e4m3, of K's scales) gives bit for bit the output of the
+// same values copied into a V pool of their own. Views whose rows overlap or whose strides are
+// not those of rows of a wider pool are refused naming pages.v; a plan keeps its V's stride.
+TEST(AttentionHeadDims, MlaValueAsAViewOfTheKeyRows) {
+  for (DType kv : {DType::F16, DType::E4M3}) {
+    SCOPED_TRACE(dtype_name(kv));
+    CaseSpec s;
+    s.kv = kv;
+    s.head_dim = 576;
+    s.v_head_dim = 512;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {40, 23};
+    s.dead_rate = 0.1;
+    s.seed = 4390;
+    const HostCase c = make_case(s);
+    DeviceCase g;
+    make_device_case(c, Device::cpu(), g);
+    const int64_t nb = c.num_blocks, bs = s.block_size, H = s.n_kv_heads, rows = nb * bs * H;
+    const size_t el = dtype_size(kv);
+    // The latent copied out: V rows of 512 (and 8 scale bytes) taken from each K row.
+    std::vector<uint8_t> v_copy(static_cast<size_t>(rows) * 512 * el), vs_copy(static_cast<size_t>(rows) * 8);
+    const auto* kd = static_cast<const uint8_t*>(g.kv.k.data());
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&v_copy[r * 512 * el], kd + r * 576 * el, 512 * el);
+    PagedKV copied = g.kv, in_place = g.kv;
+    copied.v = TensorRef(v_copy.data(), kv, Device::cpu(), {nb, bs, H, 512});
+    in_place.v = TensorRef(g.kv.k.data(), kv, Device::cpu(), {nb, bs, H, 512}, {bs * H * 576, H * 576, 576, 1});
+    if (kv == DType::E4M3) {
+      const auto* ks = static_cast<const uint8_t*>(g.kv.k_scale.data());
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(&vs_copy[r * 8], ks + r * 9, 8);
+      copied.v_scale = TensorRef(vs_copy.data(), DType::UE8M0, Device::cpu(), {nb, bs, H, 8});
+      in_place.v_scale =
+          TensorRef(g.kv.k_scale.data(), DType::UE8M0, Device::cpu(), {nb, bs, H, 8}, {bs * H * 9, H * 9, 9, 1});
+    }
+    const int64_t n_out = c.rows * s.n_q_heads * 512;
+    std::vector<float> a(static_cast<size_t>(n_out), 7.0f), b(static_cast<size_t>(n_out), 9.0f);
+    auto run = [&](const PagedKV& pages, std::vector<float>& out) {
+      const AttentionPlan plan = ops::attn::plan_paged(false, pages, s.n_q_heads, g.step, g.sched, g.tuning);
+      plan.run(g.q_ref, pages, TensorRef(out.data(), DType::F32, Device::cpu(), {c.rows, s.n_q_heads, 512}), g.layer);
+    };
+    run(copied, a);
+    run(in_place, b);
+    EXPECT_EQ(a, b) << "V read in place from K's rows differs from the same V copied out";
+
+    // Rows that overlap (stride < 512) or strides that are not rows of a wider pool: refused.
+    PagedKV bad = in_place;
+    bad.v = TensorRef(g.kv.k.data(), kv, Device::cpu(), {nb, bs, H, 512}, {bs * H * 500, H * 500, 500, 1});
+    expect_error([&] { run(bad, b); }, "pages.v must be contiguous [num_blocks, block_size, n_kv_heads, v_head_dim] or rows");
+    bad.v = TensorRef(g.kv.k.data(), kv, Device::cpu(), {nb, bs, H, 512}, {bs * H * 576, 576, 576, 1});
+    expect_error([&] { run(bad, b); }, "pages.v must be contiguous");
+    // A plan made for V in place refuses pages whose V is laid out otherwise (and writes nothing).
+    const AttentionPlan plan = ops::attn::plan_paged(false, in_place, s.n_q_heads, g.step, g.sched, g.tuning);
+    std::vector<float> untouched(static_cast<size_t>(n_out), 5.0f);
+    expect_error(
+        [&] {
+          plan.run(g.q_ref, copied, TensorRef(untouched.data(), DType::F32, Device::cpu(), {c.rows, s.n_q_heads, 512}),
+                   g.layer);
+        },
+        "pages.v is");
+    EXPECT_EQ(untouched, std::vector<float>(untouched.size(), 5.0f));
+  }
 }
 
 TEST(AttentionHeadDims, PlanRefusesWhatNoKernelServes) {

@@ -319,7 +319,8 @@ class AttentionPlan:
         """
         Attention of q [n_rows, n_q_heads, head_dim] (f32/f16/bf16; rows in the plan's order, rotated
         already unless the cache is rope_mode='on_read', where kvcore rotates q at its position) over
-        layer's pages. Writes out (same shape; any of f32/f16/bf16) or returns a new tensor like q.
+        layer's pages. Writes out ([n_rows, n_q_heads, v_head_dim]; any of f32/f16/bf16) or returns a
+        new tensor like q of that shape.
         """
 
     @property
@@ -362,7 +363,7 @@ class PagedCache:
     (k_pool(layer), ...) keep the cache alive.
     """
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True, device: str | int = 'cpu', stream: int | Any | None = None, pools: Sequence[Tensor] | None = None) -> None:
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True, v_from_k_latent: bool = False, device: str | int = 'cpu', stream: int | Any | None = None, pools: Sequence[Tensor] | None = None) -> None:
         """
         Allocate the pools: num_blocks blocks of block_size cells per layer.
         rope: a RopeSpec (or one per layer); k_format/v_format: 'f32', 'f16', 'bf16', 'fp8' (e4m3 + one
@@ -370,6 +371,8 @@ class PagedCache:
         or 'on_read' (K stored unrotated, rotated by attention; shift() moves no byte);
         strict_positions: positions must increase along a sequence; kvcore_attention: refuse at once
         formats kvcore's attention cannot read (False: pages for an engine's own attention);
+        v_from_k_latent: MLA's shared layout -- no V pools, V is the first v_head_dim dims of each K
+        row (K's format and scales); append/store then take K only (v=None);
         device 'cpu' or 'cuda:N';
         stream: the CUDA stream of the construction (default: torch's current stream); every later
         call runs on its own stream= or, without one, on torch's current stream at the call;
@@ -380,10 +383,11 @@ class PagedCache:
         """
 
     @staticmethod
-    def pool_specs(n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True) -> list[PoolSpec]:
+    def pool_specs(n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, *, rope: RopeSpec | Sequence[RopeSpec], v_head_dim: int | None = None, block_size: int = 16, k_format: str = 'f16', v_format: str | None = None, rope_mode: str = 'stored', strict_positions: bool = True, kvcore_attention: bool = True, v_from_k_latent: bool = False) -> list[PoolSpec]:
         """
         The pool arrays a cache of this configuration needs (PoolSpec list, in the order
-        PagedCache(..., pools=) takes them): per layer k, k_scales (fp8 K), v (v_head_dim > 0),
+        PagedCache(..., pools=) takes them): per layer k, k_scales (fp8 K), v (v_head_dim > 0 and
+        not v_from_k_latent),
         v_scales (fp8 V). An engine allocates them itself, e.g.
             pools = [torch.empty(s.shape, dtype=getattr(torch, s.dtype), device='cuda') for s in specs]
         Each has num_blocks + 1 blocks: the last is the cache's zero block (never write it).
@@ -541,6 +545,12 @@ class PagedCache:
 
     @property
     def v_head_dim(self) -> int: ...
+
+    @property
+    def v_from_k_latent(self) -> bool:
+        """
+        True: no V pools; V is the first v_head_dim dims of each K row (MLA's shared layout).
+        """
 
     @property
     def block_size(self) -> int: ...

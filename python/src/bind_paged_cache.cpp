@@ -128,8 +128,8 @@ nb::object plan_run(PyAttentionPlan& plan, int32_t layer, nb::handle q, nb::hand
   require_arg(plan.epoch == plan.cache->epoch,
               "AttentionPlan.run: the plan is stale (the cache changed after plan(); make a new plan each step)");
   Tensor tq = to_tensor(q, "q");
-  Output o = output(out, "out", q, std::vector<int64_t>(tq.ref.shape_data(), tq.ref.shape_data() + tq.ref.ndim()),
-                    tq.ref.dtype());
+  // The output's rows are V's width (MLA: 512 for 576-dim queries).
+  Output o = output(out, "out", q, shape_with_last(tq.ref, plan.cache->cache.config().v_head_dim), tq.ref.dtype());
   const Stream s = resolve_stream(stream, plan.cache->cache.device());
   {
     nb::gil_scoped_release g;
@@ -208,7 +208,8 @@ void bind_paged_cache(nb::module_& m) {
       .def("run", &plan_run, "layer"_a, "q"_a.none(), nb::kw_only(), "out"_a = nb::none(), "stream"_a = nb::none(),
            "Attention of q [n_rows, n_q_heads, head_dim] (f32/f16/bf16; rows in the plan's order, rotated\n"
            "already unless the cache is rope_mode='on_read', where kvcore rotates q at its position) over\n"
-           "layer's pages. Writes out (same shape; any of f32/f16/bf16) or returns a new tensor like q.")
+           "layer's pages. Writes out ([n_rows, n_q_heads, v_head_dim]; any of f32/f16/bf16) or returns a\n"
+           "new tensor like q of that shape.")
       .def_prop_ro("batch", [](const PyAttentionPlan& p) { return p.plan->batch(); })
       .def_prop_ro("n_rows", [](const PyAttentionPlan& p) { return p.plan->n_rows(); })
       .def_prop_ro("prefill", [](const PyAttentionPlan& p) { return p.plan->prefill(); })

@@ -51,9 +51,13 @@ enum class RopeMode : uint8_t { RopeStored, RopeOnRead };
 struct PagedKV {
   // [num_blocks, block_size, n_kv_heads, head_dim] (K) and [.., v_head_dim] (V): f32, f16, bf16 or
   // e4m3, both of one type. Head dims: 64, 80, 96, 112, 128, 192, 256 or 512 with V as wide as K,
-  // or K 576 with V 512 (DeepSeek-V2/V3 MLA); e4m3 needs multiples of 64.
+  // or K 576 with V 512 (DeepSeek-V2/V3 MLA); e4m3 needs multiples of 64. K is contiguous; V is
+  // contiguous or rows of a wider pool read in place -- strides [block_size * n_kv_heads * s,
+  // n_kv_heads * s, s, 1] with s >= v_head_dim -- as MLA's shared layout hands out V: the first
+  // v_head_dim dims of each K row (s = head_dim; PagedCacheConfig::v_from_k_latent).
   TensorRef k, v;
-  // e4m3 only: UE8M0 (or u8) [num_blocks, block_size, n_kv_heads, head_dim / 64] (v_scale: v_head_dim / 64)
+  // e4m3 only: UE8M0 (or u8) [num_blocks, block_size, n_kv_heads, head_dim / 64] (v_scale: v_head_dim / 64,
+  //            contiguous or, like v, rows of a wider array: K's scales in the shared layout)
   //            or f32 [num_blocks, block_size, n_kv_heads]
   TensorRef k_scale, v_scale;
   TensorRef positions;         // i32 [num_blocks, block_size]; needed for window, causal, rope-on-read
