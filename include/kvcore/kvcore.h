@@ -127,8 +127,8 @@ KVC_API void kvc_paged_free(kvc_paged_cache* cache);
 
 /* Pool memory the engine allocates (so its allocator accounts for it). kvc_paged_pool_specs lists
  * the arrays a cache of *cfg needs, in the order kvc_paged_create_with_pools takes them: per layer
- * K data, K scales (FP8 K), V data (v_head_dim > 0), V scales (FP8 V). Each has num_blocks + 1
- * blocks: the last is the cache's zero block, which the engine must not write. */
+ * K data, K scales (FP8 K), V data (v_head_dim > 0, not v_from_k_latent), V scales (FP8 V). Each
+ * has num_blocks + 1 blocks: the last is the cache's zero block, which the engine must not write. */
 #define KVC_POOL_K 0
 #define KVC_POOL_K_SCALES 1
 #define KVC_POOL_V 2
