@@ -63,8 +63,10 @@ TensorSignature signature_of(const TensorRef& t) {
   if (!s.present) return s;
   s.dtype = t.dtype();
   s.ndim = t.ndim();
-  for (int d = 0; d < std::min(t.ndim(), 4); ++d) s.sizes[d] = t.size(d), s.strides[d] = t.stride(d);
+  for (int d = 0; d < std::min(t.ndim(), 4); ++d) s.sizes[d] = t.size(d);
   s.contiguous = t.is_contiguous() && (t.data() != nullptr || t.numel() == 0);
+  if (!s.contiguous)  // (contiguous views of one shape are laid out alike, whatever their size-1 strides)
+    for (int d = 0; d < std::min(t.ndim(), 4); ++d) s.strides[d] = t.stride(d);
   s.device = t.device();
   return s;
 }

@@ -138,8 +138,11 @@ void check_pools(const char* op, const PagedKV& kv, Device dev, int64_t head_dim
   p.layout.n_kv_heads = static_cast<int32_t>(n_kv);
   p.layout.head_dim = static_cast<int32_t>(head_dim);
   p.v_head_dim = static_cast<int32_t>(v_head_dim);
-  p.v_row_stride = kv.v.stride(2);
-  p.v_scale_row_stride = p.scale_mode == math::KvScaleMode::Ue8m0Per64 ? kv.v_scale.stride(2) : v_head_dim / 64;
+  // Contiguous arrays: their own row widths (whatever strides their size-1 dims carry).
+  p.v_row_stride = kv.v.is_contiguous() ? v_head_dim : kv.v.stride(2);
+  p.v_scale_row_stride = p.scale_mode == math::KvScaleMode::Ue8m0Per64 && !kv.v_scale.is_contiguous()
+                             ? kv.v_scale.stride(2)
+                             : v_head_dim / 64;
   p.num_blocks = static_cast<int32_t>(num_blocks);
 }
 
