@@ -20,6 +20,8 @@ constexpr bool kAutomatic = false;
 // any size).
 bool serves(const PagedAttentionParams& p, int sm_count);
 void launch(const PagedAttentionParams& p, cudaStream_t stream);
+// Launches of the kernel in this process (tests check that a forced call took it).
+int64_t launch_count();
 
 // One warpgroup's tiles through the kernel's primitives (wgmma_primitives.cuh), for a test
 // against a host reference: s = q k^T (q: 64 x head_dim rows, k: 64 keys x head_dim, both

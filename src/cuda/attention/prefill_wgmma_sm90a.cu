@@ -1,6 +1,7 @@
 // Launcher of the wgmma prefill kernel (prefill_wgmma.cuh): which calls it serves. This file
 // is compiled for sm_90a only (CMakeLists.txt: kvcore_sm90a); the kernel runs on devices of
 // compute capability 9.0 exactly, which serves() checks.
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -30,6 +31,8 @@ void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
 }
 
 bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
+
+std::atomic<int64_t> g_launches{0};
 
 }  // namespace
 
@@ -64,7 +67,10 @@ bool serves(const PagedAttentionParams& p, int sm_count) {
   return blocks16 >= sm_count;
 }
 
+int64_t launch_count() { return g_launches.load(); }
+
 void launch(const PagedAttentionParams& p, cudaStream_t stream) {
+  g_launches.fetch_add(1);
   require_arg(int64_t{p.n_rows} + p.batch < 2147483647 && p.layout.n_kv_heads * p.group < 65536,
               "attention prefill (wgmma): grid too large");
   const bool bf16 = p.kv_elem == math::KvElem::BF16;
