@@ -6,7 +6,8 @@
 // per (query head, visible key) pair (QK^T and PV, as FlashAttention counts them); bytes =
 // K/V read once. Case names match bench/attention_sdpa_baseline.py (SDPA, causal from the
 // bottom right, on dense K/V). On compute capability 9.0 each case also runs the Hopper wgmma
-// kernel (kernel variant 5) as "<case>_wgmma", its note giving the speed-up over the automatic kernel.
+// kernels (kernel variants 5 and 6) as "<case>_wgmma" and "<case>_wgmma_sync", their notes
+// giving the speed-up over the automatic kernel.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -84,18 +85,23 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
   AttentionSchedule sc;
   sc.check_tables = false;
   sc.max_seq_cells = ctx;
-  // The automatic kernel (the mma.sync prefill kernel unless prefill_wgmma.hpp's kAutomatic is
-  // flipped) and, on compute capability 9.0, the wgmma kernel forced ("_wgmma"), with its ratio.
+  // The automatic kernel (the mma.sync prefill kernel unless prefill_wgmma.hpp's
+  // kAutomaticVariant says otherwise) and, on compute capability 9.0, the wgmma kernels forced
+  // ("_wgmma": warp-specialized, "_wgmma_sync": synchronous), with their ratios to it.
   std::vector<ops::AttentionKernel> kernels{ops::AttentionKernel::Auto};
 #if KVCORE_WITH_CUDA
-  if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index)) kernels.push_back(ops::AttentionKernel::WgmmaPrefill);
+  if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index)) {
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefill);
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefillSync);
+  }
 #endif
   double auto_us = 0;
   for (ops::AttentionKernel kernel : kernels) {
     ops::AttentionTuning tu;
     tu.kernel = kernel;
-    const bool wgmma = kernel == ops::AttentionKernel::WgmmaPrefill;
-    const std::string cname = name + (wgmma ? "_wgmma" : "");
+    const bool wgmma = kernel != ops::AttentionKernel::Auto;
+    const std::string cname =
+        name + (kernel == ops::AttentionKernel::WgmmaPrefill ? "_wgmma" : kernel == ops::AttentionKernel::WgmmaPrefillSync ? "_wgmma_sync" : "");
     const AttentionPlan plan = ops::attn::plan_paged(true, kv, kQHeads, step, sc, tu);  // owns its workspace
     const int32_t splits = plan.num_splits();
     const std::vector<uint16_t> nan_out(size_t(rows) * kQHeads * kHeadDim, 0x7e00);  // f16 NaN: a row left unwritten fails the check

@@ -14,8 +14,11 @@ enum class AttentionKernel : int32_t {
   SimtAsync = 2,          // the SIMT cp.async pipeline (head_dim 128, 16-bit and FP8 pages)
   TensorCore = 3,         // the tensor-core decode kernel (head_dim 64 and 128, 16-bit and FP8 pages)
   TensorCorePrefill = 4,  // the tensor-core prefill kernel whatever the call's size (prefill, 16-bit pages)
-  WgmmaPrefill = 5,       // the Hopper wgmma prefill kernel whatever the call's size (prefill, 16-bit pages,
-                          // q in the page type, 16-bit out, compute capability 9.0; prefill_wgmma.hpp)
+  // The Hopper wgmma prefill kernels whatever the call's size (prefill, 16-bit pages, q in the
+  // page type, 16-bit out, compute capability 9.0; prefill_wgmma.hpp): warp-specialized (a
+  // producer warp, mbarriers) or synchronous (every thread copies, a CTA barrier a tile).
+  WgmmaPrefill = 5,
+  WgmmaPrefillSync = 6,
 };
 
 struct AttentionTuning {

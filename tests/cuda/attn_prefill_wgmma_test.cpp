@@ -1,10 +1,10 @@
-// The Hopper wgmma prefill kernel (prefill_wgmma.cuh, kernel variant 5), on compute capability
-// 9.0 only (skipped elsewhere):
+// The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh; kernel variants 5
+// warp-specialized and 6 synchronous), on compute capability 9.0 only (skipped elsewhere):
 //  - WgmmaPrimitives: one warpgroup's S = Q K^T and O = P V tiles through the kernel's
 //    descriptors, swizzled tile layout and register fragments against a float64 product of
 //    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
 //    exact products stays far below the bound);
-//  - WgmmaPrefill*: the forced kernel against the CPU op and the float64 reference on fresh
+//  - WgmmaPrefill*: both forced kernels against the CPU op and the float64 reference on fresh
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
@@ -33,21 +33,25 @@ double from_bits(uint16_t b, bool bf16) { return bf16 ? math::bf16_bits_to_f32(b
 
 double tol(DType out) { return out == DType::BF16 ? 8e-3 : 1e-3; }
 
-// The forced wgmma kernel on one case, against the CPU op and float64; it must have launched.
+// Both forced wgmma kernels (5: warp-specialized, 6: synchronous) on one case, against the CPU
+// op and float64; each must have launched.
 void check_wgmma(const CaseSpec& s) {
   const HostCase c = make_case(s);
   const std::vector<float> cpu = run_op(c, Device::cpu());
   const std::vector<double> ref = reference(c);
-  const int64_t before = wg::launch_count();
-  const std::vector<float> gpu = run_op(c, Device::cuda(0), 0, nullptr, static_cast<int>(ops::AttentionKernel::WgmmaPrefill));
-  EXPECT_EQ(wg::launch_count(), before + 1) << "the forced wgmma kernel did not run";
-  const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
-  const std::string what = std::string("kv ") + std::string(dtype_name(s.kv)) + " D " + std::to_string(s.head_dim) + " heads " +
-                           std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) + " window " +
-                           std::to_string(s.window);
-  EXPECT_LE(e_cpu, tol(s.out)) << "vs CPU: " << what;
-  EXPECT_LE(e_ref, tol(s.out)) << "vs f64: " << what;
-  std::printf("[wgmma prefill] %s: error vs f64 %.3g, vs CPU %.3g\n", what.c_str(), e_ref, e_cpu);
+  for (ops::AttentionKernel k : {ops::AttentionKernel::WgmmaPrefill, ops::AttentionKernel::WgmmaPrefillSync}) {
+    const int64_t before = wg::launch_count();
+    const std::vector<float> gpu = run_op(c, Device::cuda(0), 0, nullptr, static_cast<int>(k));
+    EXPECT_EQ(wg::launch_count(), before + 1) << "the forced wgmma kernel did not run";
+    const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
+    const std::string what = std::string("variant ") + std::to_string(static_cast<int>(k)) + " kv " +
+                             std::string(dtype_name(s.kv)) + " D " + std::to_string(s.head_dim) + " heads " +
+                             std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) + " window " +
+                             std::to_string(s.window);
+    EXPECT_LE(e_cpu, tol(s.out)) << "vs CPU: " << what;
+    EXPECT_LE(e_ref, tol(s.out)) << "vs f64: " << what;
+    std::printf("[wgmma prefill] %s: error vs f64 %.3g, vs CPU %.3g\n", what.c_str(), e_ref, e_cpu);
+  }
 }
 
 }  // namespace

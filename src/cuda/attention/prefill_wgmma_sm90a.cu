@@ -7,6 +7,7 @@
 
 #include "cuda/attention/attention_prefill.hpp"
 #include "cuda/attention/prefill_wgmma.cuh"
+#include "cuda/attention/prefill_wgmma_ws.cuh"
 #include "cuda/attention/prefill_wgmma.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.hpp"
@@ -16,18 +17,26 @@ namespace kvcore::ops::cuda::prefill_wgmma {
 
 namespace {
 
-template <int HD, bool BF16>
+template <int HD, bool BF16, bool WS>
 void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   using S = Shape<HD>;
-  smem_opt_in(prefill_wgmma_kernel<HD, BF16>, S::kSmemBytes, p.device);
+  const auto kernel = WS ? prefill_wgmma_ws_kernel<HD, BF16> : prefill_wgmma_kernel<HD, BF16>;
+  smem_opt_in(kernel, S::kSmemBytes, p.device);
   // The same heads per CTA as the mma.sync prefill kernel (4: the warps of a warpgroup).
   const int chunk_heads = prefill_attn::heads_per_cta(p.group);
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
   // Row blocks, then one CTA a sequence for rows before its first block boundary.
   const int64_t ctas = prefill_row_block_ctas(p.n_rows, p.batch, kRows);
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
-  prefill_wgmma_kernel<HD, BF16><<<grid, kThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
+  kernel<<<grid, WS ? kWsThreads : kConsumerThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("prefill_wgmma_kernel");
+}
+
+template <int HD, bool BF16>
+void launch_hd(const PagedAttentionParams& p, cudaStream_t stream) {
+  const int variant = p.kernel_variant == 0 ? kAutomaticVariant : p.kernel_variant;
+  if (variant == 6) return launch_kernel<HD, BF16, false>(p, stream);
+  return launch_kernel<HD, BF16, true>(p, stream);
 }
 
 bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
@@ -49,8 +58,8 @@ bool device_is_sm90(int device) {
 }
 
 bool serves(const PagedAttentionParams& p, int sm_count) {
-  const bool forced = p.kernel_variant == 5;
-  if (!(forced || (kAutomatic && p.kernel_variant == 0))) return false;
+  const bool forced = p.kernel_variant == 5 || p.kernel_variant == 6;
+  if (!(forced || (kAutomaticVariant != 0 && p.kernel_variant == 0))) return false;
   if (!p.maybe_qo_indptr || !p.causal || p.rope_on_read || !p.maybe_positions || !p.maybe_q_positions) return false;
   if (!(p.kv_elem == math::KvElem::F16 || p.kv_elem == math::KvElem::BF16)) return false;
   if (!(p.layout.head_dim == 64 || p.layout.head_dim == 128) || p.v_head_dim != p.layout.head_dim) return false;
@@ -74,8 +83,8 @@ void launch(const PagedAttentionParams& p, cudaStream_t stream) {
   require_arg(int64_t{p.n_rows} + p.batch < 2147483647 && p.layout.n_kv_heads * p.group < 65536,
               "attention prefill (wgmma): grid too large");
   const bool bf16 = p.kv_elem == math::KvElem::BF16;
-  if (p.layout.head_dim == 64) return bf16 ? launch_kernel<64, true>(p, stream) : launch_kernel<64, false>(p, stream);
-  return bf16 ? launch_kernel<128, true>(p, stream) : launch_kernel<128, false>(p, stream);
+  if (p.layout.head_dim == 64) return bf16 ? launch_hd<64, true>(p, stream) : launch_hd<64, false>(p, stream);
+  return bf16 ? launch_hd<128, true>(p, stream) : launch_hd<128, false>(p, stream);
 }
 
 }  // namespace kvcore::ops::cuda::prefill_wgmma

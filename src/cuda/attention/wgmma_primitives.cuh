@@ -83,6 +83,41 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 #endif
 
+#if KVCORE_WGMMA_ARCH
+// mbarrier (PTX 9.7.13.15) in shared memory, for the producer / consumer pipeline: `count`
+// arrivals complete a phase; a waiter of phase k (0, 1, 2, ...) passes parity k & 1.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrive (release at CTA scope: this thread's prior writes are visible to a waiter that passes).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Wait (acquire) until the phase of the given parity completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"  // labels are local to the braces: one copy per inlined call
+      "KVCORE_MBAR_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra KVCORE_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+#endif
+
+#if KVCORE_WGMMA_ARCH
+// Warp specialization: a warpgroup gives registers back to (dec) or takes them from (inc) the
+// SM's pool; every warp of the warpgroup executes it. N: registers per thread, a multiple of 8
+// in [24, 256].
+template <int N>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif
+
 // Keeps the compiler from moving reads or writes of registers across a wgmma wait: the
 // registers are "changed" here, after the wait, as far as the compiler knows.
 template <int N>

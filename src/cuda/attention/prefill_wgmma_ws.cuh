@@ -1,0 +1,136 @@
+// The warp-specialized wgmma prefill kernel (FlashAttention-3's producer / consumer split, with
+// cp.async instead of TMA since a tile gathers 64 keys from 16-token pages): warps 0-7 are the
+// two consumer warpgroups of prefill_wgmma.cuh (same rows, heads, tiles and math), warp 8 the
+// producer (its warpgroup's other warps leave at once). The register file is split per SM
+// sub-partition, so a CTA of 9 warps would cap every thread at 168 registers like one of 12:
+// instead the producer warpgroup gives registers back (setmaxnreg: 72 a thread, what its
+// copies and address math take without spills) and the consumers take 216. Per stage two mbarriers:
+//   full[s]  (32 arrivals: the producer's lanes) - tile landed and prepared (positions, summary,
+//            dead V rows zeroed, fence.proxy.async done);
+//   empty[s] (one arrival per consumer warp of a warpgroup that has rows) - every wgmma reading
+//            the stage completed (a tile's P V is known complete once the next tile's S was
+//            waited for; a skipped tile is released at once).
+// The producer copies tile i into stage i % 4 once empty released tile i - 4, then publishes
+// tile i - 2 (its copies waited for: three tiles in flight). The warpgroups never wait for each
+// other, so one's softmax runs while the other's wgmma does.
+#pragma once
+#include "cuda/attention/prefill_wgmma.cuh"
+
+namespace kvcore::ops::cuda::prefill_wgmma {
+
+constexpr int kWsThreads = kConsumerThreads + 128;  // + the producer warpgroup
+constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 128 * (72 + 2 * 216) <= 65536; no spills either side
+constexpr int kPublishLag = 2;                     // tiles issued before the oldest is published
+
+template <int HD, bool BF16>
+__global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const PagedAttentionParams p, int chunk_heads) {
+#if KVCORE_WGMMA_ARCH
+  using S = Shape<HD>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  Cta ct;
+  if (!make_cta(p, chunk_heads, ct)) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  auto stage_of = [&](int s) { return smem + s * S::kStageBytes; };
+  auto meta_of = [&](int s) { return reinterpret_cast<int*>(smem + S::kMetaOffset) + s * S::kMetaInts; };
+  const uint32_t bars = smem_addr(smem + S::kBarOffset);
+  auto full_bar = [&](int s) { return bars + 8u * s; };
+  auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
+  const int live_groups = (ct.n_r + 15) / 16;  // warpgroups with rows (n_r <= 32)
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) {
+      wgmma::mbar_init(full_bar(s), 32);
+      wgmma::mbar_init(empty_bar(s), 4 * live_groups);
+    }
+  __syncthreads();  // the barriers initialized before anyone uses them
+
+  if (warp >= 4 * kGroups) {
+    // ---- producer warpgroup: warp 8 copies and publishes, warps 9-11 leave
+    wgmma::regs_dec<kProducerRegs>();
+    if (warp != 4 * kGroups) return;
+    constexpr int kItems = kKeys * S::kChunks / 32;  // 16-byte chunks of K (and of V) per lane per tile
+    int blk[2];  // block ids of keys lane, lane + 32 of the next tile to copy, loaded a tile ahead
+    auto load_blocks = [&](int i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) blk[e] = i < ct.n_tiles ? block_of(ct, i * kKeys + lane + 32 * e) : -1;
+    };
+    auto publish = [&](int j) {
+      __syncwarp();  // every lane's copies landed (each waited for its own) and cells stored
+      prepare_tile<HD>(p, ct, stage_of(j % kStages), meta_of(j % kStages), lane);
+      wgmma::mbar_arrive(full_bar(j % kStages));
+    };
+    load_blocks(0);
+    for (int i = 0; i < ct.n_tiles; ++i) {
+      const int s = i % kStages;
+      if (i >= kStages) wgmma::mbar_wait(empty_bar(s), (i / kStages - 1) & 1);
+      unsigned char* st = stage_of(s);
+      int* meta = meta_of(s);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = lane + 32 * e;
+        copy_key_meta(p, meta, r, cell_of(ct, blk[e], i * kKeys + r));
+      }
+      __syncwarp();  // cells stored before the lanes read them
+#pragma unroll 8
+      for (int it = 0; it < kItems; ++it) {
+        const int idx = it * 32 + lane, r = idx / S::kChunks, c = idx % S::kChunks;
+        copy_key_chunk<HD>(p, ct, st, r, c, meta[r]);
+      }
+      cp_async_commit();
+      load_blocks(i + 1);
+      if (i >= kPublishLag) {
+        cp_async_wait<kPublishLag>();  // this lane's copies of tile i - 2
+        publish(i - kPublishLag);
+      }
+    }
+    cp_async_wait<0>();
+    for (int j = ct.n_tiles - kPublishLag < 0 ? 0 : ct.n_tiles - kPublishLag; j < ct.n_tiles; ++j) publish(j);
+    return;
+  }
+
+  // ---- consumer warpgroups
+  wgmma::regs_inc<kConsumerRegs>();
+  const int g = lane / 4, t = lane % 4;
+  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);
+  if (r0 >= ct.n_r) return;  // no rows: this warpgroup is not counted in the empty barriers
+  const bool active = hw < ct.n_h;  // warp-uniform: its head exists
+  const int head = ct.h0 + (active ? hw : 0);
+  Rows<HD> w;
+  init_rows<HD>(p, ct, r0, active, head, g, t, w);
+  const float sl2 = p.softmax_scale * math::kLog2e;
+  int pend = -1;  // stage whose P V may be in flight
+  auto release = [&](int s) {
+    __syncwarp();  // the warp's reads of the stage (metadata) done
+    if (lane == 0) wgmma::mbar_arrive(empty_bar(s));
+  };
+  for (int i = 0; i < ct.n_tiles; ++i) {
+    const int s = i % kStages;
+    wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
+    const int* meta = meta_of(s);
+    bool none, full;
+    tile_cover<HD>(p, meta, w, none, full);
+    if (none) {
+      wgmma::wait<0>();
+      if (pend >= 0) release(pend);
+      pend = -1;
+      release(s);
+      continue;
+    }
+    const uint32_t k_s = smem_addr(stage_of(s));
+    attend_tile<HD, BF16>(p, w, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [&] {
+      if (pend >= 0) release(pend);
+    });
+    pend = s;
+  }
+  wgmma::wait<0>();
+  wgmma::fence_regs(w.o);
+  if (pend >= 0) release(pend);
+  if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
+#else
+  (void)p;
+  (void)chunk_heads;
+  __trap();  // built for sm_90a only; the launcher checks the device
+#endif
+}
+
+}  // namespace kvcore::ops::cuda::prefill_wgmma
