@@ -48,7 +48,7 @@ double visible_pairs(int64_t ctx, int64_t n_new) {
 void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n_new) {
   const std::string name = "llama8b_prefill_f16_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_new" +
                            std::to_string(n_new);
-  if (!opt.wants(name)) return;
+  if (!opt.wants(name) && !opt.wants(name + "_wgmma") && !opt.wants(name + "_wgmma_sync")) return;
   const Device d = opt.device;
   const int64_t nb = (ctx + kBlock - 1) / kBlock, n_blocks = batch * nb, rows = batch * n_new;
   const size_t row_elems = size_t(n_blocks) * kBlock * kKvHeads * kHeadDim;
@@ -102,6 +102,7 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
     const bool wgmma = kernel != ops::AttentionKernel::Auto;
     const std::string cname =
         name + (kernel == ops::AttentionKernel::WgmmaPrefill ? "_wgmma" : kernel == ops::AttentionKernel::WgmmaPrefillSync ? "_wgmma_sync" : "");
+    if (!opt.wants(cname)) continue;  // --case _wgmma_sync: that kernel alone
     const AttentionPlan plan = ops::attn::plan_paged(true, kv, kQHeads, step, sc, tu);  // owns its workspace
     const int32_t splits = plan.num_splits();
     const std::vector<uint16_t> nan_out(size_t(rows) * kQHeads * kHeadDim, 0x7e00);  // f16 NaN: a row left unwritten fails the check

@@ -4,7 +4,7 @@
 //    descriptors, swizzled tile layout and register fragments against a float64 product of
 //    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
 //    exact products stays far below the bound);
-//  - WgmmaPrefill*: both forced kernels against the CPU op and the float64 reference on fresh
+//  - WgmmaSyncPrefill*, WgmmaWsPrefill*: each forced kernel against the CPU op and the float64 reference on fresh
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
@@ -33,26 +33,95 @@ double from_bits(uint16_t b, bool bf16) { return bf16 ? math::bf16_bits_to_f32(b
 
 double tol(DType out) { return out == DType::BF16 ? 8e-3 : 1e-3; }
 
-// Both forced wgmma kernels (5: warp-specialized, 6: synchronous) on one case, against the CPU
-// op and float64; each must have launched.
-void check_wgmma(const CaseSpec& s) {
+// A forced wgmma kernel (5: warp-specialized, 6: synchronous) on one case, against the CPU op
+// and float64; it must have launched.
+void check_wgmma(const CaseSpec& s, ops::AttentionKernel k) {
   const HostCase c = make_case(s);
   const std::vector<float> cpu = run_op(c, Device::cpu());
   const std::vector<double> ref = reference(c);
-  for (ops::AttentionKernel k : {ops::AttentionKernel::WgmmaPrefill, ops::AttentionKernel::WgmmaPrefillSync}) {
-    const int64_t before = wg::launch_count();
-    const std::vector<float> gpu = run_op(c, Device::cuda(0), 0, nullptr, static_cast<int>(k));
-    EXPECT_EQ(wg::launch_count(), before + 1) << "the forced wgmma kernel did not run";
-    const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
-    const std::string what = std::string("variant ") + std::to_string(static_cast<int>(k)) + " kv " +
-                             std::string(dtype_name(s.kv)) + " D " + std::to_string(s.head_dim) + " heads " +
-                             std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) + " window " +
-                             std::to_string(s.window);
-    EXPECT_LE(e_cpu, tol(s.out)) << "vs CPU: " << what;
-    EXPECT_LE(e_ref, tol(s.out)) << "vs f64: " << what;
-    std::printf("[wgmma prefill] %s: error vs f64 %.3g, vs CPU %.3g\n", what.c_str(), e_ref, e_cpu);
+  const int64_t before = wg::launch_count();
+  const std::vector<float> gpu = run_op(c, Device::cuda(0), 0, nullptr, static_cast<int>(k));
+  EXPECT_EQ(wg::launch_count(), before + 1) << "the forced wgmma kernel did not run";
+  const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
+  const std::string what = std::string("variant ") + std::to_string(static_cast<int>(k)) + " kv " +
+                           std::string(dtype_name(s.kv)) + " D " + std::to_string(s.head_dim) + " heads " +
+                           std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) + " window " +
+                           std::to_string(s.window);
+  EXPECT_LE(e_cpu, tol(s.out)) << "vs CPU: " << what;
+  EXPECT_LE(e_ref, tol(s.out)) << "vs f64: " << what;
+  std::printf("[wgmma prefill] %s: error vs f64 %.3g, vs CPU %.3g\n", what.c_str(), e_ref, e_cpu);
+}
+
+void formats_groups_and_masks(ops::AttentionKernel k) {
+  struct C {
+    int q, kv, d;
+    DType t, out;
+    double dead;
+    int window;
+    bool sinks;
+  };
+  for (C c : {C{32, 8, 128, DType::F16, DType::F16, 0.0, 0, false},
+              C{32, 8, 128, DType::F16, DType::BF16, 0.1, 0, true},
+              C{16, 2, 128, DType::BF16, DType::BF16, 0.0, 100, false},
+              C{12, 2, 64, DType::F16, DType::F16, 0.05, 0, true},
+              C{4, 4, 64, DType::BF16, DType::F16, 0.2, 37, false},
+              C{8, 4, 128, DType::BF16, DType::BF16, 0.2, 37, true}}) {
+    CaseSpec s;
+    s.kv = c.t;
+    s.q = c.t;  // q exact in the page type
+    s.out = c.out;
+    s.head_dim = c.d;
+    s.n_q_heads = c.q;
+    s.n_kv_heads = c.kv;
+    s.seq_cells = {700, 290, 61};  // partial last pages
+    s.q_tokens = {300, 290, 1};    // 591 rows: not a multiple of 16 or 32
+    s.dead_rate = c.dead;
+    s.window = c.window;
+    s.sinks = c.sinks;
+    s.seed = 140 + c.q + c.d + int(c.t);
+    check_wgmma(s, k);
   }
 }
+
+void ragged_sequences(ops::AttentionKernel k) {
+  // Sequences starting on and between 32-row blocks, an empty one, a one-row one.
+  for (DType t : {DType::F16, DType::BF16}) {
+    CaseSpec s;
+    s.kv = s.q = s.out = t;
+    s.head_dim = 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {100, 40, 200, 64, 50, 31};
+    s.q_tokens = {0, 32, 33, 64, 1, 31};
+    s.dead_rate = 0.05;
+    s.sinks = true;
+    s.seed = 177 + int(t);
+    check_wgmma(s, k);
+    // stored positions carry a per-sequence offset (table.pos_offset)
+    s.pos_offsets = true;
+    s.window = 45;
+    s.seed += 1;
+    check_wgmma(s, k);
+  }
+}
+
+void long_context(ops::AttentionKernel k) {
+  // 2100 keys = 33 tiles of 64 (the 4-stage ring wraps 8 times), a chunk of 1500 rows.
+  for (DType t : {DType::F16, DType::BF16}) {
+    CaseSpec s;
+    s.kv = s.q = s.out = t;
+    s.head_dim = 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {2100, 130};
+    s.q_tokens = {1500, 70};
+    s.dead_rate = 0.02;
+    s.seed = 211 + int(t);
+    check_wgmma(s, k);
+  }
+}
+
+constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync;
 
 }  // namespace
 
@@ -89,74 +158,28 @@ TEST(AttnCuda, WgmmaPrimitives) {
     }
 }
 
-TEST(AttnCuda, WgmmaPrefillFormatsGroupsAndMasks) {
+// One test per kernel and group of cases (a fault in one kernel leaves the other's results).
+TEST(AttnCuda, WgmmaSyncPrefillFormatsGroupsAndMasks) {
   if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
-  struct C {
-    int q, kv, d;
-    DType t, out;
-    double dead;
-    int window;
-    bool sinks;
-  };
-  for (C c : {C{32, 8, 128, DType::F16, DType::F16, 0.0, 0, false},
-              C{32, 8, 128, DType::F16, DType::BF16, 0.1, 0, true},
-              C{16, 2, 128, DType::BF16, DType::BF16, 0.0, 100, false},
-              C{12, 2, 64, DType::F16, DType::F16, 0.05, 0, true},
-              C{4, 4, 64, DType::BF16, DType::F16, 0.2, 37, false},
-              C{8, 4, 128, DType::BF16, DType::BF16, 0.2, 37, true}}) {
-    CaseSpec s;
-    s.kv = c.t;
-    s.q = c.t;  // q exact in the page type
-    s.out = c.out;
-    s.head_dim = c.d;
-    s.n_q_heads = c.q;
-    s.n_kv_heads = c.kv;
-    s.seq_cells = {700, 290, 61};  // partial last pages
-    s.q_tokens = {300, 290, 1};    // 591 rows: not a multiple of 16 or 32
-    s.dead_rate = c.dead;
-    s.window = c.window;
-    s.sinks = c.sinks;
-    s.seed = 140 + c.q + c.d + int(c.t);
-    check_wgmma(s);
-  }
+  formats_groups_and_masks(kSync);
 }
-
-TEST(AttnCuda, WgmmaPrefillRaggedSequences) {
+TEST(AttnCuda, WgmmaSyncPrefillRaggedSequences) {
   if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
-  // Sequences starting on and between 32-row blocks, an empty one, a one-row one.
-  for (DType t : {DType::F16, DType::BF16}) {
-    CaseSpec s;
-    s.kv = s.q = s.out = t;
-    s.head_dim = 128;
-    s.n_q_heads = 8;
-    s.n_kv_heads = 2;
-    s.seq_cells = {100, 40, 200, 64, 50, 31};
-    s.q_tokens = {0, 32, 33, 64, 1, 31};
-    s.dead_rate = 0.05;
-    s.sinks = true;
-    s.seed = 177 + int(t);
-    check_wgmma(s);
-    // stored positions carry a per-sequence offset (table.pos_offset)
-    s.pos_offsets = true;
-    s.window = 45;
-    s.seed += 1;
-    check_wgmma(s);
-  }
+  ragged_sequences(kSync);
 }
-
-TEST(AttnCuda, WgmmaPrefillLongContext) {
+TEST(AttnCuda, WgmmaSyncPrefillLongContext) {
   if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
-  // 2100 keys = 33 tiles of 64 (the 4-stage ring wraps 8 times), a chunk of 1500 rows.
-  for (DType t : {DType::F16, DType::BF16}) {
-    CaseSpec s;
-    s.kv = s.q = s.out = t;
-    s.head_dim = 128;
-    s.n_q_heads = 8;
-    s.n_kv_heads = 2;
-    s.seq_cells = {2100, 130};
-    s.q_tokens = {1500, 70};
-    s.dead_rate = 0.02;
-    s.seed = 211 + int(t);
-    check_wgmma(s);
-  }
+  long_context(kSync);
+}
+TEST(AttnCuda, WgmmaWsPrefillFormatsGroupsAndMasks) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  formats_groups_and_masks(kWs);
+}
+TEST(AttnCuda, WgmmaWsPrefillRaggedSequences) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  ragged_sequences(kWs);
+}
+TEST(AttnCuda, WgmmaWsPrefillLongContext) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  long_context(kWs);
 }

@@ -67,7 +67,10 @@ struct Shape {
 };
 
 // What a CTA works on: rows [row, row + n_r) of sequence b, heads h0 .. h0 + n_h - 1 of kv head
-// kvh, the sequence's n_cells cells (n_tiles tiles).
+// kvh, the sequence's n_cells cells (n_tiles tiles). The grid is (row blocks, kv heads x head
+// chunks) as for the mma.sync kernel, but its linear index is read head-fastest with the row
+// blocks reversed: CTAs start in launch order, so the last rows of a chunk (the most keys under
+// the causal mask) start first and the short ones fill the tail of the last wave.
 struct Cta {
   int row, b, n_r, kvh, h0, n_h, bs, n_kv, n_cells, n_tiles, bs_shift;
   bool pow2_bs;
@@ -76,12 +79,17 @@ struct Cta {
 };
 
 __device__ __forceinline__ bool make_cta(const PagedAttentionParams& p, int chunk_heads, Cta& c) {
-  const PrefillRowBlock rb = prefill_row_block<kRows>(p, static_cast<int>(blockIdx.x));
+  const int64_t lin = blockIdx.x + int64_t{blockIdx.y} * gridDim.x;
+  const int heads = gridDim.y;  // kv heads x head chunks
+  const int x_rev = static_cast<int>(lin / heads), y = static_cast<int>(lin % heads);
+  const int n_blocks = (p.n_rows + kRows - 1) / kRows;  // then one CTA per sequence (prefill_row_blocks.hpp)
+  const int x = x_rev < n_blocks ? n_blocks - 1 - x_rev : x_rev;
+  const PrefillRowBlock rb = prefill_row_block<kRows>(p, x);
   if (rb.n_r <= 0) return false;
   c.row = rb.row, c.b = rb.b, c.n_r = rb.n_r;
   const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
-  c.kvh = blockIdx.y / chunks;
-  const int chunk = blockIdx.y % chunks;
+  c.kvh = y / chunks;
+  const int chunk = y % chunks;
   c.h0 = c.kvh * p.group + chunk * chunk_heads;
   c.n_h = min(chunk_heads, p.group - chunk * chunk_heads);
   c.bs = p.layout.block_size, c.n_kv = p.layout.n_kv_heads;
