@@ -308,8 +308,9 @@ __device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<
       sum += sc[j][2 * e] + sc[j][2 * e + 1];
     }
     w.l[e] = w.l[e] * rs + sum;
+    if (rs != 1.0f)  // most tiles of a long prefix leave the max alone
 #pragma unroll
-    for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][2 * e] *= rs, w.o[dt][2 * e + 1] *= rs;
+      for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][2 * e] *= rs, w.o[dt][2 * e + 1] *= rs;
   }
   // P's A fragment of k-step kk (keys 16 kk .. 16 kk + 15) is S's accumulators of column
   // blocks 2 kk (A cols 0-7: a[0] row g, a[1] row g + 8) and 2 kk + 1 (A cols 8-15: a[2], a[3]).
