@@ -1,10 +1,11 @@
 // The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh; kernel variants 5
-// warp-specialized and 6 synchronous), on compute capability 9.0 only (skipped elsewhere):
+// warp-specialized and pipelined, 6 synchronous, 7 warp-specialized one tile at a time), on
+// compute capability 9.0 only (skipped elsewhere):
 //  - WgmmaPrimitives: one warpgroup's S = Q K^T and O = P V tiles through the kernel's
 //    descriptors, swizzled tile layout and register fragments against a float64 product of
 //    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
 //    exact products stays far below the bound);
-//  - WgmmaSyncPrefill*, WgmmaWsPrefill*: each forced kernel against the CPU op and the float64 reference on fresh
+//  - WgmmaWsPrefill*, WgmmaSyncPrefill*, WgmmaSerialPrefill*: each forced kernel against the CPU op and the float64 reference on fresh
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
@@ -33,7 +34,8 @@ double from_bits(uint16_t b, bool bf16) { return bf16 ? math::bf16_bits_to_f32(b
 
 double tol(DType out) { return out == DType::BF16 ? 8e-3 : 1e-3; }
 
-// A forced wgmma kernel (5: warp-specialized, 6: synchronous) on one case, against the CPU op
+// A forced wgmma kernel (5: warp-specialized and pipelined, 6: synchronous, 7: warp-specialized
+// one tile at a time) on one case, against the CPU op
 // and float64; it must have launched.
 void check_wgmma(const CaseSpec& s, ops::AttentionKernel k) {
   const HostCase c = make_case(s);
@@ -121,7 +123,8 @@ void long_context(ops::AttentionKernel k) {
   }
 }
 
-constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync;
+constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync,
+                               kSerial = ops::AttentionKernel::WgmmaPrefillSerial;
 
 }  // namespace
 
@@ -182,4 +185,16 @@ TEST(AttnCuda, WgmmaWsPrefillRaggedSequences) {
 TEST(AttnCuda, WgmmaWsPrefillLongContext) {
   if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
   long_context(kWs);
+}
+TEST(AttnCuda, WgmmaSerialPrefillFormatsGroupsAndMasks) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  formats_groups_and_masks(kSerial);
+}
+TEST(AttnCuda, WgmmaSerialPrefillRaggedSequences) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  ragged_sequences(kSerial);
+}
+TEST(AttnCuda, WgmmaSerialPrefillLongContext) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  long_context(kSerial);
 }

@@ -21,7 +21,8 @@
 //    and i + 2 in flight while tile i is read;
 //  - prefill_wgmma_ws_kernel (prefill_wgmma_ws.cuh): a producer warp copies and prepares,
 //    mbarriers hand stages to the two warpgroups, which then run unsynchronized (one's softmax
-//    overlaps the other's wgmma).
+//    overlaps the other's wgmma); one tile at a time, or pipelined (a tile's softmax overlaps
+//    the previous tile's P V in the same warpgroup).
 // q must be exact in the page type (f16 q on f16 pages, bf16 on bf16) and the output 16-bit:
 // P is one 16-bit value (2^-9 relative for bf16, under a 16-bit output's own rounding); other
 // calls take the mma.sync kernel.
@@ -248,32 +249,29 @@ __device__ __forceinline__ void tile_cover(const PagedAttentionParams& p, const 
 }
 
 #if KVCORE_WGMMA_ARCH
-// O += P V over one tile: N = HD (64 or 128).
-template <int HD, bool BF16>
-__device__ __forceinline__ void pv_step(float (&o)[HD / 8][4], const uint32_t (&pa)[4], uint64_t desc) {
-  if constexpr (HD == 128) wgmma::wgmma_m64n128k16_rs<BF16, 1>(o, pa, desc, 1);
-  else wgmma::wgmma_m64n64k16_rs<BF16, 1>(o, pa, desc, 1);
-}
+template <int HD>
+using Scores = float[Shape<HD>::kNTiles][4];  // S accumulators: [j][x] row g + 8 (x >> 1), key 8j + 2t + (x & 1)
+using PFrags = uint32_t[kKeys / 16][4];       // P as A fragments, one per k-step of 16 keys
 
-// One tile for the warpgroup: S = Q K^T, then (waiting for it and for the previous tile's
-// P V, after which `after_wait` runs) masks, online softmax and O += P V, left in flight.
-template <int HD, bool BF16, class AfterWait>
-__device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<HD>& w, uint32_t k_s, uint32_t v_s,
-                                            const int* kpos, bool full, float sl2, int t, AfterWait after_wait) {
+// Issues S = Q K^T over a tile (not committed).
+template <int HD, bool BF16>
+__device__ __forceinline__ void issue_s(const Rows<HD>& w, uint32_t k_s, Scores<HD>& sc) {
   using S = Shape<HD>;
-  float sc[S::kNTiles][4];
 #pragma unroll
   for (int j = 0; j < S::kNTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
   wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < S::kKSteps; ++ks)
     wgmma::wgmma_m64n64k16_rs<BF16, 0>(sc, w.qa[ks], wgmma::desc_k_major<kKeys>(k_s, ks), ks > 0 ? 1 : 0);
-  wgmma::commit();
-  wgmma::wait<0>();  // S of this tile and the P V of the previous one
-  wgmma::fence_regs(sc);
-  wgmma::fence_regs(w.o);
-  after_wait();
-  // masks and scale; sc[j][x]: row g + 8 (x >> 1), key 8j + 2t + (x & 1)
+}
+
+// Masks, scale and online softmax of a tile's scores: sc becomes the weights (relative to the
+// new running max), l is updated, rs[e] is the factor O's row e must be rescaled by before this
+// tile's P V is added.
+template <int HD>
+__device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, Rows<HD>& w, Scores<HD>& sc, const int* kpos,
+                                             bool full, float sl2, int t, float (&rs)[2]) {
+  using S = Shape<HD>;
   if (full) {
 #pragma unroll
     for (int j = 0; j < S::kNTiles; ++j)
@@ -289,7 +287,7 @@ __device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<
         sc[j][x] = sees ? sc[j][x] * sl2 : math::neg_inf_f32();
       }
   }
-  // online softmax per row (the 4 lanes of a row hold its keys)
+  // per row (the 4 lanes of a row hold its keys)
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     float mx = math::neg_inf_f32();
@@ -298,7 +296,7 @@ __device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float mn = fmaxf(w.m[e], mx);
-    const float rs = math::softmax_rescale(w.m[e], mn, Exp2Ftz{});
+    rs[e] = math::softmax_rescale(w.m[e], mn, Exp2Ftz{});
     w.m[e] = mn;
     float sum = 0.0f;
 #pragma unroll
@@ -307,14 +305,23 @@ __device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<
       sc[j][2 * e + 1] = math::softmax_weight(sc[j][2 * e + 1], mn, Exp2Ftz{});
       sum += sc[j][2 * e] + sc[j][2 * e + 1];
     }
-    w.l[e] = w.l[e] * rs + sum;
-    if (rs != 1.0f)  // most tiles of a long prefix leave the max alone
-#pragma unroll
-      for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][2 * e] *= rs, w.o[dt][2 * e + 1] *= rs;
+    w.l[e] = w.l[e] * rs[e] + sum;
   }
-  // P's A fragment of k-step kk (keys 16 kk .. 16 kk + 15) is S's accumulators of column
-  // blocks 2 kk (A cols 0-7: a[0] row g, a[1] row g + 8) and 2 kk + 1 (A cols 8-15: a[2], a[3]).
-  uint32_t pa[kKeys / 16][4];
+}
+
+template <int HD>
+__device__ __forceinline__ void rescale_o(Rows<HD>& w, const float (&rs)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    if (rs[e] != 1.0f)  // most tiles of a long prefix leave the max alone
+#pragma unroll
+      for (int dt = 0; dt < Shape<HD>::kDTiles; ++dt) w.o[dt][2 * e] *= rs[e], w.o[dt][2 * e + 1] *= rs[e];
+}
+
+// P's A fragment of k-step kk (keys 16 kk .. 16 kk + 15) is S's accumulators of column blocks
+// 2 kk (A cols 0-7: a[0] row g, a[1] row g + 8) and 2 kk + 1 (A cols 8-15: a[2], a[3]).
+template <int HD, bool BF16>
+__device__ __forceinline__ void pack_p(const Scores<HD>& sc, PFrags& pa) {
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) {
     pa[kk][0] = pack2<BF16>(sc[2 * kk][0], sc[2 * kk][1]);
@@ -322,11 +329,40 @@ __device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<
     pa[kk][2] = pack2<BF16>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
     pa[kk][3] = pack2<BF16>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
   }
+}
+
+// Issues O += P V over a tile (not committed): N = HD (64 or 128).
+template <int HD, bool BF16>
+__device__ __forceinline__ void issue_pv(Rows<HD>& w, PFrags& pa, uint32_t v_s) {
   wgmma::fence_regs(w.o);
   wgmma::fence_regs(pa);
   wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) pv_step<HD, BF16>(w.o, pa[kk], wgmma::desc_mn_major<kKeys>(v_s, kk));
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const uint64_t desc = wgmma::desc_mn_major<kKeys>(v_s, kk);
+    if constexpr (HD == 128) wgmma::wgmma_m64n128k16_rs<BF16, 1>(w.o, pa[kk], desc, 1);
+    else wgmma::wgmma_m64n64k16_rs<BF16, 1>(w.o, pa[kk], desc, 1);
+  }
+}
+
+// One tile for the warpgroup, in order: S = Q K^T, wait for it (and for the previous tile's
+// P V, after which `after_wait` runs), softmax, rescale O, O += P V left in flight.
+template <int HD, bool BF16, class AfterWait>
+__device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<HD>& w, uint32_t k_s, uint32_t v_s,
+                                            const int* kpos, bool full, float sl2, int t, AfterWait after_wait) {
+  Scores<HD> sc;
+  issue_s<HD, BF16>(w, k_s, sc);
+  wgmma::commit();
+  wgmma::wait<0>();  // S of this tile and the P V of the previous one
+  wgmma::fence_regs(sc);
+  wgmma::fence_regs(w.o);
+  after_wait();
+  float rs[2];
+  softmax_tile<HD>(p, w, sc, kpos, full, sl2, t, rs);
+  rescale_o<HD>(w, rs);
+  PFrags pa;
+  pack_p<HD, BF16>(sc, pa);
+  issue_pv<HD, BF16>(w, pa, v_s);
   wgmma::commit();  // left in flight
 }
 #endif

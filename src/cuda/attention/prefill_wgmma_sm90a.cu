@@ -17,10 +17,12 @@ namespace kvcore::ops::cuda::prefill_wgmma {
 
 namespace {
 
-template <int HD, bool BF16, bool WS>
+// KIND: 5 warp-specialized and pipelined, 6 synchronous, 7 warp-specialized one tile at a time.
+template <int HD, bool BF16, int KIND>
 void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   using S = Shape<HD>;
-  const auto kernel = WS ? prefill_wgmma_ws_kernel<HD, BF16> : prefill_wgmma_kernel<HD, BF16>;
+  const auto kernel = KIND == 6 ? prefill_wgmma_kernel<HD, BF16>
+                                : prefill_wgmma_ws_kernel<HD, BF16, KIND == 5>;
   smem_opt_in(kernel, S::kSmemBytes, p.device);
   // The same heads per CTA as the mma.sync prefill kernel (4: the warps of a warpgroup).
   const int chunk_heads = prefill_attn::heads_per_cta(p.group);
@@ -28,15 +30,16 @@ void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   // Row blocks, then one CTA a sequence for rows before its first block boundary.
   const int64_t ctas = prefill_row_block_ctas(p.n_rows, p.batch, kRows);
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
-  kernel<<<grid, WS ? kWsThreads : kConsumerThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
+  kernel<<<grid, KIND == 6 ? kConsumerThreads : kWsThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
   KVCORE_CUDA_CHECK_LAUNCH("prefill_wgmma_kernel");
 }
 
 template <int HD, bool BF16>
 void launch_hd(const PagedAttentionParams& p, cudaStream_t stream) {
   const int variant = p.kernel_variant == 0 ? kAutomaticVariant : p.kernel_variant;
-  if (variant == 6) return launch_kernel<HD, BF16, false>(p, stream);
-  return launch_kernel<HD, BF16, true>(p, stream);
+  if (variant == 6) return launch_kernel<HD, BF16, 6>(p, stream);
+  if (variant == 7) return launch_kernel<HD, BF16, 7>(p, stream);
+  return launch_kernel<HD, BF16, 5>(p, stream);
 }
 
 bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
@@ -58,7 +61,7 @@ bool device_is_sm90(int device) {
 }
 
 bool serves(const PagedAttentionParams& p, int sm_count) {
-  const bool forced = p.kernel_variant == 5 || p.kernel_variant == 6;
+  const bool forced = p.kernel_variant >= 5 && p.kernel_variant <= 7;
   if (!(forced || (kAutomaticVariant != 0 && p.kernel_variant == 0))) return false;
   if (!p.maybe_qo_indptr || !p.causal || p.rope_on_read || !p.maybe_positions || !p.maybe_q_positions) return false;
   if (!(p.kv_elem == math::KvElem::F16 || p.kv_elem == math::KvElem::BF16)) return false;
