@@ -1,12 +1,14 @@
 // The warp-specialized wgmma prefill kernel (FlashAttention-3's producer / consumer split, with
 // cp.async instead of TMA since a tile gathers 64 keys from 16-token pages): warps 0-7 are the
-// two consumer warpgroups of prefill_wgmma.cuh (same rows, heads, tiles and math), warp 8 the
-// producer (its warpgroup's other warps leave at once). The register file is split per SM
-// sub-partition, so a CTA of 9 warps would cap every thread at 168 registers like one of 12:
-// instead the producer warpgroup gives registers back (setmaxnreg: 72 a thread, what its
-// copies and address math take without spills) and the consumers take 216. Per stage two mbarriers:
-//   full[s]  (32 arrivals: the producer's lanes) - tile landed and prepared (positions, summary,
-//            dead V rows zeroed, fence.proxy.async done);
+// two consumer warpgroups of prefill_wgmma.cuh (same rows, heads, tiles and math), warps 8-11
+// the producers (they share the copies, one sub-partition each; warp 8 also prepares and
+// publishes). The register file is split per SM sub-partition, so a CTA of 9 warps would cap
+// every thread at 168 registers like one of 12 anyway: the producer warpgroup gives registers
+// back (setmaxnreg: 72 a thread, what its copies and address math take without spills) and the
+// consumers take 216. Per stage two mbarriers:
+//   full[s]  (32 arrivals: warp 8's lanes) - tile landed and prepared (positions, summary,
+//            dead V rows zeroed, fence.proxy.async done by every producer thread, then a
+//            producer-only named barrier);
 //   empty[s] (one arrival per consumer warp of a warpgroup that has rows) - every wgmma reading
 //            the stage completed (a tile's P V is known complete once the next tile's S was
 //            waited for; a skipped tile is released at once).
@@ -51,41 +53,41 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const P
   __syncthreads();  // the barriers initialized before anyone uses them
 
   if (warp >= 4 * kGroups) {
-    // ---- producer warpgroup: warp 8 copies and publishes, warps 9-11 leave
+    // ---- producer warpgroup: its 4 warps copy (a quarter of the chunks each, so no SM
+    // sub-partition issues all the copies), warp 8 prepares and publishes
     wgmma::regs_dec<kProducerRegs>();
-    if (warp != 4 * kGroups) return;
-    constexpr int kItems = kKeys * S::kChunks / 32;  // 16-byte chunks of K (and of V) per lane per tile
-    int blk[2];  // block ids of keys lane, lane + 32 of the next tile to copy, loaded a tile ahead
-    auto load_blocks = [&](int i) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) blk[e] = i < ct.n_tiles ? block_of(ct, i * kKeys + lane + 32 * e) : -1;
-    };
+    const int pt = tid - kConsumerThreads;              // 0 .. 127
+    constexpr int kItems = kKeys * S::kChunks / 128;    // 16-byte chunks of K (and of V) per thread per tile
+    int blk = -1;  // block id of key pt (pt < 64) of the next tile to copy, loaded a tile ahead
+    auto load_block = [&](int i) { blk = pt < kKeys && i < ct.n_tiles ? block_of(ct, i * kKeys + pt) : -1; };
+    auto producers_sync = [] { asm volatile("bar.sync 1, 128;\n" ::: "memory"); };  // the producer warpgroup only
     auto publish = [&](int j) {
-      __syncwarp();  // every lane's copies landed (each waited for its own) and cells stored
-      prepare_tile<HD>(p, ct, stage_of(j % kStages), meta_of(j % kStages), lane);
-      wgmma::mbar_arrive(full_bar(j % kStages));
+      wgmma::fence_proxy_async();  // this thread's landed copies, before wgmma reads them
+      producers_sync();            // every producer thread's copies of tile j landed
+      if (warp == 4 * kGroups) {
+        prepare_tile<HD>(p, ct, stage_of(j % kStages), meta_of(j % kStages), lane);
+        wgmma::mbar_arrive(full_bar(j % kStages));
+      }
     };
-    load_blocks(0);
+    load_block(0);
     for (int i = 0; i < ct.n_tiles; ++i) {
       const int s = i % kStages;
+      // Stage s is free once the consumers released tile i - 4 (which also means warp 8 has
+      // prepared and published it: nobody reads its metadata any more).
       if (i >= kStages) wgmma::mbar_wait(empty_bar(s), (i / kStages - 1) & 1);
       unsigned char* st = stage_of(s);
       int* meta = meta_of(s);
+      if (pt < kKeys) copy_key_meta(p, meta, pt, cell_of(ct, blk, i * kKeys + pt));
+      producers_sync();  // cells stored before the threads read them
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = lane + 32 * e;
-        copy_key_meta(p, meta, r, cell_of(ct, blk[e], i * kKeys + r));
-      }
-      __syncwarp();  // cells stored before the lanes read them
-#pragma unroll 8
       for (int it = 0; it < kItems; ++it) {
-        const int idx = it * 32 + lane, r = idx / S::kChunks, c = idx % S::kChunks;
+        const int r = pt / S::kChunks + it * (128 / S::kChunks), c = pt % S::kChunks;
         copy_key_chunk<HD>(p, ct, st, r, c, meta[r]);
       }
       cp_async_commit();
-      load_blocks(i + 1);
+      load_block(i + 1);
       if (i >= kPublishLag) {
-        cp_async_wait<kPublishLag>();  // this lane's copies of tile i - 2
+        cp_async_wait<kPublishLag>();  // this thread's copies of tile i - 2
         publish(i - kPublishLag);
       }
     }
