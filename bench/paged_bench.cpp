@@ -14,6 +14,8 @@
 //                            Timed on the host clock around the call (it is host + device work);
 //                            every baseline registered with KVCORE_PAGED_SHIFT_BASELINE runs on the
 //                            same geometry and is reported beside it.
+//   shift_stored_[fp8_]smollm2_<ctx>_half: the rope-stored shift on SmolLM2-135M's geometry (30
+//                            layers, 3 kv heads x 64): small heads, where the per-cell angles weigh most
 //   fork_<ctx>, fork_write_<ctx>: fork + erase of a ctx-token sequence; the same with one appended
 //                            token in between (copies the shared tail block of every layer)
 // Results are checked against a float64 rotation of the source rows before anything is timed.
@@ -29,6 +31,7 @@
 
 #include "kvcore/cache/paged_cache.hpp"
 #include "kvcore/error.hpp"
+#include "kvcore/math/rope_spec.hpp"
 #include "kvcore/math/half.hpp"
 #include "kvcore/runtime.hpp"
 #include "tools/registry.hpp"
@@ -44,7 +47,13 @@ namespace {
 
 struct Geometry {
   int32_t layers = 32, heads = 8, dim = 128;
+  RopeSpec rope = RopeSpec::llama3_8b();
+  std::string tag;  // in case names after the mode ("smollm2_"); empty for Llama-3-8B
 };
+
+// SmolLM2-135M's KV geometry (30 layers, 3 kv heads x 64, theta 100000): many layers of small
+// heads, where a stored-mode shift's per-cell angles weigh most against the rows they rotate.
+Geometry smollm2() { return Geometry{30, 3, 64, RopeSpec::plain(64, 100000.0), "smollm2_"}; }
 
 PagedCacheConfig llama_config(const Geometry& g, KvFormat f, RopeMode mode, int64_t tokens) {
   PagedCacheConfig c;
@@ -55,7 +64,7 @@ PagedCacheConfig llama_config(const Geometry& g, KvFormat f, RopeMode mode, int6
   c.block_size = 16;
   c.num_blocks = static_cast<int32_t>((tokens + 15) / 16 + 64);  // slack: blocks a shift leaves partly dead
   c.k_format = c.v_format = f;
-  c.rope = {RopeSpec::llama3_8b()};
+  c.rope = {g.rope};
   c.rope_mode = mode;
   return c;
 }
@@ -237,7 +246,7 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, KvForma
                  int32_t discard) {
   const bool stored = mode == RopeMode::RopeStored;
   const std::string name = std::string("shift_") + (stored ? "stored_" : "onread_") +
-                           (f == KvFormat::F16 ? "" : std::string(kv_format_name(f)) + "_") + ctx_name(ctx) + "_" +
+                           (f == KvFormat::F16 ? "" : std::string(kv_format_name(f)) + "_") + g.tag + ctx_name(ctx) + "_" +
                            (discard == ctx / 2 ? std::string("half") : std::to_string(discard));
   if (!opt.wants(name)) return;
   const int32_t keep = 4;
@@ -270,7 +279,8 @@ void bench_shift(BenchOptions& opt, const Geometry& g, const Rows& rows, KvForma
   }
   const PagedShiftCase sc{ctx, keep, discard, g.layers, g.heads, g.dim};
   // Baselines are CUDA programs on f16 keys (bench/paged_shift_baselines.cu): compared on a GPU only.
-  const bool with_baselines = opt.device.is_cuda() && f == KvFormat::F16 && !paged_shift_baselines().empty();
+  const bool with_baselines =
+      opt.device.is_cuda() && f == KvFormat::F16 && g.tag.empty() && !paged_shift_baselines().empty();
   if (!with_baselines) {
     BenchRecord rec = record(name, bytes);
     rec.t = t;
@@ -309,7 +319,8 @@ void bench_fork(BenchOptions& opt, const Geometry& g, const Rows& rows, int64_t 
 }  // namespace
 
 KVCORE_BENCH(paged, "PagedCache: append (f16, FP8), decode step, shift at 32k/128k (rope-stored, rope-on-read, baselines), fork") {
-  const Geometry g = opt.quick ? Geometry{2, 8, 128} : Geometry{};
+  Geometry g;
+  if (opt.quick) g.layers = 2;
   const int32_t chunk = opt.quick ? 64 : 4096;
   const Rows rows = make_rows(g, chunk, opt.device, 1);
   bench_append(opt, g, rows, KvFormat::F16, chunk);
@@ -323,6 +334,19 @@ KVCORE_BENCH(paged, "PagedCache: append (f16, FP8), decode step, shift at 32k/12
         bench_shift(opt, g, rows, KvFormat::F16, mode, ctx, discard);
   // FP8 keys stored rotated: the shift decodes, rotates and re-encodes every kept key (on read moves nothing)
   for (int64_t ctx : contexts) bench_shift(opt, g, rows, KvFormat::Fp8, RopeMode::RopeStored, ctx, static_cast<int32_t>(ctx / 2));
+  // the same stored-mode shifts on SmolLM2's geometry (f16 and FP8 keys)
+  Geometry smol = smollm2();
+  if (opt.quick) smol.layers = 2;
+  bool smol_wanted = false;
+  for (int64_t ctx : contexts)
+    for (const char* f : {"", "fp8_"})
+      smol_wanted = smol_wanted || opt.wants("shift_stored_" + std::string(f) + smol.tag + ctx_name(ctx) + "_half");
+  if (smol_wanted) {
+    const Rows smol_rows = make_rows(smol, chunk, opt.device, 2);
+    for (int64_t ctx : contexts)
+      for (KvFormat f : {KvFormat::F16, KvFormat::Fp8})
+        bench_shift(opt, smol, smol_rows, f, RopeMode::RopeStored, ctx, static_cast<int32_t>(ctx / 2));
+  }
   for (int64_t ctx : contexts) bench_fork(opt, g, rows, ctx);
 }
 

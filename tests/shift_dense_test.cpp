@@ -169,6 +169,26 @@ TEST(ShiftDense, Fp8KeysRequantizeOnlyRotatedBlocks) {
   std::printf("[shift] FP8 keys, 128 dims fully rotated: rms error after one shift %.4f (relative to |k|)\n", full);
 }
 
+// MLA's latent K stored as FP8: 576 dims (9 blocks), RoPE on the 64-dim tail (block 8 requantized,
+// blocks 0-7 byte-identical), V 512 dims; and 512 rotated dims at the head (blocks 0-7 requantized,
+// the scratch's whole span; block 8 byte-identical). Against a float64 rotation.
+TEST(ShiftDense, Fp8KeysAtMla576) {
+  LayerSpec s;
+  s.form = KForm::Fp8;
+  s.heads = 1;
+  s.head_dim = 576;
+  s.v_head_dim = 512;
+  s.v_dtype = DType::BF16;
+  s.rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  s.rope.slice = RopeSlice::Tail;
+  run_and_check({s, s}, {80, 78, 4, 29});
+  run_and_check({s}, {80, 80, 0, 60});  // no overlap
+  s.heads = 2;
+  s.rope = RopeSpec::plain(512, 10000.0);
+  const double head512 = run_and_check({s}, {50, 50, 4, 11});
+  std::printf("[shift] FP8 keys, 576 dims with 512 rotated: rms error after one shift %.4f (relative to |k|)\n", head512);
+}
+
 // The extra error of a shift on FP8 keys: error of the dequantized keys against
 // the exact key, before (write quantization only) and after one shift.
 TEST(ShiftDense, Fp8ExtraErrorIsMeasured) {

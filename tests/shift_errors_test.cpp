@@ -111,6 +111,14 @@ TEST(ShiftErrors, Fp8AndRowsArguments) {
     std::vector<ShiftDenseLayer> v{a};
     expect_rejected(L, [&] { shift_dense(v, 10, 1, 2); }, {"maybe_k_scales must be [12, 2, 2]", "[12, 2, 1]"});
   }
+  {
+    LayerSpec wide = sp;  // wider than any pool head (kMaxKvHeadDim 576)
+    wide.head_dim = 640;
+    wide.rope = RopeSpec::plain(64, 10000.0);
+    Layer W = make_layer(wide, 12, 5);
+    std::vector<ShiftDenseLayer> v{W.host_view()};
+    expect_rejected(W, [&] { shift_dense(v, 10, 1, 2); }, {"head_dim must be a multiple of 64 and <= 576", "640"});
+  }
   const ShiftDenseLayer a = L.host_view();
   std::vector<int32_t> d(12, -3);
   expect_rejected(L, [&] { rope_shift_rows(a.k, a.maybe_k_scales, a.rope, TensorRef(d.data(), DType::I32, Device::cpu(), {11})); },

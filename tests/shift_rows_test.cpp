@@ -58,6 +58,10 @@ TEST(ShiftRows, PerRowDeltasInEveryFormat) {
   specs[2].rope = RopeSpec::deepseek_v4_compressed();
   specs[3].form = KForm::Fp8;
   specs[3].rope = RopeSpec::plain(128, 10000.0);
+  specs.push_back(specs[3]);  // MLA's latent K as FP8: 576 dims, RoPE on the 64-dim tail
+  specs[4].head_dim = 576;
+  specs[4].rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  specs[4].rope.slice = RopeSlice::Tail;
   for (const LayerSpec& sp : specs) {
     const int64_t rows = 37;
     const Layer L = make_layer(sp, rows, 5);

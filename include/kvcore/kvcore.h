@@ -43,6 +43,7 @@ typedef int32_t kvc_status;
 #define KVC_E_NOT_SUPPORTED (-3)    /* valid, but not supported by this build or format */
 #define KVC_E_CORRUPT (-4)          /* state failed a consistency check */
 #define KVC_E_DEVICE (-5)           /* a CUDA runtime failure */
+#define KVC_E_UNAVAILABLE (-6)      /* a server cannot be reached or refused the credentials */
 #define KVC_E_INTERNAL (-100)       /* anything else (a bug: please report it) */
 
 KVC_API const char* kvc_last_error(void);      /* "" when the last call succeeded */
@@ -410,6 +411,33 @@ typedef struct kvc_store_stats {
   int64_t reconnects;
 } kvc_store_stats;
 KVC_API kvc_status kvc_store_stats_get(const kvc_store* store, kvc_store_stats* out);
+
+/* A Redis (or Valkey) server through hiredis (kvcore/persist/redis_store.hpp): a kvc_store like
+ * the others (a tiered store's lower tier, an offloader's lower store). The server is not trusted:
+ * AUTH with the password, every value read back checked before use. Connects lazily: while the
+ * server is down or refuses the password, puts fail and gets miss (no error status) and the store
+ * retries after a backoff that doubles; kvc_redis_store_ping says why. Where libkvcore.so was built
+ * without hiredis, kvc_redis_compiled() is 0 and kvc_redis_store_* return KVC_E_NOT_SUPPORTED. */
+typedef struct kvc_redis_config {
+  uint32_t struct_size;
+  const char* host;           /* NUL-terminated, default "127.0.0.1" */
+  int32_t port;               /* default 6379 */
+  const char* password;       /* NUL-terminated; AUTH unless NULL (default) or "" */
+  const char* key_prefix;     /* NUL-terminated, default "kvc:1:"; a value's key: prefix + the key in hex */
+  int32_t connect_timeout_ms; /* default 500 */
+  int32_t io_timeout_ms;      /* default 1000 */
+  int64_t max_value_bytes;    /* larger values are neither sent nor accepted; default 64 MiB */
+  int32_t backoff_initial_ms; /* first retry delay, default 50 */
+  int32_t backoff_max_ms;     /* longest retry delay, default 2000 */
+  int32_t ttl_seconds;        /* keys expire after it; 0 (default): never */
+} kvc_redis_config;
+KVC_API int32_t kvc_redis_compiled(void); /* 1 when this libkvcore.so has the Redis store */
+KVC_API void kvc_redis_config_init(kvc_redis_config* cfg);
+KVC_API kvc_status kvc_redis_store_create(const kvc_redis_config* cfg, kvc_store** out);
+/* KVC_OK when a connection is up (connecting and AUTHing now unless a backoff runs); else
+ * KVC_E_UNAVAILABLE, kvc_last_error() saying why (cannot connect, AUTH refused with the server's
+ * reply, connection lost or timed out). */
+KVC_API kvc_status kvc_redis_store_ping(kvc_store* store);
 
 /* ---- persistence: the pinned-host offload tier (kvcore/persist/block_offload.hpp) ------------ */
 /* A PagedCache's sequences copied into a pinned host arena and back; what the arena evicts goes

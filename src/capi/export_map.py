@@ -7,7 +7,8 @@ of src/, and everything else the archive defines (libstdc++ template instances, 
 An exact list, because a linker glob for kvcore::* cannot be narrowed by a local glob for
 kvcore::cpu::* (a global match wins).
 
-usage: export_map.py NM CXXFILT libkvcore.a INCLUDE_DIR OUT
+usage: export_map.py NM CXXFILT libkvcore.a INCLUDE_DIR OUT [OBJECT ...]
+(OBJECTs: what libkvcore.so links beside the archive, e.g. the C API's Redis store)
 """
 
 import os
@@ -50,7 +51,8 @@ def public(mangled, demangled, declared):
 def main():
     nm, cxxfilt, archive, include_dir, out = sys.argv[1:6]
     declared = header_names(include_dir)
-    lines = subprocess.run([nm, "-g", "--defined-only", archive], check=True, capture_output=True, text=True).stdout
+    lines = subprocess.run([nm, "-g", "--defined-only", archive, *sys.argv[6:]], check=True, capture_output=True,
+                           text=True).stdout
     names = sorted({f.split()[2] for f in lines.splitlines() if len(f.split()) == 3 and f.split()[1] not in "Uw"})
     demangled = subprocess.run([cxxfilt], input="\n".join(names), check=True, capture_output=True,
                                text=True).stdout.splitlines()

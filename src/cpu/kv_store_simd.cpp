@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cpu/kv_store_simd.hpp"
+#include "cpu/simd_fp8_rotate-inl.h"
 #include "cpu/simd_kv-inl.h"
 #include "cpu/simd_rope-inl.h"
 #include "ops/kv_store_row.hpp"
@@ -105,33 +106,6 @@ void StoreRow16(const T* src, T* dst, int32_t n, const math::RopeLayout* rotate,
   CopyCanonical16(s16, d16, lo, inf, qnan);
   CopyCanonical16(s16 + hi, d16 + hi, n - hi, inf, qnan);
   RotatePairs(*rotate, src, dst, c, s);
-}
-
-// The first rotated dim outside the FP8 groups of an FP8 row (Fp8, Dsv4Row): the rotated dims
-// past it are plain (the Dsv4Row's bf16 tail); an Fp8 row has none (the end of the rotation).
-int32_t FirstPlainRotatedDim(KvFormat f, const math::RopeLayout& l) {
-  const int32_t end = l.first_dim + l.n_rot;
-  return f == KvFormat::Dsv4Row ? std::min(std::max(l.first_dim, kvrow::Dsv4::kNope), end) : end;
-}
-
-// The dims of an FP8 row (Fp8, Dsv4Row) that a rotation reads: every group holding a rotated
-// dim (DecodeFp8Group: kvrow::decode's floats) and the rotated plain dims (the Dsv4Row's bf16 tail).
-void DecodeRotated(KvFormat f, void* dst, uint8_t* scales, int32_t n, const math::RopeLayout& l, float* row) {
-  const int32_t groups = kvrow::n_fp8_groups(f, n);
-  for (int32_t g = 0; g < groups; ++g)
-    if (kvrow::group_rotates(l, g))
-      DecodeFp8Group(DF(), kvrow::group_codes(f, dst, g), *kvrow::group_scale(f, dst, scales, g), row + g * math::kFp8Block);
-  for (int32_t d = FirstPlainRotatedDim(f, l); d < l.first_dim + l.n_rot; ++d) row[d] = kvrow::decode(f, dst, scales, d);
-}
-
-// kvrow::encode_rotated with the groups encoded a vector at a time (EncodeFp8Group: the same
-// bytes): only what the rotation changed is written, every other byte stays.
-void EncodeRotated(KvFormat f, const float* row, void* dst, uint8_t* scales, int32_t n, const math::RopeLayout& l) {
-  const int32_t groups = kvrow::n_fp8_groups(f, n);
-  for (int32_t g = 0; g < groups; ++g)
-    if (kvrow::group_rotates(l, g))
-      EncodeFp8Group(row + g * math::kFp8Block, kvrow::group_codes(f, dst, g), kvrow::group_scale(f, dst, scales, g));
-  for (int32_t d = FirstPlainRotatedDim(f, l); d < l.first_dim + l.n_rot; ++d) kvrow::encode_plain(f, dst, d, row[d]);
 }
 
 }  // namespace
@@ -239,10 +213,7 @@ void KvRotateBlocks(const KvRotateParams& p) {
         }
         continue;
       }
-      HWY_ALIGN float row[kMaxKvHeadDim];
-      DecodeRotated(p.format, dst, scales, p.head_dim, p.rope.layout, row);
-      RotatePairs(p.rope.layout, row, row, c, s);
-      EncodeRotated(p.format, row, dst, scales, p.head_dim, p.rope.layout);
+      RotateFp8Row(p.format, dst, scales, p.head_dim, p.rope.layout, c, s);
     }
   }
 }

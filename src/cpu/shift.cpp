@@ -69,7 +69,7 @@ void shift_dense(const ops::ShiftDenseParams& p) {
     const int64_t ahead = std::clamp<int64_t>(kAheadBytes / run_bytes, 1, 8);
     alignas(16) uint8_t head[ops::kShiftMaxHeadBytes];
     uint8_t scales[ops::kShiftMaxFp8HeadDim / 64];
-    float scratch[ops::kShiftMaxFp8HeadDim];
+    float scratch[ops::kShiftFp8ScratchDims];
     for (int64_t j = 0; j < p.n_moved; ++j) {
       const int64_t src = p.n_keep + p.n_discard + j, dst = p.n_keep + j;
       if (j + ahead < p.n_moved) {  // runs token_stride apart: ask for them ahead of their move
@@ -120,7 +120,7 @@ void rope_shift_rows(const ops::RopeShiftRowsParams& p) {
     if (simd) ops::cpu::shift_cos_sin_row_simd(freq, l.n_pairs(), delta, c, s);
     else
       for (int32_t i = 0; i < l.n_pairs(); ++i) math::shift_sincos(delta, p.table.freq[i], &s[i], &c[i]);
-    float scratch[ops::kShiftMaxFp8HeadDim];
+    float scratch[ops::kShiftFp8ScratchDims];
     for (int64_t h = 0; h < t.n_heads; ++h) {
       uint8_t* head = t.base + r * t.token_stride + h * t.head_bytes;
       uint8_t* scales = t.maybe_scales ? t.maybe_scales + r * t.scale_token_stride + h * t.scale_head_bytes : nullptr;

@@ -93,6 +93,11 @@ void check_rotate_tables(std::string_view op, const TensorRef& blocks, const Ten
   }
 }
 
+void check_rotate_pool(std::string_view op, const KvPool& pool, const math::RopeTable& rope) {
+  check_pool(op, pool);
+  check_rope_fits(op, rope, pool);
+}
+
 }  // namespace ops
 
 namespace ops {

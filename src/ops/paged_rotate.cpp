@@ -5,7 +5,6 @@
 #include "ops/paged_rotate.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "cpu/paged_rotate_simd.hpp"
@@ -54,25 +53,15 @@ bool layers_alike(std::span<const KvPool> pools, std::span<const math::RopeTable
   return true;
 }
 
-// The CPU's pass over every layer at once (cpu/paged_rotate_simd.hpp): SIMD on, plain formats,
-// pools and a table kv_rotate_blocks would accept (anything else goes to kv_rotate_blocks,
-// which reports it).
-bool paged_rotate_cpu_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
-  if (pools.empty() || !pools[0].data.device().is_cpu() || !ops::cpu::simd_on() ||
-      !ops::cpu::paged_rotate_layers_cpu_serves(pools[0].format) || !layers_alike(pools, ropes))
-    return false;
-  const KvPool& p0 = pools[0];
-  const math::RopeTable& t = ropes[0];
-  const math::RopeLayout& l = t.layout;
-  if (p0.head_dim <= 0 || p0.head_dim > kMaxKvHeadDim || p0.data.size(3) != kv_row_width(p0.format, p0.head_dim) ||
-      l.n_rot < 0 || l.n_rot % 2 != 0 || l.n_pairs() > math::RopeTable::kMaxPairs)
-    return false;
-  for (int32_t i = 0; i < l.n_pairs(); ++i)
-    if (!std::isfinite(t.freq[i])) return false;
-  return true;
-}
-
 }  // namespace
+
+// The CPU's pass over every layer at once (cpu/paged_rotate_simd.hpp): SIMD on, a format it
+// serves, pools of one shape with one table (each pool and table has passed kv_rotate_blocks'
+// checks before: check_rotate_pool).
+bool paged_rotate_cpu_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
+  return !pools.empty() && pools[0].data.device().is_cpu() && ops::cpu::simd_on() &&
+         ops::cpu::paged_rotate_layers_cpu_serves(pools[0].format) && layers_alike(pools, ropes);
+}
 
 bool paged_rotate_fused_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes) {
   if (pools.empty() || !pools[0].data.device().is_cuda() || !layers_alike(pools, ropes)) return false;
@@ -86,8 +75,11 @@ void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blo
   constexpr std::string_view op = "kv_rotate_blocks_layers";
   require_arg(pools.size() == ropes.size(), op, ": ", pools.size(), " pools but ", ropes.size(), " rope tables");
   if (pools.empty()) return;
+  // every layer checked before any is rotated: bad input changes nothing
+  for (size_t l = 0; l < pools.size(); ++l) ops::check_rotate_pool(op, pools[l], ropes[l]);
   const bool cpu = paged_rotate_cpu_ok(pools, ropes);
   if (!cpu && !paged_rotate_fused_ok(pools, ropes)) {
+    for (const KvPool& p : pools) ops::check_rotate_tables(op, blocks, cell_delta, p.data);
     for (size_t l = 0; l < pools.size(); ++l) kv_rotate_blocks(pools[l], blocks, cell_delta, ropes[l], stream);
     return;
   }
@@ -107,9 +99,13 @@ void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blo
   p.cell_delta = cell_delta.data_as<const int32_t>();
   p.rope = ropes[0];
   if (cpu) {
+    p.head_dim = pools[0].head_dim;
     for (size_t l0 = 0; l0 < pools.size(); l0 += kRotateMaxLayers) {
       p.n_layers = static_cast<int32_t>(std::min<size_t>(kRotateMaxLayers, pools.size() - l0));
-      for (int32_t l = 0; l < p.n_layers; ++l) p.pools[l] = pools[l0 + l].data.data();
+      for (int32_t l = 0; l < p.n_layers; ++l) {
+        p.pools[l] = pools[l0 + l].data.data();
+        p.scales[l] = kv_format_has_scales(p.format) ? pools[l0 + l].scales.data_as<uint8_t>() : nullptr;
+      }
       ops::cpu::paged_rotate_layers_simd(p);
     }
     return;

@@ -31,8 +31,10 @@ inline constexpr int32_t kRotateHeadBatch = 2;        // heads loaded before any
 struct PagedRotateParams {
   void* pools[kRotateMaxLayers] = {};  // per layer: [num_cells, n_heads, row_width] of the format's dtype
   int32_t n_layers = 0;
-  KvFormat format = KvFormat::F16;     // F32, F16 or BF16
+  KvFormat format = KvFormat::F16;     // F32, F16 or BF16; the CPU pass also Fp8 and Dsv4Row
   int32_t n_heads = 0, row_width = 0, block_size = 0;
+  int32_t head_dim = 0;                           // FP8 rows (the CPU pass): logical dims per row
+  uint8_t* scales[kRotateMaxLayers] = {};         // Fp8 (the CPU pass): per layer, [num_cells, n_heads, head_dim / 64]
   const int32_t* blocks = nullptr;     // [n_blocks]
   int32_t n_blocks = 0;
   const int32_t* cell_delta = nullptr;  // [num_cells]; 0: nothing to do
@@ -126,14 +128,18 @@ KVCORE_VEC_UNROLL
 // Rotate the listed blocks of every pool in `pools` (one model's K pools, one per layer,
 // all of one format and shape) by cell_delta, each layer with ropes[layer]. On CUDA, when
 // every layer's pool takes kv_rotate_blocks' vectorized path and all layers share one
-// table, launches cover up to kRotateMaxLayers layers each; otherwise (CPU, FP8, DSV4
-// rows, unaligned rows, per-layer tables) it is kv_rotate_blocks, layer by layer. Same
-// bytes either way.
+// table, launches cover up to kRotateMaxLayers layers each; on the CPU (SIMD on) one pass
+// over every layer of any format with one shared table (cpu/paged_rotate_simd.hpp);
+// otherwise (CUDA FP8 / DSV4 rows, unaligned rows, per-layer tables) it is
+// kv_rotate_blocks, layer by layer. Same bytes either way.
 void kv_rotate_blocks_layers(std::span<const KvPool> pools, const TensorRef& blocks, const TensorRef& cell_delta,
                              std::span<const math::RopeTable> ropes, Stream stream = {});
 
 // Would kv_rotate_blocks_layers take the one-launch path? (exposed for tests)
 bool paged_rotate_fused_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes);
+// Would it take the CPU's one pass over every layer, for pools and tables that pass
+// kv_rotate_blocks' checks? (exposed for tests)
+bool paged_rotate_cpu_ok(std::span<const KvPool> pools, std::span<const math::RopeTable> ropes);
 
 namespace ops::cuda {
 void paged_rotate_layers(const PagedRotateParams& p, Stream stream);

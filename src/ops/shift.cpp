@@ -9,6 +9,7 @@
 
 #include "kvcore/math/dsv4_row.hpp"
 #include "kvcore/math/shift_rotate.hpp"
+#include "kvcore/ops/kv_store.hpp"
 #include "ops/checks.hpp"
 #include "ops/shift_params.hpp"
 #include "ops/tuning.hpp"
@@ -20,6 +21,10 @@ using ops::ShiftKind;
 using ops::ShiftTensorParams;
 
 constexpr int64_t kMaxDelta = int64_t{1} << 24;  // shift_sincos needs |delta| < 2^24
+static_assert(ops::kShiftMaxFp8HeadDim == kMaxKvHeadDim, "FP8 keys of every pool head width shift");
+// A RopeSpec rotates n_rot <= 2 * kMaxPairs dims at the head or the tail of a head whose width is a
+// multiple of 64: ceil(n_rot / 64) blocks, which the kernels' FP8 scratch holds.
+static_assert(2 * math::RopeTable::kMaxPairs <= ops::kShiftFp8ScratchDims, "an FP8 head's rotated blocks fit the scratch");
 
 // Rows must be [n_heads, head_dim] contiguous inside a token; tokens may be any
 // (non-overlapping) stride apart.

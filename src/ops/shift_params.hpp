@@ -70,9 +70,13 @@ struct RopeShiftRowsParams {
 };
 
 // Largest head (bytes, FP8 scales included) the kernels accept; FP8 heads up
-// to 512 dims (the CUDA kernel dequantizes a head into 512 floats per warp).
+// to 576 dims (kMaxKvHeadDim: MLA's latent K, RoPE on its 64-dim tail). A rotation
+// dequantizes only the 64-blocks holding rotated dims, at most 512 dims of them
+// (n_rot <= 512 at the head or the tail of the head: 8 blocks), into a scratch of
+// kShiftFp8ScratchDims floats (per warp in CUDA shared memory).
 inline constexpr int32_t kShiftMaxHeadBytes = 8192;
-inline constexpr int32_t kShiftMaxFp8HeadDim = 512;
+inline constexpr int32_t kShiftMaxFp8HeadDim = 576;
+inline constexpr int32_t kShiftFp8ScratchDims = 512;
 
 }  // namespace kvcore::ops
 

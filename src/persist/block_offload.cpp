@@ -550,6 +550,12 @@ std::optional<SeqId> BlockOffloader::load(const StoreKey& key, Stream stream) {
 bool BlockOffloader::contains(const StoreKey& key) {
   State& s = *s_;
   if (s.index.count(key)) return true;
+  {
+    // Copied out of the arena, not yet in `lower` (load serves it from here): the writer takes
+    // it out of `pending` only after its put, so one of the two holds it.
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.pending.count(key)) return true;
+  }
   return s.cfg.lower && s.cfg.lower->contains(key);
 }
 

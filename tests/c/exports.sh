@@ -11,7 +11,7 @@ bad=$(grep -v -E '^(kvcore::|(vtable|typeinfo|typeinfo name) for kvcore::)' <<<"
 internal=$(grep -E 'kvcore::(cpu|cuda|ops|capi|checks|dsv4|dsv4_checks|detail|persist|PagedTxn|PagedMeta|AttentionPlanAccess)::|::Impl::' <<<"$cxx" || true)
 for need in kvc_paged_create kvc_paged_reserve kvc_attention_run kvc_shift_dense kvc_fp8_pack_rows kvc_dsv4_create \
             kvc_last_error kvc_paged_create_with_pools kvc_snapshot_load kvc_prefix_create kvc_offloader_create \
-            kvc_tiered_store_create; do
+            kvc_tiered_store_create kvc_redis_store_create kvc_redis_store_ping; do
   grep -qx "$need" <<<"$syms" || { echo "exports.sh: $need is not exported"; exit 1; }
 done
 grep -q '^kvcore::PagedCache::create()' <<<"$cxx" || { echo "exports.sh: the C++ API is not exported"; exit 1; }

@@ -333,6 +333,14 @@ TEST(ShiftCuda, DeepSeekV4RowsAndFp8Keys) {
   f.heads = 1;
   f.rope = RopeSpec::deepseek_v4_compressed();
   run_both({f}, 200, 200, 0, 150, 64);
+  // MLA's latent K as FP8: 576 dims, RoPE on the 64-dim tail (the tile kernel), then 512 rotated at the head
+  f.head_dim = 576;
+  f.rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  f.rope.slice = RopeSlice::Tail;
+  run_both({f, f}, 300, 299, 4, 100, 65);
+  f.heads = 2;
+  f.rope = RopeSpec::plain(512, 10000.0);
+  run_both({f}, 200, 200, 4, 37, 66);
 }
 
 TEST(ShiftCuda, RopeShiftRowsMatchesCpu) {
@@ -349,6 +357,10 @@ TEST(ShiftCuda, RopeShiftRowsMatchesCpu) {
   specs[2].rope = RopeSpec::deepseek_v4_compressed();
   specs[3].form = KForm::Fp8;
   specs[3].rope = RopeSpec::plain(128, 10000.0);
+  specs.push_back(specs[3]);  // MLA's latent K as FP8: 576 dims, RoPE on the 64-dim tail
+  specs[4].head_dim = 576;
+  specs[4].rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  specs[4].rope.slice = RopeSlice::Tail;
   for (const LayerSpec& sp : specs) {
     const int64_t rows = 1237;
     Layer L = make_layer(sp, rows, 77);

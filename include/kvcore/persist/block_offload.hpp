@@ -75,7 +75,7 @@ class BlockOffloader {
   // A new sequence holding the value stored under `key`, its copy queued on `stream` (CUDA);
   // nullopt on a miss. OutOfMemory (nothing changed) when the cache has too few free blocks.
   std::optional<SeqId> load(const StoreKey& key, Stream stream = {});
-  bool contains(const StoreKey& key);  // in pinned memory or in `lower`
+  bool contains(const StoreKey& key);  // in pinned memory, on its way down, or in `lower`
   // Releases holders whose copies completed and pinned ranges nothing reads any more.
   void poll();
   // Waits for every offload copy and every demotion queued so far (tests, shutdown).

@@ -1,5 +1,6 @@
 // RedisStore: a KvStore on a Redis server (any RESP2 server: Redis, Valkey), through hiredis.
-// Linked from the kvcore_redis library (CMake target kvcore::redis, built when hiredis is found).
+// Linked from the kvcore_redis library (CMake target kvcore::redis, built when hiredis is found);
+// libkvcore.so has it too then (the C API's kvc_redis_store_*).
 //
 // The server is not trusted: the client AUTHs with a password, asks for at most
 // max_value_bytes + the seal header (GETRANGE), and opens every value's seal (size, header, key,
@@ -28,7 +29,7 @@ struct RedisStoreOptions {
   int64_t max_value_bytes = int64_t{64} << 20;  // payloads larger than this are neither sent nor accepted
   int backoff_initial_ms = 50;
   int backoff_max_ms = 2000;
-  int ttl_seconds = 0;  // 0: keys do not expire (bound the server with maxmemory + allkeys-lru)
+  int ttl_seconds = 0;  // >= 0; 0: keys do not expire (bound the server with maxmemory + allkeys-lru)
 };
 
 class RedisStore : public KvStore {
@@ -43,6 +44,10 @@ class RedisStore : public KvStore {
   StoreStats stats() const override;
   // Is a connection up now (connecting when the backoff allows)?
   bool ping();
+  // Why the last connection attempt, command or PING failed (cannot connect, AUTH refused with
+  // the server's reply, connection lost or timed out, PING refused), naming host:port; "" from
+  // a successful connection until the next failure.
+  std::string last_error() const;
 
   struct State;
 

@@ -161,7 +161,7 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const __grid_constant__ LaunchParams p) {
   __shared__ __align__(16) uint8_t tile[kTileBytes];
   __shared__ float s_cos[math::RopeTable::kMaxPairs], s_sin[math::RopeTable::kMaxPairs];
-  __shared__ float s_scratch[kFp8 ? kWarps * ops::kShiftMaxFp8HeadDim : 1];
+  __shared__ float s_scratch[kFp8 ? kWarps * ops::kShiftFp8ScratchDims : 1];
   __shared__ int s_ticket, s_layer;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) s_layer = -1;
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) shift_dense_kernel(const
     if (rotates) {
       const RopeLayout l = p.layout[st.t.layer];
       const WarpLanes lanes{lane};
-      float* scratch = kFp8 ? s_scratch + warp * ops::kShiftMaxFp8HeadDim : nullptr;
+      float* scratch = kFp8 ? s_scratch + warp * ops::kShiftFp8ScratchDims : nullptr;
       for (int u = warp; u < nt * nh; u += kWarps)
         rotate_head(st.t.kind, tile + u * st.t.head_bytes, tile + scale_off + u * st.t.scale_head_bytes, l, s_cos, s_sin,
                     scratch, lanes);
@@ -267,12 +267,12 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) rope_shift_rows_kernel(const __grid_constant__ RowsLaunch p) {
   __shared__ float s_freq[math::RopeTable::kMaxPairs];
   __shared__ float s_cos[math::RopeTable::kMaxPairs], s_sin[math::RopeTable::kMaxPairs];
-  __shared__ float s_scratch[kFp8 ? kWarps * ops::kShiftMaxFp8HeadDim : 1];
+  __shared__ float s_scratch[kFp8 ? kWarps * ops::kShiftFp8ScratchDims : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const RopeLayout l = p.table.layout;
   for (int i = tid; i < l.n_pairs(); i += kThreads) s_freq[i] = p.table.freq[i];
   const WarpLanes lanes{lane};
-  float* scratch = kFp8 ? s_scratch + warp * ops::kShiftMaxFp8HeadDim : nullptr;
+  float* scratch = kFp8 ? s_scratch + warp * ops::kShiftFp8ScratchDims : nullptr;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const int32_t delta = p.delta[r];
     __syncthreads();  // s_freq ready; the previous row is done with s_cos / s_sin

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 #include "kvcore/error.hpp"
@@ -34,10 +35,16 @@ struct RedisStore::State {
   int backoff_ms = 0;
   bool ever_connected = false;
   StoreStats st;
+  std::string error;  // why the last connection attempt or command failed; "" while connected
+
+  std::string where() const { return o.host + ":" + std::to_string(o.port); }
+  std::string context_error() const { return ctx && ctx->err ? std::string(ctx->errstr) : std::string("no reply"); }
 
   ~State() { drop(false); }
 
-  void drop(bool failed) {
+  // Closes the connection; a failure (`why`) marks the store down until a retry after the backoff.
+  void drop(bool failed, std::string why = {}) {
+    if (failed) error = std::move(why);
     if (ctx) redisFree(ctx);
     ctx = nullptr;
     if (!failed) return;
@@ -52,11 +59,11 @@ struct RedisStore::State {
     if (Clock::now() < next_try) return false;
     ctx = redisConnectWithTimeout(o.host.c_str(), o.port, to_timeval(o.connect_timeout_ms));
     if (!ctx || ctx->err) {
-      drop(true);
+      drop(true, "cannot connect to " + where() + ": " + (ctx ? context_error() : std::string("out of memory")));
       return false;
     }
     if (redisSetTimeout(ctx, to_timeval(o.io_timeout_ms)) != REDIS_OK) {
-      drop(true);
+      drop(true, "cannot set the timeouts of " + where() + ": " + context_error());
       return false;
     }
     // Large socket buffers: hiredis moves the unsent rest of its output buffer after every
@@ -69,13 +76,18 @@ struct RedisStore::State {
       const size_t lens[2] = {4, o.password.size()};
       Reply r(static_cast<redisReply*>(redisCommandArgv(ctx, 2, argv, lens)));
       if (!r || r->type != REDIS_REPLY_STATUS || std::string_view(r->str, r->len) != "OK") {
-        drop(true);
+        const std::string reply = !r ? context_error()
+                                  : r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS
+                                      ? std::string(r->str, r->len)
+                                      : "a reply of type " + std::to_string(r->type);
+        drop(true, where() + " refused AUTH (the password): " + reply);
         return false;
       }
     }
     if (ever_connected && st.down) ++st.reconnects;
     ever_connected = true;
     st.down = false;
+    error.clear();
     backoff_ms = 0;
     return true;
   }
@@ -85,7 +97,7 @@ struct RedisStore::State {
     if (!ensure()) return nullptr;
     Reply r(static_cast<redisReply*>(redisCommandArgv(ctx, argc, argv, lens)));
     if (!r || ctx->err) {
-      drop(true);
+      drop(true, "connection to " + where() + " lost: " + context_error());
       return nullptr;
     }
     return r;
@@ -102,6 +114,8 @@ RedisStore::RedisStore(RedisStoreOptions options) : s_(std::make_unique<State>()
   require_arg(options.backoff_initial_ms > 0 && options.backoff_max_ms >= options.backoff_initial_ms,
               "RedisStore: backoff must satisfy 0 < initial <= max, got ", options.backoff_initial_ms, " / ",
               options.backoff_max_ms);
+  require_arg(options.ttl_seconds >= 0, "RedisStore: ttl_seconds must be >= 0 (0: no expiry), got ",
+              options.ttl_seconds);
   s_->o = std::move(options);
 }
 
@@ -112,6 +126,7 @@ bool RedisStore::ping() {
   const char* argv[1] = {"PING"};
   const size_t lens[1] = {4};
   Reply r = s_->command(1, argv, lens);
+  if (r && r->type == REDIS_REPLY_ERROR) s_->error = s_->where() + " answered PING with: " + std::string(r->str, r->len);
   return r && r->type == REDIS_REPLY_STATUS;
 }
 
@@ -181,6 +196,11 @@ bool RedisStore::remove(const StoreKey& key) {
   const size_t lens[2] = {3, k.size()};
   Reply r = s.command(2, argv, lens);
   return r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1;
+}
+
+std::string RedisStore::last_error() const {
+  std::lock_guard<std::mutex> g(s_->mu);
+  return s_->error;
 }
 
 StoreStats RedisStore::stats() const {
