@@ -5,6 +5,7 @@
 # kernel, "_wgmma" warp-specialized, "_wgmma_sync" synchronous; notes: TFLOP/s and the ratios)
 # and optionally the SDPA baseline of the same shapes.
 #   OUT=<dir> bash bench/gpu/wgmma_prefill.sh            (SDPA=1 adds bench/attention_sdpa_baseline.py)
+# Env: TEST_TIMEOUT (s per test group, default 240), BENCH_TIMEOUT (default 300).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -18,12 +19,12 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE
   { grep -E 'error|Error' -A3 "$OUT/build.log" | head -40; exit 1; }
 for f in 'AttnCuda.WgmmaPrimitives' 'AttnCuda.WgmmaSync*' 'AttnCuda.WgmmaSerial*' 'AttnCuda.WgmmaWs*' 'AttnCuda.Prefill*'; do
   log "tests $f"
-  timeout 240 ./build/tests/kvcore_cuda_tests --gtest_filter="$f" >> "$OUT/wgmma.log" 2>&1
+  timeout "${TEST_TIMEOUT:-240}" ./build/tests/kvcore_cuda_tests --gtest_filter="$f" >> "$OUT/wgmma.log" 2>&1
   echo "exit $?" | tee -a "$OUT/wgmma.log"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|\[wgmma" "$OUT/wgmma.log" | tail -30
 done
 log "bench attention_prefill"
-timeout 300 ./build/kvcore bench attention_prefill --device cuda --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/wgmma.log" | grep -v "^\[bench\]"
+timeout "${BENCH_TIMEOUT:-300}" ./build/kvcore bench attention_prefill --device cuda --json "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/wgmma.log" | grep -v "^\[bench\]"
 echo "exit $?" | tee -a "$OUT/wgmma.log"
 if [ "${SDPA:-0}" = 1 ]; then
   log "SDPA baseline"
