@@ -5,7 +5,9 @@
 // Prefill is bound by math, not bytes: the note gives TFLOP/s, counting 4 * head_dim flops
 // per (query head, visible key) pair (QK^T and PV, as FlashAttention counts them); bytes =
 // K/V read once. Case names match bench/attention_sdpa_baseline.py (SDPA, causal from the
-// bottom right, on dense K/V).
+// bottom right, on dense K/V). On compute capability 9.0 each case also runs the Hopper wgmma
+// kernels (kernel variants 5, 6, 7) as "<case>_wgmma", "<case>_wgmma_sync" and
+// "<case>_wgmma_serial", their notes giving the speed-up over the automatic kernel.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -17,6 +19,11 @@
 #include "kvcore/kvcore.hpp"
 #include "kvcore/math/half.hpp"
 #include "kvcore/ops/attention.hpp"
+#include "ops/attention_plan_impl.hpp"
+#include "ops/attention_tuning.hpp"
+#if KVCORE_WITH_CUDA
+#include "cuda/attention/prefill_wgmma.hpp"
+#endif
 #include "tools/registry.hpp"
 
 namespace {
@@ -41,7 +48,8 @@ double visible_pairs(int64_t ctx, int64_t n_new) {
 void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n_new) {
   const std::string name = "llama8b_prefill_f16_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_new" +
                            std::to_string(n_new);
-  if (!opt.wants(name)) return;
+  if (!opt.wants(name) && !opt.wants(name + "_wgmma") && !opt.wants(name + "_wgmma_sync") && !opt.wants(name + "_wgmma_serial"))
+    return;
   const Device d = opt.device;
   const int64_t nb = (ctx + kBlock - 1) / kBlock, n_blocks = batch * nb, rows = batch * n_new;
   const size_t row_elems = size_t(n_blocks) * kBlock * kKvHeads * kHeadDim;
@@ -78,51 +86,82 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
   AttentionSchedule sc;
   sc.check_tables = false;
   sc.max_seq_cells = ctx;
-  const AttentionPlan plan = AttentionPlan::prefill(kv, kQHeads, step, sc);  // owns its workspace
-  const int32_t splits = plan.num_splits();
-  plan.run(q, kv, out);
-  synchronize(d);
-
-  // Check the chunk's last 32 rows of sequence 0 (they see the most keys) against the CPU op.
-  {
-    const int64_t n_chk = std::min<int64_t>(32, n_new), r0 = n_new - n_chk;
-    const std::vector<uint16_t> got = bout.to_host<uint16_t>();
-    PagedKV hkv;
-    hkv.k = TensorRef(const_cast<uint16_t*>(hk.data()), DType::F16, Device::cpu(), {n_blocks, kBlock, kKvHeads, kHeadDim});
-    hkv.v = TensorRef(const_cast<uint16_t*>(hv.data()), DType::F16, Device::cpu(), {n_blocks, kBlock, kKvHeads, kHeadDim});
-    hkv.positions = TensorRef(pos.data(), DType::I32, Device::cpu(), {n_blocks, kBlock});
-    std::vector<int32_t> hip{0, static_cast<int32_t>(nb)}, hlp{lp[0]}, hqo{0, static_cast<int32_t>(n_chk)};
-    AttentionStep hs;
-    hs.table = BlockTable{TensorRef(hip.data(), DType::I32, Device::cpu(), {2}), TensorRef(perm.data(), DType::I32, Device::cpu(), {nb}),
-                          TensorRef(hlp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
-    hs.q_positions = TensorRef(qp.data() + r0, DType::I32, Device::cpu(), {n_chk});
-    hs.qo_indptr = TensorRef(hqo.data(), DType::I32, Device::cpu(), {2});
-    std::vector<float> want(size_t(n_chk) * kQHeads * kHeadDim);
-    AttentionPlan::prefill(hkv, kQHeads, hs)
-        .run(TensorRef(const_cast<uint16_t*>(hq.data()) + r0 * kQHeads * kHeadDim, DType::F16, Device::cpu(),
-                       {n_chk, kQHeads, kHeadDim}),
-             hkv, TensorRef(want.data(), DType::F32, Device::cpu(), {n_chk, kQHeads, kHeadDim}));
-    double err = 0, mx = 1e-6;
-    for (size_t i = 0; i < want.size(); ++i) {
-      const double g = math::f16_bits_to_f32(got[size_t(r0) * kQHeads * kHeadDim + i]);
-      err = std::max(err, std::abs(g - want[i])), mx = std::max(mx, double(std::abs(want[i])));
-    }
-    if (!(err <= 2e-3 * std::max(1.0, mx))) {  // one f16 rounding of the output
-      opt.note(name + ": result check FAILED (max error " + std::to_string(err) + "), not timed");
-      return;
-    }
+  // The automatic kernel (the mma.sync prefill kernel unless prefill_wgmma.hpp's
+  // kAutomaticVariant says otherwise) and, on compute capability 9.0, the wgmma kernels forced
+  // ("_wgmma": warp-specialized and pipelined, "_wgmma_sync": synchronous, "_wgmma_serial":
+  // warp-specialized one tile at a time), with their ratios to it.
+  std::vector<ops::AttentionKernel> kernels{ops::AttentionKernel::Auto};
+#if KVCORE_WITH_CUDA
+  if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index)) {
+    // the simplest first: a fault in a later one leaves the earlier rows
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefillSync);
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefillSerial);
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefill);
   }
-  const cli::Timing tm = opt.time([&](int) { plan.run(q, kv, out); });
-  cli::BenchRecord r;
-  r.bench = "attention_prefill";
-  r.case_name = name;
-  r.bytes = 2.0 * batch * ctx * kKvHeads * kHeadDim * 2;
-  r.t = tm;
-  r.traffic = cli::Traffic::Read;
-  opt.report(r);
-  const double flops = 4.0 * kHeadDim * kQHeads * batch * visible_pairs(ctx, n_new);
-  opt.note(name + ": " + std::to_string(flops / tm.median_us / 1e6) + " TFLOP/s (" + std::to_string(flops / 1e9) +
-           " GFLOP a call), splits " + std::to_string(splits));
+#endif
+  double auto_us = 0;
+  for (ops::AttentionKernel kernel : kernels) {
+    ops::AttentionTuning tu;
+    tu.kernel = kernel;
+    const bool wgmma = kernel != ops::AttentionKernel::Auto;
+    const std::string cname = name + (kernel == ops::AttentionKernel::WgmmaPrefill       ? "_wgmma"
+                                      : kernel == ops::AttentionKernel::WgmmaPrefillSync ? "_wgmma_sync"
+                                      : kernel == ops::AttentionKernel::WgmmaPrefillSerial ? "_wgmma_serial"
+                                                                                           : "");
+    if (!opt.wants(cname)) continue;  // --case _wgmma_sync: that kernel alone
+    const AttentionPlan plan = ops::attn::plan_paged(true, kv, kQHeads, step, sc, tu);  // owns its workspace
+    const int32_t splits = plan.num_splits();
+    const std::vector<uint16_t> nan_out(size_t(rows) * kQHeads * kHeadDim, 0x7e00);  // f16 NaN: a row left unwritten fails the check
+    bout.copy_from_host(nan_out.data(), nan_out.size() * 2);
+    plan.run(q, kv, out);
+    synchronize(d);
+
+    // Check the chunk's last 32 rows of sequence 0 (they see the most keys) against the CPU op.
+    {
+      const int64_t n_chk = std::min<int64_t>(32, n_new), r0 = n_new - n_chk;
+      const std::vector<uint16_t> got = bout.to_host<uint16_t>();
+      PagedKV hkv;
+      hkv.k = TensorRef(const_cast<uint16_t*>(hk.data()), DType::F16, Device::cpu(), {n_blocks, kBlock, kKvHeads, kHeadDim});
+      hkv.v = TensorRef(const_cast<uint16_t*>(hv.data()), DType::F16, Device::cpu(), {n_blocks, kBlock, kKvHeads, kHeadDim});
+      hkv.positions = TensorRef(pos.data(), DType::I32, Device::cpu(), {n_blocks, kBlock});
+      std::vector<int32_t> hip{0, static_cast<int32_t>(nb)}, hlp{lp[0]}, hqo{0, static_cast<int32_t>(n_chk)};
+      AttentionStep hs;
+      hs.table = BlockTable{TensorRef(hip.data(), DType::I32, Device::cpu(), {2}), TensorRef(perm.data(), DType::I32, Device::cpu(), {nb}),
+                            TensorRef(hlp.data(), DType::I32, Device::cpu(), {1}), TensorRef()};
+      hs.q_positions = TensorRef(qp.data() + r0, DType::I32, Device::cpu(), {n_chk});
+      hs.qo_indptr = TensorRef(hqo.data(), DType::I32, Device::cpu(), {2});
+      std::vector<float> want(size_t(n_chk) * kQHeads * kHeadDim);
+      AttentionPlan::prefill(hkv, kQHeads, hs)
+          .run(TensorRef(const_cast<uint16_t*>(hq.data()) + r0 * kQHeads * kHeadDim, DType::F16, Device::cpu(),
+                         {n_chk, kQHeads, kHeadDim}),
+               hkv, TensorRef(want.data(), DType::F32, Device::cpu(), {n_chk, kQHeads, kHeadDim}));
+      double err = 0, mx = 1e-6;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double g = math::f16_bits_to_f32(got[size_t(r0) * kQHeads * kHeadDim + i]);
+        const double e = std::abs(g - want[i]);
+        if (!(e <= err)) err = e;  // NaN (an unwritten row) sticks
+        mx = std::max(mx, double(std::abs(want[i])));
+      }
+      if (!(err <= 2e-3 * std::max(1.0, mx))) {  // one f16 rounding of the output
+        opt.note(cname + ": result check FAILED (max error " + std::to_string(err) + "), not timed");
+        continue;
+      }
+    }
+    const cli::Timing tm = opt.time([&](int) { plan.run(q, kv, out); });
+    cli::BenchRecord r;
+    r.bench = "attention_prefill";
+    r.case_name = cname;
+    r.bytes = 2.0 * batch * ctx * kKvHeads * kHeadDim * 2;
+    r.t = tm;
+    r.traffic = cli::Traffic::Read;
+    opt.report(r);
+    const double flops = 4.0 * kHeadDim * kQHeads * batch * visible_pairs(ctx, n_new);
+    std::string note = cname + ": " + std::to_string(flops / tm.median_us / 1e6) + " TFLOP/s (" +
+                       std::to_string(flops / 1e9) + " GFLOP a call), splits " + std::to_string(splits);
+    if (!wgmma) auto_us = tm.median_us;
+    else if (auto_us > 0) note += ", " + std::to_string(auto_us / tm.median_us) + "x the automatic kernel";
+    opt.note(note);
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/attention/attention_mma.hpp"
 #include "cuda/attention/attention_prefill.hpp"
+#include "cuda/attention/prefill_wgmma.hpp"
 #include "cuda/common/device.hpp"
 #include "ops/attention_tuning.hpp"
 
@@ -201,7 +202,7 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
                                 math::KvElem kv, int kernel_variant, int64_t max_seq_cells, bool rope_on_read,
                                 bool fat_ctas) {
   KVCORE_CUDA_CHECK(cudaSetDevice(device));
-  if (kernel_variant == 4) kernel_variant = 0;  // the prefill kernel has no splits; others plan as automatic
+  if (kernel_variant >= 4) kernel_variant = 0;  // the prefill kernels have no splits; others plan as automatic
   const bool mma = v_head_dim == head_dim && mma_attn::serves_shape(head_dim, kv, kernel_variant);
   const int G = mma ? mma_attn::heads_per_cta(group) : heads_per_cta(head_dim, kv, group);
   const int chunks = (group + G - 1) / G;
@@ -265,11 +266,16 @@ void attention_paged(const PagedAttentionParams& p, const AttentionTuning& tunin
               " elements)");
   const int hd = p.layout.head_dim;
   cudaStream_t stream = kvcore::ops::cuda::native(p.stream);
-  if (prefill_attn::serves(p, sm_count(p.device))) {  // writes the output itself
-    prefill_attn::launch(p, stream);
+  if (prefill_wgmma::serves(p, sm_count(p.device))) {  // Hopper wgmma prefill; writes the output itself
+    prefill_wgmma::launch(p, stream);
     return;
   }
   PagedAttentionParams pv = p;
+  if (pv.kernel_variant >= 5) pv.kernel_variant = 0;  // asked for a wgmma prefill kernel where it does not serve
+  if (prefill_attn::serves(pv, sm_count(p.device))) {  // writes the output itself
+    prefill_attn::launch(pv, stream);
+    return;
+  }
   if (pv.kernel_variant == 4) pv.kernel_variant = 0;  // asked for the prefill kernel where it does not serve
   // No guessed first block ids at batch row 0 (the kernel guesses only below n_indices).
   if (!tuning.guess_blocks) pv.n_indices = 0;

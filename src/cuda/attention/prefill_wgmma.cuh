@@ -1,0 +1,483 @@
+// Causal prefill over 16-bit pages on Hopper's warpgroup MMA (sm_90a), FlashAttention-3 style:
+// a CTA takes 32 query rows of one sequence and up to 4 query heads of one kv head; each of its
+// two consumer warpgroups owns 16 of the rows for all 4 heads, packed into the M = 64 rows of a
+// wgmma (warp w of the warpgroup: head w, rows 16 w .. 16 w + 15 of M = that head's 16 query
+// rows). K/V tiles of 64 keys are copied from the pages by cp.async into 128-byte swizzled
+// shared memory (wgmma_primitives.cuh), 4 stages; both warpgroups read every tile.
+//
+//   S = Q K^T   wgmma m64n64k16, A = q rows from registers (loaded once), B = K tile (K-major)
+//   O += P V    wgmma m64n{HD}k16, A = P from S's accumulators converted in registers,
+//               B = V tile (MN-major: the transpose bit)
+//
+// Online softmax in f32 with the SFU's exp2 on scores pre-scaled by scale * log2(e), as the
+// mma.sync prefill kernel (attention_prefill.cuh), with the same masks: valid byte, causal by
+// position (k_pos <= q_pos), sliding window, sinks in the denominator at the end. A landed
+// tile's per-key metadata becomes positions (INT_MAX: no key) and a summary (prepare_tile), so a
+// warpgroup skips a tile none of its rows sees and drops the masks of a tile all its rows see
+// whole. A tile's P V stays in flight (wgmma is asynchronous) until the next tile's S is waited
+// for.
+// Two kernels share these pieces:
+//  - prefill_wgmma_kernel (this file): every thread copies, one CTA barrier a tile, tiles i + 1
+//    and i + 2 in flight while tile i is read;
+//  - prefill_wgmma_ws_kernel (prefill_wgmma_ws.cuh): a producer warp copies and prepares,
+//    mbarriers hand stages to the two warpgroups, which then run unsynchronized (one's softmax
+//    overlaps the other's wgmma); one tile at a time, or pipelined (a tile's softmax overlaps
+//    the previous tile's P V in the same warpgroup).
+// q must be exact in the page type (f16 q on f16 pages, bf16 on bf16) and the output 16-bit:
+// P is one 16-bit value (2^-9 relative for bf16, under a 16-bit output's own rounding); other
+// calls take the mma.sync kernel.
+#pragma once
+#include <climits>
+
+#include "cuda/attention/mma_primitives.cuh"
+#include "cuda/attention/wgmma_primitives.cuh"
+#include "kvcore/math/softmax.hpp"
+#include "ops/attention_params.hpp"
+#include "ops/prefill_row_blocks.hpp"
+
+namespace kvcore::ops::cuda::prefill_wgmma {
+
+using mma_attn::cp_async16;
+using mma_attn::cp_async4;
+using mma_attn::cp_async_commit;
+using mma_attn::cp_async_wait;
+using mma_attn::Exp2Ftz;
+using mma_attn::smem_addr;
+
+constexpr int kHeads = 4;     // query heads per CTA (of one kv head): the 4 warps of a warpgroup
+constexpr int kKeys = 64;     // keys per tile: S is m64n64
+constexpr int kStages = 4;
+constexpr int kGroups = 2;    // consumer warpgroups per CTA
+constexpr int kConsumerThreads = 128 * kGroups;
+constexpr int kRows = 16 * kGroups;  // query rows per CTA
+
+template <int HD>
+struct Shape {
+  static constexpr int kChunks = HD / 8;             // 16-byte chunks per K or V row
+  static constexpr int kTileBytes = kKeys * HD * 2;  // a multiple of 1024: regions stay aligned
+  static constexpr int kStageBytes = 2 * kTileBytes; // K tile, then V tile
+  static constexpr int kMetaInts = 3 * kKeys + 4;    // per key: cell, position, valid word; summary
+  static constexpr int kMetaOffset = kStages * kStageBytes;
+  static constexpr int kBarOffset = kMetaOffset + kStages * kMetaInts * 4;  // 8-byte aligned
+  // mbarriers (full, empty per stage; the warp-specialized kernel), + 1024: the dynamic shared
+  // memory is aligned up to 1024 bytes in the kernels
+  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;
+  static constexpr int kKSteps = HD / 16;  // k-steps of S over dims
+  static constexpr int kDTiles = HD / 8;   // 8-dim column blocks of O
+  static constexpr int kNTiles = kKeys / 8;
+};
+
+// What a CTA works on: rows [row, row + n_r) of sequence b, heads h0 .. h0 + n_h - 1 of kv head
+// kvh, the sequence's n_cells cells (n_tiles tiles). The grid is (row blocks, kv heads x head
+// chunks) as for the mma.sync kernel, but its linear index is read head-fastest with the row
+// blocks reversed: CTAs start in launch order, so the last rows of a chunk (the most keys under
+// the causal mask) start first and the short ones fill the tail of the last wave.
+struct Cta {
+  int row, b, n_r, kvh, h0, n_h, bs, n_kv, n_cells, n_tiles, bs_shift;
+  bool pow2_bs;
+  int64_t pos_off;
+  const int32_t* blocks;
+};
+
+__device__ __forceinline__ bool make_cta(const PagedAttentionParams& p, int chunk_heads, Cta& c) {
+  const int64_t lin = blockIdx.x + int64_t{blockIdx.y} * gridDim.x;
+  const int heads = gridDim.y;  // kv heads x head chunks
+  const int x_rev = static_cast<int>(lin / heads), y = static_cast<int>(lin % heads);
+  const int n_blocks = (p.n_rows + kRows - 1) / kRows;  // then one CTA per sequence (prefill_row_blocks.hpp)
+  const int x = x_rev < n_blocks ? n_blocks - 1 - x_rev : x_rev;
+  const PrefillRowBlock rb = prefill_row_block<kRows>(p, x);
+  if (rb.n_r <= 0) return false;
+  c.row = rb.row, c.b = rb.b, c.n_r = rb.n_r;
+  const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
+  c.kvh = y / chunks;
+  const int chunk = y % chunks;
+  c.h0 = c.kvh * p.group + chunk * chunk_heads;
+  c.n_h = min(chunk_heads, p.group - chunk * chunk_heads);
+  c.bs = p.layout.block_size, c.n_kv = p.layout.n_kv_heads;
+  c.n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, c.b, c.bs);
+  c.n_tiles = (c.n_cells + kKeys - 1) / kKeys;
+  c.pow2_bs = (c.bs & (c.bs - 1)) == 0;
+  c.bs_shift = __ffs(c.bs) - 1;
+  c.pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[c.b] : 0;
+  c.blocks = p.indices + p.indptr[c.b];
+  return true;
+}
+
+// Block id holding key j of the sequence (-1: past its keys).
+__device__ __forceinline__ int block_of(const Cta& c, int j) {
+  return j < c.n_cells ? __ldg(c.blocks + (c.pow2_bs ? j >> c.bs_shift : j / c.bs)) : -1;
+}
+__device__ __forceinline__ int cell_of(const Cta& c, int blk, int j) {
+  return blk < 0 ? -1 : blk * c.bs + (c.pow2_bs ? (j & (c.bs - 1)) : j % c.bs);
+}
+
+// Copies of key r of a tile (cell `cell`, -1: none) into a stage: its cell, position and
+// valid word (copy_key_meta), 16-byte chunk c of its K and V rows (copy_key_chunk; zero-filled
+// past the keys).
+__device__ __forceinline__ void copy_key_meta(const PagedAttentionParams& p, int* meta, int r, int cell) {
+  meta[r] = cell;
+  if (cell >= 0) {
+    cp_async4(smem_addr(meta + kKeys + r), p.maybe_positions + cell);
+    if (p.maybe_valid) cp_async4(smem_addr(meta + 2 * kKeys + r), p.maybe_valid + (cell & ~3));
+  }
+}
+template <int HD>
+__device__ __forceinline__ void copy_key_chunk(const PagedAttentionParams& p, const Cta& ct, unsigned char* st, int r, int c,
+                                               int cell) {
+  using S = Shape<HD>;
+  const bool in = cell >= 0;
+  const size_t off = in ? (size_t(cell) * ct.n_kv + ct.kvh) * (HD * 2) + c * 16 : 0;
+  const int dst = wgmma::tile_chunk_offset<kKeys>(r, c);
+  cp_async16(smem_addr(st + dst), static_cast<const char*>(p.k) + off, in);
+  cp_async16(smem_addr(st + S::kTileBytes + dst), static_cast<const char*>(p.v) + off, in);
+}
+
+// One warp (all 32 lanes), once a tile's copies landed: each key's position as rows compare it
+// (stored - offset; INT_MAX for no key or a dead cell) and the tile's summary (smallest /
+// largest live position, every key live). Dead cells' V bytes may be anything (NaN): their
+// weight is 0 but 0 * NaN is not, so they are zeroed, then made visible to wgmma's async proxy.
+template <int HD>
+__device__ __forceinline__ void prepare_tile(const PagedAttentionParams& p, const Cta& ct, unsigned char* st, int* meta,
+                                             int lane) {
+  using S = Shape<HD>;
+  int* kpos = meta + kKeys;
+  int kmin = INT_MAX, kmax = INT_MIN;
+  bool all_live = true;
+#pragma unroll
+  for (int r = lane; r < kKeys; r += 32) {
+    const int cell = meta[r];
+    bool live = cell >= 0;
+    if (live && p.maybe_valid) live = ((static_cast<uint32_t>(meta[2 * kKeys + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
+    const int64_t kp = int64_t{kpos[r]} - ct.pos_off;
+    const int64_t lo = INT_MIN, hi = INT_MAX - 1;
+    const int k = static_cast<int>(kp < lo ? lo : kp > hi ? hi : kp);
+    kpos[r] = live ? k : INT_MAX;
+    if (live) kmin = min(kmin, k), kmax = max(kmax, k);
+    all_live = all_live && live;
+    if (cell >= 0 && !live)
+      for (int c = 0; c < S::kChunks; ++c)
+        *reinterpret_cast<uint4*>(st + S::kTileBytes + wgmma::tile_chunk_offset<kKeys>(r, c)) = make_uint4(0, 0, 0, 0);
+  }
+#if KVCORE_WGMMA_ARCH
+  wgmma::fence_proxy_async();  // this lane's copies and zeros, before wgmma reads them
+#endif
+#pragma unroll
+  for (int x = 1; x < 32; x <<= 1) {
+    kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, x));
+    kmax = max(kmax, __shfl_xor_sync(0xffffffffu, kmax, x));
+  }
+  all_live = __all_sync(0xffffffffu, all_live);
+  if (lane == 0) {
+    int* sum = meta + 3 * kKeys;
+    sum[0] = kmin, sum[1] = kmax, sum[2] = all_live ? 1 : 0;
+  }
+}
+
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// One consumer thread's share of its warpgroup's 64 rows: rows g and g + 8 of its warp
+// (g = lane / 4, t = lane % 4), i.e. query rows r0 + g, r0 + g + 8 of head `head`.
+template <int HD>
+struct Rows {
+  using S = Shape<HD>;
+  uint32_t qa[S::kKSteps][4];  // q as A fragments (layout in wgmma_primitives.cuh)
+  float o[S::kDTiles][4];      // O accumulators: o[dt][x] row g + 8 (x >> 1), dim 8 dt + 2t + (x & 1)
+  float m[2], l[2];            // running max (log2 domain) and row sum of this thread's keys
+  int qp[2];                   // positions (INT_MIN past the chunk: sees nothing)
+  int qmin, qmax;              // over the warpgroup's rows (the same rows in its 4 warps)
+};
+
+// Positions, q fragments (qa[ks][2h + e] packs row g + 8e, dims 16 ks + 8h + 2t, + 1; zeros for
+// rows past the chunk and heads past the group) and a zero state.
+template <int HD>
+__device__ __forceinline__ void init_rows(const PagedAttentionParams& p, const Cta& ct, int r0, bool head_live, int head,
+                                          int g, int t, Rows<HD>& w) {
+  using S = Shape<HD>;
+  w.qmin = INT_MAX, w.qmax = INT_MIN;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const bool real = r0 + g + 8 * e < ct.n_r;
+    w.qp[e] = real ? p.maybe_q_positions[ct.row + r0 + g + 8 * e] : INT_MIN;
+    if (real) w.qmin = min(w.qmin, w.qp[e]), w.qmax = max(w.qmax, w.qp[e]);
+  }
+#pragma unroll
+  for (int x = 4; x < 32; x <<= 1) {  // lanes of equal g hold the same rows
+    w.qmin = min(w.qmin, __shfl_xor_sync(0xffffffffu, w.qmin, x));
+    w.qmax = max(w.qmax, __shfl_xor_sync(0xffffffffu, w.qmax, x));
+  }
+  const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
+  int64_t qbase[2];
+  bool qreal[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    qreal[e] = head_live && r0 + g + 8 * e < ct.n_r;
+    qbase[e] = qreal[e] ? int64_t{ct.row + r0 + g + 8 * e} * p.q_row_stride + int64_t{head} * p.q_head_stride : 0;
+  }
+#pragma unroll
+  for (int ks = 0; ks < S::kKSteps; ++ks)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t at = qbase[e] + 16 * ks + 8 * h + 2 * t;
+        const uint32_t lo = qreal[e] ? q16[at] : 0u, hi = qreal[e] ? q16[at + 1] : 0u;
+        w.qa[ks][2 * h + e] = lo | (hi << 16);
+      }
+#pragma unroll
+  for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][0] = w.o[dt][1] = w.o[dt][2] = w.o[dt][3] = 0.0f;
+  w.m[0] = w.m[1] = math::neg_inf_f32();
+  w.l[0] = w.l[1] = 0.0f;
+}
+
+// The warpgroup's rows against a prepared tile (warpgroup-uniform): none sees a key -> skip;
+// every key live and seen by every row -> no masks.
+template <int HD>
+__device__ __forceinline__ void tile_cover(const PagedAttentionParams& p, const int* meta, const Rows<HD>& w, bool& none,
+                                           bool& full) {
+  const int kmin = meta[3 * kKeys], kmax = meta[3 * kKeys + 1];
+  none = kmin == INT_MAX || kmin > w.qmax || (p.window > 0 && int64_t{w.qmin} - kmax >= p.window);
+  full = meta[3 * kKeys + 2] != 0 && kmax <= w.qmin && (p.window <= 0 || int64_t{w.qmax} - kmin < p.window);
+}
+
+#if KVCORE_WGMMA_ARCH
+template <int HD>
+using Scores = float[Shape<HD>::kNTiles][4];  // S accumulators: [j][x] row g + 8 (x >> 1), key 8j + 2t + (x & 1)
+using PFrags = uint32_t[kKeys / 16][4];       // P as A fragments, one per k-step of 16 keys
+
+// Issues S = Q K^T over a tile (not committed).
+template <int HD, bool BF16>
+__device__ __forceinline__ void issue_s(const Rows<HD>& w, uint32_t k_s, Scores<HD>& sc) {
+  using S = Shape<HD>;
+#pragma unroll
+  for (int j = 0; j < S::kNTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < S::kKSteps; ++ks)
+    wgmma::wgmma_m64n64k16_rs<BF16, 0>(sc, w.qa[ks], wgmma::desc_k_major<kKeys>(k_s, ks), ks > 0 ? 1 : 0);
+}
+
+// Masks, scale and online softmax of a tile's scores: sc becomes the weights (relative to the
+// new running max), l is updated, rs[e] is the factor O's row e must be rescaled by before this
+// tile's P V is added.
+template <int HD>
+__device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, Rows<HD>& w, Scores<HD>& sc, const int* kpos,
+                                             bool full, float sl2, int t, float (&rs)[2]) {
+  using S = Shape<HD>;
+  if (full) {
+#pragma unroll
+    for (int j = 0; j < S::kNTiles; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) sc[j][x] *= sl2;
+  } else {
+#pragma unroll
+    for (int j = 0; j < S::kNTiles; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int q = w.qp[x >> 1], kp = kpos[8 * j + 2 * t + (x & 1)];
+        const bool sees = kp != INT_MAX && kp <= q && (p.window <= 0 || int64_t{q} - kp < p.window);
+        sc[j][x] = sees ? sc[j][x] * sl2 : math::neg_inf_f32();
+      }
+  }
+  // per row (the 4 lanes of a row hold its keys)
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float mx = math::neg_inf_f32();
+#pragma unroll
+    for (int j = 0; j < S::kNTiles; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * e], sc[j][2 * e + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(w.m[e], mx);
+    rs[e] = math::softmax_rescale(w.m[e], mn, Exp2Ftz{});
+    w.m[e] = mn;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S::kNTiles; ++j) {
+      sc[j][2 * e] = math::softmax_weight(sc[j][2 * e], mn, Exp2Ftz{});
+      sc[j][2 * e + 1] = math::softmax_weight(sc[j][2 * e + 1], mn, Exp2Ftz{});
+      sum += sc[j][2 * e] + sc[j][2 * e + 1];
+    }
+    w.l[e] = w.l[e] * rs[e] + sum;
+  }
+}
+
+template <int HD>
+__device__ __forceinline__ void rescale_o(Rows<HD>& w, const float (&rs)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    if (rs[e] != 1.0f)  // most tiles of a long prefix leave the max alone
+#pragma unroll
+      for (int dt = 0; dt < Shape<HD>::kDTiles; ++dt) w.o[dt][2 * e] *= rs[e], w.o[dt][2 * e + 1] *= rs[e];
+}
+
+// P's A fragment of k-step kk (keys 16 kk .. 16 kk + 15) is S's accumulators of column blocks
+// 2 kk (A cols 0-7: a[0] row g, a[1] row g + 8) and 2 kk + 1 (A cols 8-15: a[2], a[3]).
+template <int HD, bool BF16>
+__device__ __forceinline__ void pack_p(const Scores<HD>& sc, PFrags& pa) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    pa[kk][0] = pack2<BF16>(sc[2 * kk][0], sc[2 * kk][1]);
+    pa[kk][1] = pack2<BF16>(sc[2 * kk][2], sc[2 * kk][3]);
+    pa[kk][2] = pack2<BF16>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+    pa[kk][3] = pack2<BF16>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+  }
+}
+
+// Issues O += P V over a tile (not committed): N = HD (64 or 128).
+template <int HD, bool BF16>
+__device__ __forceinline__ void issue_pv(Rows<HD>& w, PFrags& pa, uint32_t v_s) {
+  wgmma::fence_regs(w.o);
+  wgmma::fence_regs(pa);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const uint64_t desc = wgmma::desc_mn_major<kKeys>(v_s, kk);
+    if constexpr (HD == 128) wgmma::wgmma_m64n128k16_rs<BF16, 1>(w.o, pa[kk], desc, 1);
+    else wgmma::wgmma_m64n64k16_rs<BF16, 1>(w.o, pa[kk], desc, 1);
+  }
+}
+
+// One tile for the warpgroup, in order: S = Q K^T, wait for it (and for the previous tile's
+// P V, after which `after_wait` runs), softmax, rescale O, O += P V left in flight.
+template <int HD, bool BF16, class AfterWait>
+__device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<HD>& w, uint32_t k_s, uint32_t v_s,
+                                            const int* kpos, bool full, float sl2, int t, AfterWait after_wait) {
+  Scores<HD> sc;
+  issue_s<HD, BF16>(w, k_s, sc);
+  wgmma::commit();
+  wgmma::wait<0>();  // S of this tile and the P V of the previous one
+  wgmma::fence_regs(sc);
+  wgmma::fence_regs(w.o);
+  after_wait();
+  float rs[2];
+  softmax_tile<HD>(p, w, sc, kpos, full, sl2, t, rs);
+  rescale_o<HD>(w, rs);
+  PFrags pa;
+  pack_p<HD, BF16>(sc, pa);
+  issue_pv<HD, BF16>(w, pa, v_s);
+  wgmma::commit();  // left in flight
+}
+#endif
+
+// Normalize (sinks join the denominator) and store this thread's rows g, g + 8 (after every
+// wgmma completed). The caller's warp is whole (shuffles).
+template <int HD>
+__device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const Cta& ct, Rows<HD>& w, int r0, int head,
+                                           int g, int t) {
+  using S = Shape<HD>;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    w.l[e] += __shfl_xor_sync(0xffffffffu, w.l[e], 1);
+    w.l[e] += __shfl_xor_sync(0xffffffffu, w.l[e], 2);
+    const int rr = r0 + g + 8 * e;
+    if (rr >= ct.n_r) continue;
+    float den = w.l[e];
+    if (p.maybe_sinks && !math::is_neg_inf(w.m[e])) den += math::exp2_f32(p.maybe_sinks[head] * math::kLog2e - w.m[e]);
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    const int64_t base = int64_t{ct.row + rr} * p.out_row_stride + int64_t{head} * p.out_head_stride;
+#pragma unroll
+    for (int dt = 0; dt < S::kDTiles; ++dt) {
+      const int d = dt * 8 + 2 * t;
+      store_q_elem(p.out, base + d, p.out_elem, w.o[dt][2 * e] * inv);
+      store_q_elem(p.out, base + d + 1, p.out_elem, w.o[dt][2 * e + 1] * inv);
+    }
+  }
+}
+
+// Every thread copies (a chunk of a K and a V row per step), one CTA barrier a tile: tile i
+// lives in stage i % 4; before tile i is read, tile i + 1 landed and was prepared (by warp 0
+// during tile i - 1's step) and tile i + 2 is in flight into the stage of tile i - 2, whose
+// P V every warpgroup waited for before the barrier (only the latest P V may be pending past
+// a step).
+template <int HD, bool BF16>
+__global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(const PagedAttentionParams p, int chunk_heads) {
+#if KVCORE_WGMMA_ARCH
+  using S = Shape<HD>;
+  constexpr int kRowsPerIt = kConsumerThreads / S::kChunks;
+  constexpr int kCopyIts = kKeys / kRowsPerIt;  // rows a thread copies per tile
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Swizzle atoms must start 1024-byte aligned (base offset 0 in the descriptors).
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  Cta ct;
+  if (!make_cta(p, chunk_heads, ct)) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);  // this warp's head and first row
+  const bool wg_live = r0 < ct.n_r;             // warpgroup-uniform: it has rows
+  const bool active = wg_live && hw < ct.n_h;   // warp-uniform: its rows and head exist
+  const int head = ct.h0 + (hw < ct.n_h ? hw : 0);
+  auto stage_of = [&](int s) { return smem + s * S::kStageBytes; };
+  auto meta_of = [&](int s) { return reinterpret_cast<int*>(smem + S::kMetaOffset) + s * S::kMetaInts; };
+  // Block ids of the rows this thread copies for tile i, loaded a tile before their copies.
+  auto load_blocks = [&](int i, int (&blk)[kCopyIts]) {
+#pragma unroll
+    for (int it = 0; it < kCopyIts; ++it) blk[it] = i < ct.n_tiles ? block_of(ct, i * kKeys + tid / S::kChunks + it * kRowsPerIt) : -1;
+  };
+  auto issue = [&](int i, int s, const int (&blk)[kCopyIts]) {
+    if (i < ct.n_tiles) {
+#pragma unroll
+      for (int it = 0; it < kCopyIts; ++it) {
+        const int r = tid / S::kChunks + it * kRowsPerIt, c = tid % S::kChunks;
+        const int cell = cell_of(ct, blk[it], i * kKeys + r);
+        copy_key_chunk<HD>(p, ct, stage_of(s), r, c, cell);
+        if (c == 0) copy_key_meta(p, meta_of(s), r, cell);
+      }
+    }
+    cp_async_commit();
+  };
+  auto prepare = [&](int i) {
+    if (warp == 0 && i < ct.n_tiles) prepare_tile<HD>(p, ct, stage_of(i % kStages), meta_of(i % kStages), lane);
+  };
+
+  Rows<HD> w;
+  init_rows<HD>(p, ct, r0, active, head, g, t, w);
+  const float sl2 = p.softmax_scale * math::kLog2e;
+
+  int blk[kCopyIts];
+  load_blocks(0, blk);
+  issue(0, 0, blk);
+  load_blocks(1, blk);
+  issue(1, 1, blk);
+  load_blocks(2, blk);
+  cp_async_wait<1>();
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  prepare(0);
+  for (int i = 0; i < ct.n_tiles; ++i) {
+    const int s = i % kStages;
+    cp_async_wait<0>();  // this thread's copies of tile i + 1
+    wgmma::fence_proxy_async();
+    __syncthreads();  // tile i prepared, tile i + 1 landed, stage (i + 2) % 4 free
+    prepare(i + 1);
+    issue(i + 2, (i + 2) % kStages, blk);
+    load_blocks(i + 3, blk);
+    const int* meta = meta_of(s);
+    bool none, full;
+    tile_cover<HD>(p, meta, w, none, full);
+    if (!wg_live) continue;
+    if (none) {
+      wgmma::wait<0>();  // the previous tile's P V: its stage is refilled next step
+      continue;
+    }
+    const uint32_t k_s = smem_addr(stage_of(s));
+    attend_tile<HD, BF16>(p, w, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [] {});
+  }
+  wgmma::wait<0>();  // every warpgroup (unconditionally: a wait under a branch made ptxas serialize the wgmmas)
+  wgmma::fence_regs(w.o);
+  cp_async_wait<0>();
+  if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
+#else
+  (void)p;
+  (void)chunk_heads;
+  __trap();  // built for sm_90a only; the launcher checks the device
+#endif
+}
+
+}  // namespace kvcore::ops::cuda::prefill_wgmma

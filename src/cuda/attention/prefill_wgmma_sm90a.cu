@@ -1,0 +1,93 @@
+// Launcher of the wgmma prefill kernel (prefill_wgmma.cuh): which calls it serves. This file
+// is compiled for sm_90a only (CMakeLists.txt: kvcore_sm90a); the kernel runs on devices of
+// compute capability 9.0 exactly, which serves() checks.
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "cuda/attention/attention_prefill.hpp"
+#include "cuda/attention/prefill_wgmma.cuh"
+#include "cuda/attention/prefill_wgmma_ws.cuh"
+#include "cuda/attention/prefill_wgmma.hpp"
+#include "cuda/common/check.cuh"
+#include "cuda/common/device.hpp"
+#include "kvcore/error.hpp"
+
+namespace kvcore::ops::cuda::prefill_wgmma {
+
+namespace {
+
+// KIND: 5 warp-specialized and pipelined, 6 synchronous, 7 warp-specialized one tile at a time.
+template <int HD, bool BF16, int KIND>
+void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
+  using S = Shape<HD>;
+  const auto kernel = KIND == 6 ? prefill_wgmma_kernel<HD, BF16>
+                                : prefill_wgmma_ws_kernel<HD, BF16, KIND == 5>;
+  smem_opt_in(kernel, S::kSmemBytes, p.device);
+  // The same heads per CTA as the mma.sync prefill kernel (4: the warps of a warpgroup).
+  const int chunk_heads = prefill_attn::heads_per_cta(p.group);
+  const int chunks = (p.group + chunk_heads - 1) / chunk_heads;
+  // Row blocks, then one CTA a sequence for rows before its first block boundary.
+  const int64_t ctas = prefill_row_block_ctas(p.n_rows, p.batch, kRows);
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(p.layout.n_kv_heads * chunks));
+  kernel<<<grid, KIND == 6 ? kConsumerThreads : kWsThreads, S::kSmemBytes, stream>>>(p, chunk_heads);
+  KVCORE_CUDA_CHECK_LAUNCH("prefill_wgmma_kernel");
+}
+
+template <int HD, bool BF16>
+void launch_hd(const PagedAttentionParams& p, cudaStream_t stream) {
+  const int variant = p.kernel_variant == 0 ? kAutomaticVariant : p.kernel_variant;
+  if (variant == 6) return launch_kernel<HD, BF16, 6>(p, stream);
+  if (variant == 7) return launch_kernel<HD, BF16, 7>(p, stream);
+  return launch_kernel<HD, BF16, 5>(p, stream);
+}
+
+bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
+
+std::atomic<int64_t> g_launches{0};
+
+}  // namespace
+
+bool device_is_sm90(int device) {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return known[device] = major == 9 && minor == 0;
+}
+
+bool serves(const PagedAttentionParams& p, int sm_count) {
+  const bool forced = p.kernel_variant >= 5 && p.kernel_variant <= 7;
+  if (!(forced || (kAutomaticVariant != 0 && p.kernel_variant == 0))) return false;
+  if (!p.maybe_qo_indptr || !p.causal || p.rope_on_read || !p.maybe_positions || !p.maybe_q_positions) return false;
+  if (!(p.kv_elem == math::KvElem::F16 || p.kv_elem == math::KvElem::BF16)) return false;
+  if (!(p.layout.head_dim == 64 || p.layout.head_dim == 128) || p.v_head_dim != p.layout.head_dim) return false;
+  const QElem page = p.kv_elem == math::KvElem::BF16 ? QElem::BF16 : QElem::F16;
+  if (p.q_elem != page || p.out_elem == QElem::F32) return false;
+  // Valid bytes are copied as the aligned 4-byte word holding them.
+  const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
+  if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
+  if (!device_is_sm90(p.device)) return false;
+  if (forced) return true;  // asked for (tests, benches): whatever the size
+  // No split-K: a warp per 16 rows and head must fill the GPU, as for the mma.sync kernel.
+  const int chunk_heads = prefill_attn::heads_per_cta(p.group);
+  const int64_t blocks16 = int64_t{p.n_rows} / 16 * p.layout.n_kv_heads * ((p.group + chunk_heads - 1) / chunk_heads);
+  return blocks16 >= sm_count;
+}
+
+int64_t launch_count() { return g_launches.load(); }
+
+void launch(const PagedAttentionParams& p, cudaStream_t stream) {
+  g_launches.fetch_add(1);
+  require_arg(int64_t{p.n_rows} + p.batch < 2147483647 && p.layout.n_kv_heads * p.group < 65536,
+              "attention prefill (wgmma): grid too large");
+  const bool bf16 = p.kv_elem == math::KvElem::BF16;
+  if (p.layout.head_dim == 64) return bf16 ? launch_hd<64, true>(p, stream) : launch_hd<64, false>(p, stream);
+  return bf16 ? launch_hd<128, true>(p, stream) : launch_hd<128, false>(p, stream);
+}
+
+}  // namespace kvcore::ops::cuda::prefill_wgmma

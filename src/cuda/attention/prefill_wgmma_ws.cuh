@@ -1,0 +1,195 @@
+// The warp-specialized wgmma prefill kernel (FlashAttention-3's producer / consumer split, with
+// cp.async instead of TMA since a tile gathers 64 keys from 16-token pages): warps 0-7 are the
+// two consumer warpgroups of prefill_wgmma.cuh (same rows, heads, tiles and math), warps 8-11
+// the producers (they share the copies, one sub-partition each; warp 8 also prepares and
+// publishes). The register file is split per SM sub-partition, so a CTA of 9 warps would cap
+// every thread at 168 registers like one of 12 anyway: the producer warpgroup gives registers
+// back (setmaxnreg: 72 a thread, what its copies and address math take without spills) and the
+// consumers take 216. Per stage two mbarriers:
+//   full[s]  (32 arrivals: warp 8's lanes) - tile landed and prepared (positions, summary,
+//            dead V rows zeroed, fence.proxy.async done by every producer thread, then a
+//            producer-only named barrier);
+//   empty[s] (one arrival per consumer warp of a warpgroup that has rows) - every wgmma reading
+//            the stage completed (a tile's P V is known complete once the next tile's S was
+//            waited for; a skipped tile is released at once).
+// The producer copies tile i into stage i % 4 once empty released tile i - 4, then publishes
+// tile i - 2 (its copies waited for: three tiles in flight). The warpgroups never wait for each
+// other, so one's softmax runs while the other's wgmma does. With PIPE a warpgroup also overlaps
+// its own softmax of tile i with its P V of tile i - 1 (FlashAttention-3's intra-warpgroup
+// pipelining).
+#pragma once
+#include "cuda/attention/prefill_wgmma.cuh"
+
+namespace kvcore::ops::cuda::prefill_wgmma {
+
+constexpr int kWsThreads = kConsumerThreads + 128;  // + the producer warpgroup
+constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 128 * (72 + 2 * 216) <= 65536; no spills either side
+constexpr int kPublishLag = 2;                     // tiles issued before the oldest is published
+
+// PIPE: FlashAttention-3's intra-warpgroup overlap: tile i's S is issued before tile i - 1's
+// P V, and tile i's softmax runs while that P V does; O is rescaled by a tile's factor just
+// before its own P V is issued (one P kept in registers between the two). Else one tile at a
+// time (attend_tile).
+template <int HD, bool BF16, bool PIPE>
+__global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const PagedAttentionParams p, int chunk_heads) {
+#if KVCORE_WGMMA_ARCH
+  using S = Shape<HD>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  Cta ct;
+  if (!make_cta(p, chunk_heads, ct)) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  auto stage_of = [&](int s) { return smem + s * S::kStageBytes; };
+  auto meta_of = [&](int s) { return reinterpret_cast<int*>(smem + S::kMetaOffset) + s * S::kMetaInts; };
+  const uint32_t bars = smem_addr(smem + S::kBarOffset);
+  auto full_bar = [&](int s) { return bars + 8u * s; };
+  auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
+  const int live_groups = (ct.n_r + 15) / 16;  // warpgroups with rows (n_r <= 32)
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) {
+      wgmma::mbar_init(full_bar(s), 32);
+      wgmma::mbar_init(empty_bar(s), 4 * live_groups);
+    }
+  __syncthreads();  // the barriers initialized before anyone uses them
+
+  if (warp >= 4 * kGroups) {
+    // ---- producer warpgroup: its 4 warps copy (a quarter of the chunks each, so no SM
+    // sub-partition issues all the copies), warp 8 prepares and publishes
+    wgmma::regs_dec<kProducerRegs>();
+    const int pt = tid - kConsumerThreads;              // 0 .. 127
+    constexpr int kItems = kKeys * S::kChunks / 128;    // 16-byte chunks of K (and of V) per thread per tile
+    int blk = -1;  // block id of key pt (pt < 64) of the next tile to copy, loaded a tile ahead
+    auto load_block = [&](int i) { blk = pt < kKeys && i < ct.n_tiles ? block_of(ct, i * kKeys + pt) : -1; };
+    auto producers_sync = [] { asm volatile("bar.sync 1, 128;\n" ::: "memory"); };  // the producer warpgroup only
+    auto publish = [&](int j) {
+      wgmma::fence_proxy_async();  // this thread's landed copies, before wgmma reads them
+      producers_sync();            // every producer thread's copies of tile j landed
+      if (warp == 4 * kGroups) {
+        prepare_tile<HD>(p, ct, stage_of(j % kStages), meta_of(j % kStages), lane);
+        wgmma::mbar_arrive(full_bar(j % kStages));
+      }
+    };
+    load_block(0);
+    for (int i = 0; i < ct.n_tiles; ++i) {
+      const int s = i % kStages;
+      // Stage s is free once the consumers released tile i - 4 (which also means warp 8 has
+      // prepared and published it: nobody reads its metadata any more).
+      if (i >= kStages) wgmma::mbar_wait(empty_bar(s), (i / kStages - 1) & 1);
+      unsigned char* st = stage_of(s);
+      int* meta = meta_of(s);
+      if (pt < kKeys) copy_key_meta(p, meta, pt, cell_of(ct, blk, i * kKeys + pt));
+      producers_sync();  // cells stored before the threads read them
+#pragma unroll
+      for (int it = 0; it < kItems; ++it) {
+        const int r = pt / S::kChunks + it * (128 / S::kChunks), c = pt % S::kChunks;
+        copy_key_chunk<HD>(p, ct, st, r, c, meta[r]);
+      }
+      cp_async_commit();
+      load_block(i + 1);
+      if (i >= kPublishLag) {
+        cp_async_wait<kPublishLag>();  // this thread's copies of tile i - 2
+        publish(i - kPublishLag);
+      }
+    }
+    cp_async_wait<0>();
+    for (int j = ct.n_tiles - kPublishLag < 0 ? 0 : ct.n_tiles - kPublishLag; j < ct.n_tiles; ++j) publish(j);
+    return;
+  }
+
+  // ---- consumer warpgroups
+  wgmma::regs_inc<kConsumerRegs>();
+  const int g = lane / 4, t = lane % 4;
+  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);
+  if (r0 >= ct.n_r) return;  // no rows: this warpgroup is not counted in the empty barriers
+  const bool active = hw < ct.n_h;  // warp-uniform: its head exists
+  const int head = ct.h0 + (active ? hw : 0);
+  Rows<HD> w;
+  init_rows<HD>(p, ct, r0, active, head, g, t, w);
+  const float sl2 = p.softmax_scale * math::kLog2e;
+  int pend = -1;  // stage whose P V may be in flight
+  auto release = [&](int s) {
+    __syncwarp();  // the warp's reads of the stage (metadata) done
+    if (lane == 0) wgmma::mbar_arrive(empty_bar(s));
+  };
+  if constexpr (PIPE) {
+    // Branch-free around the wgmmas (a wgmma or a register write feeding one under a branch
+    // made ptxas serialize them): every tile takes the full path (a tile no row sees gives
+    // all-masked scores, weight 0, factor 1), and the first step's P V adds a zero P.
+    Scores<HD> sc = {};
+    PFrags pa = {};
+    float rs_prev[2] = {1.0f, 1.0f};  // O's rescale before the P V of the tile in pa
+    int prev = 0;                     // stage of the tile whose P is in pa
+    for (int i = 0; i < ct.n_tiles; ++i) {
+      const int s = i % kStages;
+      wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
+      const int* meta = meta_of(s);
+      bool none, full;
+      tile_cover<HD>(p, meta, w, none, full);
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][2 * e] *= rs_prev[e], w.o[dt][2 * e + 1] *= rs_prev[e];
+      wgmma::fence_regs(w.o);  // the rescale stays before the S issue (ptxas waited for S otherwise)
+      issue_s<HD, BF16>(w, smem_addr(stage_of(s)), sc);
+      wgmma::commit();  // S of tile i
+      issue_pv<HD, BF16>(w, pa, smem_addr(stage_of(prev)) + S::kTileBytes);
+      wgmma::commit();   // P V of tile i - 1 (a zero P at i = 0)
+      wgmma::wait<1>();  // S of tile i
+      wgmma::fence_regs(sc);
+      float rs[2];
+      softmax_tile<HD>(p, w, sc, meta + kKeys, full && !none, sl2, t, rs);
+      wgmma::wait<0>();  // the P V of tile i - 1
+      wgmma::fence_regs(w.o);
+      wgmma::fence_regs(pa);
+      if (i > 0) release(prev);
+      pack_p<HD, BF16>(sc, pa);
+      rs_prev[0] = rs[0], rs_prev[1] = rs[1];
+      prev = s;
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][2 * e] *= rs_prev[e], w.o[dt][2 * e + 1] *= rs_prev[e];
+    issue_pv<HD, BF16>(w, pa, smem_addr(stage_of(prev)) + S::kTileBytes);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_regs(w.o);
+    if (ct.n_tiles > 0) {
+      release(prev);
+    } else {  // no keys: that P V read a stage never filled (0 * NaN is not 0)
+#pragma unroll
+      for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][0] = w.o[dt][1] = w.o[dt][2] = w.o[dt][3] = 0.0f;
+    }
+  } else {
+    for (int i = 0; i < ct.n_tiles; ++i) {
+      const int s = i % kStages;
+      wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
+      const int* meta = meta_of(s);
+      bool none, full;
+      tile_cover<HD>(p, meta, w, none, full);
+      if (none) {
+        wgmma::wait<0>();
+        if (pend >= 0) release(pend);
+        pend = -1;
+        release(s);
+        continue;
+      }
+      const uint32_t k_s = smem_addr(stage_of(s));
+      attend_tile<HD, BF16>(p, w, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [&] {
+        if (pend >= 0) release(pend);
+      });
+      pend = s;
+  }
+    wgmma::wait<0>();
+    wgmma::fence_regs(w.o);
+    if (pend >= 0) release(pend);
+  }
+  if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
+#else
+  (void)p;
+  (void)chunk_heads;
+  __trap();  // built for sm_90a only; the launcher checks the device
+#endif
+}
+
+}  // namespace kvcore::ops::cuda::prefill_wgmma

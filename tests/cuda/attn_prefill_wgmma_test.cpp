@@ -1,0 +1,200 @@
+// The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh; kernel variants 5
+// warp-specialized and pipelined, 6 synchronous, 7 warp-specialized one tile at a time), on
+// compute capability 9.0 only (skipped elsewhere):
+//  - WgmmaPrimitives: one warpgroup's S = Q K^T and O = P V tiles through the kernel's
+//    descriptors, swizzled tile layout and register fragments against a float64 product of
+//    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
+//    exact products stays far below the bound);
+//  - WgmmaWsPrefill*, WgmmaSyncPrefill*, WgmmaSerialPrefill*: each forced kernel against the CPU op and the float64 reference on fresh
+//    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
+//    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
+//    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
+//    of 33 tiles (every stage of the ring reused). Tolerances as attn_decode_test.cu: relative
+//    to max(1, max |ref|), f16 outputs 1e-3, bf16 outputs 8e-3 (one output rounding; P is
+//    rounded to the page type, 2^-9 relative for bf16, below that).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "attention_test_util.hpp"
+#include "cuda/attention/prefill_wgmma.hpp"
+#include "kvcore/math/half.hpp"
+
+using namespace attn_test;
+namespace wg = kvcore::ops::cuda::prefill_wgmma;
+
+namespace {
+
+bool have_sm90() { return cuda_device_count() > 0 && wg::device_is_sm90(0); }
+
+uint16_t to_bits(float x, bool bf16) { return bf16 ? math::f32_to_bf16_bits(x) : math::f32_to_f16_bits(x); }
+double from_bits(uint16_t b, bool bf16) { return bf16 ? math::bf16_bits_to_f32(b) : math::f16_bits_to_f32(b); }
+
+double tol(DType out) { return out == DType::BF16 ? 8e-3 : 1e-3; }
+
+// A forced wgmma kernel (5: warp-specialized and pipelined, 6: synchronous, 7: warp-specialized
+// one tile at a time) on one case, against the CPU op
+// and float64; it must have launched.
+void check_wgmma(const CaseSpec& s, ops::AttentionKernel k) {
+  const HostCase c = make_case(s);
+  const std::vector<float> cpu = run_op(c, Device::cpu());
+  const std::vector<double> ref = reference(c);
+  const int64_t before = wg::launch_count();
+  const std::vector<float> gpu = run_op(c, Device::cuda(0), 0, nullptr, static_cast<int>(k));
+  EXPECT_EQ(wg::launch_count(), before + 1) << "the forced wgmma kernel did not run";
+  const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
+  const std::string what = std::string("variant ") + std::to_string(static_cast<int>(k)) + " kv " +
+                           std::string(dtype_name(s.kv)) + " D " + std::to_string(s.head_dim) + " heads " +
+                           std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) + " window " +
+                           std::to_string(s.window);
+  EXPECT_LE(e_cpu, tol(s.out)) << "vs CPU: " << what;
+  EXPECT_LE(e_ref, tol(s.out)) << "vs f64: " << what;
+  std::printf("[wgmma prefill] %s: error vs f64 %.3g, vs CPU %.3g\n", what.c_str(), e_ref, e_cpu);
+}
+
+void formats_groups_and_masks(ops::AttentionKernel k) {
+  struct C {
+    int q, kv, d;
+    DType t, out;
+    double dead;
+    int window;
+    bool sinks;
+  };
+  for (C c : {C{32, 8, 128, DType::F16, DType::F16, 0.0, 0, false},
+              C{32, 8, 128, DType::F16, DType::BF16, 0.1, 0, true},
+              C{16, 2, 128, DType::BF16, DType::BF16, 0.0, 100, false},
+              C{12, 2, 64, DType::F16, DType::F16, 0.05, 0, true},
+              C{4, 4, 64, DType::BF16, DType::F16, 0.2, 37, false},
+              C{8, 4, 128, DType::BF16, DType::BF16, 0.2, 37, true}}) {
+    CaseSpec s;
+    s.kv = c.t;
+    s.q = c.t;  // q exact in the page type
+    s.out = c.out;
+    s.head_dim = c.d;
+    s.n_q_heads = c.q;
+    s.n_kv_heads = c.kv;
+    s.seq_cells = {700, 290, 61};  // partial last pages
+    s.q_tokens = {300, 290, 1};    // 591 rows: not a multiple of 16 or 32
+    s.dead_rate = c.dead;
+    s.window = c.window;
+    s.sinks = c.sinks;
+    s.seed = 140 + c.q + c.d + int(c.t);
+    check_wgmma(s, k);
+  }
+}
+
+void ragged_sequences(ops::AttentionKernel k) {
+  // Sequences starting on and between 32-row blocks, an empty one, a one-row one.
+  for (DType t : {DType::F16, DType::BF16}) {
+    CaseSpec s;
+    s.kv = s.q = s.out = t;
+    s.head_dim = 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {100, 40, 200, 64, 50, 31};
+    s.q_tokens = {0, 32, 33, 64, 1, 31};
+    s.dead_rate = 0.05;
+    s.sinks = true;
+    s.seed = 177 + int(t);
+    check_wgmma(s, k);
+    // stored positions carry a per-sequence offset (table.pos_offset)
+    s.pos_offsets = true;
+    s.window = 45;
+    s.seed += 1;
+    check_wgmma(s, k);
+  }
+}
+
+void long_context(ops::AttentionKernel k) {
+  // 2100 keys = 33 tiles of 64 (the 4-stage ring wraps 8 times), a chunk of 1500 rows.
+  for (DType t : {DType::F16, DType::BF16}) {
+    CaseSpec s;
+    s.kv = s.q = s.out = t;
+    s.head_dim = 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {2100, 130};
+    s.q_tokens = {1500, 70};
+    s.dead_rate = 0.02;
+    s.seed = 211 + int(t);
+    check_wgmma(s, k);
+  }
+}
+
+constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync,
+                               kSerial = ops::AttentionKernel::WgmmaPrefillSerial;
+
+}  // namespace
+
+TEST(AttnCuda, WgmmaPrimitives) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  for (bool bf16 : {false, true})
+    for (int hd : {64, 128}) {
+      std::mt19937_64 rng(100 + hd + bf16);
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      auto fill = [&](size_t n) {
+        std::vector<uint16_t> v(n);
+        for (auto& x : v) x = to_bits(u(rng), bf16);
+        return v;
+      };
+      const std::vector<uint16_t> q = fill(64 * hd), k = fill(64 * hd), p = fill(64 * 64), v = fill(64 * hd);
+      std::vector<float> s(64 * 64), o(64 * hd);
+      wg::selftest_tiles(0, bf16, hd, q.data(), k.data(), p.data(), v.data(), s.data(), o.data());
+      double es = 0, eo = 0;
+      for (int r = 0; r < 64; ++r) {
+        for (int n = 0; n < 64; ++n) {  // s[r][n] = sum_d q[r][d] k[n][d]
+          double want = 0;
+          for (int d = 0; d < hd; ++d) want += from_bits(q[r * hd + d], bf16) * from_bits(k[n * hd + d], bf16);
+          es = std::max(es, std::abs(want - s[r * 64 + n]));
+        }
+        for (int d = 0; d < hd; ++d) {  // o[r][d] = sum_j p[r][j] v[j][d]
+          double want = 0;
+          for (int j = 0; j < 64; ++j) want += from_bits(p[r * 64 + j], bf16) * from_bits(v[j * hd + d], bf16);
+          eo = std::max(eo, std::abs(want - o[r * hd + d]));
+        }
+      }
+      // Sums of up to 128 products of magnitude <= 1: f32 accumulation error ~1e-5.
+      EXPECT_LE(es, 1e-3) << "S = Q K^T, bf16 " << bf16 << " head_dim " << hd;
+      EXPECT_LE(eo, 1e-3) << "O = P V, bf16 " << bf16 << " head_dim " << hd;
+    }
+}
+
+// One test per kernel and group of cases (a fault in one kernel leaves the other's results).
+TEST(AttnCuda, WgmmaSyncPrefillFormatsGroupsAndMasks) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  formats_groups_and_masks(kSync);
+}
+TEST(AttnCuda, WgmmaSyncPrefillRaggedSequences) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  ragged_sequences(kSync);
+}
+TEST(AttnCuda, WgmmaSyncPrefillLongContext) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  long_context(kSync);
+}
+TEST(AttnCuda, WgmmaWsPrefillFormatsGroupsAndMasks) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  formats_groups_and_masks(kWs);
+}
+TEST(AttnCuda, WgmmaWsPrefillRaggedSequences) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  ragged_sequences(kWs);
+}
+TEST(AttnCuda, WgmmaWsPrefillLongContext) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  long_context(kWs);
+}
+TEST(AttnCuda, WgmmaSerialPrefillFormatsGroupsAndMasks) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  formats_groups_and_masks(kSerial);
+}
+TEST(AttnCuda, WgmmaSerialPrefillRaggedSequences) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  ragged_sequences(kSerial);
+}
+TEST(AttnCuda, WgmmaSerialPrefillLongContext) {
+  if (!have_sm90()) GTEST_SKIP() << "no compute capability 9.0 GPU";
+  long_context(kSerial);
+}
