@@ -66,6 +66,7 @@ bool serves(const PagedAttentionParams& p, int sm_count) {
   if (!p.maybe_qo_indptr || !p.causal || p.rope_on_read || !p.maybe_positions || !p.maybe_q_positions) return false;
   if (!(p.kv_elem == math::KvElem::F16 || p.kv_elem == math::KvElem::BF16)) return false;
   if (!(p.layout.head_dim == 64 || p.layout.head_dim == 128) || p.v_head_dim != p.layout.head_dim) return false;
+  if (p.v_row_stride != p.v_head_dim) return false;  // V rows indexed as K's (not rows of a wider pool)
   const QElem page = p.kv_elem == math::KvElem::BF16 ? QElem::BF16 : QElem::F16;
   if (p.q_elem != page || p.out_elem == QElem::F32) return false;
   // Valid bytes are copied as the aligned 4-byte word holding them.
