@@ -198,7 +198,8 @@ class PagedCache {
   SeqId fork(SeqId seq);
   void erase(SeqId seq);
   // Append n tokens to every layer: positions [n] (host); k [n_layers, n, n_kv_heads, head_dim],
-  // v [n_layers, n, n_kv_heads, v_head_dim] (empty without V); f32, f16 or bf16 on the cache's device.
+  // v [n_layers, n, n_kv_heads, v_head_dim] (empty without V pools: v_head_dim 0 or v_from_k_latent);
+  // f32, f16 or bf16 on the cache's device.
   void append(SeqId seq, std::span<const int32_t> positions, const TensorRef& k, const TensorRef& v);
   // Free blocks a reserve() of counts[i] new tokens for seqs[i] would take (new blocks plus
   // copies of shared tail blocks), and whether the pool has them. Change nothing; they throw
@@ -218,11 +219,11 @@ class PagedCache {
   // allocates nothing per step). On failure `reuse` is left stale, the cache unchanged.
   void reserve(AppendTicket& reuse, std::span<const SeqId> seqs, std::span<const int32_t> counts,
                std::span<const int32_t> positions);
-  // k [n_tokens, n_kv_heads, head_dim], v [n_tokens, n_kv_heads, v_head_dim] (or empty).
+  // k [n_tokens, n_kv_heads, head_dim], v [n_tokens, n_kv_heads, v_head_dim] (empty without V pools).
   void store(const AppendTicket& ticket, int32_t layer, const TensorRef& k, const TensorRef& v);
   // Every layer at once (a decode step's K/V in one launch on CUDA; the same bytes as a store()
   // per layer): k [n_layers, n_tokens, n_kv_heads, head_dim], v [n_layers, n_tokens, n_kv_heads,
-  // v_head_dim] (or empty).
+  // v_head_dim] (empty without V pools).
   void store_layers(const AppendTicket& ticket, const TensorRef& k, const TensorRef& v);
   // Keep tokens [0, n_keep), drop [n_keep, n_keep + n_discard), later tokens move down by
   // n_discard positions (context-shift.md). n_keep + n_discard must not exceed the length.
@@ -258,7 +259,8 @@ class PagedCache {
   BlockTable block_tables(std::span<const SeqId> seqs, Buffer& storage,
                           PagedPositions positions = PagedPositions::Materialized);
   // Layer `layer`'s pages as attention reads them: pools, scales, positions, valid flags, the
-  // cache's RoPE mode and the layer's RoPE table (views into the cache). Positions are stored
+  // cache's RoPE mode and the layer's RoPE table (views into the cache; with v_from_k_latent, V and
+  // its scales are strided views of K's pool: the first v_head_dim dims of each row). Positions are stored
   // positions: read them with tables of the same moment (block_tables() prepares what it must).
   PagedKV paged_kv(int32_t layer) const;
   TensorRef positions() const;  // i32 [num_blocks, block_size]: stored positions (token positions after prepare())
