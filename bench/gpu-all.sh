@@ -6,7 +6,10 @@
 # and SDPA baselines. FlashInfer JIT-compiles while kvcore builds. Stages are ordered by what a
 # missing result costs most and skipped, never cut, once the job's budget runs short.
 #   KVCORE_GIT_COMMIT=<hash> OUT=<dir> [WHEELS=<dir>] bash bench/gpu-all.sh [bench names...]
-# Env: JOB_BUDGET_S (default 570), FI_CACHE (see below), CTEST_EXCLUDE (a ctest -E regex: tests run apart). Files in $OUT (the device returns at most 8): build.log
+# Env: JOB_BUDGET_S (default 570), FI_CACHE (see below), CTEST_EXCLUDE (a ctest -E regex: those tests run after
+# the rest, one at a time under APART_TIMEOUT s each, default 45: new kernels whose fault could hang),
+# FI_CASES / SDPA_CASES (case substrings of the baselines; default every FlashInfer case, SDPA llama8b),
+# BUILD_TARGETS (default every target), PYTEST_MIN_LEFT / BENCH_MIN_LEFT (s of budget a stage needs, default 200). Files in $OUT (the device returns at most 8): build.log
 # tests.log bench.log bench.jsonl baselines.log baselines.jsonl summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,12 +51,17 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE
       -DKVCORE_PYTHON=ON -DPython_EXECUTABLE="$PY" -DKVCORE_GIT_COMMIT="$COMMIT" "${NCCL_ARGS[@]}" >> "$OUT/build.log" 2>&1 ||
   { tail -30 "$OUT/build.log"; exit 1; }
 grep -E "kvcore: " "$OUT/build.log" | head
-cmake --build build -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -60; exit 1; }
+cmake --build build -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -60; exit 1; }
 log "built"
 
 log "CUDA tests"
 (cd build && ctest -L gpu ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} --output-on-failure --timeout 300 -j 4) > "$OUT/tests.log" 2>&1
 grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/tests.log" | head -30
+if [ -n "${CTEST_EXCLUDE:-}" ]; then
+  log "CUDA tests run apart: $CTEST_EXCLUDE"
+  (cd build && ctest -L gpu -R "$CTEST_EXCLUDE" --output-on-failure --timeout "${APART_TIMEOUT:-45}" -j 1) >> "$OUT/tests.log" 2>&1
+  grep -E "Test +#.*($CTEST_EXCLUDE)|tests passed" "$OUT/tests.log" | tail -14
+fi
 if [ -x build/tests/kvcore_gpu2_tests ]; then
   timeout 120 ./build/tests/kvcore_gpu2_tests >> "$OUT/tests.log" 2>&1
   log "2-GPU tests rc $? ($(nvidia-smi -L | wc -l) GPU here)"
@@ -61,7 +69,7 @@ fi
 
 log "pytest on CUDA, one process per file ($("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1))"
 for f in python/tests/test_*.py; do
-  [ "$(left)" -gt 200 ] || { log "skip $f (budget)"; continue; }
+  [ "$(left)" -gt "${PYTEST_MIN_LEFT:-200}" ] || { log "skip $f (budget)"; continue; }
   PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$PY" -X faulthandler -m pytest -q -rs -p no:cacheprovider "$f" \
     > /tmp/pytest.log 2>&1
   rc=$?
@@ -82,7 +90,7 @@ timeout 60 ./build/kvcore demo --device cuda --quick >> "$OUT/tests.log" 2>&1 &&
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(ceilings attention attention_overhead dsv4 dsv4_shift transfer paged)
 for n in "${names[@]}"; do
-  [ "$(left)" -gt 200 ] || { log "skip bench $n (budget)"; continue; }
+  [ "$(left)" -gt "${BENCH_MIN_LEFT:-200}" ] || { log "skip bench $n (budget)"; continue; }
   log "bench $n"
   timeout 90 ./build/kvcore bench "$n" --device cuda --json "$OUT/bench.jsonl" >> "$OUT/bench.log" 2>&1 || log "bench $n rc $?"
 done
@@ -94,13 +102,13 @@ if [ -n "${FI_PID:-}" ]; then
     OMP_NUM_THREADS=1 PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" timeout 60 "$PY" python/bench/overhead.py \
       build/python/kvcore_overhead_cpp --device cuda >> "$OUT/baselines.log" 2>&1
     log "FlashInfer baseline"
-    timeout $(( $(left) - 35 )) "$PY" bench/attention_flashinfer_baseline.py --json "$OUT/baselines.jsonl" >> "$OUT/baselines.log" 2>&1
+    timeout $(( $(left) - 35 )) "$PY" bench/attention_flashinfer_baseline.py --json "$OUT/baselines.jsonl" ${FI_CASES:+--cases $FI_CASES} >> "$OUT/baselines.log" 2>&1
     tail -3 "$OUT/baselines.log"
   fi
 fi
 if [ "$(left)" -gt 30 ]; then
   log "SDPA baseline (Llama cases)"
-  timeout $(( $(left) - 8 )) "$PY" bench/attention_sdpa_baseline.py --json "$OUT/baselines.jsonl" --cases llama8b >> "$OUT/baselines.log" 2>&1
+  timeout $(( $(left) - 8 )) "$PY" bench/attention_sdpa_baseline.py --json "$OUT/baselines.jsonl" --cases ${SDPA_CASES:-llama8b} >> "$OUT/baselines.log" 2>&1
 fi
 "$PY" bench/summarize.py "$OUT" > "$OUT/summary.md" 2>&1
 log "done"
