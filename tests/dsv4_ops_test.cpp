@@ -347,11 +347,16 @@ TEST(Dsv4Ops, PrefillEqualsTokenByTokenForAnyChunking) {
 
 // ---- indexer --------------------------------------------------------------------------------
 
+// Dims that are not a multiple of any vector width too (30, 36, 9): the SIMD dot products' last
+// partial vector must not read the next head's query or the next row.
 TEST(Dsv4Ops, IndexerScoresAndTopKMatchFloat64) {
-  const int H = 5, D = 32, cap = 20, n_rows = 17, nq = 9, k = 6, ratio = 4;
-  const int64_t first = 58;  // queries 58..66: visible rows grow from 14 to 16 and then are capped by n_rows
-  std::vector<float> q = randn(nq * H * D, 51), w = randn(nq * H, 52), rows = randn(cap * D, 53);
+  for (const int D : {32, 30, 36, 9})
   for (Dsv4Quant quant : {Dsv4Quant::Off, Dsv4Quant::On}) {
+    if (quant == Dsv4Quant::On && D % 32 != 0) continue;  // FP4 blocks of 32 dims
+    SCOPED_TRACE(::testing::Message() << "D " << D << " quant " << int(quant));
+    const int H = 5, cap = 20, n_rows = 17, nq = 9, k = 6, ratio = 4;
+    const int64_t first = 58;  // queries 58..66: visible rows grow from 14 to 16 and then are capped by n_rows
+    std::vector<float> q = randn(nq * H * D, 51), w = randn(nq * H, 52), rows = randn(cap * D, 53);
     std::vector<float> sc(nq * cap, 123.0f);
     std::vector<int32_t> out(nq * k, 99);
     dsv4_indexer_topk(view(q, {nq, H, D}), view(w, {nq, H}), view(rows, {cap, D}), n_rows, first, ratio, quant,

@@ -108,7 +108,7 @@ HWY_INLINE void Dot4(const float* q, const float* r0, const float* r1, const flo
     b2 = hn::MulAdd(qb, hn::LoadU(d, r2 + i + N), b2);
     b3 = hn::MulAdd(qb, hn::LoadU(d, r3 + i + N), b3);
   }
-  for (; i < dim; i += N) {
+  for (; i + N <= dim; i += N) {
     const VF qa = hn::LoadU(d, q + i);
     a0 = hn::MulAdd(qa, hn::LoadU(d, r0 + i), a0);
     a1 = hn::MulAdd(qa, hn::LoadU(d, r1 + i), a1);
@@ -116,6 +116,14 @@ HWY_INLINE void Dot4(const float* q, const float* r0, const float* r1, const flo
     a3 = hn::MulAdd(qa, hn::LoadU(d, r3 + i), a3);
   }
   SumOfLanes4(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), out);
+  // The last dim % N dims one at a time: a vector load there would read the next head's query
+  // and the next row (or past the last one).
+  for (; i < dim; ++i) {
+    out[0] += q[i] * r0[i];
+    out[1] += q[i] * r1[i];
+    out[2] += q[i] * r2[i];
+    out[3] += q[i] * r3[i];
+  }
 }
 
 }  // namespace
