@@ -347,20 +347,24 @@ __device__ __forceinline__ void issue_pv(Rows<HD>& w, PFrags& pa, uint32_t v_s) 
 
 // One tile for the warpgroup, in order: S = Q K^T, wait for it (and for the previous tile's
 // P V, after which `after_wait` runs), softmax, rescale O, O += P V left in flight.
+// pa is the caller's, alive across tiles: a P V in flight reads its registers, so they must stay
+// P's until the wait (fence_regs after each wait tells the compiler so; a local pa let it reuse
+// those registers for the next tile's values while the wgmma still read them).
 template <int HD, bool BF16, class AfterWait>
-__device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<HD>& w, uint32_t k_s, uint32_t v_s,
-                                            const int* kpos, bool full, float sl2, int t, AfterWait after_wait) {
+__device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<HD>& w, PFrags& pa, uint32_t k_s,
+                                            uint32_t v_s, const int* kpos, bool full, float sl2, int t,
+                                            AfterWait after_wait) {
   Scores<HD> sc;
   issue_s<HD, BF16>(w, k_s, sc);
   wgmma::commit();
   wgmma::wait<0>();  // S of this tile and the P V of the previous one
   wgmma::fence_regs(sc);
   wgmma::fence_regs(w.o);
+  wgmma::fence_regs(pa);
   after_wait();
   float rs[2];
   softmax_tile<HD>(p, w, sc, kpos, full, sl2, t, rs);
   rescale_o<HD>(w, rs);
-  PFrags pa;
   pack_p<HD, BF16>(sc, pa);
   issue_pv<HD, BF16>(w, pa, v_s);
   wgmma::commit();  // left in flight
@@ -439,6 +443,7 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
   Rows<HD> w;
   init_rows<HD>(p, ct, r0, active, head, g, t, w);
   const float sl2 = p.softmax_scale * math::kLog2e;
+  PFrags pa = {};  // P of the tile whose P V may be in flight
 
   int blk[kCopyIts];
   load_blocks(0, blk);
@@ -464,13 +469,15 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
     if (!wg_live) continue;
     if (none) {
       wgmma::wait<0>();  // the previous tile's P V: its stage is refilled next step
+      wgmma::fence_regs(pa);
       continue;
     }
     const uint32_t k_s = smem_addr(stage_of(s));
-    attend_tile<HD, BF16>(p, w, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [] {});
+    attend_tile<HD, BF16>(p, w, pa, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [] {});
   }
   wgmma::wait<0>();  // every warpgroup (unconditionally: a wait under a branch made ptxas serialize the wgmmas)
   wgmma::fence_regs(w.o);
+  wgmma::fence_regs(pa);
   cp_async_wait<0>();
   if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
 #else

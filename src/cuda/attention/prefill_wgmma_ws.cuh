@@ -161,6 +161,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const P
       for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][0] = w.o[dt][1] = w.o[dt][2] = w.o[dt][3] = 0.0f;
     }
   } else {
+    PFrags pa = {};  // P of the tile whose P V may be in flight (attend_tile)
     for (int i = 0; i < ct.n_tiles; ++i) {
       const int s = i % kStages;
       wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
@@ -169,19 +170,21 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const P
       tile_cover<HD>(p, meta, w, none, full);
       if (none) {
         wgmma::wait<0>();
+        wgmma::fence_regs(pa);
         if (pend >= 0) release(pend);
         pend = -1;
         release(s);
         continue;
       }
       const uint32_t k_s = smem_addr(stage_of(s));
-      attend_tile<HD, BF16>(p, w, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [&] {
+      attend_tile<HD, BF16>(p, w, pa, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [&] {
         if (pend >= 0) release(pend);
       });
       pend = s;
-  }
+    }
     wgmma::wait<0>();
     wgmma::fence_regs(w.o);
+    wgmma::fence_regs(pa);
     if (pend >= 0) release(pend);
   }
   if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
