@@ -228,18 +228,19 @@ TEST(CpuSimdAttention, PrefillMaskedNanStaysOutOfEarlierRows) {
 // E4M3 pages: every code (subnormals and 448 included) against the scalar path, and
 // NaN codes (0x7f / 0xff, which send a tile to the NaN-aware decode) in two live V
 // rows: NaN exactly in the outputs the scalar path makes NaN. (A NaN code in a K row
-// gives a NaN score, whose weight neither path defines: exp2 of NaN.)
+// gives a NaN score, whose weight neither path defines: exp2 of NaN.) Variant 3 has
+// groups of 16, whose tiles are decoded to f32 once.
 TEST(CpuSimdAttention, E4m3EveryCodeAndNanCodes) {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     CaseSpec s;
     s.kv = DType::E4M3;
     s.head_dim = variant == 2 ? 64 : 128;
-    s.n_q_heads = 8;
+    s.n_q_heads = variant == 3 ? 32 : 8;
     s.n_kv_heads = 2;
     s.seq_cells = {70, 33, 5};
     s.dead_rate = 0.1;
     s.rope_on_read = variant == 1;
-    s.seed = 500 + static_cast<uint64_t>(variant);
+    s.seed = 500 + static_cast<uint64_t>(variant % 3);  // variant 3: the pages of variant 0
     HostCase c = make_case(s);
     std::mt19937_64 rng(s.seed);
     const int64_t n = static_cast<int64_t>(c.k.size());
@@ -396,7 +397,8 @@ void check_params_all_targets(const CaseSpec& s, int splits, bool v_in_k) {
 
 // DeepSeek MLA decode: K rows of 576 (512 latent + 64 rope dims at the tail), V of 512 in a
 // pool of its own or read from K's latent; f16, bf16 and e4m3 (UE8M0 and f32 row scales);
-// rope stored and rope on read; one kv head under 16, 128 or 3 query heads and two kv heads;
+// rope stored and rope on read; one kv head under 16, 128 or 3 query heads and two kv heads
+// under 10 each (e4m3 under 16 and 128: the tiles decoded to f32 once);
 // partial last pages, dead cells (NaN in the pools, never read), sinks and splits.
 TEST(CpuSimdAttention, Mla576KeyWith512ValueOwnPoolOrKeyLatent) {
   const DType kinds[] = {DType::F16, DType::BF16, DType::E4M3, DType::E4M3};
@@ -409,7 +411,7 @@ TEST(CpuSimdAttention, Mla576KeyWith512ValueOwnPoolOrKeyLatent) {
       s.head_dim = 576;
       s.v_head_dim = 512;
       s.n_kv_heads = variant % 4 == 3 ? 2 : 1;
-      s.n_q_heads = q_heads[(variant + variant / 4) % 4] * s.n_kv_heads;
+      s.n_q_heads = q_heads[(variant + variant / 4 * 2) % 4] * s.n_kv_heads;
       s.seq_cells = {45, 20, 1};
       s.dead_rate = 0.1;
       s.sinks = variant % 2 == 1;

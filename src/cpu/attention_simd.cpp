@@ -14,8 +14,11 @@
 // scores get one rescale and exp2 per query head (vectors over cells); then the
 // value pass walks the head dims in columns of kCols vectors and, per column, every
 // visible V row, so the group's accumulators stay in registers while the rows
-// stream by. The next tile's rows are prefetched into L2. Shapes: any head dim
-// that is a multiple of 8 (a column is a full vector, or 8 lanes at the end).
+// stream by. The next tile's rows are prefetched into L2. E4M3 tiles under many query
+// vectors (MLA) are decoded to f32 once a tile instead (kDecodeOnceHeads). Shapes: K and V
+// head dims that are multiples of 8 (a column is a full vector, or 8 lanes at the end),
+// equal or not (MLA: K 576, V 512), V rows at their own stride: a pool of their own or a
+// view of K's rows (their first v_head_dim dims and K's first v_head_dim / 64 scales).
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -75,7 +78,9 @@ struct Tile {
   int64_t cells[kTile];  // the visible cells, in order
   KvRow krows[kTile];    // K rows of the current kv head (padded to a multiple of kKeys)
   KvRow vrows[kTile];    // V rows of the current kv head
-  float* kbuf;           // rope on read: [kTile][Dp] the rotated K rows as f32
+  bool f32_rows;         // K and V rows decoded to f32 once a tile (decode_once_heads)
+  float* kbuf;           // rope on read or f32_rows: [kTile][Dp] the K rows as f32 (rotated)
+  float* vbuf;           // f32_rows: [kTile][DVp] the V rows as f32
   float* freq;           // rope on read: [padded pairs] frequencies, zero padded
   float* cs;             // rope on read: [kTile][padded pairs] cos and sin at each visible key's position
   float* sn;
@@ -360,9 +365,32 @@ void ListVisible(const PagedAttentionParams& p, int32_t b, int32_t t0, int32_t n
   }
 }
 
+// Query vectors from which a task decodes its tile's K and V rows to f32 once (tile.kbuf,
+// tile.vbuf) rather than in every register block of heads: each row serves
+// G / kHeads blocks, and with many heads (MLA: 128 over one kv head) the repeated decode
+// of 16- and 8-bit rows takes issue slots the FMAs need. The f32 rows of a tile stay in L2.
+constexpr int32_t kDecodeOnceHeads = 16;
+
+// A row's dims [0, D) as f32 (times its scale) into dst.
+template <math::KvElem E>
+HWY_INLINE void DecodeRow(const KvRow& row, int32_t D, float* dst) {
+  const DF df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  int32_t d = 0;
+  for (; d + N <= D; d += N) hn::StoreU(LoadScaled<E>(df, row, d), df, dst + d);
+  if (d < D) hn::StoreU(LoadScaled<E>(DTail(), row, d), DTail(), dst + d);
+}
+
+HWY_INLINE void PointAtF32(KvRow& row, const float* data) {
+  row.data = reinterpret_cast<const uint8_t*>(data);
+  row.scale_u8 = nullptr;
+  row.scale_f32 = 1.0f;
+}
+
 // The K and V rows of the tile's visible cells for kv head kvh, padded to a multiple of
 // kKeys with the first row (their scores are overwritten with -inf). With rope on read
-// the K rows are decoded and rotated into tile.kbuf (cos/sin of tile.cs / tile.sn).
+// the K rows are decoded and rotated into tile.kbuf (cos/sin of tile.cs / tile.sn); with
+// tile.f32_rows the K and V rows are decoded into tile.kbuf and tile.vbuf.
 template <math::KvElem E>
 void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& tile) {
   const int32_t n = tile.n_vis;
@@ -396,18 +424,19 @@ void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& t
       tile.krows[j].scale_f32 = tile.vrows[j].scale_f32 = 1.0f;
     }
   }
-  if (p.rope_on_read) {
-    const DF df;
-    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  if (p.rope_on_read || tile.f32_rows) {
     for (int32_t j = 0; j < n; ++j) {
       float* row = tile.kbuf + j * t.Dp;
-      int32_t d = 0;
-      for (; d + N <= t.D; d += N) hn::StoreU(LoadScaled<E>(df, tile.krows[j], d), df, row + d);
-      if (d < t.D) hn::StoreU(LoadScaled<E>(DTail(), tile.krows[j], d), DTail(), row + d);
-      RotatePairs(p.rope.layout, row, row, tile.cs + j * tile.pairs_p, tile.sn + j * tile.pairs_p);
-      tile.krows[j].data = reinterpret_cast<const uint8_t*>(row);
-      tile.krows[j].scale_u8 = nullptr;
-      tile.krows[j].scale_f32 = 1.0f;
+      DecodeRow<E>(tile.krows[j], t.D, row);
+      if (p.rope_on_read) RotatePairs(p.rope.layout, row, row, tile.cs + j * tile.pairs_p, tile.sn + j * tile.pairs_p);
+      PointAtF32(tile.krows[j], row);
+    }
+  }
+  if (tile.f32_rows) {
+    for (int32_t j = 0; j < n; ++j) {
+      float* row = tile.vbuf + j * t.DVp;
+      DecodeRow<E>(tile.vrows[j], t.DV, row);
+      PointAtF32(tile.vrows[j], row);
     }
   }
   for (int32_t j = n; j % kKeys != 0; ++j) tile.krows[j] = tile.krows[0];
@@ -464,6 +493,12 @@ void RunTile(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t H, co
   for (int32_t kh = 0; kh < H; ++kh) {
     const Task& t = tasks[kh];
     TileRows<E>(p, t, h0 + kh, tile);
+    if (tile.f32_rows) {  // decoded NaN-aware already
+      ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
+      SoftmaxTile(t, sm + kh * sm_stride);
+      ValuePassAll<math::KvElem::F32, false>(t, tile.vrows, tile.n_vis, next, lines_per_block);
+      continue;
+    }
     // E4M3 rows without NaN codes (all of them but corrupted or hand-made ones) take the shorter decode.
     const bool finite = E == math::KvElem::E4M3 && !TileHasNan(tile, t.D, t.DV, p.rope_on_read);
     if (p.rope_on_read) ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
@@ -492,9 +527,11 @@ void RunTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, 
   const int32_t n_pairs = p.rope_on_read ? p.rope.layout.n_pairs() : 0;
   const int32_t pairs_p = (n_pairs + 15) / 16 * 16;
   const int64_t per_head = GR * (Dp + DVp + kTile);  // q, acc, s
-  const int64_t rope_floats = p.rope_on_read ? kTile * Dp + pairs_p + 2 * kTile * pairs_p : 0;
+  const bool f32_rows = E == math::KvElem::E4M3 && GR >= kDecodeOnceHeads;
+  const int64_t row_floats = (p.rope_on_read || f32_rows ? kTile * Dp : 0) + (f32_rows ? kTile * DVp : 0);
+  const int64_t rope_floats = p.rope_on_read ? pairs_p + 2 * kTile * pairs_p : 0;
   thread_local Scratch scratch;
-  scratch.f.assign(static_cast<size_t>(H * per_head + rope_floats), 0.0f);
+  scratch.f.assign(static_cast<size_t>(H * per_head + row_floats + rope_floats), 0.0f);
   scratch.sm.assign(static_cast<size_t>(H) * GR, math::OnlineSoftmax{});
   scratch.tasks.clear();
   for (int32_t h = 0; h < H; ++h) {  // tasks[0, H): all rows; then H per row: row i's slice
@@ -507,9 +544,11 @@ void RunTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, 
       scratch.tasks.push_back(Task{p, D, DV, G, Dp, DVp, all.q + i * G * Dp, all.acc + i * G * DVp, all.s + i * G * kTile});
     }
   Tile& tile = scratch.tile;
-  float* rope = scratch.f.data() + H * per_head;
-  tile.kbuf = rope;
-  tile.freq = rope + kTile * Dp;
+  tile.f32_rows = f32_rows;
+  tile.kbuf = scratch.f.data() + H * per_head;
+  tile.vbuf = tile.kbuf + (p.rope_on_read || f32_rows ? kTile * Dp : 0);
+  float* rope = scratch.f.data() + H * per_head + row_floats;
+  tile.freq = rope;
   tile.cs = tile.freq + pairs_p;
   tile.sn = tile.cs + kTile * pairs_p;
   tile.pairs_p = pairs_p;
