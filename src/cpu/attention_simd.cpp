@@ -182,14 +182,15 @@ HWY_INLINE void PrefetchLine(const uint8_t* p) {
 // pool), asked for in address order a few lines at a time while the current tile is
 // computed: spread over the work, since a burst of requests fills the core's miss
 // queues and stalls it, and in order, so that the L2 stream prefetcher follows on.
-// V rows that lie inside K's (MLA's latent: a view of K's rows) take no requests of their own.
+// A line of K and one of V at a time, over the longer of the two runs (the shorter's extra
+// lines belong to its next row: a few wasted requests, but no branch in the hot loops that
+// ask). V rows inside K's (MLA's latent: a view of K's rows) ask for K's lines twice.
 struct NextRows {
-  const uint8_t* k;  // K and V pools at the first kv head's row of cell 0 (v null: V inside K's rows)
+  const uint8_t* k;  // K and V pools at the first kv head's row of cell 0
   const uint8_t* v;
   const int64_t* cells;  // the next tile's cells
   int64_t k_cell_bytes, v_cell_bytes;  // n_kv_heads rows
-  int64_t k_lines, v_lines;  // 64-byte lines of each pool's run in a cell
-  int64_t run_lines;     // lines a cell counts: the longer run
+  int64_t run_lines;     // 64-byte lines per cell: the longer of K's and V's runs
   int64_t total;         // lines in all: cells x run_lines
   int64_t cursor = 0;
   int64_t cell_i = 0, line_i = 0;  // the cursor's cell and line in its run
@@ -201,12 +202,11 @@ struct NextRows {
     cursor += left;
     while (left > 0) {
       const int64_t n = std::min(left, run_lines - line_i);
-      const int64_t nk = std::min(n, k_lines - line_i), nv = v ? std::min(n, v_lines - line_i) : 0;
       const uint8_t* kp = k + cells[cell_i] * k_cell_bytes + line_i * 64;
-      for (int64_t i = 0; i < nk; ++i) PrefetchLine(kp + i * 64);
-      if (nv > 0) {
-        const uint8_t* vp = v + cells[cell_i] * v_cell_bytes + line_i * 64;
-        for (int64_t i = 0; i < nv; ++i) PrefetchLine(vp + i * 64);
+      const uint8_t* vp = v + cells[cell_i] * v_cell_bytes + line_i * 64;
+      for (int64_t i = 0; i < n; ++i) {
+        PrefetchLine(kp + i * 64);
+        PrefetchLine(vp + i * 64);
       }
       left -= n;
       line_i += n;
@@ -217,21 +217,20 @@ struct NextRows {
 
 // The prefetch runs of cells `cells[0 .. n)` for kv heads [h0, h0 + H): K's H rows side by
 // side; V's from the first head's row to the end of the last one's (V rows of their own
-// pool are as contiguous; a strided view inside K's rows is K's run already).
+// pool are as contiguous; a strided view inside K's rows is K's run).
 template <math::KvElem E>
 NextRows CellRuns(const PagedAttentionParams& p, int32_t h0, int32_t H, const int64_t* cells, int32_t n) {
   constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
   const int64_t nkv = p.layout.n_kv_heads, k_row = int64_t{p.layout.head_dim} * kBytes, v_row = p.v_row_stride * kBytes;
-  const bool v_in_k = p.v == p.k && p.v_row_stride == p.layout.head_dim;
   NextRows r{};
   r.k = static_cast<const uint8_t*>(p.k) + h0 * k_row;
-  r.v = v_in_k ? nullptr : static_cast<const uint8_t*>(p.v) + h0 * v_row;
+  r.v = static_cast<const uint8_t*>(p.v) + h0 * v_row;
   r.cells = cells;
   r.k_cell_bytes = nkv * k_row;
   r.v_cell_bytes = nkv * v_row;
-  r.k_lines = (H * k_row + 63) / 64;
-  r.v_lines = v_in_k ? 0 : ((H - 1) * v_row + int64_t{p.v_head_dim} * kBytes + 63) / 64;
-  r.run_lines = std::max(r.k_lines, r.v_lines);
+  const int64_t k_lines = (H * k_row + 63) / 64;
+  const int64_t v_lines = ((H - 1) * v_row + int64_t{p.v_head_dim} * kBytes + 63) / 64;
+  r.run_lines = std::max(k_lines, v_lines);
   r.total = n * r.run_lines;
   return r;
 }
