@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -227,18 +228,19 @@ TEST(CpuSimdAttention, PrefillMaskedNanStaysOutOfEarlierRows) {
 // E4M3 pages: every code (subnormals and 448 included) against the scalar path, and
 // NaN codes (0x7f / 0xff, which send a tile to the NaN-aware decode) in two live V
 // rows: NaN exactly in the outputs the scalar path makes NaN. (A NaN code in a K row
-// gives a NaN score, whose weight neither path defines: exp2 of NaN.)
+// gives a NaN score, whose weight neither path defines: exp2 of NaN.) Variant 3 has
+// groups of 16, whose tiles are decoded to f32 once.
 TEST(CpuSimdAttention, E4m3EveryCodeAndNanCodes) {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     CaseSpec s;
     s.kv = DType::E4M3;
     s.head_dim = variant == 2 ? 64 : 128;
-    s.n_q_heads = 8;
+    s.n_q_heads = variant == 3 ? 32 : 8;
     s.n_kv_heads = 2;
     s.seq_cells = {70, 33, 5};
     s.dead_rate = 0.1;
     s.rope_on_read = variant == 1;
-    s.seed = 500 + static_cast<uint64_t>(variant);
+    s.seed = 500 + static_cast<uint64_t>(variant % 3);  // variant 3: the pages of variant 0
     HostCase c = make_case(s);
     std::mt19937_64 rng(s.seed);
     const int64_t n = static_cast<int64_t>(c.k.size());
@@ -283,11 +285,14 @@ TEST(CpuSimdAttention, E4m3EveryCodeAndNanCodes) {
 }
 
 // Head dims the public rule does not admit yet (multiples of 8 from 8 up,
-// DeepSeek MLA's 576): the kernel through its Params, against the scalar path
-// and the float64 reference.
-std::vector<float> run_params(const HostCase& c, int splits) {
+// DeepSeek MLA's 576, V rows of another width than K's): the kernel through its
+// Params, against the scalar path and the float64 reference. v_in_k: V is read
+// as a view of K's rows (their first v_head_dim dims and, e4m3, K's scales; MLA's
+// shared layout), the case's own V pool unread (with_v_from_k_latent below makes
+// it the same values for the reference).
+std::vector<float> run_params(const HostCase& c, int splits, bool v_in_k = false) {
   const CaseSpec& s = c.spec;
-  const int D = s.head_dim;
+  const int D = s.head_dim, DV = s.dv();
   ops::PagedAttentionParams p{};
   p.k = c.k.data();
   p.v = c.v.data();
@@ -302,9 +307,16 @@ std::vector<float> run_params(const HostCase& c, int splits) {
   p.maybe_positions = c.positions.data();
   p.maybe_valid = c.valid.data();
   p.layout = PagedLayout{s.block_size, s.n_kv_heads, D};
-  p.v_head_dim = D;
-  p.v_row_stride = D;  // V in a pool of its own
-  p.v_scale_row_stride = D / 64;
+  p.v_head_dim = DV;
+  p.v_row_stride = DV;  // V in a pool of its own
+  p.v_scale_row_stride = DV / 64;
+  if (v_in_k) {
+    p.v = c.k.data();
+    p.v_row_stride = D;
+    p.maybe_v_scale_u8 = c.k_sc8.data();
+    p.v_scale_row_stride = D / 64;
+    p.maybe_v_scale_f32 = c.k_sc32.data();
+  }
   p.num_blocks = c.num_blocks;
   p.indptr = c.indptr.data();
   p.indices = c.indices.data();
@@ -319,22 +331,146 @@ std::vector<float> run_params(const HostCase& c, int splits) {
   p.n_q_heads = s.n_q_heads;
   p.group = s.n_q_heads / s.n_kv_heads;
   p.maybe_q_positions = c.q_positions.data();
+  p.maybe_qo_indptr = c.qo_indptr.empty() ? nullptr : c.qo_indptr.data();
+  p.causal = c.qo_indptr.empty() ? 0 : 1;
+  p.window = s.window;
   p.maybe_sinks = s.sinks ? c.sinks.data() : nullptr;
   p.softmax_scale = c.softmax_scale;
   p.rope_on_read = s.rope_on_read;
   p.rotate_query = s.rope_on_read;  // the ops rotate q with K (the reference does)
   if (s.rope_on_read) p.rope = make_rope_table(c.rope, D);
-  std::vector<float> out(static_cast<size_t>(c.rows) * s.n_q_heads * D);
-  std::vector<float> part(static_cast<size_t>(c.rows) * s.n_q_heads * splits * (D + 1));
+  std::vector<float> out(static_cast<size_t>(c.rows) * s.n_q_heads * DV);
+  std::vector<float> part(static_cast<size_t>(c.rows) * s.n_q_heads * splits * (DV + 1));
   p.out = out.data();
   p.out_elem = ops::QElem::F32;
-  p.out_head_stride = D;
-  p.out_row_stride = int64_t{s.n_q_heads} * D;
+  p.out_head_stride = DV;
+  p.out_row_stride = int64_t{s.n_q_heads} * DV;
   p.num_splits = splits;
   p.o_part = part.data();
-  p.lse_part = part.data() + static_cast<size_t>(c.rows) * s.n_q_heads * splits * D;
+  p.lse_part = part.data() + static_cast<size_t>(c.rows) * s.n_q_heads * splits * DV;
+  if (cpu::simd_on()) {
+    EXPECT_TRUE(cpu::attention_simd_serves(p)) << "the SIMD kernel must take this case";
+  }
   ops::cpu::attention_paged(p);
   return out;
+}
+
+// The case with V made the first v_head_dim dims of each K row (and, e4m3, V's scales
+// K's first v_head_dim / 64 scale bytes or K's row scale): what a view of K's rows reads.
+HostCase with_v_from_k_latent(HostCase c) {
+  const CaseSpec& s = c.spec;
+  const int64_t D = s.head_dim, DV = s.dv(), rows = int64_t{c.num_blocks} * s.block_size * s.n_kv_heads;
+  const size_t el = c.elem();
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(&c.v[r * DV * el], &c.k[r * D * el], DV * el);
+  if (s.kv == DType::E4M3) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&c.v_sc8[r * (DV / 64)], &c.k_sc8[r * (D / 64)], DV / 64);
+    c.v_sc32 = c.k_sc32;
+  }
+  return c;
+}
+
+// Runs a Params case on the scalar path and every target (V in a pool of its own or a view
+// of K's rows), each against the scalar path and the float64 reference.
+void check_params_all_targets(const CaseSpec& s, int splits, bool v_in_k) {
+  const HostCase c = v_in_k ? with_v_from_k_latent(make_case(s)) : make_case(s);
+  const std::vector<double> ref = reference(c);
+  std::vector<float> scalar;
+  {
+    cpu::SimdPin pin(cpu::kSimdScalar);
+    scalar = run_params(c, splits, v_in_k);
+  }
+  const std::string what = std::string(dtype_name(s.kv)) + (s.f32_scales ? " f32 scales" : "") + " D " +
+                           std::to_string(s.head_dim) + " DV " + std::to_string(s.dv()) + " heads " +
+                           std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) +
+                           (v_in_k ? " V in K" : " V own pool") + (s.rope_on_read ? " rope on read" : "") +
+                           (s.q_tokens.empty() ? "" : " prefill") + " splits " + std::to_string(splits);
+  ASSERT_LE(max_rel_err(scalar, ref), tol_vs_reference(s)) << what;
+  for (const cpu::SimdTarget& t : cpu::simd_targets()) {
+    cpu::SimdPin pin(t.bits);
+    const std::vector<float> got = run_params(c, splits, v_in_k);
+    const double err = max_rel_err(got, scalar);
+    g_worst_vs_scalar = std::max(g_worst_vs_scalar, err);
+    EXPECT_LE(err, tol_vs_scalar(s)) << t.name << " " << what;
+    EXPECT_LE(max_rel_err(got, ref), tol_vs_reference(s)) << t.name << " " << what;
+  }
+}
+
+// DeepSeek MLA decode: K rows of 576 (512 latent + 64 rope dims at the tail), V of 512 in a
+// pool of its own or read from K's latent; f16, bf16 and e4m3 (UE8M0 and f32 row scales);
+// rope stored and rope on read; one kv head under 16, 128 or 3 query heads and two kv heads
+// under 10 each (e4m3 under 16 and 128: the tiles decoded to f32 once);
+// partial last pages, dead cells (NaN in the pools, never read), sinks and splits.
+TEST(CpuSimdAttention, Mla576KeyWith512ValueOwnPoolOrKeyLatent) {
+  const DType kinds[] = {DType::F16, DType::BF16, DType::E4M3, DType::E4M3};
+  const int q_heads[] = {16, 128, 3, 10};
+  for (int variant = 0; variant < 8; ++variant)
+    for (bool v_in_k : {false, true}) {
+      CaseSpec s;
+      s.kv = kinds[variant % 4];
+      s.f32_scales = variant % 4 == 3;
+      s.head_dim = 576;
+      s.v_head_dim = 512;
+      s.n_kv_heads = variant % 4 == 3 ? 2 : 1;
+      s.n_q_heads = q_heads[(variant + variant / 4 * 2) % 4] * s.n_kv_heads;
+      s.seq_cells = {45, 20, 1};
+      s.dead_rate = 0.1;
+      s.sinks = variant % 2 == 1;
+      s.rope_on_read = variant >= 4;
+      s.rope_dims = 64;
+      s.seed = 4502 + 4 * static_cast<uint64_t>(variant);  // seed & 2: the rotated dims are K's tail
+      check_params_all_targets(s, variant % 3 + 1, v_in_k);
+    }
+}
+
+// MLA prefill (row blocks of kSimdPrefillRows share each tile): causal masks, a window that
+// parts the rows' tiles, both V layouts.
+TEST(CpuSimdAttention, MlaPrefillRowBlocksBothValueLayouts) {
+  const int R = cpu::kSimdPrefillRows;
+  for (int variant = 0; variant < 3; ++variant)
+    for (bool v_in_k : {false, true}) {
+      CaseSpec s;
+      s.kv = variant == 0 ? DType::BF16 : variant == 1 ? DType::E4M3 : DType::F16;
+      s.head_dim = 576;
+      s.v_head_dim = 512;
+      s.n_kv_heads = 1;
+      s.n_q_heads = variant == 2 ? 5 : 16;
+      s.seq_cells = {40, 2 * R + 3};
+      s.q_tokens = {R + 1, 2 * R + 1};
+      s.dead_rate = 0.1;
+      s.window = variant == 2 ? 9 : 0;
+      s.rope_on_read = variant == 1;
+      s.rope_dims = 64;
+      s.seed = 4602 + 4 * static_cast<uint64_t>(variant);
+      check_params_all_targets(s, variant + 1, v_in_k);
+    }
+}
+
+// V widths other than K's beyond MLA (multiples of 8, narrower and wider than K; a view of K's
+// rows where V is narrower): columns of whole vectors, 8-lane tails and UE8M0 chunks.
+TEST(CpuSimdAttention, ValueWidthsOtherThanKeyWidth) {
+  struct Shape {
+    int D, DV;
+    DType kv;
+  };
+  const Shape shapes[] = {{192, 128, DType::BF16}, {72, 24, DType::F16},   {64, 136, DType::F16},
+                          {256, 128, DType::E4M3}, {128, 192, DType::E4M3}, {40, 8, DType::F32}};
+  int n = 0;
+  for (const Shape& sh : shapes)
+    for (bool v_in_k : {false, true}) {
+      if (v_in_k && sh.DV > sh.D) continue;
+      CaseSpec s;
+      s.kv = sh.kv;
+      s.head_dim = sh.D;
+      s.v_head_dim = sh.DV;
+      s.n_kv_heads = 2;
+      s.n_q_heads = n % 2 ? 6 : 10;
+      s.seq_cells = {37, 1, 70};
+      s.dead_rate = 0.15;
+      s.sinks = n % 2 == 0;
+      s.rope_on_read = sh.D == 192;
+      s.seed = 4702 + static_cast<uint64_t>(n++);
+      check_params_all_targets(s, n % 3 + 1, v_in_k);
+    }
 }
 
 TEST(CpuSimdAttention, HeadDimsMultiplesOfEightUpTo576) {

@@ -1,6 +1,6 @@
 // The scalar path of one CPU paged-attention task (attention_tasks.hpp): one
 // element at a time, the reference the SIMD kernels are tested against and the
-// fallback for shapes they do not serve (V rows of another width than K rows). The task streams its cells in tiles
+// fallback for shapes they do not serve (head dims that are not multiples of 8). The task streams its cells in tiles
 // (scores first, one rescale per tile, then the value pass) and writes a
 // normalized partial.
 #include <algorithm>

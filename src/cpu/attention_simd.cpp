@@ -14,8 +14,11 @@
 // scores get one rescale and exp2 per query head (vectors over cells); then the
 // value pass walks the head dims in columns of kCols vectors and, per column, every
 // visible V row, so the group's accumulators stay in registers while the rows
-// stream by. The next tile's rows are prefetched into L2. Shapes: any head dim
-// that is a multiple of 8 (a column is a full vector, or 8 lanes at the end).
+// stream by. The next tile's rows are prefetched into L2. E4M3 tiles under many query
+// vectors (MLA) are decoded to f32 once a tile instead (kDecodeOnceHeads). Shapes: K and V
+// head dims that are multiples of 8 (a column is a full vector, or 8 lanes at the end),
+// equal or not (MLA: K 576, V 512), V rows at their own stride: a pool of their own or a
+// view of K's rows (their first v_head_dim dims and K's first v_head_dim / 64 scales).
 #include "cpu/simd_config.hpp"
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -62,9 +65,10 @@ struct KvRow {
 
 struct Task {
   const PagedAttentionParams& p;
-  int32_t D, G, Dp;  // head dim, group size, head dim padded to two vectors (q and acc strides)
+  int32_t D, DV, G;  // K (and q) head dim, V head dim, group size
+  int32_t Dp, DVp;   // D and DV padded to two vectors: the q and acc strides
   float* q;          // [G][Dp] scaled queries, zero padded
-  float* acc;        // [G][Dp]
+  float* acc;        // [G][DVp]
   float* s;          // [G][kTile] scores, then weights, of the tile's visible cells in order (-inf past them)
 };
 
@@ -74,7 +78,9 @@ struct Tile {
   int64_t cells[kTile];  // the visible cells, in order
   KvRow krows[kTile];    // K rows of the current kv head (padded to a multiple of kKeys)
   KvRow vrows[kTile];    // V rows of the current kv head
-  float* kbuf;           // rope on read: [kTile][Dp] the rotated K rows as f32
+  bool f32_rows;         // K and V rows decoded to f32 once a tile (decode_once_heads)
+  float* kbuf;           // rope on read or f32_rows: [kTile][Dp] the K rows as f32 (rotated)
+  float* vbuf;           // f32_rows: [kTile][DVp] the V rows as f32
   float* freq;           // rope on read: [padded pairs] frequencies, zero padded
   float* cs;             // rope on read: [kTile][padded pairs] cos and sin at each visible key's position
   float* sn;
@@ -172,30 +178,32 @@ HWY_INLINE void PrefetchLine(const uint8_t* p) {
 #endif
 }
 
-// The next tile's K and V bytes of the task's kv heads (a contiguous run per cell),
-// asked for in address order a few lines at a time while the current tile is
+// The next tile's K and V bytes of the task's kv heads (a contiguous run per cell and
+// pool), asked for in address order a few lines at a time while the current tile is
 // computed: spread over the work, since a burst of requests fills the core's miss
 // queues and stalls it, and in order, so that the L2 stream prefetcher follows on.
+// A line of K and one of V at a time, over the longer of the two runs (the shorter's extra
+// lines belong to its next row: a few wasted requests, but no branch in the hot loops that
+// ask). V rows inside K's (MLA's latent: a view of K's rows) ask for K's lines twice.
 struct NextRows {
   const uint8_t* k;  // K and V pools at the first kv head's row of cell 0
   const uint8_t* v;
   const int64_t* cells;  // the next tile's cells
-  int64_t cell_bytes;    // n_kv_heads rows
-  int64_t run_lines;     // 64-byte lines per cell run
+  int64_t k_cell_bytes, v_cell_bytes;  // n_kv_heads rows
+  int64_t run_lines;     // 64-byte lines per cell: the longer of K's and V's runs
   int64_t total;         // lines in all: cells x run_lines
   int64_t cursor = 0;
   int64_t cell_i = 0, line_i = 0;  // the cursor's cell and line in its run
 
-  // Runs of lines inside one cell: one base address each, then a line a prefetch pair
+  // Runs of lines inside one cell: one base address each, then a line a prefetch
   // (the address arithmetic per line was a third as many instructions as the FMAs).
   HWY_INLINE void ask(int64_t lines) {
     int64_t left = std::min(lines, total - cursor);
     cursor += left;
     while (left > 0) {
       const int64_t n = std::min(left, run_lines - line_i);
-      const int64_t off = cells[cell_i] * cell_bytes + line_i * 64;
-      const uint8_t* kp = k + off;
-      const uint8_t* vp = v + off;
+      const uint8_t* kp = k + cells[cell_i] * k_cell_bytes + line_i * 64;
+      const uint8_t* vp = v + cells[cell_i] * v_cell_bytes + line_i * 64;
       for (int64_t i = 0; i < n; ++i) {
         PrefetchLine(kp + i * 64);
         PrefetchLine(vp + i * 64);
@@ -206,6 +214,26 @@ struct NextRows {
     }
   }
 };
+
+// The prefetch runs of cells `cells[0 .. n)` for kv heads [h0, h0 + H): K's H rows side by
+// side; V's from the first head's row to the end of the last one's (V rows of their own
+// pool are as contiguous; a strided view inside K's rows is K's run).
+template <math::KvElem E>
+NextRows CellRuns(const PagedAttentionParams& p, int32_t h0, int32_t H, const int64_t* cells, int32_t n) {
+  constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
+  const int64_t nkv = p.layout.n_kv_heads, k_row = int64_t{p.layout.head_dim} * kBytes, v_row = p.v_row_stride * kBytes;
+  NextRows r{};
+  r.k = static_cast<const uint8_t*>(p.k) + h0 * k_row;
+  r.v = static_cast<const uint8_t*>(p.v) + h0 * v_row;
+  r.cells = cells;
+  r.k_cell_bytes = nkv * k_row;
+  r.v_cell_bytes = nkv * v_row;
+  const int64_t k_lines = (H * k_row + 63) / 64;
+  const int64_t v_lines = ((H - 1) * v_row + int64_t{p.v_head_dim} * kBytes + 63) / 64;
+  r.run_lines = std::max(k_lines, v_lines);
+  r.total = n * r.run_lines;
+  return r;
+}
 
 // Scores of the tile's visible cells for every head of the task's group, kKeys
 // rows at a time (tile.krows is padded to a multiple of kKeys).
@@ -236,7 +264,7 @@ HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0
   const int32_t N = static_cast<int32_t>(hn::Lanes(dv));
   hn::Vec<D> a[kG][kU];
   for (int g = 0; g < kG; ++g)
-    for (int u = 0; u < kU; ++u) a[g][u] = hn::LoadU(dv, t.acc + (g0 + g) * t.Dp + d + u * N);
+    for (int u = 0; u < kU; ++u) a[g][u] = hn::LoadU(dv, t.acc + (g0 + g) * t.DVp + d + u * N);
   for (int32_t j = 0; j < n_vis; ++j) {
     if (j % kKeys == 0) next.ask(lines_per_block);
     hn::Vec<D> v[kU];
@@ -254,7 +282,7 @@ HWY_INLINE void ValueColumns(D dv, const Task& t, const KvRow* vrows, int32_t g0
     }
   }
   for (int g = 0; g < kG; ++g)
-    for (int u = 0; u < kU; ++u) hn::StoreU(a[g][u], dv, t.acc + (g0 + g) * t.Dp + d + u * N);
+    for (int u = 0; u < kU; ++u) hn::StoreU(a[g][u], dv, t.acc + (g0 + g) * t.DVp + d + u * N);
 }
 
 template <math::KvElem E, bool kFinite, int kG>
@@ -262,9 +290,9 @@ void ValuePass(const Task& t, const KvRow* vrows, int32_t g0, int32_t n_vis, Nex
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
   int32_t d = 0;
-  for (; d + kCols * N <= t.D; d += kCols * N) ValueColumns<E, kFinite, kG, kCols>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
-  for (; d + N <= t.D; d += N) ValueColumns<E, kFinite, kG, 1>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
-  if (d < t.D) ValueColumns<E, kFinite, kG, 1>(DTail(), t, vrows, g0, n_vis, d, next, lines_per_block);
+  for (; d + kCols * N <= t.DV; d += kCols * N) ValueColumns<E, kFinite, kG, kCols>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
+  for (; d + N <= t.DV; d += N) ValueColumns<E, kFinite, kG, 1>(df, t, vrows, g0, n_vis, d, next, lines_per_block);
+  if (d < t.DV) ValueColumns<E, kFinite, kG, 1>(DTail(), t, vrows, g0, n_vis, d, next, lines_per_block);
 }
 
 template <math::KvElem E, bool kFinite>
@@ -290,9 +318,9 @@ void SoftmaxTile(const Task& t, math::OnlineSoftmax* sm) {
     for (int32_t i = 0; i < kTile; i += N) mx = hn::Max(mx, hn::LoadU(df, sg + i));
     const float rescale = sm[g].begin_tile(hn::GetLane(hn::MaxOfLanes(df, mx)));
     if (rescale != 1.0f) {
-      float* ag = t.acc + g * t.Dp;
+      float* ag = t.acc + g * t.DVp;
       const auto r = hn::Set(df, rescale);
-      for (int32_t d = 0; d < t.Dp; d += N) hn::StoreU(hn::Mul(hn::LoadU(df, ag + d), r), df, ag + d);
+      for (int32_t d = 0; d < t.DVp; d += N) hn::StoreU(hn::Mul(hn::LoadU(df, ag + d), r), df, ag + d);
     }
     const auto m = hn::Set(df, sm[g].m);
     auto sum = hn::Zero(df);
@@ -305,22 +333,16 @@ void SoftmaxTile(const Task& t, math::OnlineSoftmax* sm) {
   }
 }
 
-// Asks for the K and V rows of cells [j0, j1) of sequence b, kv heads [h0, h1) (contiguous
-// in a cell), ahead of their use: blocks sit anywhere, which the hardware prefetchers
-// cannot follow.
-void PrefetchCells(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t h1, int32_t j0, int32_t j1,
-                   int64_t row_bytes) {
+// Asks for the K and V rows of cells [j0, j1) of sequence b, kv heads [h0, h1), ahead of
+// their use: blocks sit anywhere, which the hardware prefetchers cannot follow.
+template <math::KvElem E>
+void PrefetchCells(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t h1, int32_t j0, int32_t j1) {
   const int32_t bs = p.layout.block_size;
-  const auto* k = static_cast<const uint8_t*>(p.k);
-  const auto* v = static_cast<const uint8_t*>(p.v);
-  const int64_t bytes = (h1 - h0) * row_bytes;
-  for (int32_t j = j0; j < j1; ++j) {
-    const int64_t first = (p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs) * p.layout.n_kv_heads + h0) * row_bytes;
-    for (int64_t off = 0; off < bytes; off += 64) {
-      PrefetchLine(k + first + off);
-      PrefetchLine(v + first + off);
-    }
-  }
+  int64_t cells[kTile];
+  const int32_t n = std::min(j1 - j0, kTile);
+  for (int32_t i = 0; i < n; ++i) cells[i] = p.layout.cell(p.indices[p.indptr[b] + (j0 + i) / bs], (j0 + i) % bs);
+  NextRows rows = CellRuns<E>(p, h0, h1 - h0, cells, n);
+  rows.ask(rows.total);
 }
 
 struct Scratch {
@@ -342,27 +364,50 @@ void ListVisible(const PagedAttentionParams& p, int32_t b, int32_t t0, int32_t n
   }
 }
 
+// Query vectors from which a task decodes its tile's K and V rows to f32 once (tile.kbuf,
+// tile.vbuf) rather than in every register block of heads: each row serves
+// G / kHeads blocks, and with many heads (MLA: 128 over one kv head) the repeated decode
+// of 16- and 8-bit rows takes issue slots the FMAs need. The f32 rows of a tile stay in L2.
+constexpr int32_t kDecodeOnceHeads = 16;
+
+// A row's dims [0, D) as f32 (times its scale) into dst.
+template <math::KvElem E>
+HWY_INLINE void DecodeRow(const KvRow& row, int32_t D, float* dst) {
+  const DF df;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  int32_t d = 0;
+  for (; d + N <= D; d += N) hn::StoreU(LoadScaled<E>(df, row, d), df, dst + d);
+  if (d < D) hn::StoreU(LoadScaled<E>(DTail(), row, d), DTail(), dst + d);
+}
+
+HWY_INLINE void PointAtF32(KvRow& row, const float* data) {
+  row.data = reinterpret_cast<const uint8_t*>(data);
+  row.scale_u8 = nullptr;
+  row.scale_f32 = 1.0f;
+}
+
 // The K and V rows of the tile's visible cells for kv head kvh, padded to a multiple of
 // kKeys with the first row (their scores are overwritten with -inf). With rope on read
-// the K rows are decoded and rotated into tile.kbuf (cos/sin of tile.cs / tile.sn).
+// the K rows are decoded and rotated into tile.kbuf (cos/sin of tile.cs / tile.sn); with
+// tile.f32_rows the K and V rows are decoded into tile.kbuf and tile.vbuf.
 template <math::KvElem E>
 void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& tile) {
   const int32_t n = tile.n_vis;
   // Field by field: whole KvRow values built on the stack cost a store-forwarding stall each.
   constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
-  const int64_t nkv = p.layout.n_kv_heads, row_bytes = int64_t{t.D} * kBytes;
-  const auto* kb = static_cast<const uint8_t*>(p.k) + kvh * row_bytes;
-  const auto* vb = static_cast<const uint8_t*>(p.v) + kvh * row_bytes;
+  const int64_t nkv = p.layout.n_kv_heads, k_row = int64_t{t.D} * kBytes, v_row = p.v_row_stride * kBytes;
+  const auto* kb = static_cast<const uint8_t*>(p.k) + kvh * k_row;
+  const auto* vb = static_cast<const uint8_t*>(p.v) + kvh * v_row;
   for (int32_t j = 0; j < n; ++j) {
-    tile.krows[j].data = kb + tile.cells[j] * nkv * row_bytes;
-    tile.vrows[j].data = vb + tile.cells[j] * nkv * row_bytes;
+    tile.krows[j].data = kb + tile.cells[j] * nkv * k_row;
+    tile.vrows[j].data = vb + tile.cells[j] * nkv * v_row;
   }
   if (p.scale_mode == math::KvScaleMode::Ue8m0Per64) {
-    const int64_t chunks = t.D / 64;
+    const int64_t k_chunks = t.D / 64, v_chunks = p.v_scale_row_stride;
     for (int32_t j = 0; j < n; ++j) {
       const int64_t row = tile.cells[j] * nkv + kvh;
-      tile.krows[j].scale_u8 = p.maybe_k_scale_u8 + row * chunks;
-      tile.vrows[j].scale_u8 = p.maybe_v_scale_u8 + row * chunks;
+      tile.krows[j].scale_u8 = p.maybe_k_scale_u8 + row * k_chunks;
+      tile.vrows[j].scale_u8 = p.maybe_v_scale_u8 + row * v_chunks;
       tile.krows[j].scale_f32 = tile.vrows[j].scale_f32 = 1.0f;
     }
   } else if (p.scale_mode == math::KvScaleMode::F32PerRow) {
@@ -378,18 +423,19 @@ void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& t
       tile.krows[j].scale_f32 = tile.vrows[j].scale_f32 = 1.0f;
     }
   }
-  if (p.rope_on_read) {
-    const DF df;
-    const int32_t N = static_cast<int32_t>(hn::Lanes(df));
+  if (p.rope_on_read || tile.f32_rows) {
     for (int32_t j = 0; j < n; ++j) {
       float* row = tile.kbuf + j * t.Dp;
-      int32_t d = 0;
-      for (; d + N <= t.D; d += N) hn::StoreU(LoadScaled<E>(df, tile.krows[j], d), df, row + d);
-      if (d < t.D) hn::StoreU(LoadScaled<E>(DTail(), tile.krows[j], d), DTail(), row + d);
-      RotatePairs(p.rope.layout, row, row, tile.cs + j * tile.pairs_p, tile.sn + j * tile.pairs_p);
-      tile.krows[j].data = reinterpret_cast<const uint8_t*>(row);
-      tile.krows[j].scale_u8 = nullptr;
-      tile.krows[j].scale_f32 = 1.0f;
+      DecodeRow<E>(tile.krows[j], t.D, row);
+      if (p.rope_on_read) RotatePairs(p.rope.layout, row, row, tile.cs + j * tile.pairs_p, tile.sn + j * tile.pairs_p);
+      PointAtF32(tile.krows[j], row);
+    }
+  }
+  if (tile.f32_rows) {
+    for (int32_t j = 0; j < n; ++j) {
+      float* row = tile.vbuf + j * t.DVp;
+      DecodeRow<E>(tile.vrows[j], t.DV, row);
+      PointAtF32(tile.vrows[j], row);
     }
   }
   for (int32_t j = n; j % kKeys != 0; ++j) tile.krows[j] = tile.krows[0];
@@ -397,9 +443,9 @@ void TileRows(const PagedAttentionParams& p, const Task& t, int32_t kvh, Tile& t
 
 // Whether a K or V row of the tile's current kv head holds an e4m3 NaN code. (With rope
 // on read the K rows are f32 by now; their e4m3 decode already took the NaN-aware path.)
-bool TileHasNan(const Tile& tile, int32_t D, bool k_is_f32) {
+bool TileHasNan(const Tile& tile, int32_t D, int32_t DV, bool k_is_f32) {
   for (int32_t j = 0; j < tile.n_vis; ++j)
-    if ((!k_is_f32 && E4m3RowHasNan(tile.krows[j].data, D)) || E4m3RowHasNan(tile.vrows[j].data, D)) return true;
+    if ((!k_is_f32 && E4m3RowHasNan(tile.krows[j].data, D)) || E4m3RowHasNan(tile.vrows[j].data, DV)) return true;
   return false;
 }
 
@@ -432,8 +478,8 @@ void RunTile(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t H, co
   // rows of the score pass and of each value column pass (bursts of prefetches stall
   // on the miss queue, the more so while another core streams from memory too).
   const DF df;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(df)), D = tasks[0].D;
-  const int64_t columns = D / (kCols * N) + D % (kCols * N) / N + (D % N != 0 ? 1 : 0);
+  const int32_t N = static_cast<int32_t>(hn::Lanes(df)), DV = tasks[0].DV;
+  const int64_t columns = DV / (kCols * N) + DV % (kCols * N) / N + (DV % N != 0 ? 1 : 0);
   const int64_t passes = 1 + (tasks[0].G + kHeads - 1) / kHeads * columns;
   const int64_t blocks = int64_t{H} * ((tile.n_vis + kKeys - 1) / kKeys) * passes;
   const int64_t lines_per_block = (next.total + blocks - 1) / blocks;
@@ -446,8 +492,14 @@ void RunTile(const PagedAttentionParams& p, int32_t b, int32_t h0, int32_t H, co
   for (int32_t kh = 0; kh < H; ++kh) {
     const Task& t = tasks[kh];
     TileRows<E>(p, t, h0 + kh, tile);
+    if (tile.f32_rows) {  // decoded NaN-aware already
+      ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
+      SoftmaxTile(t, sm + kh * sm_stride);
+      ValuePassAll<math::KvElem::F32, false>(t, tile.vrows, tile.n_vis, next, lines_per_block);
+      continue;
+    }
     // E4M3 rows without NaN codes (all of them but corrupted or hand-made ones) take the shorter decode.
-    const bool finite = E == math::KvElem::E4M3 && !TileHasNan(tile, t.D, p.rope_on_read);
+    const bool finite = E == math::KvElem::E4M3 && !TileHasNan(tile, t.D, t.DV, p.rope_on_read);
     if (p.rope_on_read) ScoresAll<math::KvElem::F32, false>(t, tile, next, lines_per_block);
     else if (finite) ScoresAll<E, true>(t, tile, next, lines_per_block);
     else ScoresAll<E, false>(t, tile, next, lines_per_block);
@@ -468,29 +520,34 @@ template <math::KvElem E>
 void RunTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, int32_t h1, int32_t split) {
   const DF df;
   const int32_t N = static_cast<int32_t>(hn::Lanes(df));
-  const int32_t D = p.layout.head_dim, G = p.group, H = h1 - h0, bs = p.layout.block_size, R = r1 - r0, GR = G * R;
-  const int32_t Dp = (D + 2 * N - 1) / (2 * N) * (2 * N);
+  const int32_t D = p.layout.head_dim, DV = p.v_head_dim, G = p.group, H = h1 - h0, bs = p.layout.block_size, R = r1 - r0,
+                GR = G * R;
+  const int32_t Dp = (D + 2 * N - 1) / (2 * N) * (2 * N), DVp = (DV + 2 * N - 1) / (2 * N) * (2 * N);
   const int32_t n_pairs = p.rope_on_read ? p.rope.layout.n_pairs() : 0;
   const int32_t pairs_p = (n_pairs + 15) / 16 * 16;
-  const int64_t per_head = 2 * GR * Dp + GR * kTile;  // q, acc, s
-  const int64_t rope_floats = p.rope_on_read ? kTile * Dp + pairs_p + 2 * kTile * pairs_p : 0;
+  const int64_t per_head = GR * (Dp + DVp + kTile);  // q, acc, s
+  const bool f32_rows = E == math::KvElem::E4M3 && GR >= kDecodeOnceHeads;
+  const int64_t row_floats = (p.rope_on_read || f32_rows ? kTile * Dp : 0) + (f32_rows ? kTile * DVp : 0);
+  const int64_t rope_floats = p.rope_on_read ? pairs_p + 2 * kTile * pairs_p : 0;
   thread_local Scratch scratch;
-  scratch.f.assign(static_cast<size_t>(H * per_head + rope_floats), 0.0f);
+  scratch.f.assign(static_cast<size_t>(H * per_head + row_floats + rope_floats), 0.0f);
   scratch.sm.assign(static_cast<size_t>(H) * GR, math::OnlineSoftmax{});
   scratch.tasks.clear();
   for (int32_t h = 0; h < H; ++h) {  // tasks[0, H): all rows; then H per row: row i's slice
     float* f = scratch.f.data() + h * per_head;
-    scratch.tasks.push_back(Task{p, D, GR, Dp, f, f + GR * Dp, f + 2 * GR * Dp});
+    scratch.tasks.push_back(Task{p, D, DV, GR, Dp, DVp, f, f + GR * Dp, f + GR * (Dp + DVp)});
   }
   for (int32_t i = 0; i < R && R > 1; ++i)
     for (int32_t h = 0; h < H; ++h) {
       const Task& all = scratch.tasks[h];
-      scratch.tasks.push_back(Task{p, D, G, Dp, all.q + i * G * Dp, all.acc + i * G * Dp, all.s + i * G * kTile});
+      scratch.tasks.push_back(Task{p, D, DV, G, Dp, DVp, all.q + i * G * Dp, all.acc + i * G * DVp, all.s + i * G * kTile});
     }
   Tile& tile = scratch.tile;
-  float* rope = scratch.f.data() + H * per_head;
-  tile.kbuf = rope;
-  tile.freq = rope + kTile * Dp;
+  tile.f32_rows = f32_rows;
+  tile.kbuf = scratch.f.data() + H * per_head;
+  tile.vbuf = tile.kbuf + (p.rope_on_read || f32_rows ? kTile * Dp : 0);
+  float* rope = scratch.f.data() + H * per_head + row_floats;
+  tile.freq = rope;
   tile.cs = tile.freq + pairs_p;
   tile.sn = tile.cs + kTile * pairs_p;
   tile.pairs_p = pairs_p;
@@ -518,9 +575,7 @@ void RunTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, 
         for (int32_t d = 0; d < D; ++d) qg[d] *= scale;
       }
 
-  constexpr int64_t kBytes = E == math::KvElem::F32 ? 4 : E == math::KvElem::E4M3 ? 1 : 2;
-  const int64_t row_bytes = int64_t{D} * kBytes;
-  PrefetchCells(p, b, h0, h1, range.begin, std::min(range.begin + kTile, range.end), row_bytes);
+  PrefetchCells<E>(p, b, h0, h1, range.begin, std::min(range.begin + kTile, range.end));
   for (int32_t t0 = range.begin; t0 < range.end; t0 += kTile) {
     const int32_t n = std::min(kTile, range.end - t0);
     tile.n_next = std::max(0, std::min(kTile, range.end - (t0 + kTile)));
@@ -528,9 +583,7 @@ void RunTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, 
       const int32_t j = t0 + kTile + i;
       tile.next_cells[i] = p.layout.cell(p.indices[p.indptr[b] + j / bs], j % bs);
     }
-    const int64_t run_lines = (H * row_bytes + 63) / 64;
-    NextRows next{static_cast<const uint8_t*>(p.k) + h0 * row_bytes, static_cast<const uint8_t*>(p.v) + h0 * row_bytes,
-                  tile.next_cells, p.layout.n_kv_heads * row_bytes, run_lines, tile.n_next * run_lines};
+    NextRows next = CellRuns<E>(p, h0, H, tile.next_cells, tile.n_next);
     if (ListVisibleRows(p, b, t0, n, scratch.q_pos.data(), R, tile)) {
       RunTile<E>(p, b, h0, H, tasks, scratch.sm.data(), GR, tile, next);
     } else {
@@ -548,9 +601,9 @@ void RunTask(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, 
         const int32_t h = (h0 + kh) * G + g;
         const int64_t part = (int64_t{r0 + i} * p.n_q_heads + h) * p.num_splits + split;
         const float inv = sm.l > 0.0f ? 1.0f / sm.l : 0.0f;
-        float* o = p.o_part + part * D;
-        const float* acc = tasks[kh].acc + (i * G + g) * Dp;
-        for (int32_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
+        float* o = p.o_part + part * DV;
+        const float* acc = tasks[kh].acc + (i * G + g) * DVp;
+        for (int32_t d = 0; d < DV; ++d) o[d] = acc[d] * inv;
         p.lse_part[part] = sm.lse();
       }
 }
@@ -575,9 +628,8 @@ namespace kvcore::ops::cpu {
 HWY_EXPORT(AttentionTask);
 
 bool attention_simd_serves(const PagedAttentionParams& p) {
-  // V rows laid out as K's (their own pool, or K itself): one row offset serves both.
-  return p.layout.head_dim % 8 == 0 && p.v_head_dim == p.layout.head_dim && p.v_row_stride == p.v_head_dim &&
-         p.v_scale_row_stride == p.v_head_dim / 64;
+  // Rows of whole 8-lane columns; V rows at any stride (a pool of their own or a view of K's).
+  return p.layout.head_dim % 8 == 0 && p.v_head_dim % 8 == 0;
 }
 
 void attention_task_simd(const PagedAttentionParams& p, int32_t r0, int32_t r1, int32_t h0, int32_t h1, int32_t split) {

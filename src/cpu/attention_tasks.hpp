@@ -12,8 +12,8 @@ namespace kvcore::ops::cpu {
 // One element at a time: the reference and the fallback (any head dims of K and V).
 void attention_task_scalar(const PagedAttentionParams& p, int32_t r, int32_t kvh, int32_t split);
 
-// Whether attention_task_simd serves p: head dims that are a multiple of 8, V rows as
-// wide as K rows (every pool format, scale mode, group size and option).
+// Whether attention_task_simd serves p: K and V head dims that are multiples of 8, V rows
+// of their own pool or a view of K's (every pool format, scale mode, group size and option).
 bool attention_simd_serves(const PagedAttentionParams& p);
 
 // The SIMD kernel, on the target Highway dispatches to, for query rows [r0, r1) of one
