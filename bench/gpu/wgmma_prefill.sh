@@ -17,7 +17,7 @@ log "build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >> "$OUT/build.log" 2>&1 &&
   cmake --build build -j "$(nproc)" --target kvcore_cli kvcore_cuda_tests >> "$OUT/build.log" 2>&1 ||
   { grep -E 'error|Error' -A3 "$OUT/build.log" | head -40; exit 1; }
-for f in 'AttnCuda.WgmmaPrimitives' 'AttnCuda.WgmmaSync*' 'AttnCuda.WgmmaSerial*' 'AttnCuda.WgmmaWs*' 'AttnCuda.Prefill*'; do
+for f in 'AttnCuda.WgmmaPrimitives' '*WgmmaPrefillCuda.*/Sync' '*WgmmaPrefillCuda.*/Serial' '*WgmmaPrefillCuda.*/Ws' 'AttnCuda.Prefill*'; do
   log "tests $f"
   timeout "${TEST_TIMEOUT:-240}" ./build/tests/kvcore_cuda_tests --gtest_filter="$f" >> "$OUT/wgmma.log" 2>&1
   echo "exit $?" | tee -a "$OUT/wgmma.log"
