@@ -9,7 +9,8 @@
 # Env: JOB_BUDGET_S (default 570), FI_CACHE (see below), CTEST_EXCLUDE (a ctest -E regex: those tests run after
 # the rest, one at a time under APART_TIMEOUT s each, default 45: new kernels whose fault could hang),
 # FI_CASES / SDPA_CASES (case substrings of the baselines; default every FlashInfer case, SDPA llama8b),
-# BUILD_TARGETS (default every target), PYTEST_MIN_LEFT / BENCH_MIN_LEFT (s of budget a stage needs, default 200). Files in $OUT (the device returns at most 8): build.log
+# BUILD_TARGETS (default every target), PYTEST_MIN_LEFT / BENCH_MIN_LEFT (s of budget a stage needs, default 200),
+# SKIP_TESTS=1 (no CUDA tests, pytest or demo: a second call on a warm machine), SKIP_BASELINES=1 (no FlashInfer/SDPA). Files in $OUT (the device returns at most 8): build.log
 # tests.log bench.log bench.jsonl baselines.log baselines.jsonl summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ mkdir -p /tmp/fiws
 if [ -n "${FI_CACHE:-}" ] && ls "$FI_CACHE".* >/dev/null 2>&1; then
   cat "$FI_CACHE".* | gzip -dc | tar xf - -C /tmp && echo "FlashInfer cache from $FI_CACHE: $(find /tmp/fiws -name '*.so' | wc -l) modules"
 fi
-if "$PY" -c "import flashinfer" 2>/dev/null; then
+if [ -z "${SKIP_BASELINES:-}" ] && "$PY" -c "import flashinfer" 2>/dev/null; then
   (nice "$PY" bench/attention_flashinfer_baseline.py --warm-only > /tmp/fi-warm.log 2>&1) &
   FI_PID=$!
 fi
@@ -54,6 +55,7 @@ grep -E "kvcore: " "$OUT/build.log" | head
 cmake --build build -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -60; exit 1; }
 log "built"
 
+if [ -z "${SKIP_TESTS:-}" ]; then
 log "CUDA tests"
 (cd build && ctest -L gpu ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} --output-on-failure --timeout 300 -j 4) > "$OUT/tests.log" 2>&1
 grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/tests.log" | head -30
@@ -86,6 +88,7 @@ done
 
 log "demo"
 timeout 60 ./build/kvcore demo --device cuda --quick >> "$OUT/tests.log" 2>&1 && echo "demo ok" || echo "demo FAILED"
+fi
 
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(ceilings attention attention_overhead dsv4 dsv4_shift transfer paged)
@@ -106,7 +109,7 @@ if [ -n "${FI_PID:-}" ]; then
     tail -3 "$OUT/baselines.log"
   fi
 fi
-if [ "$(left)" -gt 30 ]; then
+if [ -z "${SKIP_BASELINES:-}" ] && [ "$(left)" -gt 30 ]; then
   log "SDPA baseline (Llama cases)"
   timeout $(( $(left) - 8 )) "$PY" bench/attention_sdpa_baseline.py --json "$OUT/baselines.jsonl" --cases ${SDPA_CASES:-llama8b} >> "$OUT/baselines.log" 2>&1
 fi
