@@ -39,20 +39,25 @@ bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 
 
 int heads_per_cta(int group) { return group < kHeads ? group : kHeads; }
 
-bool serves(const PagedAttentionParams& p, int sm_count) {
+bool call_fits(const PagedAttentionParams& p) {
   if (!p.maybe_qo_indptr || !p.causal || p.rope_on_read || !p.maybe_positions || !p.maybe_q_positions) return false;
   if (!(p.kv_elem == math::KvElem::F16 || p.kv_elem == math::KvElem::BF16)) return false;
   if (!(p.layout.head_dim == 64 || p.layout.head_dim == 128) || p.v_head_dim != p.layout.head_dim) return false;
   if (p.v_row_stride != p.v_head_dim) return false;  // V rows indexed as K's (not rows of a wider pool)
-  if (!(p.kernel_variant == 0 || p.kernel_variant == 4)) return false;
   // Valid bytes are copied as the aligned 4-byte word holding them.
   const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
-  if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
-  if (p.kernel_variant == 4) return true;  // asked for (tests): whatever the size
-  // Without split-K the kernel needs rows to fill the GPU: a warp per 16 rows and head.
+  return !p.maybe_valid || (aligned4(p.maybe_valid) && cells % 4 == 0);
+}
+
+bool fills_gpu(const PagedAttentionParams& p, int sm_count) {
   const int chunk_heads = heads_per_cta(p.group);
   const int64_t blocks16 = int64_t{p.n_rows} / 16 * p.layout.n_kv_heads * ((p.group + chunk_heads - 1) / chunk_heads);
   return blocks16 >= sm_count;
+}
+
+bool serves(const PagedAttentionParams& p, int sm_count) {
+  if (!(p.kernel_variant == 0 || p.kernel_variant == 4) || !call_fits(p)) return false;
+  return p.kernel_variant == 4 || fills_gpu(p, sm_count);  // 4: asked for (tests), whatever the size
 }
 
 void launch(const PagedAttentionParams& p, cudaStream_t stream) {

@@ -2,8 +2,6 @@
 // is compiled for sm_90a only (CMakeLists.txt: kvcore_sm90a); the kernel runs on devices of
 // compute capability 9.0 exactly, which serves() checks.
 #include <atomic>
-#include <map>
-#include <mutex>
 
 #include "cuda/attention/attention_prefill.hpp"
 #include "cuda/attention/prefill_wgmma.cuh"
@@ -42,42 +40,20 @@ void launch_hd(const PagedAttentionParams& p, cudaStream_t stream) {
   return launch_kernel<HD, BF16, 5>(p, stream);
 }
 
-bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
-
 std::atomic<int64_t> g_launches{0};
 
 }  // namespace
 
-bool device_is_sm90(int device) {
-  static std::mutex mu;
-  static std::map<int, bool> known;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  int major = 0, minor = 0;
-  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return known[device] = major == 9 && minor == 0;
-}
+bool device_is_sm90(int device) { return compute_capability(device) == 90; }
 
 bool serves(const PagedAttentionParams& p, int sm_count) {
   const bool forced = p.kernel_variant >= 5 && p.kernel_variant <= 7;
   if (!(forced || (kAutomaticVariant != 0 && p.kernel_variant == 0))) return false;
-  if (!p.maybe_qo_indptr || !p.causal || p.rope_on_read || !p.maybe_positions || !p.maybe_q_positions) return false;
-  if (!(p.kv_elem == math::KvElem::F16 || p.kv_elem == math::KvElem::BF16)) return false;
-  if (!(p.layout.head_dim == 64 || p.layout.head_dim == 128) || p.v_head_dim != p.layout.head_dim) return false;
-  if (p.v_row_stride != p.v_head_dim) return false;  // V rows indexed as K's (not rows of a wider pool)
+  if (!prefill_attn::call_fits(p)) return false;
   const QElem page = p.kv_elem == math::KvElem::BF16 ? QElem::BF16 : QElem::F16;
   if (p.q_elem != page || p.out_elem == QElem::F32) return false;
-  // Valid bytes are copied as the aligned 4-byte word holding them.
-  const int64_t cells = int64_t{p.num_blocks} * p.layout.block_size;
-  if (p.maybe_valid && !(aligned4(p.maybe_valid) && cells % 4 == 0)) return false;
   if (!device_is_sm90(p.device)) return false;
-  if (forced) return true;  // asked for (tests, benches): whatever the size
-  // No split-K: a warp per 16 rows and head must fill the GPU, as for the mma.sync kernel.
-  const int chunk_heads = prefill_attn::heads_per_cta(p.group);
-  const int64_t blocks16 = int64_t{p.n_rows} / 16 * p.layout.n_kv_heads * ((p.group + chunk_heads - 1) / chunk_heads);
-  return blocks16 >= sm_count;
+  return forced || prefill_attn::fills_gpu(p, sm_count);  // forced (tests, benches): whatever the size
 }
 
 int64_t launch_count() { return g_launches.load(); }

@@ -1,4 +1,4 @@
-// Per-device SM counts and shared-memory opt-ins (device.hpp). Both are asked for on every
+// Per-device SM counts, compute capabilities and shared-memory opt-ins (device.hpp). Both are asked for on every
 // launch, so the answers already known are read without a lock (a few atomic loads); the
 // driver is called, under a lock, only the first time for a device or a larger size.
 #include "cuda/common/device.hpp"
@@ -26,6 +26,7 @@ std::mutex& device_mutex() {
 }
 
 std::atomic<int> g_sm_counts[kCachedDevices];  // 0: not queried yet
+std::atomic<int> g_capabilities[kCachedDevices];  // 0: not queried yet
 
 // A kernel's opt-in per device, in an open-addressed table keyed by the kernel's address:
 // `kernel` is published once (never changed), `bytes` only grows.
@@ -68,6 +69,20 @@ int sm_count(int device) {
   KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
   if (cached) g_sm_counts[device].store(n, std::memory_order_relaxed);
   return n;
+}
+
+int compute_capability(int device) {
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    const int cc = g_capabilities[device].load(std::memory_order_relaxed);
+    if (cc > 0) return cc;
+  }
+  int major = 0, minor = 0;
+  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVCORE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const int cc = 10 * major + minor;
+  if (cached) g_capabilities[device].store(cc, std::memory_order_relaxed);
+  return cc;
 }
 
 int current_device() {

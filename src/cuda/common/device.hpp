@@ -1,5 +1,5 @@
-// Per-device facts and settings of the CUDA backend, in one place: the SM count and the
-// opt-in above 48 KB of dynamic shared memory. Both are per device: an SM count cached for
+// Per-device facts and settings of the CUDA backend, in one place: the SM count, the compute
+// capability and the opt-in above 48 KB of dynamic shared memory. Both are per device: an SM count cached for
 // the first GPU is wrong on a GPU of another kind, and cudaFuncSetAttribute changes the
 // kernel on the current device only, so an opt-in made once per process leaves a second
 // GPU at the default limit (its launches then fail). Plain host code, safe from any thread.
@@ -10,6 +10,10 @@ namespace kvcore::ops::cuda {
 
 // Streaming multiprocessors of `device` (queried once per device).
 int sm_count(int device);
+
+// Compute capability of `device` as 10 * major + minor (90: Hopper; queried once per device).
+// Arch-specific code (sm_90a) runs only on the capability it was built for.
+int compute_capability(int device);
 
 // The calling thread's current device.
 int current_device();
