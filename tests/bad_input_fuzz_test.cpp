@@ -1,5 +1,5 @@
-// Randomized bad-input test of both caches. Random operation sequences mix valid calls with
-// invalid ones: out-of-range enums in configs, forged, foreign, stale and empty tickets,
+// Randomized bad-input test of both caches (PagedCache also in MLA's shared-latent layout).
+// Random operation sequences mix valid calls with invalid ones: out-of-range enums in configs, forged, foreign, stale and empty tickets,
 // counts and positions that overflow, unknown ids and layers, moved-from caches, tensors
 // of the wrong shape or with overflowing extents, duplicate block ids, non-finite RoPE
 // parameters. Every invalid call must throw kvcore::Error and leave the cache unchanged:
@@ -80,7 +80,7 @@ struct PagedFuzz {
     if (!cache.can_fit(s, n)) return false;
     const std::vector<int32_t> pos = drv.next_positions(drv.model[s], n);
     t = cache.reserve(s, pos);
-    const int32_t L = cfg().n_layers, H = cfg().n_kv_heads, D = cfg().head_dim, DV = cfg().v_head_dim;
+    const int32_t L = cfg().n_layers, H = cfg().n_kv_heads, D = cfg().head_dim, DV = stored_v_width(cfg());
     std::vector<std::vector<double>> kv(L), vv(L);
     for (int32_t l = 0; l < L; ++l) {
       Source k = make_source(rng, 1, n, H, D, DType::F32, Device::cpu(), true);
@@ -97,6 +97,7 @@ struct PagedFuzz {
         tok.k.emplace_back(kv[l].begin() + static_cast<int64_t>(j) * H * D, kv[l].begin() + static_cast<int64_t>(j + 1) * H * D);
         if (DV) tok.v.emplace_back(vv[l].begin() + static_cast<int64_t>(j) * H * DV, vv[l].begin() + static_cast<int64_t>(j + 1) * H * DV);
       }
+      v_from_latent(cfg(), tok);
       drv.model[s].push_back(std::move(tok));
     }
     return true;
@@ -105,9 +106,8 @@ struct PagedFuzz {
   // Rows of the right shape for a ticket of n tokens (the ticket check must be what refuses).
   std::pair<Source, Source> rows_for(int32_t n) {
     Source k = make_source(rng, 1, std::max(n, 0), cfg().n_kv_heads, cfg().head_dim, DType::F32, Device::cpu(), true);
-    Source v = cfg().v_head_dim ? make_source(rng, 1, std::max(n, 0), cfg().n_kv_heads, cfg().v_head_dim, DType::F32,
-                                              Device::cpu(), true)
-                                : Source{};
+    const int32_t DV = stored_v_width(cfg());
+    Source v = DV ? make_source(rng, 1, std::max(n, 0), cfg().n_kv_heads, DV, DType::F32, Device::cpu(), true) : Source{};
     return {std::move(k), std::move(v)};
   }
 
@@ -289,7 +289,7 @@ struct PagedFuzz {
   void bad_tensors() {
     const SeqId s = live_seq();
     if (s < 0) return;
-    const int32_t L = cfg().n_layers, H = cfg().n_kv_heads, D = cfg().head_dim, DV = cfg().v_head_dim;
+    const int32_t L = cfg().n_layers, H = cfg().n_kv_heads, D = cfg().head_dim, DV = stored_v_width(cfg());
     const int32_t n = rand(1, 3);
     const std::vector<int32_t> pos = drv.next_positions(drv.model[s], n);
     Source k = make_source(rng, L, n, H, D, DType::F32, Device::cpu(), false);
@@ -323,6 +323,11 @@ struct PagedFuzz {
         break;
       }
       default: {
+        if (cfg().v_from_k_latent) {  // V is K's latent: a V given beside K is refused
+          Source v2 = make_source(rng, L, n, H, cfg().v_head_dim, DType::F32, Device::cpu(), false);
+          refused_call("append with v into a shared-latent cache", [&] { cache.append(s, pos, k.tensor, v2.tensor); });
+          return;
+        }
         if (DV == 0) return;
         const TensorRef null_v(nullptr, DType::F32, Device::cpu(), {L, n, H, DV});
         refused_call("append with v without data", [&] { cache.append(s, pos, k.tensor, null_v); });
@@ -332,7 +337,7 @@ struct PagedFuzz {
 
   void bad_configs() {
     PagedCacheConfig c = cfg();
-    switch (rand(0, 9)) {
+    switch (rand(0, 10)) {
       case 0: c.k_format = static_cast<KvFormat>(rand(5, 255)); break;
       case 1: c.v_format = static_cast<KvFormat>(rand(5, 255)); break;
       case 2: c.rope_mode = static_cast<RopeMode>(rand(2, 255)); break;
@@ -348,6 +353,12 @@ struct PagedFuzz {
             coin(0.5) ? std::numeric_limits<double>::infinity() : 0.0;
         break;
       }
+      case 9:
+        if (c.v_from_k_latent) {  // V must fit in the K row, and be a whole number of FP8 scale groups
+          c.v_head_dim = coin(0.5) ? c.head_dim + rand(1, 64) : (c.k_format == KvFormat::Fp8 ? 64 * rand(1, 7) + rand(1, 63) : 0);
+          break;
+        }
+        [[fallthrough]];
       default: c.num_blocks = -rand(0, 5); break;
     }
     refused_call("a bad config", [&] { PagedCache x(c, Device::cpu()); });
@@ -424,6 +435,7 @@ struct PagedFuzz {
 struct FuzzCase {
   KvFormat format;
   RopeMode mode;
+  bool mla_shared = false;  // MLA's shared layout (mla_shared_config: V is K's latent, stores take K only)
 };
 
 class BadInputFuzzPaged : public ::testing::TestWithParam<FuzzCase> {};
@@ -431,8 +443,9 @@ class BadInputFuzzPaged : public ::testing::TestWithParam<FuzzCase> {};
 TEST_P(BadInputFuzzPaged, InvalidCallsThrowAndChangeNothingValidOnesMatchTheModel) {
   const FuzzCase fc = GetParam();
   const int32_t block_size = fc.format == KvFormat::Dsv4Row ? 4 : 8;
-  PagedFuzz fz(small_config(fc.format, fc.mode, block_size, fc.format == KvFormat::Dsv4Row ? 24 : 32),
-               7000 + static_cast<int>(fc.format) * 10 + static_cast<int>(fc.mode));
+  PagedFuzz fz(fc.mla_shared ? mla_shared_config(fc.format, fc.mode, block_size, 32)
+                             : small_config(fc.format, fc.mode, block_size, fc.format == KvFormat::Dsv4Row ? 24 : 32),
+               7000 + static_cast<int>(fc.format) * 10 + static_cast<int>(fc.mode) + (fc.mla_shared ? 500 : 0));
   constexpr int kSteps = 700;
   for (int i = 0; i < kSteps && !::testing::Test::HasFailure(); ++i) {
     if (fz.coin(0.4)) fz.bad_call();
@@ -441,7 +454,7 @@ TEST_P(BadInputFuzzPaged, InvalidCallsThrowAndChangeNothingValidOnesMatchTheMode
   fz.drv.check_all();
   fz.drv.check_counts();
   EXPECT_GT(fz.refused, kSteps / 5);
-  std::printf("[bad input fuzz] paged %s %s: %lld invalid calls refused, %lld driver ops\n",
+  std::printf("[bad input fuzz] paged %s%s %s: %lld invalid calls refused, %lld driver ops\n", fc.mla_shared ? "mla shared " : "",
               std::string(kv_format_name(fc.format)).c_str(), fc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
               static_cast<long long>(fz.refused), static_cast<long long>(fz.drv.ops));
 }
@@ -449,9 +462,11 @@ TEST_P(BadInputFuzzPaged, InvalidCallsThrowAndChangeNothingValidOnesMatchTheMode
 INSTANTIATE_TEST_SUITE_P(Formats, BadInputFuzzPaged,
                          ::testing::Values(FuzzCase{KvFormat::F16, RopeMode::RopeStored}, FuzzCase{KvFormat::Fp8, RopeMode::RopeOnRead},
                                            FuzzCase{KvFormat::BF16, RopeMode::RopeOnRead},
-                                           FuzzCase{KvFormat::Dsv4Row, RopeMode::RopeStored}),
+                                           FuzzCase{KvFormat::Dsv4Row, RopeMode::RopeStored},
+                                           FuzzCase{KvFormat::Fp8, RopeMode::RopeStored, true},
+                                           FuzzCase{KvFormat::BF16, RopeMode::RopeOnRead, true}),
                          [](const ::testing::TestParamInfo<FuzzCase>& i) {
-                           return std::string(kv_format_name(i.param.format)) +
+                           return std::string(i.param.mla_shared ? "MlaShared_" : "") + std::string(kv_format_name(i.param.format)) +
                                   (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
                          });
 

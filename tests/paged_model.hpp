@@ -4,7 +4,8 @@
 //
 // Model: per sequence a list of tokens (position, f64 K row and f64 V row per layer, as
 // written, unrotated). Expected read-back: K rotated at the current position (cos and sin
-// times the attention factor), V as written.
+// times the attention factor), V as written. With v_from_k_latent (MLA's shared layout) the
+// stores take K only and the model's V is each head's first v_head_dim dims of K.
 // Tolerance per element, relative to the largest |value| of the row (rowmax):
 //   1.5 * eps(format) * (1 + r) + 2.4e-7 * A + 1e-6          (K; V: eps(format) + 1e-6)
 // eps: f32 6e-8, f16 2^-11, bf16 2^-8, fp8 (and Dsv4Row's nope dims) 2^-4: one rounding,
@@ -150,6 +151,19 @@ struct RefToken {
 };
 using RefSeq = std::vector<RefToken>;
 
+// Width of the V rows a store takes: 0 without V pools (v_head_dim 0, or V read from K's latent).
+inline int32_t stored_v_width(const PagedCacheConfig& c) { return c.v_from_k_latent ? 0 : c.v_head_dim; }
+
+// With v_from_k_latent, the token's V: each head's first v_head_dim dims of its K row (as written).
+inline void v_from_latent(const PagedCacheConfig& c, RefToken& tok) {
+  if (!c.v_from_k_latent) return;
+  const int32_t H = c.n_kv_heads, D = c.head_dim, DV = c.v_head_dim;
+  tok.v.assign(tok.k.size(), std::vector<double>(static_cast<size_t>(H) * DV));
+  for (size_t l = 0; l < tok.k.size(); ++l)
+    for (int32_t h = 0; h < H; ++h)
+      std::copy_n(tok.k[l].begin() + static_cast<int64_t>(h) * D, DV, tok.v[l].begin() + static_cast<int64_t>(h) * DV);
+}
+
 struct ErrorStats {
   double worst_ratio_k = 0, worst_ratio_v = 0;  // max |err| / tolerance seen
   double worst_rel_k = 0, worst_rel_v = 0;      // max |err| / rowmax seen
@@ -211,8 +225,12 @@ inline bool check_read(PagedCache& c, SeqId id, const RefSeq& ref, int32_t layer
       const double* v = tok.v[layer].data() + h * DV;
       double vmax = 0;
       for (int32_t d = 0; d < DV; ++d) vmax = std::max(vmax, std::abs(v[d]));
+      // A latent V is K's bytes: K's format, and in rope-stored FP8 re-encoded with the row at each shift.
+      const bool latent = cfg.v_from_k_latent;
+      const int32_t vr = latent && stored && cfg.k_format == KvFormat::Fp8 ? tok.rot : 0;
+      const double veps = format_eps(latent ? cfg.k_format : cfg.v_format) * (1 + vr);
       for (int32_t d = 0; d < DV; ++d) {
-        const double tol = vmax * (format_eps(cfg.v_format) + 1e-6) + 1e-30;
+        const double tol = vmax * (veps + 1e-6) + 1e-30;
         const double err = std::abs(static_cast<double>(rb.v[(j * H + h) * DV + d]) - v[d]);
         st.worst_ratio_v = std::max(st.worst_ratio_v, err / tol);
         if (vmax > 0) st.worst_rel_v = std::max(st.worst_rel_v, err / vmax);
@@ -320,7 +338,7 @@ struct Driver {
   void op_append() {
     if (model.empty()) return;
     const PagedCacheConfig& c = cfg();
-    const int32_t L = c.n_layers, H = c.n_kv_heads, D = c.head_dim, DV = c.v_head_dim;
+    const int32_t L = c.n_layers, H = c.n_kv_heads, D = c.head_dim, DV = stored_v_width(c);
     // One to three sequences; all layers at once (one sequence), or reserve + store per layer.
     const bool per_layer = coin(0.4);
     std::vector<SeqId> ids{pick()};
@@ -396,6 +414,7 @@ struct Driver {
             tok.v.emplace_back(vvals[l].begin() + static_cast<int64_t>(at) * H * DV,
                                vvals[l].begin() + static_cast<int64_t>(at + 1) * H * DV);
         }
+        v_from_latent(c, tok);
         model[ids[i]].push_back(std::move(tok));
       }
   }
@@ -743,11 +762,13 @@ struct Driver {
     tok.pos = i;
     tok.angle = std::abs(static_cast<double>(i));
     tok.k.resize(c.n_layers);
-    if (c.v_head_dim) tok.v.resize(c.n_layers);
+    const int32_t DV = stored_v_width(c);
+    if (DV) tok.v.resize(c.n_layers);
     for (int32_t l = 0; l < c.n_layers; ++l) {
       row(c.head_dim, tok.k[l]);
-      if (c.v_head_dim) row(c.v_head_dim, tok.v[l]);
+      if (DV) row(DV, tok.v[l]);
     }
+    v_from_latent(c, tok);
   }
 
   void op_prompt() {
@@ -798,7 +819,7 @@ struct Driver {
     std::vector<int32_t> positions(n);
     for (int32_t i = 0; i < n; ++i) positions[i] = m * bs + i;
     const PagedCacheConfig& c = cfg();
-    const int32_t L = c.n_layers, H = c.n_kv_heads, D = c.head_dim, DV = c.v_head_dim;
+    const int32_t L = c.n_layers, H = c.n_kv_heads, D = c.head_dim, DV = stored_v_width(c);
     auto tensor_of = [&](int32_t width, bool v, Device dev, Buffer& b) {
       std::vector<float> h(static_cast<size_t>(L) * n * H * width);
       for (int32_t l = 0; l < L; ++l)

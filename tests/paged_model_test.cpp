@@ -24,7 +24,8 @@ namespace {
 struct ModelCase {
   KvFormat format;
   RopeMode mode;
-  bool mla = false;  // mla_config: K 576 with a 64-dim RoPE tail, V 512
+  bool mla = false;     // mla_config: K 576 with a 64-dim RoPE tail, V 512
+  bool shared = false;  // with mla: the shared layout (mla_shared_config: V is K's latent)
 };
 
 class PagedModel : public ::testing::TestWithParam<ModelCase> {};
@@ -32,11 +33,12 @@ class PagedModel : public ::testing::TestWithParam<ModelCase> {};
 TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
   const ModelCase mc = GetParam();
   const int32_t block_size = mc.format == KvFormat::Dsv4Row ? 4 : (mc.mode == RopeMode::RopeStored ? 8 : 16);
-  PagedCache cache(mc.mla ? mla_config(mc.format, mc.mode, block_size)
-                          : small_config(mc.format, mc.mode, block_size, mc.format == KvFormat::Dsv4Row ? 24 : 40),
+  PagedCache cache(mc.shared ? mla_shared_config(mc.format, mc.mode, block_size)
+                   : mc.mla  ? mla_config(mc.format, mc.mode, block_size)
+                             : small_config(mc.format, mc.mode, block_size, mc.format == KvFormat::Dsv4Row ? 24 : 40),
                    Device::cpu());
   PrefixCache prefix(cache, 4242);
-  Driver drv({&cache}, 1000 + static_cast<int>(mc.format) * 10 + static_cast<int>(mc.mode) + (mc.mla ? 500 : 0));
+  Driver drv({&cache}, 1000 + static_cast<int>(mc.format) * 10 + static_cast<int>(mc.mode) + (mc.mla ? 500 : 0) + (mc.shared ? 250 : 0));
   drv.prefixes = {&prefix};
 #if defined(__SANITIZE_ADDRESS__)
   const int64_t kOps = mc.mla ? 625 : 2500;  // the sanitizer run repeats the suite: a quarter keeps it within CI's budget
@@ -51,7 +53,7 @@ TEST_P(PagedModel, RandomOperationsMatchTheDenseModel) {
   drv.check_counts();
   std::printf("[paged model] %s%s %s: %lld ops (%lld failed cleanly, %lld out of blocks), %lld shifts, %lld position edits, %lld forks, "
               "%lld rows checked; worst |err|/tol K %.3f V %.3f; worst |err|/rowmax K %.3g V %.3g\n",
-              mc.mla ? "mla " : "", std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
+              mc.shared ? "mla shared " : mc.mla ? "mla " : "", std::string(kv_format_name(mc.format)).c_str(), mc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
               static_cast<long long>(drv.ops), static_cast<long long>(drv.failed_ops), static_cast<long long>(drv.oom),
               static_cast<long long>(drv.shifts), static_cast<long long>(drv.edits), static_cast<long long>(drv.forks),
               static_cast<long long>(drv.st.rows_checked), drv.st.worst_ratio_k, drv.st.worst_ratio_v, drv.st.worst_rel_k,
@@ -78,12 +80,15 @@ std::vector<ModelCase> all_cases() {
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
   for (KvFormat f : kMlaFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m, true});
+  // The shared layout: one format per RoPE mode keeps the suite's time (FP8 stored re-encodes the latent's row).
+  v.push_back({KvFormat::Fp8, RopeMode::RopeStored, true, true});
+  v.push_back({KvFormat::BF16, RopeMode::RopeOnRead, true, true});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, PagedModel, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<ModelCase>& i) {
-                           return std::string(i.param.mla ? "Mla_" : "") + std::string(kv_format_name(i.param.format)) +
+                           return std::string(i.param.shared ? "MlaShared_" : i.param.mla ? "Mla_" : "") + std::string(kv_format_name(i.param.format)) +
                                   (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
                          });
 
