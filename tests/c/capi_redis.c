@@ -13,6 +13,7 @@
 #include <kvcore/kvcore.h>
 
 #include "check.h"
+#include "offload_fixture.h"
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <math.h>
@@ -28,10 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { LAYERS = 2, HEADS = 2, DIM = 64, BLOCK = 8, NBLOCKS = 48, MAXTOK = 64, NSEQ = 3 };
 static const char* const PASSWORD = "kvcore-c-test-pw";
-static const kvc_device cpu = {KVC_DEVICE_CPU, 0};
-static kvc_rope_spec rope;
 
 /* ---- the server ---------------------------------------------------------------------------- */
 typedef struct {
@@ -125,75 +123,6 @@ static void stop_server(server* s) {
 }
 
 /* ---- caches and values ---------------------------------------------------------------------- */
-static float unit(unsigned i) { return (float)sin(0.37 * i + 0.1) * (float)(1 + i % 3); }
-
-static kvc_paged_cache* make_cache(int32_t format) {
-  kvc_paged_config cfg;
-  kvc_paged_cache* c = NULL;
-  kvc_rope_spec_init(&rope, DIM, 10000.0);
-  kvc_paged_config_init(&cfg);
-  cfg.n_layers = LAYERS;
-  cfg.n_kv_heads = HEADS;
-  cfg.head_dim = DIM;
-  cfg.v_head_dim = DIM;
-  cfg.block_size = BLOCK;
-  cfg.num_blocks = NBLOCKS;
-  cfg.k_format = format;
-  cfg.v_format = format;
-  cfg.rope_mode = KVC_ROPE_STORED;
-  cfg.rope = &rope;
-  cfg.n_rope = 1;
-  CHECK(kvc_paged_create(&cfg, cpu, &c) == KVC_OK, "create: %s", kvc_last_error());
-  return c;
-}
-
-static void append(kvc_paged_cache* c, int64_t seq, int32_t n, unsigned seed) {
-  static float k[LAYERS * MAXTOK * HEADS * DIM];
-  int64_t shape[4] = {LAYERS, 0, HEADS, DIM};
-  int32_t pos[MAXTOK];
-  DLTensor t;
-  int i;
-  shape[1] = n;
-  for (i = 0; i < LAYERS * n * HEADS * DIM; ++i) k[i] = unit(seed + (unsigned)i);
-  for (i = 0; i < n; ++i) pos[i] = i;
-  t = host_tensor(k, kDLFloat, 32, 4, shape);
-  CHECK(kvc_paged_append(c, seq, pos, n, &t, &t) == KVC_OK, "append: %s", kvc_last_error());
-}
-
-typedef struct {
-  int32_t n;
-  int32_t pos[LAYERS][MAXTOK];
-  float k[LAYERS][MAXTOK * HEADS * DIM], v[LAYERS][MAXTOK * HEADS * DIM];
-} seq_read;
-
-static void read_seq(kvc_paged_cache* c, int64_t seq, seq_read* r) {
-  int l;
-  memset(r, 0, sizeof *r);
-  for (l = 0; l < LAYERS; ++l)
-    CHECK(kvc_paged_read(c, seq, l, r->pos[l], r->k[l], r->v[l], MAXTOK, &r->n) == KVC_OK, "read: %s",
-          kvc_last_error());
-}
-
-static int64_t block_bytes(int32_t format) {
-  const int64_t row = format == KVC_FORMAT_FP8 ? DIM + DIM / 64 : 2 * DIM;
-  return (int64_t)LAYERS * 2 * BLOCK * HEADS * row;
-}
-
-static kvc_store_key key_of(kvc_paged_cache* c, int i) {
-  int32_t tokens[4] = {100, 200, 300, 0};
-  kvc_store_key k;
-  memset(&k, 0, sizeof k);
-  tokens[3] = i;
-  CHECK(kvc_store_key_for_tokens(c, tokens, 4, "tenant", 6, &k) == KVC_OK, "key: %s", kvc_last_error());
-  return k;
-}
-
-static void offload_stats(kvc_offloader* off, kvc_offload_stats* st) {
-  memset(st, 0, sizeof *st);
-  st->struct_size = sizeof *st;
-  CHECK(kvc_offloader_stats_get(off, st) == KVC_OK, "offload stats: %s", kvc_last_error());
-}
-
 static void store_stats(kvc_store* s, kvc_store_stats* st) {
   memset(st, 0, sizeof *st);
   st->struct_size = sizeof *st;
@@ -216,7 +145,7 @@ static seq_read want[NSEQ], got_read;
 
 /* Three sequences offloaded, erased and loaded back through `lower` (Redis, or tiered over it). */
 static void round_trip(int32_t format, kvc_store* lower, kvc_store* redis) {
-  kvc_paged_cache* c = make_cache(format);
+  kvc_paged_cache* c = make_cache(format, KVC_ROPE_STORED, NBLOCKS);
   kvc_offloader* off;
   kvc_offload_stats st;
   kvc_store_stats rs;
@@ -226,7 +155,7 @@ static void round_trip(int32_t format, kvc_store* lower, kvc_store* redis) {
   if (!c) return;
   for (i = 0; i < NSEQ; ++i) {
     kvc_paged_seq_create(c, &seqs[i]);
-    append(c, seqs[i], 20 + 7 * i, 11u * (unsigned)(i + 1) + (unsigned)format);
+    append(c, seqs[i], 0, 20 + 7 * i, 11u * (unsigned)(i + 1) + (unsigned)format);
     read_seq(c, seqs[i], &want[i]);
   }
   off = small_offloader(c, format, lower);
@@ -264,7 +193,7 @@ static void round_trip(int32_t format, kvc_store* lower, kvc_store* redis) {
 
 /* A lower store that refuses every put and misses every get: the offloader goes on. */
 static void refusing_lower(kvc_store* bad, const char* what) {
-  kvc_paged_cache* c = make_cache(KVC_FORMAT_F16);
+  kvc_paged_cache* c = make_cache(KVC_FORMAT_F16, KVC_ROPE_STORED, NBLOCKS);
   kvc_offloader* off;
   kvc_offload_stats st;
   kvc_store_stats before, bs;
@@ -278,7 +207,7 @@ static void refusing_lower(kvc_store* bad, const char* what) {
   for (i = 0; i < NSEQ; ++i) {
     kvc_store_key k = key_of(c, i);
     kvc_paged_seq_create(c, &seqs[i]);
-    append(c, seqs[i], 30, 7u + (unsigned)i);
+    append(c, seqs[i], 0, 30, 7u + (unsigned)i);
     CHECK(kvc_offloader_offload(off, seqs[i], &k, &ok) == KVC_OK && ok == 1, "%s: offload %d: %s", what, i,
           kvc_last_error());
   }
@@ -396,7 +325,7 @@ int main(void) {
   CHECK(kvc_redis_store_ping(redis) == KVC_OK, "ping before the kill: %s", kvc_last_error());
   stop_server(&srv);
   {
-    kvc_paged_cache* c = make_cache(KVC_FORMAT_F16);
+    kvc_paged_cache* c = make_cache(KVC_FORMAT_F16, KVC_ROPE_STORED, NBLOCKS);
     kvc_offloader* off = c ? small_offloader(c, KVC_FORMAT_F16, redis) : NULL;
     kvc_store_key k = c ? key_of(c, 0) : (kvc_store_key){0, 0, 0};
     int64_t got = -1;
