@@ -223,7 +223,8 @@ TEST(PagedCudaStore, VectorizedPathsMatchTheCpu) {
 struct CudaCase {
   KvFormat format;
   RopeMode mode;
-  bool mla = false;  // mla_config: K 576 with a 64-dim RoPE tail, V 512 (2,500 operations)
+  bool mla = false;     // mla_config: K 576 with a 64-dim RoPE tail, V 512 (2,500 operations)
+  bool shared = false;  // with mla: the shared layout (mla_shared_config: V is K's latent, no V pools)
 };
 class PagedCudaModel : public ::testing::TestWithParam<CudaCase> {};
 
@@ -231,10 +232,12 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   const CudaCase cc = GetParam();
   const int32_t bs = cc.format == KvFormat::Dsv4Row ? 4 : 8, nb = cc.format == KvFormat::Dsv4Row ? 24 : 40;
-  const PagedCacheConfig cfg = cc.mla ? mla_config(cc.format, cc.mode, bs, nb) : small_config(cc.format, cc.mode, bs, nb);
+  const PagedCacheConfig cfg = cc.shared ? mla_shared_config(cc.format, cc.mode, bs, nb)
+                               : cc.mla  ? mla_config(cc.format, cc.mode, bs, nb)
+                                         : small_config(cc.format, cc.mode, bs, nb);
   PagedCache cpu(cfg, Device::cpu());
   PagedCache gpu(cfg, Device::cuda(0));
-  Driver drv({&cpu, &gpu}, 77 + static_cast<int>(cc.format) + (cc.mla ? 100 : 0));
+  Driver drv({&cpu, &gpu}, 77 + static_cast<int>(cc.format) + (cc.mla ? 100 : 0) + (cc.shared ? 50 : 0));
   int64_t k_byte_diffs = 0, k_bytes_compared = 0;
   drv.on_step = [&](int64_t op) {
     ASSERT_EQ(cpu.debug_state(), gpu.debug_state()) << "metadata diverged at op " << op;
@@ -247,7 +250,7 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
     ASSERT_EQ(a.arrays[a.arrays.size() - 1], b.arrays[b.arrays.size() - 1]) << "valid mirror, op " << op;
     ASSERT_EQ(a.arrays[a.arrays.size() - 2], b.arrays[b.arrays.size() - 2]) << "positions mirror, op " << op;
     // Per layer: K data [, K scales], V data [, V scales].
-    const bool k_scales = kv_format_has_scales(cc.format), has_v = cpu.config().v_head_dim > 0;
+    const bool k_scales = kv_format_has_scales(cc.format), has_v = cpu.config().v_head_dim > 0 && !cpu.config().v_from_k_latent;
     const size_t per_layer = 1 + k_scales + (has_v ? 1 + k_scales : 0);
     for (int32_t l = 0; l < cpu.config().n_layers; ++l) {
       const size_t base = l * per_layer;
@@ -267,7 +270,7 @@ TEST_P(PagedCudaModel, SameOperationsSameCacheAsTheCpu) {
   drv.check_all();
   std::printf("[paged cuda] model %s%s %s: %lld ops, %lld failed cleanly on both; K bytes differing CPU vs CUDA: %lld of %lld; "
               "worst |err|/tol K %.3f V %.3f\n",
-              cc.mla ? "mla " : "", std::string(kv_format_name(cc.format)).c_str(),
+              cc.shared ? "mla shared " : cc.mla ? "mla " : "", std::string(kv_format_name(cc.format)).c_str(),
               cc.mode == RopeMode::RopeStored ? "rope-stored" : "rope-on-read",
               static_cast<long long>(drv.ops), static_cast<long long>(drv.failed_ops), static_cast<long long>(k_byte_diffs),
               static_cast<long long>(k_bytes_compared), drv.st.worst_ratio_k, drv.st.worst_ratio_v);
@@ -279,6 +282,8 @@ std::vector<CudaCase> cuda_cases() {
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m});
   for (KvFormat f : kMlaFormats)
     for (RopeMode m : {RopeMode::RopeStored, RopeMode::RopeOnRead}) v.push_back({f, m, true});
+  v.push_back({KvFormat::Fp8, RopeMode::RopeStored, true, true});
+  v.push_back({KvFormat::BF16, RopeMode::RopeOnRead, true, true});
   return v;
 }
 
@@ -286,7 +291,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedCudaFormats, ::testing::ValuesIn(kAllForm
                          [](const ::testing::TestParamInfo<KvFormat>& i) { return std::string(kv_format_name(i.param)); });
 INSTANTIATE_TEST_SUITE_P(AllFormats, PagedCudaModel, ::testing::ValuesIn(cuda_cases()),
                          [](const ::testing::TestParamInfo<CudaCase>& i) {
-                           return std::string(i.param.mla ? "Mla_" : "") + std::string(kv_format_name(i.param.format)) +
+                           return std::string(i.param.shared ? "MlaShared_" : i.param.mla ? "Mla_" : "") +
+                                  std::string(kv_format_name(i.param.format)) +
                                   (i.param.mode == RopeMode::RopeStored ? "_RopeStored" : "_RopeOnRead");
                          });
 
