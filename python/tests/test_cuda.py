@@ -6,7 +6,7 @@ accounting sees them, kvcore adds none to it) and the cache writes into them; ou
 the caller's tensors (zero copy, by data pointer); BlockOffloader's copies follow the stream order.
 Every result is also checked against a float64 reference. Run on the GPU machine:
 
-    OUT=out bash bench/gpu-python.sh     (builds the module with CUDA, runs this suite, then the overhead bench)
+    KVCORE_GIT_COMMIT=<hash> OUT=out bash bench/gpu-all.sh   (its pytest stage: every file, CUDA build)
 """
 
 import gc
