@@ -2,14 +2,12 @@
 // float64 reference, on fresh random pages of awkward sizes; every case runs the
 // automatic kernel (the tensor-core one for head_dim 64/128 with 16-bit or FP8 pages),
 // both SIMT kernels and, for prefill, the tensor-core prefill kernel whatever the size.
-// Tolerances (relative to max(1, max |ref|)): f32 outputs 3e-5 (rope-on-read
-// 2e-4: f32 sincos of angles up to ~1e3 rad on both sides), f16 outputs 1e-3,
-// bf16 outputs 8e-3 (one output rounding).
+// Tolerances: attn_cuda_check.hpp.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 
-#include "attention_test_util.hpp"
+#include "attn_cuda_check.hpp"
 
 using namespace attn_test;
 
@@ -17,34 +15,9 @@ namespace {
 
 bool have_gpu() { return cuda_device_count() > 0; }
 
-double tol(const CaseSpec& s) {
-  if (s.out == DType::BF16) return 8e-3;
-  if (s.out == DType::F16) return 1e-3;
-  return s.rope_on_read ? 2e-4 : 3e-5;
-}
-
 double worst_seen = 0;
 
-void check_case(const CaseSpec& s, std::vector<int> splits = {0, 1, 5}) {
-  const HostCase c = make_case(s);
-  const std::vector<float> cpu = run_op(c, Device::cpu());
-  const std::vector<double> ref = reference(c);
-  EXPECT_LE(max_rel_err(cpu, ref), tol(s));
-  const int n_split_runs = static_cast<int>(splits.size());
-  // every split count with the automatic kernel (tensor cores where built), then the two SIMT
-  // kernels once each (register loads, cp.async pipeline) and, for prefill, the prefill kernel
-  const std::vector<int> variants = s.q_tokens.empty() ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4};
-  for (int run = 0; run < n_split_runs + static_cast<int>(variants.size()); ++run) {
-    const int sp = run < n_split_runs ? splits[run] : 0;
-    const int variant = run < n_split_runs ? 0 : variants[run - n_split_runs];
-    const std::vector<float> gpu = run_op(c, Device::cuda(0), sp, nullptr, variant);
-    const double e_cpu = max_rel_err(gpu, cpu), e_ref = max_rel_err(gpu, ref);
-    worst_seen = std::max(worst_seen, e_ref);
-    EXPECT_LE(e_cpu, tol(s)) << "vs CPU: kv " << dtype_name(s.kv) << " D " << s.head_dim << " heads " << s.n_q_heads
-                             << "/" << s.n_kv_heads << " splits " << sp << " variant " << variant;
-    EXPECT_LE(e_ref, tol(s)) << "vs f64: kv " << dtype_name(s.kv) << " D " << s.head_dim << " splits " << sp;
-  }
-}
+void check_case(const CaseSpec& s, const std::vector<int>& splits = {0, 1, 5}) { check_cuda_case(s, splits, worst_seen); }
 
 }  // namespace
 
@@ -254,7 +227,7 @@ TEST(AttnCuda, GuessedFirstBlocksAnyHint) {
           g.sched.max_seq_cells = hint;
           g.sched.num_splits = sp;
           g.run(o);
-          EXPECT_LE(max_rel_err(out.to_host<float>(), cpu), tol(s))
+          EXPECT_LE(max_rel_err(out.to_host<float>(), cpu), cuda_tol(s))
               << "kv " << dtype_name(kv) << " rows " << cells.size() << " hint " << hint << " splits " << sp;
         }
     }
