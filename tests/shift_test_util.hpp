@@ -35,6 +35,29 @@ struct LayerSpec {
   double magnitude = 1.0;                // attention factor applied when the keys were written
 };
 
+// One layer per K form rope_shift_rows takes: f16 Llama-3 (`heads0` heads), bf16 rotating an
+// interleaved 32-dim tail, DeepSeek-V4's packed rows, FP8 (128 dims), and MLA's latent K as FP8
+// (576 dims, RoPE on the 64-dim tail).
+inline std::vector<LayerSpec> every_k_form(int heads0) {
+  std::vector<LayerSpec> specs(5);
+  specs[0].heads = heads0;
+  specs[0].rope = RopeSpec::llama3_8b();
+  specs[1].k_dtype = DType::BF16;
+  specs[1].head_dim = 64;
+  specs[1].rope = RopeSpec::plain(32, 10000.0, RopePairing::Interleaved);
+  specs[1].rope.slice = RopeSlice::Tail;
+  specs[2].form = KForm::Dsv4;
+  specs[2].heads = 1;
+  specs[2].rope = RopeSpec::deepseek_v4_compressed();
+  specs[3].form = KForm::Fp8;
+  specs[3].rope = RopeSpec::plain(128, 10000.0);
+  specs[4] = specs[3];
+  specs[4].head_dim = 576;
+  specs[4].rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
+  specs[4].rope.slice = RopeSlice::Tail;
+  return specs;
+}
+
 inline double store_round(DType t, double v) {
   switch (t) {
     case DType::F16: return to_f32(from_f32<f16>(static_cast<float>(v)));

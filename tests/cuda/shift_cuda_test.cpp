@@ -345,22 +345,7 @@ TEST(ShiftCuda, DeepSeekV4RowsAndFp8Keys) {
 
 TEST(ShiftCuda, RopeShiftRowsMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  std::vector<LayerSpec> specs(4);
-  specs[0].heads = 8;
-  specs[0].rope = RopeSpec::llama3_8b();
-  specs[1].k_dtype = DType::BF16;
-  specs[1].head_dim = 64;
-  specs[1].rope = RopeSpec::plain(32, 10000.0, RopePairing::Interleaved);
-  specs[1].rope.slice = RopeSlice::Tail;
-  specs[2].form = KForm::Dsv4;
-  specs[2].heads = 1;
-  specs[2].rope = RopeSpec::deepseek_v4_compressed();
-  specs[3].form = KForm::Fp8;
-  specs[3].rope = RopeSpec::plain(128, 10000.0);
-  specs.push_back(specs[3]);  // MLA's latent K as FP8: 576 dims, RoPE on the 64-dim tail
-  specs[4].head_dim = 576;
-  specs[4].rope = RopeSpec::plain(64, 10000.0, RopePairing::Interleaved);
-  specs[4].rope.slice = RopeSlice::Tail;
+  const std::vector<LayerSpec> specs = every_k_form(8);
   for (const LayerSpec& sp : specs) {
     const int64_t rows = 1237;
     Layer L = make_layer(sp, rows, 77);
