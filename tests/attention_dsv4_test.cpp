@@ -142,11 +142,7 @@ TEST(AttentionDsv4, WindowRingsFromAPoolByIndex) {
   const auto ref = reference(c);
   // Pool of 5 rings; row r's window sits in ring idx[r]; the other rings are NaN.
   const std::vector<int32_t> idx{4, 1, 2};
-  std::vector<float> pool(static_cast<size_t>(5) * c.n_window * kD, std::nanf(""));
-  for (int r = 0; r < c.rows; ++r)
-    std::copy(c.win32.begin() + static_cast<size_t>(r) * c.n_window * kD,
-              c.win32.begin() + static_cast<size_t>(r + 1) * c.n_window * kD,
-              pool.begin() + static_cast<size_t>(idx[r]) * c.n_window * kD);
+  std::vector<float> pool = window_ring_pool(c, idx, 5);
   Dev g;
   upload(c, Device::cpu(), g);
   std::vector<int32_t> wi = idx;

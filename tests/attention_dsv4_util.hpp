@@ -162,6 +162,17 @@ inline void upload(const Case& c, Device d, Dev& g) {
   g.out_ref = TensorRef(g.out.data(), DType::F32, d, {c.rows, c.heads, kD});
 }
 
+// A pool of `n_rings` window rings, NaN everywhere except row r's window, placed in ring idx[r]
+// (the pool-by-index layout attention reads through Dsv4StepInputs::maybe_window_index).
+inline std::vector<float> window_ring_pool(const Case& c, const std::vector<int32_t>& idx, int n_rings) {
+  const size_t ring = static_cast<size_t>(c.n_window) * kD;
+  std::vector<float> pool(static_cast<size_t>(n_rings) * ring, std::nanf(""));
+  for (int r = 0; r < c.rows; ++r)
+    std::copy(c.win32.begin() + static_cast<size_t>(r) * ring, c.win32.begin() + static_cast<size_t>(r + 1) * ring,
+              pool.begin() + static_cast<size_t>(idx[r]) * ring);
+  return pool;
+}
+
 inline std::vector<float> run(const Case& c, Device d, int splits = 0) {
   Dev g;
   upload(c, d, g);

@@ -68,11 +68,7 @@ TEST(AttnCuda, Dsv4WindowRingsFromAPool) {
   fill(c);
   const auto ref = reference(c);
   const std::vector<int32_t> idx{4, 1, 2};
-  std::vector<float> pool(static_cast<size_t>(5) * c.n_window * kD, std::nanf(""));
-  for (int r = 0; r < c.rows; ++r)
-    std::copy(c.win32.begin() + static_cast<size_t>(r) * c.n_window * kD,
-              c.win32.begin() + static_cast<size_t>(r + 1) * c.n_window * kD,
-              pool.begin() + static_cast<size_t>(idx[r]) * c.n_window * kD);
+  std::vector<float> pool = window_ring_pool(c, idx, 5);
   Dev g;
   upload(c, Device::cuda(0), g);
   Buffer bp = Buffer::from_host(pool, Device::cuda(0)), bi = Buffer::from_host(idx, Device::cuda(0));
