@@ -6,8 +6,8 @@
 // per (query head, visible key) pair (QK^T and PV, as FlashAttention counts them); bytes =
 // K/V read once. Case names match bench/attention_sdpa_baseline.py (SDPA, causal from the
 // bottom right, on dense K/V). On compute capability 9.0 each case also runs the Hopper wgmma
-// kernels (kernel variants 5, 6, 7) as "<case>_wgmma", "<case>_wgmma_sync" and
-// "<case>_wgmma_serial", their notes giving the speed-up over the automatic kernel.
+// kernels (kernel variants 5, 6) as "<case>_wgmma" and "<case>_wgmma_sync", their notes giving
+// the speed-up over the automatic kernel.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -48,8 +48,7 @@ double visible_pairs(int64_t ctx, int64_t n_new) {
 void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n_new) {
   const std::string name = "llama8b_prefill_f16_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_new" +
                            std::to_string(n_new);
-  if (!opt.wants(name) && !opt.wants(name + "_wgmma") && !opt.wants(name + "_wgmma_sync") && !opt.wants(name + "_wgmma_serial"))
-    return;
+  if (!opt.wants(name) && !opt.wants(name + "_wgmma") && !opt.wants(name + "_wgmma_sync")) return;
   const Device d = opt.device;
   const int64_t nb = (ctx + kBlock - 1) / kBlock, n_blocks = batch * nb, rows = batch * n_new;
   const size_t row_elems = size_t(n_blocks) * kBlock * kKvHeads * kHeadDim;
@@ -88,14 +87,12 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
   sc.max_seq_cells = ctx;
   // The automatic kernel (the mma.sync prefill kernel unless prefill_wgmma.hpp's
   // kAutomaticVariant says otherwise) and, on compute capability 9.0, the wgmma kernels forced
-  // ("_wgmma": warp-specialized and pipelined, "_wgmma_sync": synchronous, "_wgmma_serial":
-  // warp-specialized one tile at a time), with their ratios to it.
+  // ("_wgmma": warp-specialized, "_wgmma_sync": synchronous), with their ratios to it.
   std::vector<ops::AttentionKernel> kernels{ops::AttentionKernel::Auto};
 #if KVCORE_WITH_CUDA
   if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index)) {
     // the simplest first: a fault in a later one leaves the earlier rows
     kernels.push_back(ops::AttentionKernel::WgmmaPrefillSync);
-    kernels.push_back(ops::AttentionKernel::WgmmaPrefillSerial);
     kernels.push_back(ops::AttentionKernel::WgmmaPrefill);
   }
 #endif
@@ -106,8 +103,7 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
     const bool wgmma = kernel != ops::AttentionKernel::Auto;
     const std::string cname = name + (kernel == ops::AttentionKernel::WgmmaPrefill       ? "_wgmma"
                                       : kernel == ops::AttentionKernel::WgmmaPrefillSync ? "_wgmma_sync"
-                                      : kernel == ops::AttentionKernel::WgmmaPrefillSerial ? "_wgmma_serial"
-                                                                                           : "");
+                                                                                         : "");
     if (!opt.wants(cname)) continue;  // --case _wgmma_sync: that kernel alone
     const AttentionPlan plan = ops::attn::plan_paged(true, kv, kQHeads, step, sc, tu);  // owns its workspace
     const int32_t splits = plan.num_splits();

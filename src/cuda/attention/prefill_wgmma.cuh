@@ -14,15 +14,14 @@
 // position (k_pos <= q_pos), sliding window, sinks in the denominator at the end. A landed
 // tile's per-key metadata becomes positions (INT_MAX: no key) and a summary (prepare_tile), so a
 // warpgroup skips a tile none of its rows sees and drops the masks of a tile all its rows see
-// whole. A tile's P V stays in flight (wgmma is asynchronous) until the next tile's S is waited
-// for.
+// whole. A warpgroup's tiles are pipelined (pipelined_tile): a tile's softmax overlaps the
+// previous tile's P V.
 // Two kernels share these pieces:
 //  - prefill_wgmma_kernel (this file): every thread copies, one CTA barrier a tile, tiles i + 1
 //    and i + 2 in flight while tile i is read;
-//  - prefill_wgmma_ws_kernel (prefill_wgmma_ws.cuh): a producer warp copies and prepares,
+//  - prefill_wgmma_ws_kernel (prefill_wgmma_ws.cuh): a producer warpgroup copies and prepares,
 //    mbarriers hand stages to the two warpgroups, which then run unsynchronized (one's softmax
-//    overlaps the other's wgmma); one tile at a time, or pipelined (a tile's softmax overlaps
-//    the previous tile's P V in the same warpgroup).
+//    overlaps the other's wgmma).
 // q must be exact in the page type (f16 q on f16 pages, bf16 on bf16) and the output 16-bit:
 // P is one 16-bit value (2^-9 relative for bf16, under a 16-bit output's own rounding); other
 // calls take the mma.sync kernel.
@@ -309,15 +308,6 @@ __device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, Rows
   }
 }
 
-template <int HD>
-__device__ __forceinline__ void rescale_o(Rows<HD>& w, const float (&rs)[2]) {
-#pragma unroll
-  for (int e = 0; e < 2; ++e)
-    if (rs[e] != 1.0f)  // most tiles of a long prefix leave the max alone
-#pragma unroll
-      for (int dt = 0; dt < Shape<HD>::kDTiles; ++dt) w.o[dt][2 * e] *= rs[e], w.o[dt][2 * e + 1] *= rs[e];
-}
-
 // P's A fragment of k-step kk (keys 16 kk .. 16 kk + 15) is S's accumulators of column blocks
 // 2 kk (A cols 0-7: a[0] row g, a[1] row g + 8) and 2 kk + 1 (A cols 8-15: a[2], a[3]).
 template <int HD, bool BF16>
@@ -345,29 +335,67 @@ __device__ __forceinline__ void issue_pv(Rows<HD>& w, PFrags& pa, uint32_t v_s) 
   }
 }
 
-// One tile for the warpgroup, in order: S = Q K^T, wait for it (and for the previous tile's
-// P V, after which `after_wait` runs), softmax, rescale O, O += P V left in flight.
-// pa is the caller's, alive across tiles: a P V in flight reads its registers, so they must stay
-// P's until the wait (fence_regs after each wait tells the compiler so; a local pa let it reuse
-// those registers for the next tile's values while the wgmma still read them).
-template <int HD, bool BF16, class AfterWait>
-__device__ __forceinline__ void attend_tile(const PagedAttentionParams& p, Rows<HD>& w, PFrags& pa, uint32_t k_s,
-                                            uint32_t v_s, const int* kpos, bool full, float sl2, int t,
-                                            AfterWait after_wait) {
-  Scores<HD> sc;
-  issue_s<HD, BF16>(w, k_s, sc);
-  wgmma::commit();
-  wgmma::wait<0>();  // S of this tile and the P V of the previous one
-  wgmma::fence_regs(sc);
-  wgmma::fence_regs(w.o);
-  wgmma::fence_regs(pa);
-  after_wait();
+// A warpgroup's tile loop is FlashAttention-3's intra-warpgroup pipeline: tile i's S is issued
+// just before tile i - 1's P V and waited for first, so tile i's softmax runs while that P V does;
+// O is rescaled by a tile's factor just before its own P V is issued. P stays in registers from
+// one step to the next (Pipeline::pa). That is also what keeps Q's registers Q's: with P made and
+// consumed within one step, ptxas (CUDA 13.0) gave P and the softmax's temporaries the registers
+// of Q at head dim 64, so every tile after the first took the previous tile's P for Q
+// (tests/tools/check_wgmma_sass.py, a ctest, reads the built machine code for it).
+// Branch-free around the wgmmas (a wgmma or a register write feeding one under a branch made
+// ptxas serialize them): every tile takes the full path (a tile no row sees gives all-masked
+// scores, weight 0, factor 1), and the first step's P V adds a zero P.
+template <int HD>
+struct Pipeline {
+  Scores<HD> sc = {};
+  PFrags pa = {};                   // P of the previous tile; its P V is issued in the next step
+  float rs_prev[2] = {1.0f, 1.0f};  // O's rescale before that P V
+};
+
+template <int HD>
+__device__ __forceinline__ void rescale_o(Rows<HD>& w, const float (&rs)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int dt = 0; dt < Shape<HD>::kDTiles; ++dt) w.o[dt][2 * e] *= rs[e], w.o[dt][2 * e + 1] *= rs[e];
+}
+
+// One step: tile i's keys in the stage at k_s (V at k_s + kTileBytes), the previous tile's V at
+// v_prev. `after_pv` runs once the previous tile's P V completed (its stage may be released).
+template <int HD, bool BF16, class AfterPv>
+__device__ __forceinline__ void pipelined_tile(const PagedAttentionParams& p, Rows<HD>& w, Pipeline<HD>& pl, uint32_t k_s,
+                                               uint32_t v_prev, const int* kpos, bool full, float sl2, int t,
+                                               AfterPv after_pv) {
+  rescale_o<HD>(w, pl.rs_prev);
+  wgmma::fence_regs(w.o);  // the rescale stays before the S issue (ptxas waited for S otherwise)
+  issue_s<HD, BF16>(w, k_s, pl.sc);
+  wgmma::commit();  // S of tile i
+  issue_pv<HD, BF16>(w, pl.pa, v_prev);
+  wgmma::commit();   // P V of tile i - 1 (a zero P at i = 0)
+  wgmma::wait<1>();  // S of tile i
+  wgmma::fence_regs(pl.sc);
   float rs[2];
-  softmax_tile<HD>(p, w, sc, kpos, full, sl2, t, rs);
-  rescale_o<HD>(w, rs);
-  pack_p<HD, BF16>(sc, pa);
-  issue_pv<HD, BF16>(w, pa, v_s);
-  wgmma::commit();  // left in flight
+  softmax_tile<HD>(p, w, pl.sc, kpos, full, sl2, t, rs);
+  wgmma::wait<0>();  // the P V of tile i - 1
+  wgmma::fence_regs(w.o);
+  wgmma::fence_regs(pl.pa);
+  after_pv();
+  pack_p<HD, BF16>(pl.sc, pl.pa);
+  pl.rs_prev[0] = rs[0], pl.rs_prev[1] = rs[1];
+}
+
+// After the last step: the last tile's P V (V at v_prev). Without tiles that P V read a stage
+// never filled (0 * NaN is not 0), so O is zeroed.
+template <int HD, bool BF16>
+__device__ __forceinline__ void pipelined_finish(Rows<HD>& w, Pipeline<HD>& pl, uint32_t v_prev, bool any_tile) {
+  rescale_o<HD>(w, pl.rs_prev);
+  issue_pv<HD, BF16>(w, pl.pa, v_prev);
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_regs(w.o);
+  if (!any_tile)
+#pragma unroll
+    for (int dt = 0; dt < Shape<HD>::kDTiles; ++dt) w.o[dt][0] = w.o[dt][1] = w.o[dt][2] = w.o[dt][3] = 0.0f;
 }
 #endif
 
@@ -399,8 +427,7 @@ __device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const 
 // Every thread copies (a chunk of a K and a V row per step), one CTA barrier a tile: tile i
 // lives in stage i % 4; before tile i is read, tile i + 1 landed and was prepared (by warp 0
 // during tile i - 1's step) and tile i + 2 is in flight into the stage of tile i - 2, whose
-// P V every warpgroup waited for before the barrier (only the latest P V may be pending past
-// a step).
+// P V (issued in step i - 1) every warpgroup waited for before the barrier.
 template <int HD, bool BF16>
 __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(const PagedAttentionParams p, int chunk_heads) {
 #if KVCORE_WGMMA_ARCH
@@ -443,7 +470,8 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
   Rows<HD> w;
   init_rows<HD>(p, ct, r0, active, head, g, t, w);
   const float sl2 = p.softmax_scale * math::kLog2e;
-  PFrags pa = {};  // P of the tile whose P V may be in flight
+  Pipeline<HD> pl;
+  int prev = 0;  // stage of the tile whose P is in pl.pa
 
   int blk[kCopyIts];
   load_blocks(0, blk);
@@ -455,6 +483,7 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
   wgmma::fence_proxy_async();
   __syncthreads();
   prepare(0);
+  // A warpgroup without rows runs the steps too (its rows see nothing): no branch around the wgmmas.
   for (int i = 0; i < ct.n_tiles; ++i) {
     const int s = i % kStages;
     cp_async_wait<0>();  // this thread's copies of tile i + 1
@@ -466,18 +495,12 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
     const int* meta = meta_of(s);
     bool none, full;
     tile_cover<HD>(p, meta, w, none, full);
-    if (!wg_live) continue;
-    if (none) {
-      wgmma::wait<0>();  // the previous tile's P V: its stage is refilled next step
-      wgmma::fence_regs(pa);
-      continue;
-    }
     const uint32_t k_s = smem_addr(stage_of(s));
-    attend_tile<HD, BF16>(p, w, pa, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [] {});
+    pipelined_tile<HD, BF16>(p, w, pl, k_s, smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys, full && !none, sl2, t,
+                             [] {});
+    prev = s;
   }
-  wgmma::wait<0>();  // every warpgroup (unconditionally: a wait under a branch made ptxas serialize the wgmmas)
-  wgmma::fence_regs(w.o);
-  wgmma::fence_regs(pa);
+  pipelined_finish<HD, BF16>(w, pl, smem_addr(stage_of(prev)) + S::kTileBytes, ct.n_tiles > 0);
   cp_async_wait<0>();
   if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
 #else

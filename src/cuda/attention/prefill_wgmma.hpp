@@ -10,15 +10,15 @@
 namespace kvcore::ops::cuda::prefill_wgmma {
 
 // Which wgmma kernel the automatic choice (kernel_variant 0) takes where one serves: 0 none
-// (the mma.sync prefill kernel, attention_prefill.cuh), 5 warp-specialized and pipelined, 6
-// synchronous, 7 warp-specialized one tile at a time (ops::AttentionKernel). The one line to
-// change once the H200 measured one ahead on every benched shape; kernel_variant 5-7 force one.
+// (the mma.sync prefill kernel, attention_prefill.cuh), 5 warp-specialized, 6 every thread
+// copies (ops::AttentionKernel). The one line to change once the H200 measured one ahead on
+// every benched shape; kernel_variant 5 or 6 forces one.
 constexpr int kAutomaticVariant = 0;
 
 // Causal prefill (qo_indptr set) over f16 / bf16 pages with head_dim 64 or 128 (= v_head_dim),
 // no rope on read, q exact in the page type, a 16-bit output, on a device of compute
-// capability 9.0 exactly (sm_90a code), with rows enough to fill the GPU (kernel_variant 5 to
-// 7: any size).
+// capability 9.0 exactly (sm_90a code), with rows enough to fill the GPU (kernel_variant 5 or
+// 6: any size).
 bool serves(const PagedAttentionParams& p, int sm_count);
 void launch(const PagedAttentionParams& p, cudaStream_t stream);
 // Launches of the wgmma kernels in this process (tests check that a forced call took one).

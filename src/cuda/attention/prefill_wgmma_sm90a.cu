@@ -15,12 +15,11 @@ namespace kvcore::ops::cuda::prefill_wgmma {
 
 namespace {
 
-// KIND: 5 warp-specialized and pipelined, 6 synchronous, 7 warp-specialized one tile at a time.
+// KIND: 5 warp-specialized (a producer warpgroup), 6 every thread copies (one CTA barrier a tile).
 template <int HD, bool BF16, int KIND>
 void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   using S = Shape<HD>;
-  const auto kernel = KIND == 6 ? prefill_wgmma_kernel<HD, BF16>
-                                : prefill_wgmma_ws_kernel<HD, BF16, KIND == 5>;
+  const auto kernel = KIND == 6 ? prefill_wgmma_kernel<HD, BF16> : prefill_wgmma_ws_kernel<HD, BF16>;
   smem_opt_in(kernel, S::kSmemBytes, p.device);
   // The same heads per CTA as the mma.sync prefill kernel (4: the warps of a warpgroup).
   const int chunk_heads = prefill_attn::heads_per_cta(p.group);
@@ -36,7 +35,6 @@ template <int HD, bool BF16>
 void launch_hd(const PagedAttentionParams& p, cudaStream_t stream) {
   const int variant = p.kernel_variant == 0 ? kAutomaticVariant : p.kernel_variant;
   if (variant == 6) return launch_kernel<HD, BF16, 6>(p, stream);
-  if (variant == 7) return launch_kernel<HD, BF16, 7>(p, stream);
   return launch_kernel<HD, BF16, 5>(p, stream);
 }
 
@@ -47,7 +45,7 @@ std::atomic<int64_t> g_launches{0};
 bool device_is_sm90(int device) { return compute_capability(device) == 90; }
 
 bool serves(const PagedAttentionParams& p, int sm_count) {
-  const bool forced = p.kernel_variant >= 5 && p.kernel_variant <= 7;
+  const bool forced = p.kernel_variant == 5 || p.kernel_variant == 6;
   if (!(forced || (kAutomaticVariant != 0 && p.kernel_variant == 0))) return false;
   if (!prefill_attn::call_fits(p)) return false;
   const QElem page = p.kv_elem == math::KvElem::BF16 ? QElem::BF16 : QElem::F16;

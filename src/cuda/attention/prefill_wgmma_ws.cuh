@@ -14,9 +14,8 @@
 //            waited for; a skipped tile is released at once).
 // The producer copies tile i into stage i % 4 once empty released tile i - 4, then publishes
 // tile i - 2 (its copies waited for: three tiles in flight). The warpgroups never wait for each
-// other, so one's softmax runs while the other's wgmma does. With PIPE a warpgroup also overlaps
-// its own softmax of tile i with its P V of tile i - 1 (FlashAttention-3's intra-warpgroup
-// pipelining).
+// other, so one's softmax runs while the other's wgmma does; within a warpgroup the softmax of
+// tile i overlaps the P V of tile i - 1 (pipelined_tile, prefill_wgmma.cuh).
 #pragma once
 #include "cuda/attention/prefill_wgmma.cuh"
 
@@ -26,11 +25,7 @@ constexpr int kWsThreads = kConsumerThreads + 128;  // + the producer warpgroup
 constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 128 * (72 + 2 * 216) <= 65536; no spills either side
 constexpr int kPublishLag = 2;                     // tiles issued before the oldest is published
 
-// PIPE: FlashAttention-3's intra-warpgroup overlap: tile i's S is issued before tile i - 1's
-// P V, and tile i's softmax runs while that P V does; O is rescaled by a tile's factor just
-// before its own P V is issued (one P kept in registers between the two). Else one tile at a
-// time (attend_tile).
-template <int HD, bool BF16, bool PIPE>
+template <int HD, bool BF16>
 __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const PagedAttentionParams p, int chunk_heads) {
 #if KVCORE_WGMMA_ARCH
   using S = Shape<HD>;
@@ -106,87 +101,26 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const P
   Rows<HD> w;
   init_rows<HD>(p, ct, r0, active, head, g, t, w);
   const float sl2 = p.softmax_scale * math::kLog2e;
-  int pend = -1;  // stage whose P V may be in flight
   auto release = [&](int s) {
     __syncwarp();  // the warp's reads of the stage (metadata) done
     if (lane == 0) wgmma::mbar_arrive(empty_bar(s));
   };
-  if constexpr (PIPE) {
-    // Branch-free around the wgmmas (a wgmma or a register write feeding one under a branch
-    // made ptxas serialize them): every tile takes the full path (a tile no row sees gives
-    // all-masked scores, weight 0, factor 1), and the first step's P V adds a zero P.
-    Scores<HD> sc = {};
-    PFrags pa = {};
-    float rs_prev[2] = {1.0f, 1.0f};  // O's rescale before the P V of the tile in pa
-    int prev = 0;                     // stage of the tile whose P is in pa
-    for (int i = 0; i < ct.n_tiles; ++i) {
-      const int s = i % kStages;
-      wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
-      const int* meta = meta_of(s);
-      bool none, full;
-      tile_cover<HD>(p, meta, w, none, full);
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][2 * e] *= rs_prev[e], w.o[dt][2 * e + 1] *= rs_prev[e];
-      wgmma::fence_regs(w.o);  // the rescale stays before the S issue (ptxas waited for S otherwise)
-      issue_s<HD, BF16>(w, smem_addr(stage_of(s)), sc);
-      wgmma::commit();  // S of tile i
-      issue_pv<HD, BF16>(w, pa, smem_addr(stage_of(prev)) + S::kTileBytes);
-      wgmma::commit();   // P V of tile i - 1 (a zero P at i = 0)
-      wgmma::wait<1>();  // S of tile i
-      wgmma::fence_regs(sc);
-      float rs[2];
-      softmax_tile<HD>(p, w, sc, meta + kKeys, full && !none, sl2, t, rs);
-      wgmma::wait<0>();  // the P V of tile i - 1
-      wgmma::fence_regs(w.o);
-      wgmma::fence_regs(pa);
-      if (i > 0) release(prev);
-      pack_p<HD, BF16>(sc, pa);
-      rs_prev[0] = rs[0], rs_prev[1] = rs[1];
-      prev = s;
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-      for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][2 * e] *= rs_prev[e], w.o[dt][2 * e + 1] *= rs_prev[e];
-    issue_pv<HD, BF16>(w, pa, smem_addr(stage_of(prev)) + S::kTileBytes);
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_regs(w.o);
-    if (ct.n_tiles > 0) {
-      release(prev);
-    } else {  // no keys: that P V read a stage never filled (0 * NaN is not 0)
-#pragma unroll
-      for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][0] = w.o[dt][1] = w.o[dt][2] = w.o[dt][3] = 0.0f;
-    }
-  } else {
-    PFrags pa = {};  // P of the tile whose P V may be in flight (attend_tile)
-    for (int i = 0; i < ct.n_tiles; ++i) {
-      const int s = i % kStages;
-      wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
-      const int* meta = meta_of(s);
-      bool none, full;
-      tile_cover<HD>(p, meta, w, none, full);
-      if (none) {
-        wgmma::wait<0>();
-        wgmma::fence_regs(pa);
-        if (pend >= 0) release(pend);
-        pend = -1;
-        release(s);
-        continue;
-      }
-      const uint32_t k_s = smem_addr(stage_of(s));
-      attend_tile<HD, BF16>(p, w, pa, k_s, k_s + S::kTileBytes, meta + kKeys, full, sl2, t, [&] {
-        if (pend >= 0) release(pend);
-      });
-      pend = s;
-    }
-    wgmma::wait<0>();
-    wgmma::fence_regs(w.o);
-    wgmma::fence_regs(pa);
-    if (pend >= 0) release(pend);
+  Pipeline<HD> pl;
+  int prev = 0;  // stage of the tile whose P is in pl.pa
+  for (int i = 0; i < ct.n_tiles; ++i) {
+    const int s = i % kStages;
+    wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
+    const int* meta = meta_of(s);
+    bool none, full;
+    tile_cover<HD>(p, meta, w, none, full);
+    pipelined_tile<HD, BF16>(p, w, pl, smem_addr(stage_of(s)), smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys,
+                             full && !none, sl2, t, [&] {
+                               if (i > 0) release(prev);
+                             });
+    prev = s;
   }
+  pipelined_finish<HD, BF16>(w, pl, smem_addr(stage_of(prev)) + S::kTileBytes, ct.n_tiles > 0);
+  if (ct.n_tiles > 0) release(prev);
   if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
 #else
   (void)p;

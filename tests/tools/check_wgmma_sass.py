@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Reads the machine code (SASS) of the wgmma prefill kernels in a built object and checks that Q
+stays Q: the registers holding the query fragments, the A operand of every S = Q K^T wgmma, are
+written by no instruction of the tile loop and are not the A operand of a P V wgmma.
+
+Why a check on the machine code: with ptxas of CUDA 13.0, a tile loop that made P and consumed it
+in the same step compiled at head dim 64 into code that put P and the softmax's temporaries in Q's
+registers, so every tile after the first multiplied K by the previous tile's P. The source and its
+PTX were right; the GPU tests caught it only on a Hopper machine. This check catches it wherever
+the CUDA code is compiled, GPU or not.
+
+    check_wgmma_sass.py [--nvcc PATH] OBJECT...
+
+cuobjdump (and the nvdisasm it runs) come from PATH, beside nvcc, or PyPI's nvidia-cuda-cuobjdump
+and nvidia-cuda-nvdisasm wheels on sys.path. Exit status: 0 every kernel checked and clean; 1 a
+violation, or no wgmma prefill kernel found; 77 no cuobjdump or nvdisasm (ctest reports the test
+skipped).
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+KERNEL = re.compile(r"prefill_wgmma(_ws)?_kernel")  # the tile-loop kernels (not the primitives' self-test)
+INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+# HGMMA.<shape>... D, A, gdesc[..][.tnspB], ...: A in registers (R<n>, four of them) or in shared memory (gdesc).
+HGMMA = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),\s+gdesc\[\w+\](\.tnspB)?")
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s+)?(0x[0-9a-f]+)")
+# Opcodes whose first operand is not a general register they write.
+NO_REGISTER_DEST = ("HGMMA", "ST", "RED", "ATOM", "BRA", "BAR", "WARPGROUP", "WARPSYNC", "EXIT", "RET", "CALL", "BSSY",
+                    "BSYNC", "ISETP", "FSETP", "DSETP", "HSETP", "PLOP3", "R2UR", "S2UR", "UMOV", "UIADD", "ULOP",
+                    "USHF", "ULEA", "UIMAD", "ELECT", "SYNCS", "NOP", "DEPBAR", "MEMBAR", "FENCE", "CCTL", "ERRBAR",
+                    "ARRIVES", "LDGDEPBAR", "VOTEU", "UISETP", "UPLOP3", "USEL", "UFLO", "UBMSK", "USGXT", "UPRMT")
+
+
+def find_tool(tool, nvcc):
+    found = shutil.which(tool)
+    if found:
+        return found
+    if nvcc:
+        beside = os.path.join(os.path.dirname(os.path.realpath(nvcc)), tool)
+        if os.access(beside, os.X_OK):
+            return beside
+    for root in sys.path:
+        for path in sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "bin", tool))):
+            if not os.access(path, os.X_OK):
+                os.chmod(path, 0o755)  # wheels unpacked by pip may drop the executable bit
+            return path
+    return None
+
+
+def registers_written(op):
+    """How many registers from `first` the instruction writes (64- and 128-bit results write pairs, quads)."""
+    if op.startswith("CS2R") or "WIDE" in op or ".64" in op:
+        return 2
+    if ".128" in op or ".X4" in op:
+        return 4
+    return 1
+
+
+def check_function(name, body):
+    code = [(int(a, 16), text) for a, text in INSTRUCTION.findall(body)]
+    q_regs, p_regs, s_at = set(), set(), []
+    for at, text in code:
+        m = HGMMA.search(text)
+        if not m:
+            continue
+        regs = range(int(m.group(1)), int(m.group(1)) + 4)
+        if m.group(2):
+            p_regs.update(regs)  # P V: B = V transposed
+        else:
+            q_regs.update(regs)  # S = Q K^T
+            s_at.append(at)
+    if not s_at:
+        return [f"{name}: no S = Q K^T wgmma with A in registers found"]
+    # The tile loop: the tightest backward branch around the S wgmmas.
+    loops = [(int(m.group(1), 16), at) for at, text in code for m in [BRANCH.search(text)]
+             if m and int(m.group(1), 16) <= min(s_at) and max(s_at) <= at]
+    if not loops:
+        return [f"{name}: no loop around the S wgmmas"]
+    lo, hi = min(loops, key=lambda r: r[1] - r[0])
+    problems = []
+    if q_regs & p_regs:
+        problems.append(f"{name}: Q (R{min(q_regs)}-R{max(q_regs)}) and P (R{min(p_regs)}-R{max(p_regs)}) share "
+                        f"{len(q_regs & p_regs)} registers")
+    writes = []
+    for at, text in code:
+        if not lo <= at <= hi:
+            continue
+        words = text.split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if len(words) < 2 or words[0].startswith(NO_REGISTER_DEST):
+            continue
+        m = re.match(r"R(\d+)\b", words[1])
+        if m and set(range(int(m.group(1)), int(m.group(1)) + registers_written(words[0]))) & q_regs:
+            writes.append(f"{at:#06x} {text}")
+    if writes:
+        problems.append(f"{name}: {len(writes)} instructions of the tile loop [{lo:#x}, {hi:#x}] write Q's registers, "
+                        f"first: {writes[0]}")
+    print(f"{name}: Q R{min(q_regs)}-R{max(q_regs)}, P R{min(p_regs)}-R{max(p_regs)}, tile loop [{lo:#x}, {hi:#x}]: "
+          f"{'FAIL' if problems else 'ok'}")
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nvcc", help="the CUDA compiler (cuobjdump is looked for beside it)")
+    ap.add_argument("objects", nargs="+")
+    args = ap.parse_args()
+    cuobjdump, nvdisasm = find_tool("cuobjdump", args.nvcc), find_tool("nvdisasm", args.nvcc)
+    if not cuobjdump or not nvdisasm:
+        print("no cuobjdump or nvdisasm (not on PATH, not beside nvcc, no nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm "
+              "wheel): skipped")
+        return 77
+    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
+    problems, checked = [], 0
+    for obj in args.objects:
+        sass = subprocess.run([cuobjdump, "-sass", obj], check=True, capture_output=True, text=True, env=env).stdout
+        for part in re.split(r"\n\s*Function : ", sass)[1:]:
+            mangled = part.split("\n", 1)[0].strip()
+            if not KERNEL.search(mangled):
+                continue
+            demangled = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
+            name = re.sub(r"\(kvcore::ops::PagedAttentionParams, int\)$", "", demangled.replace("kvcore::ops::cuda::", ""))
+            problems += check_function(name, part)
+            checked += 1
+    if checked == 0:
+        problems.append(f"no wgmma prefill kernel in {' '.join(args.objects)}")
+    for p in problems:
+        print("FAIL " + p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
