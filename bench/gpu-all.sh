@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything one GPU session needs in one call (device machine): build every target with the
 # Python module, the CUDA tests (CUDA against the CPU), the 2-GPU tests (they skip on one GPU),
-# the pytest suite on CUDA (one process per file, so a crash names its file and the rest still run),
+# the pytest suite on CUDA (one process per file, so a crash names its file and the rest still run;
+# PYTEST_FIRST, default test_cuda.py, right after the CUDA tests),
 # the demo, the benches, Python's per-call overhead beside FlashInfer's run(), and the FlashInfer
 # and SDPA baselines. FlashInfer JIT-compiles while kvcore builds. Stages are ordered by what a
 # missing result costs most and skipped, never cut, once the job's budget runs short.
@@ -55,10 +56,33 @@ grep -E "kvcore: " "$OUT/build.log" | head
 cmake --build build -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -60; exit 1; }
 log "built"
 
+# pytest files on CUDA, one process per file (a crash names its file and the rest still run).
+run_pytest() {
+  for f in "$@"; do
+    [ "$(left)" -gt "${PYTEST_MIN_LEFT:-200}" ] || { log "skip $f (budget)"; continue; }
+    PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$PY" -X faulthandler -m pytest -q -rs -p no:cacheprovider "$f" \
+      > /tmp/pytest.log 2>&1
+    rc=$?
+    echo "---- $f rc $rc" >> "$OUT/tests.log"
+    cat /tmp/pytest.log >> "$OUT/tests.log"
+    echo "$f rc $rc: $(tail -1 /tmp/pytest.log)"
+    if [ $rc -ge 128 ] || grep -q "Fatal Python error" /tmp/pytest.log; then
+      if command -v gdb >/dev/null; then
+        PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" timeout 60 gdb -batch -ex run -ex bt \
+          --args "$PY" -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | grep -E "^#|signal" | head -30 | tee -a "$OUT/tests.log"
+      fi
+    fi
+  done
+}
+
 if [ -z "${SKIP_TESTS:-}" ]; then
 log "CUDA tests"
 (cd build && ctest -L gpu ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} --output-on-failure --timeout 300 -j 4) > "$OUT/tests.log" 2>&1
 grep -E "tests passed|Failed|\*\*\*|Exception" "$OUT/tests.log" | head -30
+PY_INFO=$("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1)
+first=(${PYTEST_FIRST:-python/tests/test_cuda.py})
+log "pytest on CUDA, first: ${first[*]} ($PY_INFO)"
+run_pytest "${first[@]}"
 if [ -n "${CTEST_EXCLUDE:-}" ]; then
   log "CUDA tests run apart: $CTEST_EXCLUDE"
   (cd build && ctest -L gpu -R "$CTEST_EXCLUDE" --output-on-failure --timeout "${APART_TIMEOUT:-45}" -j 1) >> "$OUT/tests.log" 2>&1
@@ -68,23 +92,11 @@ if [ -x build/tests/kvcore_gpu2_tests ]; then
   timeout 120 ./build/tests/kvcore_gpu2_tests >> "$OUT/tests.log" 2>&1
   log "2-GPU tests rc $? ($(nvidia-smi -L | wc -l) GPU here)"
 fi
+rest=()
+for f in python/tests/test_*.py; do [[ " ${first[*]} " == *" $f "* ]] || rest+=("$f"); done
+log "pytest on CUDA, the other files"
+run_pytest "${rest[@]}"
 
-log "pytest on CUDA, one process per file ($("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1))"
-for f in python/tests/test_*.py; do
-  [ "$(left)" -gt "${PYTEST_MIN_LEFT:-200}" ] || { log "skip $f (budget)"; continue; }
-  PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$PY" -X faulthandler -m pytest -q -rs -p no:cacheprovider "$f" \
-    > /tmp/pytest.log 2>&1
-  rc=$?
-  echo "---- $f rc $rc" >> "$OUT/tests.log"
-  cat /tmp/pytest.log >> "$OUT/tests.log"
-  echo "$f rc $rc: $(tail -1 /tmp/pytest.log)"
-  if [ $rc -ge 128 ] || grep -q "Fatal Python error" /tmp/pytest.log; then
-    if command -v gdb >/dev/null; then
-      PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" timeout 60 gdb -batch -ex run -ex bt \
-        --args "$PY" -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | grep -E "^#|signal" | head -30 | tee -a "$OUT/tests.log"
-    fi
-  fi
-done
 
 log "demo"
 timeout 60 ./build/kvcore demo --device cuda --quick >> "$OUT/tests.log" 2>&1 && echo "demo ok" || echo "demo FAILED"
