@@ -165,10 +165,13 @@ PagedReceived transfer_receive(PagedCache& cache, Transport& t, const TransferOp
   TransferBuffers& buf = o.maybe_buffers ? *o.maybe_buffers : local;
   Control ctl(t, buf.control);
   // A header that fails its checks leaves the stream unreadable: the link is broken.
-  const auto [h, manifest] = xfer::abort_on_failure(t, [&] {
+  // Named, not a structured binding: lambdas below capture them (clang before 16 refuses bindings there).
+  const auto received = xfer::abort_on_failure(t, [&] {
     const xfer::Header hd = xfer::decode_header(ctl.recv(xfer::kHeaderBytes));
     return std::make_pair(hd, ctl.recv(hd.manifest_bytes));
   });
+  const xfer::Header& h = received.first;
+  const auto& manifest = received.second;
 
   PagedReceived out;
   bool accepted = false;
