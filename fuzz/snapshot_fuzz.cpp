@@ -1,5 +1,6 @@
 // The snapshot loader under attack: any byte string goes through snapshot_inspect() and then
-// snapshot_decode() into a small cache. Only kvcore::Error may come out, and a refused load must
+// snapshot_decode() into three small caches (f16 rope-on-read, FP8 rope-stored, MLA's shared latent).
+// Only kvcore::Error may come out, and a refused load must
 // leave the cache as it was (checked with debug_state()).
 //
 // Built three ways:
@@ -39,19 +40,41 @@ PagedCacheConfig fuzz_config(RopeMode mode, KvFormat f) {
   return c;
 }
 
+// MLA's shared layout (v_from_k_latent): K rows of 128 dims, V their first 64, RoPE on the 64-dim tail
+// (small rows, so not a geometry kvcore's attention reads: kvcore_attention off).
+PagedCacheConfig fuzz_shared_config() {
+  PagedCacheConfig c = fuzz_config(RopeMode::RopeStored, KvFormat::Fp8);
+  c.head_dim = 128;
+  c.kvcore_attention = false;
+  c.v_from_k_latent = true;
+  c.rope[0].slice = RopeSlice::Tail;
+  return c;
+}
+
 constexpr const char* kModel = "fuzz-model";
 
-void load_one(const uint8_t* data, size_t size, RopeMode mode, KvFormat f) {
-  PagedCache cache(fuzz_config(mode, f), Device::cpu());
+// Appends n tokens of K (and V where the cache has V pools) to `seq`.
+void append_tokens(PagedCache& c, SeqId seq, int32_t n, float k_of(size_t), float v_of(size_t)) {
+  const PagedCacheConfig& cfg = c.config();
+  const bool has_v = !cfg.v_from_k_latent;
+  std::vector<float> k(static_cast<size_t>(cfg.head_dim) * n), v(static_cast<size_t>(cfg.v_head_dim) * n);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = k_of(i);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = v_of(i);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = i;
+  c.append(seq, pos, TensorRef(k.data(), DType::F32, Device::cpu(), {1, n, 1, cfg.head_dim}),
+           has_v ? TensorRef(v.data(), DType::F32, Device::cpu(), {1, n, 1, cfg.v_head_dim}) : TensorRef{});
+}
+
+void load_one(const uint8_t* data, size_t size, const PagedCacheConfig& cfg) {
+  PagedCache cache(cfg, Device::cpu());
   const SeqId keep = cache.create();  // something the failed loads must not disturb
-  std::vector<float> k(64 * 3, 0.5f), v(64 * 3, -0.25f);
-  const int32_t pos[3] = {0, 1, 2};
-  cache.append(keep, pos, TensorRef(k.data(), DType::F32, Device::cpu(), {1, 3, 1, 64}),
-               TensorRef(v.data(), DType::F32, Device::cpu(), {1, 3, 1, 64}));
+  append_tokens(cache, keep, 3, [](size_t) { return 0.5f; }, [](size_t) { return -0.25f; });
   const std::string before = cache.debug_state();
   const int32_t delta = size > 0 ? static_cast<int32_t>(data[size - 1] % 5) - 2 : 0;
   try {
-    const SnapshotLoaded got = snapshot_decode(cache, {data, size}, {kModel, mode == RopeMode::RopeOnRead ? delta : 0});
+    const SnapshotLoaded got =
+        snapshot_decode(cache, {data, size}, {kModel, cfg.rope_mode == RopeMode::RopeOnRead ? delta : 0});
     for (SeqId id : got.ids) {  // what was loaded must be readable and editable
       cache.read(id, 0);
       cache.truncate(id, 0);
@@ -66,25 +89,22 @@ void load_one(const uint8_t* data, size_t size, RopeMode mode, KvFormat f) {
 
 void write_seeds(const std::string& dir) {
   std::filesystem::create_directories(dir);
-  int n = 0;
+  std::vector<PagedCacheConfig> configs;
   for (RopeMode mode : {RopeMode::RopeStored, RopeMode::RopeOnRead})
-    for (KvFormat f : {KvFormat::F16, KvFormat::Fp8}) {
-      PagedCache c(fuzz_config(mode, f), Device::cpu());
-      const SeqId a = c.create();
-      std::vector<float> k(64 * 5), v(64 * 5);
-      for (size_t i = 0; i < k.size(); ++i) {
-        k[i] = static_cast<float>(i % 7) - 3.0f;
-        v[i] = static_cast<float>(i % 5) * 0.5f;
-      }
-      const int32_t pos[5] = {0, 1, 2, 3, 4};
-      c.append(a, pos, TensorRef(k.data(), DType::F32, Device::cpu(), {1, 5, 1, 64}),
-               TensorRef(v.data(), DType::F32, Device::cpu(), {1, 5, 1, 64}));
-      const SeqId b = c.fork(a);
-      c.truncate(b, 3);
-      c.shift(a, 1, 2);
-      const std::string path = dir + "/seed-" + std::to_string(n++) + ".kvcs";
-      snapshot_save(c, path, kModel);
-    }
+    for (KvFormat f : {KvFormat::F16, KvFormat::Fp8}) configs.push_back(fuzz_config(mode, f));
+  configs.push_back(fuzz_shared_config());
+  int n = 0;
+  for (const PagedCacheConfig& cfg : configs) {
+    PagedCache c(cfg, Device::cpu());
+    const SeqId a = c.create();
+    append_tokens(c, a, 5, [](size_t i) { return static_cast<float>(i % 7) - 3.0f; },
+                  [](size_t i) { return static_cast<float>(i % 5) * 0.5f; });
+    const SeqId b = c.fork(a);
+    c.truncate(b, 3);
+    c.shift(a, 1, 2);
+    const std::string path = dir + "/seed-" + std::to_string(n++) + ".kvcs";
+    snapshot_save(c, path, kModel);
+  }
 }
 
 }  // namespace
@@ -94,8 +114,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     snapshot_inspect({data, size});
   } catch (const Error&) {
   }
-  load_one(data, size, RopeMode::RopeOnRead, KvFormat::F16);
-  load_one(data, size, RopeMode::RopeStored, KvFormat::Fp8);
+  static const PagedCacheConfig targets[] = {fuzz_config(RopeMode::RopeOnRead, KvFormat::F16),
+                                             fuzz_config(RopeMode::RopeStored, KvFormat::Fp8), fuzz_shared_config()};
+  for (const PagedCacheConfig& cfg : targets) load_one(data, size, cfg);
   return 0;
 }
 
