@@ -164,14 +164,9 @@ PagedReceived transfer_receive(PagedCache& cache, Transport& t, const TransferOp
   TransferBuffers local;  // outlives the abort a failure triggers (see transfer_send)
   TransferBuffers& buf = o.maybe_buffers ? *o.maybe_buffers : local;
   Control ctl(t, buf.control);
-  // A header that fails its checks leaves the stream unreadable: the link is broken.
-  // Named, not a structured binding: lambdas below capture them (clang before 16 refuses bindings there).
-  const auto received = xfer::abort_on_failure(t, [&] {
-    const xfer::Header hd = xfer::decode_header(ctl.recv(xfer::kHeaderBytes));
-    return std::make_pair(hd, ctl.recv(hd.manifest_bytes));
-  });
-  const xfer::Header& h = received.first;
-  const auto& manifest = received.second;
+  const xfer::Control::Opening opening = ctl.recv_opening();
+  const xfer::Header& h = opening.header;
+  const std::vector<uint8_t>& manifest = opening.manifest;
 
   PagedReceived out;
   bool accepted = false;

@@ -118,6 +118,15 @@ void Control::send_reply(const Reply& r) {
 
 Reply Control::recv_reply() { return decode_reply(recv(kReplyBytes)); }
 
+Control::Opening Control::recv_opening() {
+  return abort_on_failure(t_, [&] {
+    Opening o;
+    o.header = decode_header(recv(kHeaderBytes));
+    o.manifest = recv(o.header.manifest_bytes);
+    return o;
+  });
+}
+
 Reply reply_of(const std::exception& e) {
   Reply r;
   r.ok = false;

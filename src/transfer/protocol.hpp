@@ -49,6 +49,13 @@ class Control {
   std::vector<uint8_t> recv(size_t bytes);
   void send_reply(const Reply& r);
   Reply recv_reply();
+  // What a receiver reads first: the sender's header, then the manifest it announces. A header
+  // that fails its checks leaves the stream unreadable, so any failure aborts the transport.
+  struct Opening {
+    Header header;
+    std::vector<uint8_t> manifest;
+  };
+  Opening recv_opening();
 
  private:
   Transport& t_;
