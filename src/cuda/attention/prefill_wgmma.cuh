@@ -13,9 +13,8 @@
 // mma.sync prefill kernel (attention_prefill.cuh), with the same masks: valid byte, causal by
 // position (k_pos <= q_pos), sliding window, sinks in the denominator at the end. A landed
 // tile's per-key metadata becomes positions (INT_MAX: no key) and a summary (prepare_tile), so a
-// warpgroup skips a tile none of its rows sees and drops the masks of a tile all its rows see
-// whole. A warpgroup's tiles are pipelined (pipelined_tile): a tile's softmax overlaps the
-// previous tile's P V.
+// warpgroup drops the masks of a tile all its rows see whole. A warpgroup's tiles are pipelined
+// (pipelined_tile): a tile's softmax overlaps the previous tile's P V.
 // Two kernels share these pieces:
 //  - prefill_wgmma_kernel (this file): every thread copies, one CTA barrier a tile, tiles i + 1
 //    and i + 2 in flight while tile i is read;
@@ -237,14 +236,14 @@ __device__ __forceinline__ void init_rows(const PagedAttentionParams& p, const C
   w.l[0] = w.l[1] = 0.0f;
 }
 
-// The warpgroup's rows against a prepared tile (warpgroup-uniform): none sees a key -> skip;
-// every key live and seen by every row -> no masks.
+// Whether the warpgroup's rows see a prepared tile whole (warpgroup-uniform): some row sees a
+// key, every key is live and every row sees every key. Such a tile's masks are dropped; every
+// other tile is masked key by key (a tile no row sees gives all-masked scores).
 template <int HD>
-__device__ __forceinline__ void tile_cover(const PagedAttentionParams& p, const int* meta, const Rows<HD>& w, bool& none,
-                                           bool& full) {
+__device__ __forceinline__ bool tile_seen_whole(const PagedAttentionParams& p, const int* meta, const Rows<HD>& w) {
   const int kmin = meta[3 * kKeys], kmax = meta[3 * kKeys + 1];
-  none = kmin == INT_MAX || kmin > w.qmax || (p.window > 0 && int64_t{w.qmin} - kmax >= p.window);
-  full = meta[3 * kKeys + 2] != 0 && kmax <= w.qmin && (p.window <= 0 || int64_t{w.qmax} - kmin < p.window);
+  const bool none = kmin == INT_MAX || kmin > w.qmax || (p.window > 0 && int64_t{w.qmin} - kmax >= p.window);
+  return !none && meta[3 * kKeys + 2] != 0 && kmax <= w.qmin && (p.window <= 0 || int64_t{w.qmax} - kmin < p.window);
 }
 
 #if KVCORE_WGMMA_ARCH
@@ -493,11 +492,9 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
     issue(i + 2, (i + 2) % kStages, blk);
     load_blocks(i + 3, blk);
     const int* meta = meta_of(s);
-    bool none, full;
-    tile_cover<HD>(p, meta, w, none, full);
     const uint32_t k_s = smem_addr(stage_of(s));
-    pipelined_tile<HD, BF16>(p, w, pl, k_s, smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys, full && !none, sl2, t,
-                             [] {});
+    pipelined_tile<HD, BF16>(p, w, pl, k_s, smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys,
+                             tile_seen_whole<HD>(p, meta, w), sl2, t, [] {});
     prev = s;
   }
   pipelined_finish<HD, BF16>(w, pl, smem_addr(stage_of(prev)) + S::kTileBytes, ct.n_tiles > 0);

@@ -10,8 +10,8 @@
 //            dead V rows zeroed, fence.proxy.async done by every producer thread, then a
 //            producer-only named barrier);
 //   empty[s] (one arrival per consumer warp of a warpgroup that has rows) - every wgmma reading
-//            the stage completed (a tile's P V is known complete once the next tile's S was
-//            waited for; a skipped tile is released at once).
+//            the stage completed (released once the tile's P V, issued in the next step, was
+//            waited for).
 // The producer copies tile i into stage i % 4 once empty released tile i - 4, then publishes
 // tile i - 2 (its copies waited for: three tiles in flight). The warpgroups never wait for each
 // other, so one's softmax runs while the other's wgmma does; within a warpgroup the softmax of
@@ -111,10 +111,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const P
     const int s = i % kStages;
     wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
     const int* meta = meta_of(s);
-    bool none, full;
-    tile_cover<HD>(p, meta, w, none, full);
     pipelined_tile<HD, BF16>(p, w, pl, smem_addr(stage_of(s)), smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys,
-                             full && !none, sl2, t, [&] {
+                             tile_seen_whole<HD>(p, meta, w), sl2, t, [&] {
                                if (i > 0) release(prev);
                              });
     prev = s;

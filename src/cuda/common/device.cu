@@ -1,5 +1,5 @@
-// Per-device SM counts, compute capabilities and shared-memory opt-ins (device.hpp). Both are asked for on every
-// launch, so the answers already known are read without a lock (a few atomic loads); the
+// Per-device SM counts, compute capabilities and shared-memory opt-ins (device.hpp). All are asked for on
+// every launch, so the answers already known are read without a lock (a few atomic loads); the
 // driver is called, under a lock, only the first time for a device or a larger size.
 #include "cuda/common/device.hpp"
 

@@ -1,5 +1,5 @@
 // Per-device facts and settings of the CUDA backend, in one place: the SM count, the compute
-// capability and the opt-in above 48 KB of dynamic shared memory. Both are per device: an SM count cached for
+// capability and the opt-in above 48 KB of dynamic shared memory. All are per device: an SM count cached for
 // the first GPU is wrong on a GPU of another kind, and cudaFuncSetAttribute changes the
 // kernel on the current device only, so an opt-in made once per process leaves a second
 // GPU at the default limit (its launches then fail). Plain host code, safe from any thread.
