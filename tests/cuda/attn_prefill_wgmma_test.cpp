@@ -88,24 +88,24 @@ void formats_groups_and_masks(ops::AttentionKernel k) {
 void ragged_sequences(ops::AttentionKernel k) {
   // Sequences starting on and between 32-row blocks, an empty one, a one-row one.
   for (DType t : {DType::F16, DType::BF16})
-  for (int d : {64, 128}) {
-    CaseSpec s;
-    s.kv = s.q = s.out = t;
-    s.head_dim = d;
-    s.n_q_heads = 8;
-    s.n_kv_heads = 2;
-    s.seq_cells = {100, 40, 200, 64, 50, 31};
-    s.q_tokens = {0, 32, 33, 64, 1, 31};
-    s.dead_rate = 0.05;
-    s.sinks = true;
-    s.seed = 177 + int(t) + d;
-    check_wgmma(s, k);
-    // stored positions carry a per-sequence offset (table.pos_offset)
-    s.pos_offsets = true;
-    s.window = 45;
-    s.seed += 1;
-    check_wgmma(s, k);
-  }
+    for (int d : {64, 128}) {
+      CaseSpec s;
+      s.kv = s.q = s.out = t;
+      s.head_dim = d;
+      s.n_q_heads = 8;
+      s.n_kv_heads = 2;
+      s.seq_cells = {100, 40, 200, 64, 50, 31};
+      s.q_tokens = {0, 32, 33, 64, 1, 31};
+      s.dead_rate = 0.05;
+      s.sinks = true;
+      s.seed = 177 + int(t) + d;
+      check_wgmma(s, k);
+      // stored positions carry a per-sequence offset (table.pos_offset)
+      s.pos_offsets = true;
+      s.window = 45;
+      s.seed += 1;
+      check_wgmma(s, k);
+    }
 }
 
 void long_context(ops::AttentionKernel k) {
