@@ -11,9 +11,9 @@ namespace kvcore::ops::cuda::prefill_wgmma {
 
 // Which wgmma kernel the automatic choice (kernel_variant 0) takes where one serves: 0 none
 // (the mma.sync prefill kernel, attention_prefill.cuh), 5 warp-specialized, 6 every thread
-// copies (ops::AttentionKernel). The one line to change once the H200 measured one ahead on
-// every benched shape; kernel_variant 5 or 6 forces one.
-constexpr int kAutomaticVariant = 0;
+// copies (ops::AttentionKernel). 6 is ahead of both others on every benched shape
+// (bench/results); kernel_variant 5 or 6 forces one.
+constexpr int kAutomaticVariant = 6;
 
 // Causal prefill (qo_indptr set) over f16 / bf16 pages with head_dim 64 or 128 (= v_head_dim),
 // no rope on read, q exact in the page type, a 16-bit output, on a device of compute
