@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <utility>
 
 #include "cuda/common/check.cuh"
@@ -90,17 +89,6 @@ int current_device() {
   int device = 0;
   KVCORE_CUDA_CHECK(cudaGetDevice(&device));
   return device;
-}
-
-int resident_ctas(const void* kernel, int threads, size_t smem, int device) {
-  static std::map<std::tuple<const void*, int, size_t, int>, int> known;  // under the lock
-  const std::tuple<const void*, int, size_t, int> key{kernel, threads, smem, device};
-  const std::lock_guard<std::mutex> lock(device_mutex());
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  int n = 0;
-  KVCORE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  known.emplace(key, n);
-  return n;
 }
 
 void smem_opt_in(const void* kernel, size_t bytes, int device) {

@@ -18,16 +18,6 @@ int compute_capability(int device);
 // The calling thread's current device.
 int current_device();
 
-// CTAs of `kernel` launched with `threads` threads and `smem` dynamic shared bytes that one SM
-// of `device`, the current device, holds at once (the occupancy calculator; asked once per kernel, shape and device,
-// then read from a table under a lock). Launches size their grids to whole waves with it.
-int resident_ctas(const void* kernel, int threads, size_t smem, int device);
-
-template <class Kernel>
-int resident_ctas(Kernel* kernel, int threads, size_t smem, int device) {
-  return resident_ctas(reinterpret_cast<const void*>(kernel), threads, smem, device);
-}
-
 // Raises `kernel`'s dynamic shared-memory limit on `device`, which must be the current
 // device, to at least `bytes` (the kernel's static shared memory counts against the same
 // limit, so pass the most it will ever take). The driver is called only when the limit
