@@ -206,10 +206,13 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   const bool mma = v_head_dim == head_dim && mma_attn::serves_shape(head_dim, kv, kernel_variant);
   const int G = mma ? mma_attn::heads_per_cta(group) : heads_per_cta(head_dim, kv, group);
   const int chunks = (group + G - 1) / G;
-  // Occupancy queries cost host time on every call: remember them per kernel choice.
+  // Occupancy queries cost host time on every call: remember them per kernel choice. The
+  // tensor-core kernel that rotates on read holds more registers (fewer CTAs an SM) than the
+  // one that does not, so rope on read is part of the choice.
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, int, int>, int> known;
-  const auto key = std::make_tuple(device, head_dim, v_head_dim, static_cast<int>(kv), mma ? 3 : kernel_variant, G);
+  static std::map<std::tuple<int, int, int, int, int, int, bool>, int> known;
+  const auto key =
+      std::make_tuple(device, head_dim, v_head_dim, static_cast<int>(kv), mma ? 3 : kernel_variant, G, mma && rope_on_read);
   int per_sm = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -218,7 +221,7 @@ int32_t attention_choose_splits(int device, int64_t n_rows, int n_kv_heads, int 
   }
   if (per_sm == 0) {
     if (mma) {
-      per_sm = mma_attn::blocks_per_sm(head_dim, kv, false, group);
+      per_sm = mma_attn::blocks_per_sm(head_dim, kv, rope_on_read, group);
     } else {
       PagedAttentionParams q{};
       q.layout.head_dim = head_dim;
