@@ -74,6 +74,8 @@ def fill_dynamic(model, batch, context, device, dtype):
 def decode(model, cache, batch, steps, device, mask_len=None):
     import torch
 
+    from kvcore.hf import cache_kwargs
+
     tok = torch.randint(0, 1000, (batch, 1), device=device)
     times = []
     with torch.no_grad():
@@ -81,7 +83,7 @@ def decode(model, cache, batch, steps, device, mask_len=None):
             if device != "cpu":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            logits = model(tok, past_key_values=cache).logits
+            logits = model(tok, **cache_kwargs(model, cache)).logits
             tok = logits[:, -1:].argmax(-1)
             if device != "cpu":
                 torch.cuda.synchronize()

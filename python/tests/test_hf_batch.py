@@ -7,6 +7,7 @@ from hf_models import DEVICES, greedy, model, prompt, rel_per_step
 
 torch = pytest.importorskip("torch")
 kvcore_hf = pytest.importorskip("kvcore.hf")
+cache_kwargs = kvcore_hf.cache_kwargs
 import kvcore  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def test_left_padded_batch_rows_equal_their_unpadded_runs(device):
     for i, r in enumerate(rows):
         ids[i, width - r.shape[1]:] = r[0]
         mask[i, width - r.shape[1]:] = 1
-    (seq, logits), cache = with_kvcore(m, lambda c: greedy(m, ids, 32, attention_mask=mask, past_key_values=c),
+    (seq, logits), cache = with_kvcore(m, lambda c: greedy(m, ids, 32, attention_mask=mask, **cache_kwargs(m, c)),
                                        window=512, k_format="f32")
     for i, r in enumerate(rows):
         ref_seq, ref_logits = greedy(m, r, 32)
@@ -60,7 +61,7 @@ def test_beam_search_matches_eager(device):
 
         cache.reorder_cache = spy
         with torch.no_grad():
-            return m.generate(ids, past_key_values=cache, **kw)
+            return m.generate(ids, **cache_kwargs(m, cache), **kw)
 
     out, cache = with_kvcore(m, run, window=256, k_format="f32")
     assert forks, "beam search never reordered the cache"
@@ -87,7 +88,7 @@ def test_assisted_decoding_crops_and_matches_plain_greedy(device):
         cache.crop = spy
         with torch.no_grad():
             return m.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0,
-                              assistant_model=assistant, past_key_values=cache)
+                              assistant_model=assistant, **cache_kwargs(m, cache))
 
     seq, cache = with_kvcore(m, run, window=256, k_format="f32")
     assert any(c != 0 for c in crops), crops
@@ -100,11 +101,11 @@ def test_crop_then_continue_equals_never_having_seen_the_tokens():
 
     def run(cache, crop):
         with torch.no_grad():
-            m(ids[:, :20], past_key_values=cache)
+            m(ids[:, :20], **cache_kwargs(m, cache))
             if crop:
-                m(ids[:, 20:26], past_key_values=cache)
+                m(ids[:, 20:26], **cache_kwargs(m, cache))
                 cache.crop(-6)
-            return m(ids[:, 20:30], past_key_values=cache).logits
+            return m(ids[:, 20:30], **cache_kwargs(m, cache)).logits
 
     cropped, c1 = with_kvcore(m, lambda c: run(c, True), window=128, k_format="f16")
     plain, c2 = with_kvcore(m, lambda c: run(c, False), window=128, k_format="f16")
@@ -127,15 +128,15 @@ def test_refusals_name_the_argument_and_change_nothing():
     try:
         cache = kvcore_hf.KvcoreCache(m, window=32, n_keep=4)
         with torch.no_grad():
-            m(prompt(20), past_key_values=cache)
+            m(prompt(20), **cache_kwargs(m, cache))
             with pytest.raises(kvcore.InvalidArgumentError, match="new tokens in one step"):
-                m(prompt(29), past_key_values=cache)
+                m(prompt(29), **cache_kwargs(m, cache))
         assert cache.get_seq_length() == 20 and cache.live_tokens() == 20 and cache.shifts == 0
         from transformers import DynamicCache
 
         with pytest.raises(kvcore.InvalidArgumentError, match="needs a kvcore.hf.KvcoreCache"):
             with torch.no_grad():
-                m(prompt(3), past_key_values=DynamicCache(config=m.config))
+                m(prompt(3), **cache_kwargs(m, DynamicCache(config=m.config)))
     finally:
         m.set_attn_implementation("eager")
     # the model's own RoPE is back once the implementation is not "kvcore"

@@ -22,6 +22,7 @@ from hf_models import ARCHS, DEVICES, codec, greedy, model, prompt, rel_per_step
 
 torch = pytest.importorskip("torch")
 kvcore_hf = pytest.importorskip("kvcore.hf")
+cache_kwargs = kvcore_hf.cache_kwargs
 
 STEPS = 64
 
@@ -30,7 +31,7 @@ def run_kvcore(m, ids, **cache_kw):
     m.set_attn_implementation("kvcore")
     cache = kvcore_hf.KvcoreCache(m, **cache_kw)
     try:
-        return greedy(m, ids, STEPS, past_key_values=cache), cache
+        return greedy(m, ids, STEPS, **cache_kwargs(m, cache)), cache
     finally:
         m.set_attn_implementation("eager")
 
@@ -101,3 +102,28 @@ def test_kv_bytes_per_token(device):
     # 2 layers x 2 kv heads x 64 dims x (K + V): f16 2 bytes each; FP8 1 byte + one scale byte per 64
     assert f16.kv_bytes_per_token == 2 * 2 * 64 * 2 * 2
     assert fp8.kv_bytes_per_token == 2 * 2 * (64 + 1) * 2
+
+
+def test_cache_keyword_follows_the_transformers_version():
+    """cache_kwargs names the keyword the installed transformers takes: `cache` from 5.25 on
+    (`past_key_values` is deprecated there, gone from forward in 5.40 and from generate in 6.0),
+    `past_key_values` before; generate() through it raises no deprecation warning and uses the
+    kvcore cache (its tokens are counted there)."""
+    import inspect
+    import warnings
+
+    m = model("llama", device="cpu")
+    takes_cache = "cache" in inspect.signature(type(m).forward).parameters
+    assert kvcore_hf.cache_keyword(m) == ("cache" if takes_cache else "past_key_values")
+    ids = prompt(6)
+    m.set_attn_implementation("kvcore")
+    try:
+        cache = kvcore_hf.KvcoreCache(m, window=64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            with torch.no_grad():
+                out = m.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0,
+                                 **cache_kwargs(m, cache))
+    finally:
+        m.set_attn_implementation("eager")
+    assert out.shape[1] == 9 and cache.get_seq_length() == 8

@@ -16,6 +16,7 @@ from hf_models import DEVICES, model, prompt, rel_per_step
 
 torch = pytest.importorskip("torch")
 kvcore_hf = pytest.importorskip("kvcore.hf")
+cache_kwargs = kvcore_hf.cache_kwargs
 from transformers import DynamicCache  # noqa: E402
 
 N_KEEP, N_DISCARD, WINDOW = 4, 16, 48
@@ -38,7 +39,7 @@ def reference_logits(m, ids, shifted=True):
     m64.set_attn_implementation("eager")
     cache = DynamicCache(config=m64.config)
     with torch.no_grad():
-        m64(ids[:, :WINDOW], past_key_values=cache)
+        m64(ids[:, :WINDOW], **cache_kwargs(m64, cache))
     freqs = torch.tensor(kvcore_hf.rope_spec_from_config(m.config).frequencies_f64(), dtype=torch.float64,
                          device=ids.device)
     pos = torch.arange(WINDOW, device=ids.device)
@@ -54,7 +55,7 @@ def reference_logits(m, ids, shifted=True):
     with torch.no_grad():
         for t in range(WINDOW, TOTAL):
             p = torch.tensor([[next_pos + t - WINDOW]], device=ids.device)
-            out.append(m64(ids[:, t:t + 1], past_key_values=cache, position_ids=p).logits[:, -1])
+            out.append(m64(ids[:, t:t + 1], **cache_kwargs(m64, cache), position_ids=p).logits[:, -1])
     return torch.stack(out, dim=1)
 
 
@@ -64,9 +65,9 @@ def kvcore_logits(m, ids, **kw):
     out = []
     try:
         with torch.no_grad():
-            m(ids[:, :PREFILL], past_key_values=cache)
+            m(ids[:, :PREFILL], **cache_kwargs(m, cache))
             for t in range(PREFILL, TOTAL):
-                logits = m(ids[:, t:t + 1], past_key_values=cache).logits[:, -1]
+                logits = m(ids[:, t:t + 1], **cache_kwargs(m, cache)).logits[:, -1]
                 if t >= WINDOW:
                     out.append(logits)
                 assert cache.shifts == (1 if t >= WINDOW else 0)
@@ -115,7 +116,7 @@ def test_generate_goes_on_past_the_window(fmt, device):
     try:
         with torch.no_grad():
             out = m.generate(ids, max_new_tokens=300, min_new_tokens=300, do_sample=False, pad_token_id=0,
-                             past_key_values=cache)
+                             **cache_kwargs(m, cache))
     finally:
         m.set_attn_implementation("eager")
     assert out.shape[1] == 320

@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 kvcore_hf = pytest.importorskip("kvcore.hf")
+cache_kwargs = kvcore_hf.cache_kwargs
 from kvcore.hf import smollm2  # noqa: E402
 
 from hf_models import rel_per_step  # noqa: E402
@@ -42,7 +43,7 @@ def _generate(model, ids, n, cache=None, impl="sdpa"):
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
                                  return_dict_in_generate=True, pad_token_id=0,
-                                 **({"past_key_values": cache} if cache is not None else {}))
+                                 **(cache_kwargs(model, cache) if cache is not None else {}))
     finally:
         model.set_attn_implementation("sdpa")
     return out.sequences, torch.stack(out.logits, dim=1)

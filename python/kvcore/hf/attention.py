@@ -22,7 +22,8 @@ def kvcore_attention(module, query, key, value, attention_mask, scaling=None, dr
     cache = active_cache()
     if cache is None or cache._layer != module.layer_idx:
         raise kvcore.InvalidArgumentError(
-            "InvalidArgument: attn_implementation='kvcore' needs a kvcore.hf.KvcoreCache as past_key_values "
+            "InvalidArgument: attn_implementation='kvcore' needs a kvcore.hf.KvcoreCache as the model's cache "
+            "(kvcore.hf.cache_kwargs) "
             f"(layer {module.layer_idx} got no cache update)")
     if dropout:
         raise kvcore.NotSupportedError(f"NotSupported: kvcore attention: dropout {dropout} (inference only)")

@@ -67,7 +67,7 @@ class KvcoreCache(Cache):
 
         model.set_attn_implementation("kvcore")
         cache = kvcore.hf.KvcoreCache(model, window=1024, k_format="fp8")
-        out = model.generate(ids, past_key_values=cache, max_new_tokens=4000)
+        out = model.generate(ids, **kvcore.hf.cache_kwargs(model, cache), max_new_tokens=4000)
 
     window: live tokens per sequence; when a step would exceed it, the sequence is shifted first.
     n_keep: tokens kept at the start (attention sinks, StreamingLLM's 4); n_discard: tokens dropped

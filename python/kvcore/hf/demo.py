@@ -50,7 +50,7 @@ def main(argv=None):
                                   v_format=a.v_format or a.k_format, rope_mode=a.rope_mode)
     with torch.no_grad():
         t0 = time.perf_counter()
-        out = model.generate(ids, past_key_values=cache, **gen)
+        out = model.generate(ids, **kvcore.hf.cache_kwargs(model, cache), **gen)
         dt = time.perf_counter() - t0
     new = out[0, ids.shape[1]:]
     print(tok.decode(new, skip_special_tokens=True))

@@ -11,6 +11,8 @@ shift_chunks() places those boundaries; stream_log_probs() runs the model over t
 
 import torch
 
+from .compat import cache_kwargs
+
 
 def shift_chunks(n_tokens, window, n_keep, n_discard, max_chunk=None):
     """Chunk lengths that feed n_tokens through a cache of `window` live tokens so that no chunk
@@ -38,7 +40,7 @@ def stream_log_probs(model, ids, cache, chunks, logits_rows=512):
     start = 0
     with torch.no_grad():
         for c in chunks:
-            hidden = body(input_ids=ids[:, start:start + c], past_key_values=cache, use_cache=True).last_hidden_state[0]
+            hidden = body(input_ids=ids[:, start:start + c], **cache_kwargs(body, cache), use_cache=True).last_hidden_state[0]
             rows = [torch.log_softmax(head(hidden[r:r + logits_rows]).float(), dim=-1)
                     for r in range(0, c, logits_rows)]
             yield start, torch.cat(rows)
