@@ -262,7 +262,10 @@ class KvcoreCache(Cache):
             step["plans"][key] = plan
         if step["q_positions"] is not None:
             kvcore.rope_apply(q_rows, step["q_positions"], self.rope)
-        out = plan.run(layer, q_rows)
+        # allocated here, where torch's allocator is warm: from inside run() the same tensor costs
+        # the host more (bench/results/2026-12-05-hf-cpu-layer-call-cost.md)
+        out = q_rows.new_empty((q_rows.shape[0], Hq, v_rows.shape[-1]))
+        plan.run(layer, q_rows, out=out)
         self._layer = None  # the next attention call must follow its own update()
         if rows is None:
             return out.view(B, T, Hq, D)
