@@ -12,10 +12,17 @@ BUILD=${KVCORE_BUILD_DIR:-build}
 ARGS=(-DCMAKE_BUILD_TYPE=Release -DKVCORE_BUILD_TESTS=OFF)
 TARGETS=(kvcore_cli)
 HF=${KVCORE_HF:-1}
+HF_MISSING=0
 if [ "$HF" = 1 ]; then
-  bash scripts/pyenv.sh "$BUILD"
-  ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$BUILD/pyenv/bin" && pwd)/python")
-  TARGETS+=(kvcore_python kvcore_python_files)
+  if bash scripts/pyenv.sh "$BUILD"; then
+    ARGS+=(-DKVCORE_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$BUILD/pyenv/bin" && pwd)/python")
+    TARGETS+=(kvcore_python kvcore_python_files)
+  else  # no PyPI here: kvcore demo still runs, and the job says what it left out
+    echo "demo.sh: the real-model part needs torch and transformers from PyPI, which could not be installed;" \
+         "running kvcore demo alone (KVCORE_HF=0 skips the attempt)" >&2
+    HF=0
+    HF_MISSING=1
+  fi
 fi
 cmake -S . -B "$BUILD" -G Ninja "${ARGS[@]}" ${KVCORE_CMAKE_ARGS:-}
 cmake --build "$BUILD" --target "${TARGETS[@]}"
@@ -36,3 +43,4 @@ if [ "$HF" = 1 ]; then
   echo "== a real model: SmolLM2-135M-Instruct through kvcore's cache under HF transformers (python -m kvcore.hf.demo) =="
   PYTHONPATH="$BUILD/python" "$BUILD/pyenv/bin/python" -m kvcore.hf.demo --device "$device" --max-new-tokens "$tokens"
 fi
+exit "$HF_MISSING"
