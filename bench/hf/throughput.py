@@ -77,13 +77,14 @@ def decode(model, cache, batch, steps, device, mask_len=None):
     from kvcore.hf import cache_kwargs
 
     tok = torch.randint(0, 1000, (batch, 1), device=device)
+    kw = cache_kwargs(model, cache)
     times = []
     with torch.no_grad():
         for i in range(steps + 2):
             if device != "cpu":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            logits = model(tok, **cache_kwargs(model, cache)).logits
+            logits = model(tok, **kw).logits
             tok = logits[:, -1:].argmax(-1)
             if device != "cpu":
                 torch.cuda.synchronize()

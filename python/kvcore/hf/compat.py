@@ -5,18 +5,11 @@ Passing the cache through cache_kwargs works across the whole supported range wi
 
 import inspect
 
-_NAMES = {}  # model class -> keyword
-
 
 def cache_keyword(model):
     """'cache' where `model`'s forward() takes a parameter of that name (transformers >= 5.25),
-    else 'past_key_values'."""
-    cls = type(model)
-    name = _NAMES.get(cls)
-    if name is None:
-        name = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
-        _NAMES[cls] = name
-    return name
+    else 'past_key_values'. Reads the signature on every call: loops take it once, before."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
 def cache_kwargs(model, cache):

@@ -37,10 +37,11 @@ def stream_log_probs(model, ids, cache, chunks, logits_rows=512):
     log_probs [c, vocab] float32: row i is the distribution of token start + i + 1. The vocabulary
     projection runs logits_rows rows at a time (a whole 8k-token chunk's logits would be 1.6 GB)."""
     body, head = model.get_decoder(), model.get_output_embeddings()
+    kw = cache_kwargs(body, cache)
     start = 0
     with torch.no_grad():
         for c in chunks:
-            hidden = body(input_ids=ids[:, start:start + c], **cache_kwargs(body, cache), use_cache=True).last_hidden_state[0]
+            hidden = body(input_ids=ids[:, start:start + c], **kw, use_cache=True).last_hidden_state[0]
             rows = [torch.log_softmax(head(hidden[r:r + logits_rows]).float(), dim=-1)
                     for r in range(0, c, logits_rows)]
             yield start, torch.cat(rows)
