@@ -127,3 +127,8 @@ def test_cache_keyword_follows_the_transformers_version():
     finally:
         m.set_attn_implementation("eager")
     assert out.shape[1] == 9 and cache.get_seq_length() == 8
+    import kvcore
+
+    with pytest.raises(kvcore.InvalidArgumentError, match="model must be a transformers model.*got str"):
+        cache_kwargs("not a model", cache)
+    assert cache.get_seq_length() == 8

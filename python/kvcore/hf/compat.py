@@ -5,11 +5,18 @@ Passing the cache through cache_kwargs works across the whole supported range wi
 
 import inspect
 
+import kvcore
+
 
 def cache_keyword(model):
     """'cache' where `model`'s forward() takes a parameter of that name (transformers >= 5.25),
     else 'past_key_values'. Reads the signature on every call: loops take it once, before."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    forward = getattr(type(model), "forward", None)
+    if not callable(forward):
+        raise kvcore.InvalidArgumentError(
+            f"InvalidArgument: kvcore.hf.cache_kwargs: model must be a transformers model (a module with forward()), "
+            f"got {type(model).__name__}")
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def cache_kwargs(model, cache):
