@@ -366,6 +366,19 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         synchronize(dev);
         scores_of[tc ? 1 : 0] = scores.to_host<float>();
       }
+      // The tensor-core scorer's CTA width, each computing the same scores (the automatic row above).
+      for (const int warps : {4, 8, 16}) {
+        ops::IndexerTuning tune;
+        tune.scorer = ops::IndexerScorer::TensorCore;
+        tune.scorer_warps = warps;
+        row(fmt("indexer scores only one CSA layer ctx=%lld (CUDA graph replay)", context) + " scorer tensor core " +
+                std::to_string(warps) + " warps",
+            score_bytes, time_calls(tune, true, false));
+        synchronize(dev);
+        if (scores.to_host<float>() != scores_of[1])
+          throw Error(ErrorCode::Corrupt, "bench dsv4: the tensor-core scorer's scores differ with " + std::to_string(warps) +
+                                              " warps a CTA");
+      }
       {
         size_t differ = 0;
         for (size_t j = 0; j < scores_of[0].size(); ++j) differ += scores_of[0][j] != scores_of[1][j];

@@ -28,6 +28,8 @@ enum class IndexerScorer : int32_t {
 
 struct IndexerTuning {
   IndexerScorer scorer = IndexerScorer::Auto;
+  // The tensor-core scorer's warps a CTA (4, 8 or 16); 0: the automatic choice.
+  int scorer_warps = 0;
   IndexerTopk topk = IndexerTopk::Auto;
   // The compact top-k launches as a programmatic dependent of the scores (its launch and set-up
   // overlap their drain).

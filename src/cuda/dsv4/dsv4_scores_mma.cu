@@ -6,12 +6,14 @@
 // every product is exact, and so is each dot's sum wherever a row's and a head's block scales
 // keep the partial sums within f32's 24 bits (Hadamard-spread rows do); elsewhere it rounds
 // within the f32 bound the tests check. The heads' terms are summed in f32.
-// Layout: a CTA of 4 warps takes tiles of 64 rows (16 a warp: the mma's m16) x all heads (n8
-// tiles, 64 heads an accumulator pass) x dim 128 (8 k16 steps). A warp reads its rows' packed
-// words straight from global memory into registers (each lane the bytes of its own fragment
-// elements), issued before the query transform so the two overlap, and the next tile's during
-// this tile's math; the query, transformed once a CTA, is held in shared memory as bf16 with
-// rows padded so that the B-fragment loads are free of bank conflicts.
+// Layout: a CTA of kWarps warps (4, 8 or 16) takes tiles of 16 kWarps rows (16 a warp: the
+// mma's m16) x all heads (n8 tiles, 64 heads an accumulator pass) x dim 128 (8 k16 steps). A
+// warp reads its rows' packed words straight from global memory into registers (each lane the
+// bytes of its own fragment elements), issued before the query transform so the two overlap, and
+// the next tile's during this tile's math. The query is transformed once a CTA, a warp a head in
+// registers, its heads spread over all the CTA's warps: that transform is the serial part of a
+// decode step's scoring (one tile a CTA), so wider CTAs shorten it. It is written straight to
+// shared memory as bf16, rows padded so that the B-fragment loads are free of bank conflicts.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +27,7 @@
 #include "cuda/dsv4/dsv4_indexer_query.cuh"
 #include "cuda/dsv4/dsv4_scores_mma.hpp"
 #include "kvcore/math/dsv4.hpp"
+#include "kvcore/math/fp4_hadamard.hpp"
 
 namespace kvcore::ops::cuda::dsv4 {
 
@@ -32,9 +35,6 @@ using kvcore::ops::cuda::native;
 
 namespace {
 
-constexpr int kMmaWarps = 4;
-constexpr int kMmaThreads = 32 * kMmaWarps;
-constexpr int kMmaTileRows = 16 * kMmaWarps;  // 16 rows a warp
 constexpr int kDim = math::kHadamardDim;      // 128
 static_assert(kDim == 128, "8 k16 steps, 4 FP4 blocks of 32");
 constexpr int kSteps = kDim / 16;             // k16 steps
@@ -46,8 +46,7 @@ __host__ __device__ constexpr int padded_heads(int n_heads) { return (n_heads + 
 
 size_t mma_smem_bytes(int n_heads) {
   const int hp = padded_heads(n_heads);
-  return static_cast<size_t>(n_heads) * kDim * sizeof(float) + static_cast<size_t>(hp) * kQLd * sizeof(__nv_bfloat16) +
-         static_cast<size_t>(hp) * sizeof(float);
+  return static_cast<size_t>(hp) * kQLd * sizeof(__nv_bfloat16) + static_cast<size_t>(hp) * sizeof(float);
 }
 
 // One stored row's packed words: kRowWords of nibbles (value d in byte d / 2, the low nibble
@@ -76,23 +75,60 @@ __device__ __forceinline__ uint32_t bf16_pair(uint32_t w, int byte_idx, float sc
 
 __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
 
+// The query of row i as the scores take it: Hadamard + FP4 rounded like the stored rows (the
+// CPU's butterfly network and block scales: identical bits), exact in bf16, into qb [hp, kQLd];
+// the padding heads [n_heads, hp) zero. A warp a head, kGroup heads a warp at a time with all
+// their loads first (independent shuffle chains overlap). Ends with the CTA's barrier.
+template <int kWarps>
+__device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t i, int hp, __nv_bfloat16* qb) {
+  constexpr int kGroup = 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* q = p.q + i * p.q_stride0;
+  for (int h0 = warp; h0 < hp; h0 += kGroup * kWarps) {  // warp-uniform
+    float v[kGroup][4];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int h = h0 + g * kWarps;
+      const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[g][j] = src[j];
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // all lanes
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int h = h0 + g * kWarps;
+      if (h >= hp) continue;
+      const bool real = h < p.n_heads;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(real ? v[g][0] : 0.0f, real ? v[g][1] : 0.0f);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(real ? v[g][2] : 0.0f, real ? v[g][3] : 0.0f);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(qb + h * kQLd + 4 * lane) = packed;  // dims 4 lane .. 4 lane + 3
+    }
+  }
+  __syncthreads();
+}
+
 // grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
 // its query's visible rows and writes -inf to the invisible rest of [0, cap).
-__global__ void __launch_bounds__(kMmaThreads) score_mma_kernel(const IndexerParams p) {
+template <int kWarps>
+__global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerParams p) {
+  constexpr int kTileRows = 16 * kWarps;
   pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
   extern __shared__ __align__(16) float smem[];
   const int32_t i = blockIdx.y;
   const int64_t vis = mask_invisible_scores(p, i);
   float* sc = p.scores + i * p.scores_stride;
-  if (static_cast<int64_t>(blockIdx.x) * kMmaTileRows >= vis) return;  // block-uniform
+  if (static_cast<int64_t>(blockIdx.x) * kTileRows >= vis) return;  // block-uniform
 
   const int n_heads = p.n_heads, hp = padded_heads(n_heads);
-  float* qs = smem;                                                         // [n_heads, kDim] f32
-  __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(qs + static_cast<size_t>(n_heads) * kDim);  // [hp, kQLd]
-  float* ws = reinterpret_cast<float*>(qb + static_cast<size_t>(hp) * kQLd);                          // [hp]
+  __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(smem);                                 // [hp, kQLd]
+  float* ws = reinterpret_cast<float*>(qb + static_cast<size_t>(hp) * kQLd);                 // [hp]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kMmaTileRows;
-  int64_t s0 = static_cast<int64_t>(blockIdx.x) * kMmaTileRows;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kTileRows;
+  int64_t s0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
 
   // This lane's rows of the tile: rows g and g + 8 of the warp's 16 (the A fragment's rows).
   RowWords ra, rb;
@@ -103,14 +139,9 @@ __global__ void __launch_bounds__(kMmaThreads) score_mma_kernel(const IndexerPar
   };
   load_rows(s0);  // in flight during the query transform
 
-  load_query(p, qs, i);  // ends after a barrier
   const float* w = p.weights + i * p.w_stride;
-  for (int idx = threadIdx.x; idx < hp * kDim; idx += blockDim.x) {
-    const int h = idx / kDim, d = idx - h * kDim;
-    qb[h * kQLd + d] = __float2bfloat16_rn(h < n_heads ? qs[h * kDim + d] : 0.0f);  // exact: FP4 values
-  }
   for (int h = threadIdx.x; h < hp; h += blockDim.x) ws[h] = h < n_heads ? w[h] : 0.0f;  // padding heads: q 0, w 0
-  __syncthreads();
+  transform_query<kWarps>(p, i, hp, qb);  // ends after a barrier
 
   for (; s0 < vis; s0 += step) {
     // A fragments of all k steps: a[k][0] row g, columns 16k + 2tq (+1); a[k][1] row g + 8;
@@ -177,15 +208,31 @@ bool scores_mma_serves(const IndexerParams& p) {
          reinterpret_cast<uintptr_t>(p.rows) % 4 == 0 && mma_smem_bytes(p.n_heads) <= 200 * 1024;
 }
 
-void launch_scores_mma(const IndexerParams& p, int dev, Stream s) {
+// The warps a CTA for p: 16 (the shortest query transform a CTA) where the rows fill that many
+// CTAs of 16 warps per SM..., else fewer. Chosen by the bench's sweep (bench/results).
+int automatic_warps(const IndexerParams& p, int64_t sms) {
+  (void)p;
+  (void)sms;
+  return 8;
+}
+
+template <int kWarps>
+void launch_warps(const IndexerParams& p, int dev, Stream s) {
   const size_t bytes = mma_smem_bytes(p.n_heads);
-  smem_opt_in(score_mma_kernel, bytes, dev);
+  smem_opt_in(score_mma_kernel<kWarps>, bytes, dev);
   const int64_t sms = sm_count(dev), rows = std::min(p.n_rows, p.cap);
-  const int64_t want = std::max<int64_t>(1, 2 * sms / p.n_q);  // ~2 CTAs an SM in all
-  const int64_t tiles = (rows + kMmaTileRows - 1) / kMmaTileRows;
+  const int64_t want = std::max<int64_t>(1, 8 * sms / (kWarps * p.n_q));  // ~8 warps an SM in all
+  const int64_t tiles = (rows + 16 * kWarps - 1) / (16 * kWarps);
   const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
-  score_mma_kernel<<<grid, kMmaThreads, bytes, native(s)>>>(p);
+  score_mma_kernel<kWarps><<<grid, 32 * kWarps, bytes, native(s)>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_mma_kernel");
+}
+
+void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps) {
+  if (warps == 0) warps = automatic_warps(p, sm_count(dev));
+  if (warps == 4) return launch_warps<4>(p, dev, s);
+  if (warps == 16) return launch_warps<16>(p, dev, s);
+  launch_warps<8>(p, dev, s);
 }
 
 }  // namespace kvcore::ops::cuda::dsv4
