@@ -208,14 +208,6 @@ bool scores_mma_serves(const IndexerParams& p) {
          reinterpret_cast<uintptr_t>(p.rows) % 4 == 0 && mma_smem_bytes(p.n_heads) <= 200 * 1024;
 }
 
-// The warps a CTA for p: 16 (the shortest query transform a CTA) where the rows fill that many
-// CTAs of 16 warps per SM..., else fewer. Chosen by the bench's sweep (bench/results).
-int automatic_warps(const IndexerParams& p, int64_t sms) {
-  (void)p;
-  (void)sms;
-  return 8;
-}
-
 template <int kWarps>
 void launch_warps(const IndexerParams& p, int dev, Stream s) {
   const size_t bytes = mma_smem_bytes(p.n_heads);
@@ -228,8 +220,9 @@ void launch_warps(const IndexerParams& p, int dev, Stream s) {
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_mma_kernel");
 }
 
+// 8 warps a CTA unless asked otherwise: the fastest width on the model's decode shapes, 8k and
+// 64k tokens (bench dsv4's sweep: 4 warps pay a longer transform, 16 fill fewer SMs).
 void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps) {
-  if (warps == 0) warps = automatic_warps(p, sm_count(dev));
   if (warps == 4) return launch_warps<4>(p, dev, s);
   if (warps == 16) return launch_warps<16>(p, dev, s);
   launch_warps<8>(p, dev, s);

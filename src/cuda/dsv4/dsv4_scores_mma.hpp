@@ -9,7 +9,7 @@ namespace kvcore::ops::cuda::dsv4 {
 // Whether it serves p: quantized query, packed rows of dim 128, rows 4-byte aligned, the query
 // of all heads within one block's shared memory.
 bool scores_mma_serves(const ::kvcore::dsv4::IndexerParams& p);
-// warps: a CTA's warps, 4, 8 or 16 (any other value: 8); 0: the automatic choice.
+// warps: a CTA's warps, 4, 8 or 16; any other value (0: the automatic choice) takes 8.
 void launch_scores_mma(const ::kvcore::dsv4::IndexerParams& p, int dev, Stream s, int warps = 0);
 
 }  // namespace kvcore::ops::cuda::dsv4

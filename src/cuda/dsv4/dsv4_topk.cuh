@@ -40,15 +40,60 @@ __device__ __forceinline__ void bitonic_keep(uint32_t& k, int32_t& i, uint32_t o
   }
 }
 
+// A pick (key, row) as one u64 whose descending order is the picks' order: key descending, then
+// row ascending (~row grows as row falls). Rows are >= 0, so the padding (key 0, row INT_MAX)
+// sorts after every real pick (real keys are >= order_key(-inf) > 0).
+__device__ __forceinline__ uint64_t pick_order(uint32_t key, int32_t row) {
+  return (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(~row);
+}
+
+// The bitonic sort of sort_picks_and_write with one pick a thread (n_sort <= blockDim.x): each
+// compare-exchange is a max or a min of two u64s, without branches; strides < 32 by shuffles,
+// larger ones through shared memory, alternating between two halves of sel_key / sel_idx (the
+// pick's high and low words) so that one barrier a stage suffices.
+__device__ inline void sort_one_a_thread(uint32_t* sel_key, int32_t* sel_idx, int take, int n_sort, int32_t* out) {
+  const int e = threadIdx.x;
+  const bool active = e < n_sort;  // whole warps: n_sort is a multiple of 64
+  uint64_t c = e < take ? pick_order(sel_key[e], sel_idx[e]) : pick_order(0u, 0x7fffffff);
+  __syncthreads();  // every pick read before the first exchange overwrites them
+  int half = 0;     // which half of the arrays the next exchange through shared memory writes
+  for (int size = 2; size <= n_sort; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      uint64_t o = c;
+      if (stride < 32) {
+        o = __shfl_xor_sync(0xffffffffu, c, stride);
+      } else {
+        uint32_t* hi = sel_key + half * n_sort;
+        uint32_t* lo = reinterpret_cast<uint32_t*>(sel_idx) + half * n_sort;
+        if (active) {
+          hi[e] = static_cast<uint32_t>(c >> 32);
+          lo[e] = static_cast<uint32_t>(c);
+        }
+        __syncthreads();  // the other half was last read before this barrier: next stage may write it
+        if (active) o = (static_cast<uint64_t>(hi[e ^ stride]) << 32) | lo[e ^ stride];
+        half ^= 1;
+      }
+      const bool keep_larger = ((e & size) == 0) == ((e & stride) == 0);
+      c = keep_larger ? (o > c ? o : c) : (o < c ? o : c);
+    }
+  }
+  if (e < take) out[e] = static_cast<int32_t>(~static_cast<uint32_t>(c));
+}
+
 // Sorts the `take` picks in sel_key / sel_idx (key descending, row ascending) and writes their
-// rows to out[0, take). Two consecutive elements a thread: needs 2 * blockDim.x >= take and
-// room for the sort's padded size (the next power of two >= max(take, 64)) in both arrays.
-// Strides <= 32 by shuffles, larger ones through shared memory. Called by every thread of the
-// block after a barrier that follows the last write of the picks.
+// rows to out[0, take). n_sort, the sort's padded size, is the next power of two >= max(take,
+// 64); sel_key and sel_idx must hold 2 n_sort elements. One pick a thread where n_sort <=
+// blockDim.x (sort_one_a_thread), else two consecutive picks a thread (needs 2 * blockDim.x >=
+// take): strides <= 32 by shuffles, larger ones through shared memory. Called by every thread of
+// the block after a barrier that follows the last write of the picks.
 __device__ inline void sort_picks_and_write(uint32_t* sel_key, int32_t* sel_idx, int take, int32_t* out) {
   const int tid = threadIdx.x;
   int n_sort = 64;  // whole warps
   while (n_sort < take) n_sort <<= 1;
+  if (n_sort <= static_cast<int>(blockDim.x)) {
+    sort_one_a_thread(sel_key, sel_idx, take, n_sort, out);
+    return;
+  }
   const bool active = tid < n_sort / 2;
   const int e0 = 2 * tid, e1 = e0 + 1;
   uint32_t k0 = 0, k1 = 0;
