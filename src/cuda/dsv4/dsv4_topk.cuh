@@ -47,24 +47,28 @@ __device__ __forceinline__ uint64_t pick_order(uint32_t key, int32_t row) {
   return (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(~row);
 }
 
-// The bitonic sort of sort_picks_and_write with one pick a thread (n_sort <= blockDim.x): each
-// compare-exchange is a max or a min of two u64s, without branches; strides < 32 by shuffles,
-// larger ones through shared memory, alternating between two halves of sel_key / sel_idx (the
-// pick's high and low words) so that one barrier a stage suffices.
-__device__ inline void sort_one_a_thread(uint32_t* sel_key, int32_t* sel_idx, int take, int n_sort, int32_t* out) {
+// The bitonic sort of sort_picks_and_write with one pick a thread (kSort = n_sort <=
+// blockDim.x), unrolled (the stage masks are constants): each compare-exchange is a max or a min
+// of two u64s, without branches; strides < 32 by shuffles, larger ones through shared memory,
+// alternating between two halves of sel_key / sel_idx (the pick's high and low words) so that one
+// barrier a stage suffices.
+template <int kSort>
+__device__ inline void sort_one_a_thread(uint32_t* sel_key, int32_t* sel_idx, int take, int32_t* out) {
   const int e = threadIdx.x;
-  const bool active = e < n_sort;  // whole warps: n_sort is a multiple of 64
+  const bool active = e < kSort;  // whole warps: kSort is a multiple of 64
   uint64_t c = e < take ? pick_order(sel_key[e], sel_idx[e]) : pick_order(0u, 0x7fffffff);
   __syncthreads();  // every pick read before the first exchange overwrites them
   int half = 0;     // which half of the arrays the next exchange through shared memory writes
-  for (int size = 2; size <= n_sort; size <<= 1) {
+#pragma unroll
+  for (int size = 2; size <= kSort; size <<= 1) {
+#pragma unroll
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       uint64_t o = c;
       if (stride < 32) {
         o = __shfl_xor_sync(0xffffffffu, c, stride);
       } else {
-        uint32_t* hi = sel_key + half * n_sort;
-        uint32_t* lo = reinterpret_cast<uint32_t*>(sel_idx) + half * n_sort;
+        uint32_t* hi = sel_key + half * kSort;
+        uint32_t* lo = reinterpret_cast<uint32_t*>(sel_idx) + half * kSort;
         if (active) {
           hi[e] = static_cast<uint32_t>(c >> 32);
           lo[e] = static_cast<uint32_t>(c);
@@ -90,9 +94,15 @@ __device__ inline void sort_picks_and_write(uint32_t* sel_key, int32_t* sel_idx,
   const int tid = threadIdx.x;
   int n_sort = 64;  // whole warps
   while (n_sort < take) n_sort <<= 1;
-  if (n_sort <= static_cast<int>(blockDim.x)) {
-    sort_one_a_thread(sel_key, sel_idx, take, n_sort, out);
-    return;
+  if (n_sort <= static_cast<int>(blockDim.x)) {  // block-uniform
+    switch (n_sort) {
+      case 64: return sort_one_a_thread<64>(sel_key, sel_idx, take, out);
+      case 128: return sort_one_a_thread<128>(sel_key, sel_idx, take, out);
+      case 256: return sort_one_a_thread<256>(sel_key, sel_idx, take, out);
+      case 512: return sort_one_a_thread<512>(sel_key, sel_idx, take, out);
+      case 1024: return sort_one_a_thread<1024>(sel_key, sel_idx, take, out);
+      default: break;  // wider blocks than the kernels launch: the two-a-thread sort below
+    }
   }
   const bool active = tid < n_sort / 2;
   const int e0 = 2 * tid, e1 = e0 + 1;
