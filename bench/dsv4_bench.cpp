@@ -367,17 +367,19 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         scores_of[tc ? 1 : 0] = scores.to_host<float>();
       }
       // The tensor-core scorer's CTA width, each computing the same scores (the automatic row above).
-      for (const int warps : {4, 8, 16}) {
+      // (warps a CTA, CTAs a cluster sharing the query transform; 0: no clusters)
+      for (const auto& [warps, cluster] : {std::pair{4, 0}, std::pair{8, 0}, std::pair{16, 0}, std::pair{8, 8}}) {
         ops::IndexerTuning tune;
         tune.scorer = ops::IndexerScorer::TensorCore;
         tune.scorer_warps = warps;
+        tune.scorer_cluster = cluster;
         row(fmt("indexer scores only one CSA layer ctx=%lld (CUDA graph replay)", context) + " scorer tensor core " +
-                std::to_string(warps) + " warps",
+                std::to_string(warps) + " warps" + (cluster ? " cluster " + std::to_string(cluster) : std::string()),
             score_bytes, time_calls(tune, true, false));
         synchronize(dev);
         if (scores.to_host<float>() != scores_of[1])
           throw Error(ErrorCode::Corrupt, "bench dsv4: the tensor-core scorer's scores differ with " + std::to_string(warps) +
-                                              " warps a CTA");
+                                              " warps a CTA, cluster " + std::to_string(cluster));
       }
       {
         size_t differ = 0;

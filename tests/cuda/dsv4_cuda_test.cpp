@@ -383,6 +383,7 @@ struct IndexerCase {
   ops::IndexerTopk topk = ops::IndexerTopk::Auto;        // the CUDA top-k kernel
   ops::IndexerScorer scorer = ops::IndexerScorer::Auto;  // the CUDA scorer
   int scorer_warps = 0;                                  // the tensor-core scorer's CTA width
+  int scorer_cluster = 0;                                // its clusters (8: sharing the query transform)
 };
 
 void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::vector<int32_t>* picks) {
@@ -391,7 +392,7 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   SCOPED_TRACE(::testing::Message() << "quant " << int(c.quant) << " packed " << packed << " H " << H << " D " << D << " nq "
                                     << nq << " cap " << cap << " n_rows " << c.n_rows << " k " << k << " first " << c.first
                                     << " rows mode " << int(c.rows) << " top-k kernel " << int(c.topk)
-                                    << " scorer " << int(c.scorer) << " warps " << c.scorer_warps);
+                                    << " scorer " << int(c.scorer) << " warps " << c.scorer_warps << " cluster " << c.scorer_cluster);
   std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
   if (c.rows == RowsMode::ZeroEveryThird)  // many rows scoring exactly 0: ties the top-k must break by row
     for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
@@ -419,6 +420,7 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   tuning.topk = c.topk;
   tuning.scorer = c.scorer;
   tuning.scorer_warps = c.scorer_warps;
+  tuning.scorer_cluster = c.scorer_cluster;
   ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
                          sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
   std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
@@ -697,7 +699,8 @@ TEST(Dsv4Cuda, IndexerTopkKernelsAgree) {
 // accumulator pass of 64 (72) and a partial n8 tile (5), queries whose visible rows differ and
 // end inside a tile, 2 or 3 visible rows of 40, all rows equal (ties through the scorer), k at
 // 2048; and a shape it does not serve (dim 64), where asking for it runs the SIMT scorer. The
-// tensor-core scorer at each CTA width (4, 8, 16 warps: tiles of 64, 128, 256 rows).
+// tensor-core scorer at each CTA width (4, 8, 16 warps: tiles of 64, 128, 256 rows) and in
+// clusters of 8 CTAs sharing the query transform (grids padded to whole clusters).
 void check_scorers(IndexerCase c) {
   std::vector<float> scores;
   std::vector<int32_t> picks;
@@ -708,6 +711,9 @@ void check_scorers(IndexerCase c) {
     c.scorer_warps = warps;
     check_indexer_once(c, &scores, &picks);
   }
+  c.scorer_warps = 0;
+  c.scorer_cluster = 8;
+  check_indexer_once(c, &scores, &picks);
 }
 
 TEST(Dsv4Cuda, IndexerScorers) {

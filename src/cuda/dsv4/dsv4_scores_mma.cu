@@ -14,6 +14,7 @@
 // registers, its heads spread over all the CTA's warps: that transform is the serial part of a
 // decode step's scoring (one tile a CTA), so wider CTAs shorten it. It is written straight to
 // shared memory as bf16, rows padded so that the B-fragment loads are free of bank conflicts.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -78,17 +79,23 @@ __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // The query of row i as the scores take it: Hadamard + FP4 rounded like the stored rows (the
 // CPU's butterfly network and block scales: identical bits), exact in bf16, into qb [hp, kQLd];
 // the padding heads [n_heads, hp) zero. A warp a head, kGroup heads a warp at a time with all
-// their loads first (independent shuffle chains overlap). Ends with the CTA's barrier.
-template <int kWarps>
+// their loads first (independent shuffle chains overlap). With kCluster > 1 the heads are spread
+// over the warps of the whole thread-block cluster and each is written to every CTA's qb
+// (distributed shared memory): the cluster transforms the query once instead of once a CTA.
+// Ends with the CTA's (or the cluster's) barrier, after which no CTA writes another's memory.
+template <int kWarps, int kCluster>
 __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t i, int hp, __nv_bfloat16* qb) {
-  constexpr int kGroup = 4;
+  constexpr int kSlots = kWarps * kCluster;
+  constexpr int kGroup = kSlots >= 64 ? 1 : 4;  // the model's 64 heads: one a warp in a cluster
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int rank = 0;
+  if constexpr (kCluster > 1) rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
   const float* q = p.q + i * p.q_stride0;
-  for (int h0 = warp; h0 < hp; h0 += kGroup * kWarps) {  // warp-uniform
+  for (int h0 = rank * kWarps + warp; h0 < hp; h0 += kGroup * kSlots) {  // warp-uniform
     float v[kGroup][4];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const int h = h0 + g * kWarps;
+      const int h = h0 + g * kSlots;
       const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[g][j] = src[j];
@@ -97,7 +104,7 @@ __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t 
     for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // all lanes
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const int h = h0 + g * kWarps;
+      const int h = h0 + g * kSlots;
       if (h >= hp) continue;
       const bool real = h < p.n_heads;
       const __nv_bfloat162 lo = __floats2bfloat162_rn(real ? v[g][0] : 0.0f, real ? v[g][1] : 0.0f);
@@ -105,15 +112,27 @@ __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t 
       uint2 packed;
       packed.x = *reinterpret_cast<const uint32_t*>(&lo);
       packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(qb + h * kQLd + 4 * lane) = packed;  // dims 4 lane .. 4 lane + 3
+      uint2* dst = reinterpret_cast<uint2*>(qb + h * kQLd + 4 * lane);  // dims 4 lane .. 4 lane + 3
+      if constexpr (kCluster > 1) {
+#pragma unroll
+        for (int r = 0; r < kCluster; ++r) *cooperative_groups::this_cluster().map_shared_rank(dst, r) = packed;
+      } else {
+        *dst = packed;
+      }
     }
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    cooperative_groups::this_cluster().sync();  // every CTA's qb complete (release / acquire)
+  } else {
+    __syncthreads();
+  }
 }
 
 // grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
 // its query's visible rows and writes -inf to the invisible rest of [0, cap).
-template <int kWarps>
+// With kCluster > 1, clusters of kCluster CTAs along x share the query transform; a CTA without
+// tiles still takes its part of it.
+template <int kWarps, int kCluster>
 __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerParams p) {
   constexpr int kTileRows = 16 * kWarps;
   pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
@@ -121,7 +140,7 @@ __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerPar
   const int32_t i = blockIdx.y;
   const int64_t vis = mask_invisible_scores(p, i);
   float* sc = p.scores + i * p.scores_stride;
-  if (static_cast<int64_t>(blockIdx.x) * kTileRows >= vis) return;  // block-uniform
+  if (kCluster == 1 && static_cast<int64_t>(blockIdx.x) * kTileRows >= vis) return;  // block-uniform
 
   const int n_heads = p.n_heads, hp = padded_heads(n_heads);
   __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(smem);                                 // [hp, kQLd]
@@ -141,7 +160,7 @@ __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerPar
 
   const float* w = p.weights + i * p.w_stride;
   for (int h = threadIdx.x; h < hp; h += blockDim.x) ws[h] = h < n_heads ? w[h] : 0.0f;  // padding heads: q 0, w 0
-  transform_query<kWarps>(p, i, hp, qb);  // ends after a barrier
+  transform_query<kWarps, kCluster>(p, i, hp, qb);  // ends after a barrier
 
   for (; s0 < vis; s0 += step) {
     // A fragments of all k steps: a[k][0] row g, columns 16k + 2tq (+1); a[k][1] row g + 8;
@@ -208,24 +227,39 @@ bool scores_mma_serves(const IndexerParams& p) {
          reinterpret_cast<uintptr_t>(p.rows) % 4 == 0 && mma_smem_bytes(p.n_heads) <= 200 * 1024;
 }
 
-template <int kWarps>
+template <int kWarps, int kCluster>
 void launch_warps(const IndexerParams& p, int dev, Stream s) {
   const size_t bytes = mma_smem_bytes(p.n_heads);
-  smem_opt_in(score_mma_kernel<kWarps>, bytes, dev);
+  const auto kernel = score_mma_kernel<kWarps, kCluster>;
+  smem_opt_in(kernel, bytes, dev);
   const int64_t sms = sm_count(dev), rows = std::min(p.n_rows, p.cap);
   const int64_t want = std::max<int64_t>(1, 8 * sms / (kWarps * p.n_q));  // ~8 warps an SM in all
   const int64_t tiles = (rows + 16 * kWarps - 1) / (16 * kWarps);
-  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, want))), static_cast<unsigned>(p.n_q));
-  score_mma_kernel<kWarps><<<grid, 32 * kWarps, bytes, native(s)>>>(p);
+  const int64_t x = (std::max<int64_t>(1, std::min(tiles, want)) + kCluster - 1) / kCluster * kCluster;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.n_q));
+  cfg.blockDim = dim3(32 * kWarps);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = native(s);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kCluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_mma_kernel");
 }
 
 // 8 warps a CTA unless asked otherwise: the fastest width on the model's decode shapes, 8k and
-// 64k tokens (bench dsv4's sweep: 4 warps pay a longer transform, 16 fill fewer SMs).
-void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps) {
-  if (warps == 4) return launch_warps<4>(p, dev, s);
-  if (warps == 16) return launch_warps<16>(p, dev, s);
-  launch_warps<8>(p, dev, s);
+// 64k tokens (bench dsv4's sweep: 4 warps pay a longer transform, 16 fill fewer SMs). Clusters
+// of 8 CTAs sharing the query transform where asked for (cluster 8).
+void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps, int cluster) {
+  if (cluster == 8) return launch_warps<8, 8>(p, dev, s);
+  if (warps == 4) return launch_warps<4, 1>(p, dev, s);
+  if (warps == 16) return launch_warps<16, 1>(p, dev, s);
+  launch_warps<8, 1>(p, dev, s);
 }
 
 }  // namespace kvcore::ops::cuda::dsv4
