@@ -30,7 +30,8 @@ struct IndexerTuning {
   IndexerScorer scorer = IndexerScorer::Auto;
   // The tensor-core scorer's warps a CTA (4, 8 or 16); 0: the automatic choice.
   int scorer_warps = 0;
-  // 8: the tensor-core scorer in clusters of 8 CTAs sharing the query transform; 0: no clusters.
+  // 8: the tensor-core scorer in clusters of 8 CTAs sharing the query transform; 0: clusters only
+  // where both this and scorer_warps are 0 (automatic) and the rows fill a cluster.
   int scorer_cluster = 0;
   IndexerTopk topk = IndexerTopk::Auto;
   // The compact top-k launches as a programmatic dependent of the scores (its launch and set-up

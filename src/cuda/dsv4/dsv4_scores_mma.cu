@@ -252,10 +252,13 @@ void launch_warps(const IndexerParams& p, int dev, Stream s) {
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_mma_kernel");
 }
 
-// 8 warps a CTA unless asked otherwise: the fastest width on the model's decode shapes, 8k and
-// 64k tokens (bench dsv4's sweep: 4 warps pay a longer transform, 16 fill fewer SMs). Clusters
-// of 8 CTAs sharing the query transform where asked for (cluster 8).
+// Automatic: 8 warps a CTA, the fastest plain width on the model's decode shapes, 8k and 64k
+// tokens (bench dsv4's sweep: 4 warps pay a longer transform, 16 fill fewer SMs), in clusters
+// of 8 sharing the query transform where the rows fill at least one cluster. Asked-for widths
+// (warps 4, 8, 16) run without clusters unless cluster is 8.
 void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps, int cluster) {
+  const int64_t rows = std::min(p.n_rows, p.cap);
+  if (warps == 0 && cluster == 0 && rows >= 8 * 16 * 8) cluster = 8;
   if (cluster == 8) return launch_warps<8, 8>(p, dev, s);
   if (warps == 4) return launch_warps<4, 1>(p, dev, s);
   if (warps == 16) return launch_warps<16, 1>(p, dev, s);
