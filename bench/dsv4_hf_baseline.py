@@ -24,6 +24,7 @@ commit, median_us, min_us, reps, ...). Usage:
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -211,10 +212,14 @@ def main():
     n_tokens = 8 if args.quick else 128
     reps = 2 if args.quick else args.reps
     cfg = flash_config(1 << 20)
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], text=True).strip()
-    except Exception:
-        commit = "unknown"
+    # The job's commit as the GPU scripts pass it (a device's copy of the tree may carry an older
+    # .git), else the checkout's.
+    commit = os.environ.get("KVCORE_GIT_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], text=True).strip()
+        except Exception:
+            commit = "unknown"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     out = open(args.json, "a") if args.json else None
 

@@ -24,7 +24,7 @@ timeout 200 ./build/kvcore bench dsv4 --device cuda --json "$OUT/dsv4.jsonl" > "
 grep -E "indexer|decode43" "$OUT/dsv4.log" | cut -c1-130
 if [ -z "${SKIP_HF:-}" ]; then
   log "HF baseline"
-  timeout 150 python3 bench/dsv4_hf_baseline.py --device cuda --reps 5 --contexts 8192 65536 --json "$OUT/dsv4-hf.jsonl" \
+  KVCORE_GIT_COMMIT="${KVCORE_GIT_COMMIT:-unknown}" timeout 150 python3 bench/dsv4_hf_baseline.py --device cuda --reps 5 --contexts 8192 65536 --json "$OUT/dsv4-hf.jsonl" \
     > "$OUT/dsv4-hf.log" 2>&1 || log "HF baseline rc $?"
   tail -8 "$OUT/dsv4-hf.log"
 fi
