@@ -10,10 +10,11 @@
 // mma's m16) x all heads (n8 tiles, 64 heads an accumulator pass) x dim 128 (8 k16 steps). A
 // warp reads its rows' packed words straight from global memory into registers (each lane the
 // bytes of its own fragment elements), issued before the query transform so the two overlap, and
-// the next tile's during this tile's math. The query is transformed once a CTA, a warp a head in
-// registers, its heads spread over all the CTA's warps: that transform is the serial part of a
-// decode step's scoring (one tile a CTA), so wider CTAs shorten it. It is written straight to
-// shared memory as bf16, rows padded so that the B-fragment loads are free of bank conflicts.
+// the next tile's during this tile's math. The query transform (a warp a head, in registers) is
+// the serial part of a decode step's scoring, where a CTA has one tile: it is ALU work, so the
+// automatic form spreads it over a cluster of 8 CTAs, each transforming 8 of the 64 heads and
+// writing them to all 8 CTAs' shared memory. The query is held there as bf16, rows padded so
+// that the B-fragment loads are free of bank conflicts.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -76,6 +77,25 @@ __device__ __forceinline__ uint32_t bf16_pair(uint32_t w, int byte_idx, float sc
 
 __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
 
+// Thread-block clusters exist from compute capability 9.0. Code built for an older target
+// transforms the query in every CTA (correct under any launch, cluster or not); the launcher asks
+// for clusters only on devices that have them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kHasClusters = false;
+__device__ __forceinline__ int cluster_rank() { return 0; }
+template <class T>
+__device__ __forceinline__ T* cluster_peer(T* p, int) { return p; }
+__device__ __forceinline__ void cluster_barrier() { __syncthreads(); }
+#else
+constexpr bool kHasClusters = true;
+__device__ __forceinline__ int cluster_rank() { return static_cast<int>(cooperative_groups::this_cluster().block_rank()); }
+// p's counterpart in the shared memory of the cluster's CTA of rank r.
+template <class T>
+__device__ __forceinline__ T* cluster_peer(T* p, int r) { return cooperative_groups::this_cluster().map_shared_rank(p, r); }
+// Every CTA of the cluster here; their shared-memory writes before it visible after it.
+__device__ __forceinline__ void cluster_barrier() { cooperative_groups::this_cluster().sync(); }
+#endif
+
 // The query of row i as the scores take it: Hadamard + FP4 rounded like the stored rows (the
 // CPU's butterfly network and block scales: identical bits), exact in bf16, into qb [hp, kQLd];
 // the padding heads [n_heads, hp) zero. A warp a head, kGroup heads a warp at a time with all
@@ -83,13 +103,14 @@ __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // over the warps of the whole thread-block cluster and each is written to every CTA's qb
 // (distributed shared memory): the cluster transforms the query once instead of once a CTA.
 // Ends with the CTA's (or the cluster's) barrier, after which no CTA writes another's memory.
-template <int kWarps, int kCluster>
+template <int kWarps, int kAskedCluster>
 __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t i, int hp, __nv_bfloat16* qb) {
+  constexpr int kCluster = kHasClusters ? kAskedCluster : 1;
   constexpr int kSlots = kWarps * kCluster;
   constexpr int kGroup = kSlots >= 64 ? 1 : 4;  // the model's 64 heads: one a warp in a cluster
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int rank = 0;
-  if constexpr (kCluster > 1) rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+  if constexpr (kCluster > 1) rank = cluster_rank();
   const float* q = p.q + i * p.q_stride0;
   for (int h0 = rank * kWarps + warp; h0 < hp; h0 += kGroup * kSlots) {  // warp-uniform
     float v[kGroup][4];
@@ -115,14 +136,14 @@ __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t 
       uint2* dst = reinterpret_cast<uint2*>(qb + h * kQLd + 4 * lane);  // dims 4 lane .. 4 lane + 3
       if constexpr (kCluster > 1) {
 #pragma unroll
-        for (int r = 0; r < kCluster; ++r) *cooperative_groups::this_cluster().map_shared_rank(dst, r) = packed;
+        for (int r = 0; r < kCluster; ++r) *cluster_peer(dst, r) = packed;
       } else {
         *dst = packed;
       }
     }
   }
   if constexpr (kCluster > 1) {
-    cooperative_groups::this_cluster().sync();  // every CTA's qb complete (release / acquire)
+    cluster_barrier();  // every CTA's qb complete
   } else {
     __syncthreads();
   }
@@ -140,7 +161,7 @@ __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerPar
   const int32_t i = blockIdx.y;
   const int64_t vis = mask_invisible_scores(p, i);
   float* sc = p.scores + i * p.scores_stride;
-  if (kCluster == 1 && static_cast<int64_t>(blockIdx.x) * kTileRows >= vis) return;  // block-uniform
+  if ((kCluster == 1 || !kHasClusters) && static_cast<int64_t>(blockIdx.x) * kTileRows >= vis) return;  // block-uniform
 
   const int n_heads = p.n_heads, hp = padded_heads(n_heads);
   __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(smem);                                 // [hp, kQLd]
@@ -259,7 +280,7 @@ void launch_warps(const IndexerParams& p, int dev, Stream s) {
 void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps, int cluster) {
   const int64_t rows = std::min(p.n_rows, p.cap);
   if (warps == 0 && cluster == 0 && rows >= 8 * 16 * 8) cluster = 8;
-  if (cluster == 8) return launch_warps<8, 8>(p, dev, s);
+  if (cluster == 8 && compute_capability(dev) >= 90) return launch_warps<8, 8>(p, dev, s);
   if (warps == 4) return launch_warps<4, 1>(p, dev, s);
   if (warps == 16) return launch_warps<16, 1>(p, dev, s);
   launch_warps<8, 1>(p, dev, s);
