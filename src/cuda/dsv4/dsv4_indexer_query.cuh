@@ -20,32 +20,45 @@ __device__ __forceinline__ int64_t mask_invisible_scores(const IndexerParams& p,
   return vis;
 }
 
+// The model's query heads (dim 128, quantized), a warp a head in registers: heads first, first +
+// step, ... below end, kGroup of them a warp at a time with all loads first (independent shuffle
+// chains overlap). store(h, v) receives head h's values at dims 4 lane .. 4 lane + 3, Hadamard +
+// FP4 rounded like the stored rows (the CPU's butterfly network and block scales: identical
+// bits); heads at or past n_heads (padding) arrive as zeros. Every lane of the warp calls it.
+template <int kGroup, class Store>
+__device__ __forceinline__ void transform_query_heads(const IndexerParams& p, const float* q, int first, int step, int end,
+                                                      Store&& store) {
+  const int lane = threadIdx.x & 31;
+  for (int h0 = first; h0 < end; h0 += kGroup * step) {  // warp-uniform
+    float v[kGroup][4];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int h = h0 + g * step;
+      const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[g][j] = src[j];
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // all lanes
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int h = h0 + g * step;
+      if (h >= end) continue;
+      if (h >= p.n_heads) v[g][0] = v[g][1] = v[g][2] = v[g][3] = 0.0f;
+      store(h, v[g]);
+    }
+  }
+}
+
 // The query of row i into qs [n_heads, dim], Hadamard + FP4 transformed like the stored rows
 // when quantized (the same butterfly network and block scales as the CPU: identical bits).
 __device__ inline void load_query(const IndexerParams& p, float* qs, int32_t i) {
   const float* q = p.q + i * p.q_stride0;
   if (p.quant && p.dim == math::kHadamardDim) {  // the model's case: a warp per head, in registers
-    // Heads in groups of kGroup a warp, all loads first: independent shuffle chains to overlap.
-    constexpr int kGroup = 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    for (int h0 = warp; h0 < p.n_heads; h0 += kGroup * n_warps) {
-      float v[kGroup][4];
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const int h = h0 + g * n_warps;
-        const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[g][j] = src[j];
-      }
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // warp-uniform: all lanes
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const int h = h0 + g * n_warps;
-        if (h < p.n_heads)
-          *reinterpret_cast<float4*>(qs + h * math::kHadamardDim + 4 * lane) = make_float4(v[g][0], v[g][1], v[g][2], v[g][3]);
-      }
-    }
+    transform_query_heads<4>(p, q, warp, n_warps, p.n_heads, [&](int h, const float (&v)[4]) {
+      *reinterpret_cast<float4*>(qs + h * math::kHadamardDim + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+    });
     __syncthreads();
     return;
   }

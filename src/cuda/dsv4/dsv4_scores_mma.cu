@@ -29,7 +29,6 @@
 #include "cuda/dsv4/dsv4_indexer_query.cuh"
 #include "cuda/dsv4/dsv4_scores_mma.hpp"
 #include "kvcore/math/dsv4.hpp"
-#include "kvcore/math/fp4_hadamard.hpp"
 
 namespace kvcore::ops::cuda::dsv4 {
 
@@ -98,8 +97,7 @@ __device__ __forceinline__ void cluster_barrier() { cooperative_groups::this_clu
 
 // The query of row i as the scores take it: Hadamard + FP4 rounded like the stored rows (the
 // CPU's butterfly network and block scales: identical bits), exact in bf16, into qb [hp, kQLd];
-// the padding heads [n_heads, hp) zero. A warp a head, kGroup heads a warp at a time with all
-// their loads first (independent shuffle chains overlap). With kCluster > 1 the heads are spread
+// the padding heads [n_heads, hp) zero (transform_query_heads). With kCluster > 1 the heads are spread
 // over the warps of the whole thread-block cluster and each is written to every CTA's qb
 // (distributed shared memory): the cluster transforms the query once instead of once a CTA.
 // Ends with the CTA's (or the cluster's) barrier, after which no CTA writes another's memory.
@@ -111,37 +109,19 @@ __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int rank = 0;
   if constexpr (kCluster > 1) rank = cluster_rank();
-  const float* q = p.q + i * p.q_stride0;
-  for (int h0 = rank * kWarps + warp; h0 < hp; h0 += kGroup * kSlots) {  // warp-uniform
-    float v[kGroup][4];
+  transform_query_heads<kGroup>(p, p.q + i * p.q_stride0, rank * kWarps + warp, kSlots, hp, [&](int h, const float (&v)[4]) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);  // exact
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    uint2* dst = reinterpret_cast<uint2*>(qb + h * kQLd + 4 * lane);  // dims 4 lane .. 4 lane + 3
+    if constexpr (kCluster > 1) {
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      const int h = h0 + g * kSlots;
-      const float* src = q + (h < p.n_heads ? h : 0) * p.q_stride1 + 4 * lane;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[g][j] = src[j];
+      for (int r = 0; r < kCluster; ++r) *cluster_peer(dst, r) = packed;
+    } else {
+      *dst = packed;
     }
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) math::fp4_hadamard_round_trip128_warp(v[g], lane);  // all lanes
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      const int h = h0 + g * kSlots;
-      if (h >= hp) continue;
-      const bool real = h < p.n_heads;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(real ? v[g][0] : 0.0f, real ? v[g][1] : 0.0f);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(real ? v[g][2] : 0.0f, real ? v[g][3] : 0.0f);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      uint2* dst = reinterpret_cast<uint2*>(qb + h * kQLd + 4 * lane);  // dims 4 lane .. 4 lane + 3
-      if constexpr (kCluster > 1) {
-#pragma unroll
-        for (int r = 0; r < kCluster; ++r) *cluster_peer(dst, r) = packed;
-      } else {
-        *dst = packed;
-      }
-    }
-  }
+  });
   if constexpr (kCluster > 1) {
     cluster_barrier();  // every CTA's qb complete
   } else {
