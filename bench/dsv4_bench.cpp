@@ -581,11 +581,11 @@ void bench_prefill(BenchOptions& opt, Dsv4Compressor c, const char* name, int64_
 
 KVCORE_BENCH(dsv4, "DeepSeek-V4-Flash cache: per-token decode step of 43 layers, indexer top-k, 64k-token prefill compression") {
   const int64_t n_prefill = opt.quick ? 4096 : 65536;
-  if (opt.wants("decode43 cache step")) bench_decode(opt, opt.quick ? 256 : 8192, false);
-  if (opt.wants("decode43 cache step+indexer")) {
-    bench_decode(opt, opt.quick ? 256 : 8192, true);
-    if (!opt.quick) bench_decode(opt, 65536, true);
-  }
+  const long long short_ctx = opt.quick ? 256 : 8192;
+  if (opt.wants(fmt("decode43 cache step ctx=%lld", short_ctx))) bench_decode(opt, short_ctx, false);
+  // One case name a context, so that `--case "...ctx=65536"` runs (and profiles) the long one alone.
+  if (opt.wants(fmt("decode43 cache step+indexer ctx=%lld", short_ctx))) bench_decode(opt, short_ctx, true);
+  if (!opt.quick && opt.wants("decode43 cache step+indexer ctx=65536")) bench_decode(opt, 65536, true);
   if (opt.wants("decode43 fused")) bench_decode_separate(opt);
   if (opt.wants("prefill csa")) bench_prefill(opt, Dsv4Compressor::csa(), "csa", n_prefill);
   if (opt.wants("prefill indexer")) bench_prefill(opt, Dsv4Compressor::indexer(), "indexer", n_prefill);

@@ -2,7 +2,8 @@
 # Nsight Compute profiles of chosen kernels on the device machine: one line per target,
 #   "<bench> | <case substring> | <kernel regex> | <launch skip> | <tag>"
 # in PROFILE_TARGETS (newline separated). Writes $OUT/ncu-<tag>.txt (sections) and, with
-# NCU_SASS=1, $OUT/ncu-<tag>-sass.csv (per-instruction stall samples). Builds the kvcore tool.
+# NCU_SASS=1, $OUT/ncu-<tag>-sass.csv (per-instruction stall samples and executed instructions;
+# NCU_SAMPLING=<0-31> sets the sampling interval). Builds the kvcore tool.
 #   OUT=<dir> PROFILE_TARGETS="..." bash bench/ncu-profile.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,10 @@ while IFS='|' read -r bench kase kern skip tag; do
   [ -n "$bench" ] || continue
   echo "== ncu $tag ($bench / $kase / $kern, skip $skip)"
   extra=()
-  [ "${NCU_SASS:-0}" = 1 ] && extra=(--section SourceCounters --import-source no -o "$OUT/rep-$tag" -f)
+  # NCU_SAMPLING: the warp-state sampling interval (2^(5 + n) cycles; 0 = every 32 cycles), for short kernels
+  # whose default interval leaves a handful of samples.
+  [ "${NCU_SASS:-0}" = 1 ] && extra=(--section SourceCounters --import-source no -o "$OUT/rep-$tag" -f
+                                     ${NCU_SAMPLING:+--warp-sampling-interval $NCU_SAMPLING})
   timeout 240 ncu --clock-control none -k "regex:$kern" --launch-skip "$skip" --launch-count 1 "${sections[@]}" "${extra[@]}" \
       ./build/kvcore bench "$bench" --device cuda --case "$kase" --reps 3 > "$OUT/ncu-$tag.txt" 2>&1
   if [ "${NCU_SASS:-0}" = 1 ] && [ -f "$OUT/rep-$tag.ncu-rep" ]; then
