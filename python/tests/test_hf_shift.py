@@ -38,8 +38,9 @@ def reference_logits(m, ids, shifted=True):
     m64 = copy.deepcopy(m).double()
     m64.set_attn_implementation("eager")
     cache = DynamicCache(config=m64.config)
+    with_cache = cache_kwargs(m64, cache)  # once: it reads forward()'s signature
     with torch.no_grad():
-        m64(ids[:, :WINDOW], **cache_kwargs(m64, cache))
+        m64(ids[:, :WINDOW], **with_cache)
     freqs = torch.tensor(kvcore_hf.rope_spec_from_config(m.config).frequencies_f64(), dtype=torch.float64,
                          device=ids.device)
     pos = torch.arange(WINDOW, device=ids.device)
@@ -55,7 +56,7 @@ def reference_logits(m, ids, shifted=True):
     with torch.no_grad():
         for t in range(WINDOW, TOTAL):
             p = torch.tensor([[next_pos + t - WINDOW]], device=ids.device)
-            out.append(m64(ids[:, t:t + 1], **cache_kwargs(m64, cache), position_ids=p).logits[:, -1])
+            out.append(m64(ids[:, t:t + 1], **with_cache, position_ids=p).logits[:, -1])
     return torch.stack(out, dim=1)
 
 
@@ -64,10 +65,11 @@ def kvcore_logits(m, ids, **kw):
     cache = kvcore_hf.KvcoreCache(m, window=WINDOW, n_keep=N_KEEP, n_discard=N_DISCARD, **kw)
     out = []
     try:
+        with_cache = cache_kwargs(m, cache)  # once: it reads forward()'s signature
         with torch.no_grad():
-            m(ids[:, :PREFILL], **cache_kwargs(m, cache))
+            m(ids[:, :PREFILL], **with_cache)
             for t in range(PREFILL, TOTAL):
-                logits = m(ids[:, t:t + 1], **cache_kwargs(m, cache)).logits[:, -1]
+                logits = m(ids[:, t:t + 1], **with_cache).logits[:, -1]
                 if t >= WINDOW:
                     out.append(logits)
                 assert cache.shifts == (1 if t >= WINDOW else 0)
