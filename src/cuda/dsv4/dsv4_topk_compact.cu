@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
   __shared__ int32_t sel_idx[kCompactMaxK];
   __shared__ int sums[3][kCompactWarps];
   __shared__ int ties_of_warp[kCompactWarps];
-  __shared__ int s_n_sel, s_n_cand;
+  __shared__ int s_n_sel, s_n_swept;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int32_t i = blockIdx.x;
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
   for (int b = tid; b < 1024; b += kCompactThreads) hist_b[b] = 0;
   if (tid == 0) {
     s_n_sel = 0;
-    s_n_cand = 0;
+    s_n_swept = 0;
   }
   pdl_wait();  // the scores are complete and visible from here on
   for (int j = tid; j < p.k; j += kCompactThreads)  // -1 beyond take; the sort writes [0, take)
@@ -173,8 +173,11 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
   const bool cand_mode = d0.count <= kCand;  // the same in every warp
 
   if (cand_mode) {  // keys of higher bins to the picks, the threshold's bin to the candidates
-    // Four keys a thread a step; most steps of a warp hold none of either (the picks and the
-    // candidates are a small share of the keys), and those skip the slot work.
+    // Four keys a thread a step. Most steps of a warp hold none of either (the picks and the
+    // candidates are a small share of the keys) and skip the slot work; the others take their
+    // slots in one go: each lane's two counts packed in one int (picks low, candidates high:
+    // both stay below 2^16, take <= kCompactMaxK and the bin holds <= kCand keys), a warp
+    // scan of them and one shared atomic a warp.
     const uint32_t b0 = d0.bin;
     for (int base = 0; base < vis; base += 4 * kCompactThreads) {  // the same trip count for every thread
       const int s4 = base + 4 * tid;
@@ -189,26 +192,37 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
 #pragma unroll
         for (int e = 0; e < 4; ++e) k4[e] = s4 + e < vis ? keys[s4 + e] : 0u;
       }
-      bool any = false;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) any |= s4 + e < vis && (k4[e] >> 20) >= b0;
-      if (!__any_sync(kFull, any)) continue;  // warp-uniform
+      int counts = 0;  // picks | candidates << 16
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int s = s4 + e;
         const uint32_t dg = k4[e] >> 20;
-        const bool g = s < vis && dg > b0, c = s < vis && dg == b0;
-        const int gs = warp_slot(g, &s_n_sel), cs = warp_slot(c, &s_n_cand);
-        if (g) {
+        if (s4 + e < vis) counts += dg > b0 ? 1 : (dg == b0 ? 1 << 16 : 0);
+      }
+      if (!__any_sync(kFull, counts != 0)) continue;  // warp-uniform
+      int incl = counts;  // inclusive scan over the warp's lanes
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(kFull, incl, o);
+        if (lane >= o) incl += t;
+      }
+      int first = 0;
+      if (lane == 31) first = atomicAdd(&s_n_swept, incl);
+      const int at = __shfl_sync(kFull, first, 31) + incl - counts;
+      int gs = at & 0xffff, cs = at >> 16;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t dg = k4[e] >> 20;
+        if (s4 + e < vis && dg > b0) {
           sel_key[gs] = k4[e];
-          sel_idx[gs] = s;
-        }
-        if (c) {
+          sel_idx[gs++] = s4 + e;
+        } else if (s4 + e < vis && dg == b0) {
           cand_key[cs] = k4[e];
-          cand_idx[cs] = s;
+          cand_idx[cs++] = s4 + e;
         }
       }
     }
+    // The final sweep's pick slots follow the picks of the higher bins.
+    if (tid == 0) s_n_sel = take - d0.need;
   }
   // Past this barrier every warp is done with pass 0's histogram: hist_a is free for pass 2.
   __syncthreads();
