@@ -15,7 +15,6 @@
 // automatic form spreads it over a cluster of 8 CTAs, each transforming 8 of the 64 heads and
 // writing them to all 8 CTAs' shared memory. The query is held there as bf16, rows padded so
 // that the B-fragment loads are free of bank conflicts.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -81,34 +80,91 @@ __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // for clusters only on devices that have them.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 constexpr bool kHasClusters = false;
-__device__ __forceinline__ int cluster_rank() { return 0; }
-template <class T>
-__device__ __forceinline__ T* cluster_peer(T* p, int) { return p; }
-__device__ __forceinline__ void cluster_barrier() { __syncthreads(); }
 #else
 constexpr bool kHasClusters = true;
-__device__ __forceinline__ int cluster_rank() { return static_cast<int>(cooperative_groups::this_cluster().block_rank()); }
-// p's counterpart in the shared memory of the cluster's CTA of rank r.
-template <class T>
-__device__ __forceinline__ T* cluster_peer(T* p, int r) { return cooperative_groups::this_cluster().map_shared_rank(p, r); }
-// Every CTA of the cluster here; their shared-memory writes before it visible after it.
-__device__ __forceinline__ void cluster_barrier() { cooperative_groups::this_cluster().sync(); }
 #endif
+
+// The query's delivery within a cluster: every CTA writes its heads into all CTAs' shared memory
+// by asynchronous stores (st.async), each of which counts its bytes on the receiving CTA's
+// mbarrier, so a CTA waits for exactly the bytes it expects and nothing else. A cluster barrier
+// would do the same, but its release semantics cost a GPU-scope memory barrier (MEMBAR.ALL.GPU),
+// which waits for this CTA's outstanding global stores and loads too (the -inf masking, the rows
+// in flight). The one cluster barrier left, relaxed, only orders each mbarrier's initialization
+// before the first store to it; it is split so that the loads overlap its wait.
+struct ClusterInbox {
+  uint32_t bar;  // the mbarrier's shared-memory address in this CTA
+
+  // Every thread; `bytes` is what the whole cluster writes into this CTA.
+  __device__ __forceinline__ void open(uint64_t* mbar, uint32_t bytes) {
+    bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+  }
+  // This CTA's rank in the cluster.
+  __device__ __forceinline__ static int rank() {
+    uint32_t r = 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return static_cast<int>(r);
+  }
+  // Every thread, before its first send: every CTA's mbarrier is initialized.
+  __device__ __forceinline__ void ready() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+  }
+  // v into the CTA of rank r at the address that `local` has in this CTA.
+  __device__ __forceinline__ void send(void* local, int r, uint2 v) const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    uint32_t dst, dst_bar;
+    const uint32_t src = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(src), "r"(r));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst_bar) : "r"(bar), "r"(r));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(dst), "r"(v.x),
+                 "r"(v.y), "r"(dst_bar)
+                 : "memory");
+#endif
+  }
+  // Every thread: the expected bytes have arrived and are visible.
+  __device__ __forceinline__ void wait() const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(bar)
+          : "memory");
+    }
+#endif
+  }
+};
 
 // The query of row i as the scores take it: Hadamard + FP4 rounded like the stored rows (the
 // CPU's butterfly network and block scales: identical bits), exact in bf16, into qb [hp, kQLd];
 // the padding heads [n_heads, hp) zero (transform_query_heads). With kCluster > 1 the heads are spread
-// over the warps of the whole thread-block cluster and each is written to every CTA's qb
-// (distributed shared memory): the cluster transforms the query once instead of once a CTA.
-// Ends with the CTA's (or the cluster's) barrier, after which no CTA writes another's memory.
+// over the warps of the whole thread-block cluster and each is sent to every CTA's qb through
+// `inbox` (opened with hp * kDim bf16s): the cluster transforms the query once instead of once a
+// CTA. Ends with the CTA's barrier, after its qb is complete.
 template <int kWarps, int kAskedCluster>
-__device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t i, int hp, __nv_bfloat16* qb) {
+__device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t i, int hp, __nv_bfloat16* qb,
+                                                ClusterInbox& inbox) {
   constexpr int kCluster = kHasClusters ? kAskedCluster : 1;
   constexpr int kSlots = kWarps * kCluster;
   constexpr int kGroup = kSlots >= 64 ? 1 : 4;  // the model's 64 heads: one a warp in a cluster
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int rank = 0;
-  if constexpr (kCluster > 1) rank = cluster_rank();
+  if constexpr (kCluster > 1) {
+    rank = ClusterInbox::rank();
+    inbox.ready();
+  }
   transform_query_heads<kGroup>(p, p.q + i * p.q_stride0, rank * kWarps + warp, kSlots, hp, [&](int h, const float (&v)[4]) {
     const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);  // exact
     uint2 packed;
@@ -117,16 +173,13 @@ __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t 
     uint2* dst = reinterpret_cast<uint2*>(qb + h * kQLd + 4 * lane);  // dims 4 lane .. 4 lane + 3
     if constexpr (kCluster > 1) {
 #pragma unroll
-      for (int r = 0; r < kCluster; ++r) *cluster_peer(dst, r) = packed;
+      for (int r = 0; r < kCluster; ++r) inbox.send(dst, r, packed);
     } else {
       *dst = packed;
     }
   });
-  if constexpr (kCluster > 1) {
-    cluster_barrier();  // every CTA's qb complete
-  } else {
-    __syncthreads();
-  }
+  if constexpr (kCluster > 1) inbox.wait();  // every head of qb arrived
+  __syncthreads();                            // and the weights in ws
 }
 
 // grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
@@ -138,12 +191,15 @@ __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerPar
   constexpr int kTileRows = 16 * kWarps;
   pdl_allow_dependents();  // the top-k may launch now; it waits for this grid before reading
   extern __shared__ __align__(16) float smem[];
+  __shared__ __align__(8) uint64_t inbox_bar;
+  const int n_heads = p.n_heads, hp = padded_heads(n_heads);
+  ClusterInbox inbox{};
+  if constexpr (kCluster > 1 && kHasClusters) inbox.open(&inbox_bar, static_cast<uint32_t>(hp * kDim * sizeof(__nv_bfloat16)));
   const int32_t i = blockIdx.y;
   const int64_t vis = mask_invisible_scores(p, i);
   float* sc = p.scores + i * p.scores_stride;
   if ((kCluster == 1 || !kHasClusters) && static_cast<int64_t>(blockIdx.x) * kTileRows >= vis) return;  // block-uniform
 
-  const int n_heads = p.n_heads, hp = padded_heads(n_heads);
   __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(smem);                                 // [hp, kQLd]
   float* ws = reinterpret_cast<float*>(qb + static_cast<size_t>(hp) * kQLd);                 // [hp]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
@@ -161,7 +217,7 @@ __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerPar
 
   const float* w = p.weights + i * p.w_stride;
   for (int h = threadIdx.x; h < hp; h += blockDim.x) ws[h] = h < n_heads ? w[h] : 0.0f;  // padding heads: q 0, w 0
-  transform_query<kWarps, kCluster>(p, i, hp, qb);  // ends after a barrier
+  transform_query<kWarps, kCluster>(p, i, hp, qb, inbox);  // ends after a barrier
 
   for (; s0 < vis; s0 += step) {
     // A fragments of all k steps: a[k][0] row g, columns 16k + 2tq (+1); a[k][1] row g + 8;
