@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Several states of the code in one GPU job, for a change made of steps: builds the kvcore tool of
+# each older commit from its source tarball (git archive --prefix=<commit>/ <commit> | gzip >
+# .gpu/tree-<commit>.tar.gz, carried to the device) in parallel with this tree's tool and CUDA
+# tests, runs this tree's CUDA tests that match TESTS (a ctest regex), then one bench, interleaved
+# over the builds (oldest first, ROUNDS times) so that drift hits every state alike. Each state's
+# rows go to $OUT/bench-<commit>.jsonl (this tree's: bench-$KVCORE_GIT_COMMIT.jsonl).
+#   KVCORE_GIT_COMMIT=<hash> TREES="<c1> <c2>" OUT=<dir> [TESTS=Dsv4] [ROUNDS=2] \
+#     bash bench/gpu/builds.sh <bench> [case ...]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
+START=$(date +%s)
+COMMIT=${KVCORE_GIT_COMMIT:-unknown}
+log() { echo "== $(date +%T) (+$(( $(date +%s) - START )) s) $*"; }
+bench=$1
+shift
+cases=("$@")
+
+configure() {  # source dir, build dir, commit
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="$3"
+}
+pids=()
+for c in ${TREES:-}; do
+  rm -rf "/tmp/$c" && tar -C /tmp -xzf ".gpu/tree-$c.tar.gz" &&
+    (configure "/tmp/$c" "/tmp/build-$c" "$c" && nice cmake --build "/tmp/build-$c" -j 4 --target kvcore_cli) \
+      > "/tmp/build-$c.log" 2>&1 &
+  pids+=($!)
+done
+log "this tree ($COMMIT): kvcore_cli and the CUDA tests; older trees: ${TREES:-none}"
+(configure . build "$COMMIT" && cmake --build build -j 8 --target kvcore_cli kvcore_cuda_tests) > "$OUT/build.log" 2>&1 ||
+  { grep -E 'error' -A3 "$OUT/build.log" | head -40; exit 1; }
+if [ -n "${TESTS:-}" ]; then
+  log "CUDA tests matching $TESTS"
+  (cd build && ctest -L gpu -R "$TESTS" --output-on-failure --timeout 120) > "$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+bins=()
+for c in ${TREES:-}; do
+  if [ -x "/tmp/build-$c/kvcore" ]; then bins+=("$c"); else log "build of $c failed"; tail -20 "/tmp/build-$c.log"; fi
+done
+bins+=("$COMMIT")
+args=()
+[ ${#cases[@]} -gt 0 ] && args=(--case "${cases[@]}")
+for round in $(seq "${ROUNDS:-2}"); do
+  for c in "${bins[@]}"; do
+    bin=/tmp/build-$c/kvcore
+    [ "$c" = "$COMMIT" ] && bin=./build/kvcore
+    log "bench $bench $c round $round"
+    timeout 200 "$bin" bench "$bench" --device cuda "${args[@]}" --json "$OUT/bench-$c.jsonl" >> "$OUT/bench.log" 2>&1 ||
+      log "bench rc $?"
+  done
+done
+log done
