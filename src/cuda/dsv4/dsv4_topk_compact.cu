@@ -150,8 +150,38 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
   if (take == 0) return;  // block-uniform
   __syncthreads();
 
-  // Pass 0: keys into shared memory and the histogram of their top 12 bits.
-  for (int base = 0; base < vis; base += kLoadBatch * kCompactThreads) {
+  // Pass 0: keys into shared memory and the histogram of their top 12 bits. Four scores a load
+  // where the row of scores is 16-byte aligned (the usual case: a contiguous [n_q, cap] with cap
+  // a multiple of 4), else one; the rest past the last whole four, one a thread.
+  auto take_key = [&](int s, float v) {
+    const uint32_t key = order_key(v);
+    keys[s] = key;
+    atomicAdd(&hist_a[key >> 20], 1);
+  };
+  const bool by_four = (reinterpret_cast<uintptr_t>(sc) & 15u) == 0;  // block-uniform
+  const int n4 = by_four ? vis / 4 : 0;
+  const float4* sc4 = reinterpret_cast<const float4*>(sc);
+  for (int base = 0; base < n4; base += kLoadBatch / 4 * kCompactThreads) {
+    float4 v[kLoadBatch / 4];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch / 4; ++j) {
+      const int s = base + j * kCompactThreads + tid;
+      v[j] = s < n4 ? sc4[s] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch / 4; ++j) {
+      const int s = base + j * kCompactThreads + tid;
+      if (s < n4) {
+        const uint4 k4 = make_uint4(order_key(v[j].x), order_key(v[j].y), order_key(v[j].z), order_key(v[j].w));
+        *reinterpret_cast<uint4*>(keys + 4 * s) = k4;
+        atomicAdd(&hist_a[k4.x >> 20], 1);
+        atomicAdd(&hist_a[k4.y >> 20], 1);
+        atomicAdd(&hist_a[k4.z >> 20], 1);
+        atomicAdd(&hist_a[k4.w >> 20], 1);
+      }
+    }
+  }
+  for (int base = 4 * n4; base < vis; base += kLoadBatch * kCompactThreads) {
     float v[kLoadBatch];
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
@@ -161,11 +191,7 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       const int s = base + j * kCompactThreads + tid;
-      if (s < vis) {
-        const uint32_t key = order_key(v[j]);
-        keys[s] = key;
-        atomicAdd(&hist_a[key >> 20], 1);
-      }
+      if (s < vis) take_key(s, v[j]);
     }
   }
   __syncthreads();
