@@ -47,60 +47,41 @@ __device__ __forceinline__ uint64_t pick_order(uint32_t key, int32_t row) {
   return (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(~row);
 }
 
-// The sort of sort_picks_and_write with one pick a thread (kSort = n_sort <= blockDim.x), as
-// pick_order u64s: each warp sorts its 32 by a bitonic network of shuffles (every
-// compare-exchange a max or a min, without branches); then log2(kSort / 32) rounds merge pairs of
-// sorted runs. In a round a pick stays in its thread and only learns its new place: its index in
-// its run plus how many picks of the partner run come first, found by a binary search of that run
-// in shared memory (log2(run) + 1 loads). Ties between runs (only the padding repeats a value)
-// go to the left run, so the places stay a permutation. One barrier a round: the rounds alternate
-// between two halves of sel_key / sel_idx (the picks' high and low words). This takes about half
-// the instructions of a bitonic network over the whole block, whose stages past a warp each cost
-// a barrier and a compare-exchange of every pick.
+// The bitonic sort of sort_picks_and_write with one pick a thread (kSort = n_sort <=
+// blockDim.x), unrolled (the stage masks are constants): each compare-exchange is a max or a min
+// of two u64s, without branches; strides < 32 by shuffles, larger ones through shared memory,
+// alternating between two halves of sel_key / sel_idx (the pick's high and low words) so that one
+// barrier a stage suffices.
 template <int kSort>
 __device__ inline void sort_one_a_thread(uint32_t* sel_key, int32_t* sel_idx, int take, int32_t* out) {
-  static_assert(kSort >= 64 && (kSort & (kSort - 1)) == 0, "whole warps, a power of two");
-  const int e = threadIdx.x, lane = e & 31;
-  const bool active = e < kSort;  // whole warps
+  const int e = threadIdx.x;
+  const bool active = e < kSort;  // whole warps: kSort is a multiple of 64
   uint64_t c = e < take ? pick_order(sel_key[e], sel_idx[e]) : pick_order(0u, 0x7fffffff);
-  __syncthreads();  // every pick read before the first round overwrites them
+  __syncthreads();  // every pick read before the first exchange overwrites them
+  int half = 0;     // which half of the arrays the next exchange through shared memory writes
 #pragma unroll
-  for (int size = 2; size <= 32; size <<= 1) {
+  for (int size = 2; size <= kSort; size <<= 1) {
 #pragma unroll
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const uint64_t o = __shfl_xor_sync(0xffffffffu, c, stride);
-      const bool keep_larger = ((lane & size) == 0) == ((lane & stride) == 0);
+      uint64_t o = c;
+      if (stride < 32) {
+        o = __shfl_xor_sync(0xffffffffu, c, stride);
+      } else {
+        uint32_t* hi = sel_key + half * kSort;
+        uint32_t* lo = reinterpret_cast<uint32_t*>(sel_idx) + half * kSort;
+        if (active) {
+          hi[e] = static_cast<uint32_t>(c >> 32);
+          lo[e] = static_cast<uint32_t>(c);
+        }
+        __syncthreads();  // the other half was last read before this barrier: next stage may write it
+        if (active) o = (static_cast<uint64_t>(hi[e ^ stride]) << 32) | lo[e ^ stride];
+        half ^= 1;
+      }
+      const bool keep_larger = ((e & size) == 0) == ((e & stride) == 0);
       c = keep_larger ? (o > c ? o : c) : (o < c ? o : c);
     }
   }
-  int at = e;  // this pick's place: in the array of runs of `run` picks sorted descending
-#pragma unroll
-  for (int run = 32, half = 0; run < kSort; run <<= 1, half ^= 1) {
-    uint32_t* hi = sel_key + half * kSort;
-    uint32_t* lo = reinterpret_cast<uint32_t*>(sel_idx) + half * kSort;
-    if (active) {
-      hi[at] = static_cast<uint32_t>(c >> 32);
-      lo[at] = static_cast<uint32_t>(c);
-    }
-    __syncthreads();  // the other half was last read before this barrier: the next round may write it
-    if (active) {
-      const bool left = (at & run) == 0;
-      const int partner = (at ^ run) & ~(run - 1);  // the partner run's first place
-      // Picks of the partner run that come first: larger ones, and equal ones for the right run.
-      // They are a prefix of it; n counts them.
-      int n = 0;
-#pragma unroll
-      for (int step = run >> 1; step >= 1; step >>= 1) {
-        const int q = partner + n + step - 1;
-        const uint64_t x = (static_cast<uint64_t>(hi[q]) << 32) | lo[q];
-        if (x > c || (!left && x == c)) n += step;
-      }
-      const uint64_t x = (static_cast<uint64_t>(hi[partner + n]) << 32) | lo[partner + n];
-      if (x > c || (!left && x == c)) ++n;
-      at = (at & ~(2 * run - 1)) + (at & (run - 1)) + n;
-    }
-  }
-  if (active && at < take) out[at] = static_cast<int32_t>(~static_cast<uint32_t>(c));
+  if (e < take) out[e] = static_cast<int32_t>(~static_cast<uint32_t>(c));
 }
 
 // Sorts the `take` picks in sel_key / sel_idx (key descending, row ascending) and writes their
