@@ -389,21 +389,21 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
                  " differ between the SIMT and tensor-core scorers (rounding of the head sums)");
       }
       std::vector<int32_t> first_picks;
-      for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact}) {
+      for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact, ops::IndexerTopk::Cluster}) {
         ops::IndexerTuning tune;
         tune.topk = kind;
-        const bool compact = kind == ops::IndexerTopk::Compact;
-        row(fmt("indexer top-k only one CSA layer ctx=%lld (CUDA graph replay)", context) + (compact ? " top-k compact" : " top-k ordered"),
-            select_bytes, time_calls(tune, false, true));
+        const char* name = kind == ops::IndexerTopk::Ordered ? "ordered" : kind == ops::IndexerTopk::Compact ? "compact" : "cluster";
+        row(fmt("indexer top-k only one CSA layer ctx=%lld (CUDA graph replay) top-k ", context) + name, select_bytes,
+            time_calls(tune, false, true));
         synchronize(dev);
         const std::vector<int32_t> got = picks.to_host<int32_t>();
         if (first_picks.empty()) {
           first_picks = got;
         } else {
           const bool same = got == first_picks;
-          opt.note(fmt("indexer top-k ctx=%lld: the compact kernel's picks ", context) +
+          opt.note(fmt("indexer top-k ctx=%lld: the ", context) + name + " kernel's picks " +
                    (same ? "are identical to" : "DIFFER from") + " the ordered kernel's");
-          if (!same) throw Error(ErrorCode::Corrupt, "bench dsv4: the compact top-k's picks differ from the ordered kernel's");
+          if (!same) throw Error(ErrorCode::Corrupt, std::string("bench dsv4: the ") + name + " top-k's picks differ from the ordered kernel's");
         }
       }
       for (int pair = 0; pair < 2; ++pair) {

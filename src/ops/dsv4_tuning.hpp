@@ -13,9 +13,10 @@ namespace kvcore::ops {
 // Which kernel takes the top-k of the scores. Where the asked-for kernel does not serve the
 // shape, the automatic choice does.
 enum class IndexerTopk : int32_t {
-  Auto = 0,     // Compact where it serves, else Ordered
+  Auto = 0,     // Cluster where it serves and pays (long contexts, few queries), else Compact where it serves, else Ordered
   Ordered = 1,  // one 1024-thread CTA a query, ties placed by ordered sweeps: any k <= 2048, any rows
   Compact = 2,  // one 512-thread CTA a query, keys in shared memory: k <= 1024, visible rows <= 32768
+  Cluster = 3,  // Compact's selection, each query's rows spread over a cluster of 8 CTAs (compute capability 9.0+)
 };
 
 // Which kernel computes the scores. Where the asked-for kernel does not serve the shape, the
@@ -34,8 +35,8 @@ struct IndexerTuning {
   // where both this and scorer_warps are 0 (automatic) and the rows fill a cluster.
   int scorer_cluster = 0;
   IndexerTopk topk = IndexerTopk::Auto;
-  // The compact top-k launches as a programmatic dependent of the scores (its launch and set-up
-  // overlap their drain).
+  // The compact and cluster top-k launch as programmatic dependents of the scores (their launch
+  // and set-up overlap the scores' drain).
   bool pdl = true;
 };
 

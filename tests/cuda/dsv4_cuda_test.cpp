@@ -619,22 +619,27 @@ TEST(Dsv4Cuda, IndexerTopkPaths) {
   }
 }
 
-// The two top-k kernels (ops::IndexerTuning), each against the oracle of check_indexer_once and
-// against each other (identical scores, identical picks), on the compact kernel's paths: the
+// The three top-k kernels (ops::IndexerTuning), each against the oracle of check_indexer_once and
+// against each other (identical scores, identical picks), on the compact kernels' paths: the
 // threshold's 12-bit bin as candidates (the model's 8k and 64k shapes) or, past 4096 keys in it,
 // all keys; the keys equal to the threshold all taken, or the lowest rows among them; k above the
-// visible rows; k and the visible rows at the compact kernel's limits and one past them (the
-// ordered kernel then serves both choices).
+// visible rows; k and the visible rows at the compact kernels' limits and one past them (the
+// ordered kernel then serves every choice). The cluster kernel also meets rows too few to give
+// each of its 8 CTAs some (below 29 visible rows, or chunks of 32 where 250 are visible). Where
+// the device has no clusters (compute capability < 9.0), asking for it gets the automatic choice.
 void check_topk_kernels_agree(IndexerCase c) {
-  std::vector<float> s_ordered, s_compact;
-  std::vector<int32_t> p_ordered, p_compact;
+  std::vector<float> s_ordered, s_other;
+  std::vector<int32_t> p_ordered, p_other;
   c.topk = ops::IndexerTopk::Ordered;
   check_indexer_once(c, &s_ordered, &p_ordered);
-  c.topk = ops::IndexerTopk::Compact;
-  check_indexer_once(c, &s_compact, &p_compact);
-  ASSERT_EQ(s_ordered.size(), s_compact.size());
-  EXPECT_EQ(std::memcmp(s_ordered.data(), s_compact.data(), s_ordered.size() * 4), 0) << "the same scorer runs before both";
-  EXPECT_EQ(p_ordered, p_compact);
+  for (const ops::IndexerTopk kind : {ops::IndexerTopk::Compact, ops::IndexerTopk::Cluster}) {
+    SCOPED_TRACE("top-k kernel " + std::to_string(static_cast<int>(kind)));
+    c.topk = kind;
+    check_indexer_once(c, &s_other, &p_other);
+    ASSERT_EQ(s_ordered.size(), s_other.size());
+    EXPECT_EQ(std::memcmp(s_ordered.data(), s_other.data(), s_ordered.size() * 4), 0) << "the same scorer runs before each";
+    EXPECT_EQ(p_ordered, p_other);
+  }
 }
 
 TEST(Dsv4Cuda, IndexerTopkKernelsAgree) {
@@ -671,6 +676,7 @@ TEST(Dsv4Cuda, IndexerTopkKernelsAgree) {
     check_topk_kernels_agree(c);
   }
   check_topk_kernels_agree(icase(Dsv4Quant::On, false, 1201, 700, 1024, 1000));  // k above the visible rows: then -1
+  check_topk_kernels_agree(icase(Dsv4Quant::On, false, 64, 40, 16, 4 * 20 + 1));  // 21 visible rows: the cluster's last CTAs have none
   {
     IndexerCase c = icase(Dsv4Quant::On, true, 1100, 1100, 1024, 4 * 1100);  // k at the compact kernel's limit
     c.H = 16, c.nq = 2;
@@ -785,7 +791,7 @@ TEST(Dsv4Cuda, IndexerNanScores) {
     std::vector<int32_t> out_h(static_cast<size_t>(nq) * k);
     dsv4_indexer_topk(q.host(DType::F32, {nq, H, D}), w.host(DType::F32, {nq, H}), rows_h, cap, first, 4, quant,
                       view(sc_h, {nq, cap}), host_view(out_h, DType::I32, {nq, k}));
-    for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact}) {
+    for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact, ops::IndexerTopk::Cluster}) {
       SCOPED_TRACE(::testing::Message() << "packed " << packed << " top-k kernel " << int(kind));
       Twin<float> sc(std::vector<float>(static_cast<size_t>(nq) * cap, 0.0f));
       Twin<int32_t> out(std::vector<int32_t>(static_cast<size_t>(nq) * k, 0));

@@ -545,11 +545,15 @@ void launch_topk(const IndexerParams& p, int dev, Stream s) {
 
 void indexer_select(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);
-  const bool compact = tuning.topk != IndexerTopk::Ordered && topk_compact_serves(p);
-  if (compact) {
-    launch_topk_compact(p, current_device(), s, tuning.pdl);
+  const int dev = current_device();
+  const IndexerTopk asked = tuning.topk;
+  if (asked != IndexerTopk::Ordered && asked != IndexerTopk::Compact && topk_cluster_serves(p, dev) &&
+      (asked == IndexerTopk::Cluster || topk_cluster_pays(p, dev))) {
+    launch_topk_cluster(p, dev, s, tuning.pdl);
+  } else if (asked != IndexerTopk::Ordered && topk_compact_serves(p)) {
+    launch_topk_compact(p, dev, s, tuning.pdl);
   } else {
-    launch_topk(p, current_device(), s);
+    launch_topk(p, dev, s);
   }
 }
 

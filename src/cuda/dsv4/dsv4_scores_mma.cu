@@ -23,6 +23,7 @@
 
 #include "cuda/attention/mma_primitives.cuh"
 #include "cuda/common/check.cuh"
+#include "cuda/common/cluster.cuh"
 #include "cuda/common/device.hpp"
 #include "cuda/common/pdl.cuh"
 #include "cuda/dsv4/dsv4_indexer_query.cuh"
@@ -84,86 +85,23 @@ constexpr bool kHasClusters = false;
 constexpr bool kHasClusters = true;
 #endif
 
-// The query's delivery within a cluster: every CTA writes its heads into all CTAs' shared memory
-// by asynchronous stores (st.async), each of which counts its bytes on the receiving CTA's
-// mbarrier, so a CTA waits for exactly the bytes it expects and nothing else. A cluster barrier
-// would do the same, but its release semantics cost a GPU-scope memory barrier (MEMBAR.ALL.GPU),
-// which waits for this CTA's outstanding global stores and loads too (the -inf masking, the rows
-// in flight). The one cluster barrier left, relaxed, only orders each mbarrier's initialization
-// before the first store to it; it is split so that the loads overlap its wait.
-struct ClusterInbox {
-  uint32_t bar;  // the mbarrier's shared-memory address in this CTA
-
-  // Every thread; `bytes` is what the whole cluster writes into this CTA.
-  __device__ __forceinline__ void open(uint64_t* mbar, uint32_t bytes) {
-    bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-  }
-  // This CTA's rank in the cluster.
-  __device__ __forceinline__ static int rank() {
-    uint32_t r = 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return static_cast<int>(r);
-  }
-  // Every thread, before its first send: every CTA's mbarrier is initialized.
-  __device__ __forceinline__ void ready() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#endif
-  }
-  // v into the CTA of rank r at the address that `local` has in this CTA.
-  __device__ __forceinline__ void send(void* local, int r, uint2 v) const {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    uint32_t dst, dst_bar;
-    const uint32_t src = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(src), "r"(r));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst_bar) : "r"(bar), "r"(r));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(dst), "r"(v.x),
-                 "r"(v.y), "r"(dst_bar)
-                 : "memory");
-#endif
-  }
-  // Every thread: the expected bytes have arrived and are visible.
-  __device__ __forceinline__ void wait() const {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done)
-          : "r"(bar)
-          : "memory");
-    }
-#endif
-  }
-};
-
 // The query of row i as the scores take it: Hadamard + FP4 rounded like the stored rows (the
 // CPU's butterfly network and block scales: identical bits), exact in bf16, into qb [hp, kQLd];
 // the padding heads [n_heads, hp) zero (transform_query_heads). With kCluster > 1 the heads are spread
 // over the warps of the whole thread-block cluster and each is sent to every CTA's qb through
-// `inbox` (opened with hp * kDim bf16s): the cluster transforms the query once instead of once a
-// CTA. Ends with the CTA's barrier, after its qb is complete.
+// `inbox` (expecting hp * kDim bf16s; cluster.cuh): the cluster transforms the query once instead
+// of once a CTA. Ends with the CTA's barrier, after its qb is complete.
 template <int kWarps, int kAskedCluster>
 __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t i, int hp, __nv_bfloat16* qb,
-                                                ClusterInbox& inbox) {
+                                                const ClusterInbox& inbox) {
   constexpr int kCluster = kHasClusters ? kAskedCluster : 1;
   constexpr int kSlots = kWarps * kCluster;
   constexpr int kGroup = kSlots >= 64 ? 1 : 4;  // the model's 64 heads: one a warp in a cluster
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int rank = 0;
   if constexpr (kCluster > 1) {
-    rank = ClusterInbox::rank();
-    inbox.ready();
+    rank = cluster_rank();
+    cluster_wait();  // every CTA's inbox initialized
   }
   transform_query_heads<kGroup>(p, p.q + i * p.q_stride0, rank * kWarps + warp, kSlots, hp, [&](int h, const float (&v)[4]) {
     const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);  // exact
@@ -193,8 +131,14 @@ __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerPar
   extern __shared__ __align__(16) float smem[];
   __shared__ __align__(8) uint64_t inbox_bar;
   const int n_heads = p.n_heads, hp = padded_heads(n_heads);
-  ClusterInbox inbox{};
-  if constexpr (kCluster > 1 && kHasClusters) inbox.open(&inbox_bar, static_cast<uint32_t>(hp * kDim * sizeof(__nv_bfloat16)));
+  const ClusterInbox inbox(&inbox_bar);
+  if constexpr (kCluster > 1 && kHasClusters) {
+    if (threadIdx.x == 0) {
+      inbox.init();
+      inbox.expect(static_cast<uint32_t>(hp * kDim * sizeof(__nv_bfloat16)));
+    }
+    cluster_arrive_relaxed();  // its wait comes before the first send, after the loads below are issued
+  }
   const int32_t i = blockIdx.y;
   const int64_t vis = mask_invisible_scores(p, i);
   float* sc = p.scores + i * p.scores_stride;
@@ -293,19 +237,8 @@ void launch_warps(const IndexerParams& p, int dev, Stream s) {
   const int64_t want = std::max<int64_t>(1, 8 * sms / (kWarps * p.n_q));  // ~8 warps an SM in all
   const int64_t tiles = (rows + 16 * kWarps - 1) / (16 * kWarps);
   const int64_t x = (std::max<int64_t>(1, std::min(tiles, want)) + kCluster - 1) / kCluster * kCluster;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.n_q));
-  cfg.blockDim = dim3(32 * kWarps);
-  cfg.dynamicSmemBytes = bytes;
-  cfg.stream = native(s);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kCluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  launch_cluster(kernel, dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.n_q)), dim3(32 * kWarps), bytes, native(s),
+                 kCluster, false, p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_mma_kernel");
 }
 

@@ -173,4 +173,16 @@ inline bool topk_compact_serves(const IndexerParams& p) {
 // Launches it (as a programmatic dependent of the stream's previous kernel when pdl).
 void launch_topk_compact(const IndexerParams& p, int dev, Stream s, bool pdl);
 
+// The cluster top-k (dsv4_topk_cluster.cu): the compact kernel's selection with each query's rows
+// spread over a cluster of 8 CTAs. Serves what the compact kernel serves, on devices of compute
+// capability 9.0+ (and code built for them).
+bool topk_cluster_serves(const IndexerParams& p, int dev);
+// Where the automatic choice takes it over the compact kernel: rows enough that an eighth of them
+// outweighs the cluster's exchanges, and queries few enough that their clusters fit in one wave
+// (decode steps at long contexts).
+constexpr int64_t kClusterMinRows = 8192;
+bool topk_cluster_pays(const IndexerParams& p, int dev);
+// Launches it (as a programmatic dependent of the stream's previous kernel when pdl).
+void launch_topk_cluster(const IndexerParams& p, int dev, Stream s, bool pdl);
+
 }  // namespace kvcore::ops::cuda::dsv4
