@@ -8,7 +8,8 @@ writes <out>.png with three panels, one point per job (state) on the x axis:
   - one CSA layer's indexer at 64k and 8k from a CUDA graph: scores and top-k, stacked (us);
   - HF's time over kvcore's, each job's own HF run beside its kvcore run, with the 50x goal as a line.
 Each job's kvcore and HF files must come from that one job (`bench/gpu/dsv4.sh`): HF's step is Python-bound and its
-time moves with the machine, so ratios are only taken within a job. Needs matplotlib (pip install matplotlib).
+time moves with the machine, so ratios are only taken within a job; "-" for HF.jsonl: a state without HF's run
+(several states of one job, `bench/gpu/builds.sh`), which gets no ratio. Needs matplotlib (pip install matplotlib).
 """
 import argparse
 import json
@@ -46,7 +47,7 @@ def main():
     for label, kv_path, hf_path in args.job:
         labels.append(label)
         kv.append(medians(kv_path))
-        hf.append(medians(hf_path))
+        hf.append(medians(hf_path) if hf_path != "-" else {})
     for label, k in zip(labels, kv):
         missing = [STEP.format(ctx=c) for c in CONTEXTS if STEP.format(ctx=c) not in k]
         if missing:
