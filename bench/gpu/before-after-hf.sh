@@ -7,15 +7,9 @@
 #   KVCORE_GIT_COMMIT=<hash> BEFORE_TGZ=<tar.gz whose top folder is before/> BEFORE_COMMIT=<hash> OUT=<dir> \
 #     bash bench/gpu/before-after-hf.sh [bench[:case,case...] ...]
 # Env: JOB_BUDGET_S (default 560), SKIP_HF=1 (no throughput stage).
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
-START=$(date +%s)
+source "$(dirname "$0")/job.sh"
 BUDGET=${JOB_BUDGET_S:-560}
 COMMIT=${KVCORE_GIT_COMMIT:-unknown}
-log() { echo "== $(date +%T) (+$(( $(date +%s) - START )) s) $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 PY=$(command -v python3)
 

@@ -7,14 +7,8 @@
 # rows go to $OUT/bench-<commit>.jsonl (this tree's: bench-$KVCORE_GIT_COMMIT.jsonl).
 #   KVCORE_GIT_COMMIT=<hash> TREES="<c1> <c2>" OUT=<dir> [TESTS=Dsv4] [ROUNDS=2] \
 #     bash bench/gpu/builds.sh <bench> [case ...]
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
-START=$(date +%s)
+source "$(dirname "$0")/job.sh"
 COMMIT=${KVCORE_GIT_COMMIT:-unknown}
-log() { echo "== $(date +%T) (+$(( $(date +%s) - START )) s) $*"; }
 bench=$1
 shift
 cases=("$@")

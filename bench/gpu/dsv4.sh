@@ -4,13 +4,7 @@
 # inputs), `kvcore bench dsv4` and HF's baseline of the same work (bench/dsv4_hf_baseline.py) in
 # one job, then the Nsight Compute profiles named in PROFILE_TARGETS (bench/ncu-profile.sh).
 #   KVCORE_GIT_COMMIT=<hash> OUT=<dir> [PROFILE_TARGETS=...] [SKIP_HF=1] bash bench/gpu/dsv4.sh
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
-START=$(date +%s)
-log() { echo "== $(date +%T) (+$(( $(date +%s) - START )) s) $*"; }
+source "$(dirname "$0")/job.sh"
 log "build ${KVCORE_GIT_COMMIT:-unknown}"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DKVCORE_WERROR=OFF \
       -DCMAKE_CUDA_FLAGS="-lineinfo" -DKVCORE_GIT_COMMIT="${KVCORE_GIT_COMMIT:-unknown}" > "$OUT/build.log" 2>&1 &&
