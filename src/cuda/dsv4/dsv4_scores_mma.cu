@@ -79,11 +79,7 @@ __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // Thread-block clusters exist from compute capability 9.0. Code built for an older target
 // transforms the query in every CTA (correct under any launch, cluster or not); the launcher asks
 // for clusters only on devices that have them.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-constexpr bool kHasClusters = false;
-#else
-constexpr bool kHasClusters = true;
-#endif
+constexpr bool kHasClusters = KVCORE_CLUSTER_PTX != 0;
 
 // The query of row i as the scores take it: Hadamard + FP4 rounded like the stored rows (the
 // CPU's butterfly network and block scales: identical bits), exact in bf16, into qb [hp, kQLd];

@@ -46,6 +46,7 @@ static_assert(kSlice == kCompactThreads, "one bin of a slice a thread");
 // received, the summed histogram, the candidates (keys, rows), the keys.
 constexpr size_t dyn_words(int64_t max_vis) { return static_cast<size_t>(kCluster * kSlice + 4096 + 2 * kCand + max_vis); }
 
+#if KVCORE_CLUSTER_PTX
 // The rows of CTA `rank`: [lo, lo + n) of vis, in whole fours (16-byte aligned keys and scores).
 struct Chunk {
   int lo, n;
@@ -55,6 +56,7 @@ __device__ __forceinline__ Chunk chunk_of(int vis, int rank) {
   const int lo = min(vis, rank * per);
   return {lo, min(vis, lo + per) - lo};
 }
+#endif
 
 __global__ void __launch_bounds__(kCompactThreads) topk_cluster_kernel(const IndexerParams p) {
 #if KVCORE_CLUSTER_PTX
