@@ -6,14 +6,12 @@
 // cluster barrier these helpers use is relaxed: it orders the mbarriers' initialization
 // (fence.mbarrier_init) before the first store to them.
 // Below sm_90 every helper compiles to nothing (rank 0): kernels built for older targets must not
-// run in clusters, and their launchers ask for clusters only on devices that have them.
+// run in clusters, and their launchers ask for clusters (pdl.cuh's launch_with) only on devices
+// that have them.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <utility>
-
-#include "cuda/common/check.cuh"
 
 namespace kvcore::ops::cuda {
 
@@ -44,14 +42,16 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// The address in CTA `rank`'s shared memory of what `local` is in this CTA's.
-__device__ __forceinline__ uint32_t cluster_map(const void* local, int rank) {
+// The address in CTA `rank`'s shared memory of what shared-memory address `addr` is in this CTA's.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, int rank) {
   uint32_t dst = 0;
 #if KVCORE_CLUSTER_PTX
-  const uint32_t src = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(src), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(addr), "r"(rank));
 #endif
   return dst;
+}
+__device__ __forceinline__ uint32_t cluster_map(const void* local, int rank) {
+  return cluster_map(static_cast<uint32_t>(__cvta_generic_to_shared(local)), rank);
 }
 
 // atomicAdd on CTA `rank`'s counterpart of `local` (relaxed, cluster scope); returns the old value.
@@ -89,7 +89,7 @@ struct ClusterInbox {
   __device__ __forceinline__ void send(void* local, int rank, uint32_t v) const {
 #if KVCORE_CLUSTER_PTX
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(cluster_map(local, rank)),
-                 "r"(v), "r"(cluster_map_bar(rank))
+                 "r"(v), "r"(cluster_map(bar, rank))
                  : "memory");
 #endif
   }
@@ -97,7 +97,7 @@ struct ClusterInbox {
 #if KVCORE_CLUSTER_PTX
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(
                      cluster_map(local, rank)),
-                 "r"(v.x), "r"(v.y), "r"(cluster_map_bar(rank))
+                 "r"(v.x), "r"(v.y), "r"(cluster_map(bar, rank))
                  : "memory");
 #endif
   }
@@ -105,7 +105,7 @@ struct ClusterInbox {
 #if KVCORE_CLUSTER_PTX
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
                      cluster_map(local, rank)),
-                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_map_bar(rank))
+                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_map(bar, rank))
                  : "memory");
 #endif
   }
@@ -122,37 +122,6 @@ struct ClusterInbox {
     }
 #endif
   }
-
- private:
-  __device__ __forceinline__ uint32_t cluster_map_bar(int rank) const {
-    uint32_t dst = 0;
-#if KVCORE_CLUSTER_PTX
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(bar), "r"(rank));
-#endif
-    return dst;
-  }
 };
-
-// Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x CTAs along x,
-// as a programmatic dependent of the stream's previous kernel when pdl.
-template <class... KArgs, class... Args>
-void launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int cluster_x,
-                    bool pdl, Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster_x);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = pdl ? 2 : 1;
-  KVCORE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
 
 }  // namespace kvcore::ops::cuda

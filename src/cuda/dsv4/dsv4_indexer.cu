@@ -547,8 +547,8 @@ void indexer_select(const IndexerParams& p, Stream s, const IndexerTuning& tunin
   indexer_check(p);
   const int dev = current_device();
   const IndexerTopk asked = tuning.topk;
-  if (asked != IndexerTopk::Ordered && asked != IndexerTopk::Compact && topk_cluster_serves(p, dev) &&
-      (asked == IndexerTopk::Cluster || topk_cluster_pays(p, dev))) {
+  const bool cluster = asked == IndexerTopk::Cluster || (asked == IndexerTopk::Auto && topk_cluster_pays(p, dev));
+  if (cluster && topk_cluster_serves(p, dev)) {
     launch_topk_cluster(p, dev, s, tuning.pdl);
   } else if (asked != IndexerTopk::Ordered && topk_compact_serves(p)) {
     launch_topk_compact(p, dev, s, tuning.pdl);

@@ -233,7 +233,7 @@ void launch_warps(const IndexerParams& p, int dev, Stream s) {
   const int64_t want = std::max<int64_t>(1, 8 * sms / (kWarps * p.n_q));  // ~8 warps an SM in all
   const int64_t tiles = (rows + 16 * kWarps - 1) / (16 * kWarps);
   const int64_t x = (std::max<int64_t>(1, std::min(tiles, want)) + kCluster - 1) / kCluster * kCluster;
-  launch_cluster(kernel, dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.n_q)), dim3(32 * kWarps), bytes, native(s),
+  launch_with(kernel, dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.n_q)), dim3(32 * kWarps), bytes, native(s),
                  kCluster, false, p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_mma_kernel");
 }

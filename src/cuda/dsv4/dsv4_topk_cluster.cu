@@ -176,7 +176,7 @@ void launch_topk_cluster(const IndexerParams& p, int dev, Stream s, bool pdl) {
   const size_t bytes = dyn_words(max_vis) * sizeof(uint32_t);
   // Opt in to the most this kernel ever takes, so a later call with more rows cannot fail at launch.
   smem_opt_in(topk_cluster_kernel, dyn_words(kCompactMaxRows) * sizeof(uint32_t), dev);
-  launch_cluster(topk_cluster_kernel, dim3(static_cast<unsigned>(p.n_q * kCluster)), dim3(kCompactThreads), bytes, native(s),
+  launch_with(topk_cluster_kernel, dim3(static_cast<unsigned>(p.n_q * kCluster)), dim3(kCompactThreads), bytes, native(s),
                  kCluster, pdl, p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_cluster_kernel");
 }

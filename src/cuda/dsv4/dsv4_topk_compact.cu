@@ -92,12 +92,7 @@ void launch_topk_compact(const IndexerParams& p, int dev, Stream s, bool pdl) {
   // The static shared memory (about 28 KB) counts against the same limit: opt in to the most
   // this kernel ever takes, so a later call with more rows cannot fail at launch.
   smem_opt_in(topk_compact_kernel, static_cast<size_t>(2 * kCand + kCompactMaxRows) * sizeof(uint32_t), dev);
-  const dim3 grid(static_cast<unsigned>(p.n_q)), block(kCompactThreads);
-  if (pdl) {
-    launch_dependent(topk_compact_kernel, grid, block, bytes, native(s), p);
-  } else {
-    topk_compact_kernel<<<grid, block, bytes, native(s)>>>(p);
-  }
+  launch_with(topk_compact_kernel, dim3(static_cast<unsigned>(p.n_q)), dim3(kCompactThreads), bytes, native(s), 1, pdl, p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_compact_kernel");
 }
 
