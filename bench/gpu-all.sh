@@ -18,6 +18,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+if [ -d .gpu/deps/usr ]; then  # the Debian packages bench/gpu/stage.sh unpacked
+  export CMAKE_PREFIX_PATH="$PWD/.gpu/deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export LD_LIBRARY_PATH="$PWD/.gpu/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 START=$(date +%s)
 BUDGET=${JOB_BUDGET_S:-570}
 COMMIT=${KVCORE_GIT_COMMIT:-unknown}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Several states of the code in one GPU job, for a change made of steps: builds the kvcore tool of
-# each older commit from its source tarball (git archive --prefix=<commit>/ <commit> | gzip >
-# .gpu/tree-<commit>.tar.gz, carried to the device) in parallel with this tree's tool and CUDA
-# tests, runs this tree's CUDA tests that match TESTS (a ctest regex), then one bench, interleaved
-# over the builds (oldest first, ROUNDS times) so that drift hits every state alike. Each state's
+# each older commit from its source tarball (.gpu/tree-<commit>.tar.gz: bash bench/gpu/stage.sh
+# <commit> ..., carried to the device) in parallel with this tree's tool and CUDA tests, runs
+# this tree's CUDA tests that match TESTS (a ctest regex), then one bench, interleaved over the
+# builds (oldest first, ROUNDS times) so that drift hits every state alike. Each state's
 # rows go to $OUT/bench-<commit>.jsonl (this tree's: bench-$KVCORE_GIT_COMMIT.jsonl).
 #   KVCORE_GIT_COMMIT=<hash> TREES="<c1> <c2>" OUT=<dir> [TESTS=Dsv4] [ROUNDS=2] \
 #     bash bench/gpu/builds.sh <bench> [case ...]
