@@ -389,10 +389,17 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
                  " differ between the SIMT and tensor-core scorers (rounding of the head sums)");
       }
       std::vector<int32_t> first_picks;
-      for (const ops::IndexerTopk kind : {ops::IndexerTopk::Ordered, ops::IndexerTopk::Compact, ops::IndexerTopk::Cluster}) {
+      const std::pair<ops::IndexerTopk, bool> topks[] = {{ops::IndexerTopk::Ordered, false}, {ops::IndexerTopk::Compact, false},
+                                                         {ops::IndexerTopk::Cluster, false}, {ops::IndexerTopk::Compact, true},
+                                                         {ops::IndexerTopk::Cluster, true}};
+      for (const auto& [kind, four] : topks) {
         ops::IndexerTuning tune;
         tune.topk = kind;
-        const char* name = kind == ops::IndexerTopk::Ordered ? "ordered" : kind == ops::IndexerTopk::Compact ? "compact" : "cluster";
+        tune.sort_four = four;
+        const std::string name = std::string(kind == ops::IndexerTopk::Ordered   ? "ordered"
+                                             : kind == ops::IndexerTopk::Compact ? "compact"
+                                                                                 : "cluster") +
+                                 (four ? " sort four" : "");
         row(fmt("indexer top-k only one CSA layer ctx=%lld (CUDA graph replay) top-k ", context) + name, select_bytes,
             time_calls(tune, false, true));
         synchronize(dev);

@@ -38,6 +38,9 @@ struct IndexerTuning {
   // The compact and cluster top-k launch as programmatic dependents of the scores (their launch
   // and set-up overlap the scores' drain).
   bool pdl = true;
+  // The compact and cluster top-k sort 128-1024 picks four a thread (sort_four_a_thread) instead
+  // of one a thread.
+  bool sort_four = false;
 };
 
 // kvcore::dsv4_indexer_topk with its CUDA kernels chosen by the caller (the defaults: what the

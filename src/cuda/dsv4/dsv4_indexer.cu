@@ -549,9 +549,9 @@ void indexer_select(const IndexerParams& p, Stream s, const IndexerTuning& tunin
   const IndexerTopk asked = tuning.topk;
   const bool cluster = asked == IndexerTopk::Cluster || (asked == IndexerTopk::Auto && topk_cluster_pays(p, dev));
   if (cluster && topk_cluster_serves(p, dev)) {
-    launch_topk_cluster(p, dev, s, tuning.pdl);
+    launch_topk_cluster(p, dev, s, tuning.pdl, tuning.sort_four);
   } else if (asked != IndexerTopk::Ordered && topk_compact_serves(p)) {
-    launch_topk_compact(p, dev, s, tuning.pdl);
+    launch_topk_compact(p, dev, s, tuning.pdl, tuning.sort_four);
   } else {
     launch_topk(p, dev, s);
   }

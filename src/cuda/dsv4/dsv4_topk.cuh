@@ -31,6 +31,9 @@ __device__ __forceinline__ bool comes_first(uint32_t ka, int32_t ia, uint32_t kb
   return ka > kb || (ka == kb && ia < ib);
 }
 
+// The most picks the compact and cluster top-k kernels take (their pick arrays' length).
+constexpr int kCompactMaxK = 1024;
+
 // One bitonic compare-exchange for the element at index e holding (k, i) against (ok, oi).
 __device__ __forceinline__ void bitonic_keep(uint32_t& k, int32_t& i, uint32_t ok, int32_t oi, int e, int size, int stride) {
   const bool up = (e & size) == 0, lower = (e & stride) == 0;
@@ -84,16 +87,112 @@ __device__ inline void sort_one_a_thread(uint32_t* sel_key, int32_t* sel_idx, in
   if (e < take) out[e] = static_cast<int32_t>(~static_cast<uint32_t>(c));
 }
 
+// The bitonic sort of sort_picks_and_write with four consecutive picks a thread (kSort / 4
+// threads; kSort >= 128, so whole warps): the stages of strides 1 and 2 within a thread's
+// registers, strides 4-64 by shuffles (the partner is stride / 4 lanes away), 128 and up through
+// shared memory (16-byte accesses: sel_key and sel_idx 16-byte aligned, kCompactMaxK elements
+// each). A shared stage writes one half of the arrays and reads it after one barrier, the next
+// one the other half, where two kSort fit (kSort <= 512); at kSort = 1024 every shared stage
+// takes a second barrier instead. Fewer warps and barriers than one pick a thread, and no
+// shuffles for the two smallest strides.
+template <int kSort>
+__device__ inline void sort_four_a_thread(uint32_t* sel_key, int32_t* sel_idx, int take, int32_t* out) {
+  constexpr int kThreads = kSort / 4;
+  constexpr bool kHalves = 2 * kSort <= kCompactMaxK;
+  static_assert(kSort >= 128 && kSort <= kCompactMaxK, "whole warps, at most kCompactMaxK picks");
+  const int t = threadIdx.x;
+  const bool active = t < kThreads;  // warp-uniform
+  const uint64_t pad = pick_order(0u, 0x7fffffff);
+  uint64_t c[4] = {pad, pad, pad, pad};
+  if (active) {
+    const uint4 k4 = reinterpret_cast<const uint4*>(sel_key)[t];
+    const uint4 i4 = reinterpret_cast<const uint4*>(sel_idx)[t];
+    const uint32_t ks[4] = {k4.x, k4.y, k4.z, k4.w}, is[4] = {i4.x, i4.y, i4.z, i4.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * t + j < take) c[j] = pick_order(ks[j], static_cast<int32_t>(is[j]));
+  }
+  __syncthreads();  // every pick read before the first shared stage overwrites them
+  int half = 0;
+#pragma unroll
+  for (int size = 2; size <= kSort; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride < 4) {  // pairs (j, j + stride) of this thread's picks
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (j & stride) continue;
+          const bool up = ((4 * t + j) & size) == 0;  // the lower element keeps the larger
+          const uint64_t a = c[j], b = c[j | stride];
+          const uint64_t larger = a > b ? a : b, smaller = a > b ? b : a;
+          c[j] = up ? larger : smaller;
+          c[j | stride] = up ? smaller : larger;
+        }
+        continue;
+      }
+      uint64_t o[4] = {c[0], c[1], c[2], c[3]};
+      if (stride < 128) {
+        if (active) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) o[j] = __shfl_xor_sync(0xffffffffu, c[j], stride >> 2);
+        }
+      } else {
+        uint4* hi = reinterpret_cast<uint4*>(sel_key + half * kSort);
+        uint4* lo = reinterpret_cast<uint4*>(sel_idx + half * kSort);
+        if (active) {
+          hi[t] = make_uint4(static_cast<uint32_t>(c[0] >> 32), static_cast<uint32_t>(c[1] >> 32),
+                             static_cast<uint32_t>(c[2] >> 32), static_cast<uint32_t>(c[3] >> 32));
+          lo[t] = make_uint4(static_cast<uint32_t>(c[0]), static_cast<uint32_t>(c[1]), static_cast<uint32_t>(c[2]),
+                             static_cast<uint32_t>(c[3]));
+        }
+        __syncthreads();
+        if (active) {
+          const int other = t ^ (stride >> 2);  // the thread holding the partners of this one's picks
+          const uint4 h = hi[other], l = lo[other];
+          o[0] = (static_cast<uint64_t>(h.x) << 32) | l.x;
+          o[1] = (static_cast<uint64_t>(h.y) << 32) | l.y;
+          o[2] = (static_cast<uint64_t>(h.z) << 32) | l.z;
+          o[3] = (static_cast<uint64_t>(h.w) << 32) | l.w;
+        }
+        if (kHalves) {
+          half ^= 1;  // the next shared stage writes the other half: this one's reads need no barrier
+        } else {
+          __syncthreads();  // every read of this stage before the next one's writes
+        }
+      }
+      const bool keep_larger = (((4 * t) & size) == 0) == (((4 * t) & stride) == 0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j] = keep_larger ? (o[j] > c[j] ? o[j] : c[j]) : (o[j] < c[j] ? o[j] : c[j]);
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * t + j < take) out[4 * t + j] = static_cast<int32_t>(~static_cast<uint32_t>(c[j]));
+  }
+}
+
 // Sorts the `take` picks in sel_key / sel_idx (key descending, row ascending) and writes their
 // rows to out[0, take). n_sort, the sort's padded size, is the next power of two >= max(take,
-// 64); sel_key and sel_idx must hold 2 n_sort elements. One pick a thread where n_sort <=
+// 64); sel_key and sel_idx must hold 2 n_sort elements. With `four` (the compact and cluster
+// kernels' choice: arrays of kCompactMaxK, 16-byte aligned), four consecutive picks a thread
+// from 128 picks up (sort_four_a_thread). Otherwise one pick a thread where n_sort <=
 // blockDim.x (sort_one_a_thread), else two consecutive picks a thread (needs 2 * blockDim.x >=
 // take): strides <= 32 by shuffles, larger ones through shared memory. Called by every thread of
-// the block after a barrier that follows the last write of the picks.
-__device__ inline void sort_picks_and_write(uint32_t* sel_key, int32_t* sel_idx, int take, int32_t* out) {
+// the block after a barrier that follows the last write of the picks; `four` is block-uniform.
+__device__ inline void sort_picks_and_write(uint32_t* sel_key, int32_t* sel_idx, int take, int32_t* out, bool four = false) {
   const int tid = threadIdx.x;
   int n_sort = 64;  // whole warps
   while (n_sort < take) n_sort <<= 1;
+  if (four && n_sort / 4 <= static_cast<int>(blockDim.x)) {  // block-uniform
+    switch (n_sort) {
+      case 128: return sort_four_a_thread<128>(sel_key, sel_idx, take, out);
+      case 256: return sort_four_a_thread<256>(sel_key, sel_idx, take, out);
+      case 512: return sort_four_a_thread<512>(sel_key, sel_idx, take, out);
+      case 1024: return sort_four_a_thread<1024>(sel_key, sel_idx, take, out);
+      default: break;  // 64 picks (or more than kCompactMaxK): as without `four`
+    }
+  }
   if (n_sort <= static_cast<int>(blockDim.x)) {  // block-uniform
     switch (n_sort) {
       case 64: return sort_one_a_thread<64>(sel_key, sel_idx, take, out);
@@ -164,14 +263,14 @@ __device__ inline void sort_picks_and_write(uint32_t* sel_key, int32_t* sel_idx,
 
 // The compact top-k (dsv4_topk_compact.cu): one 512-thread CTA a query, every visible key in
 // shared memory. Serves k <= kCompactMaxK and at most kCompactMaxRows visible rows.
-constexpr int kCompactMaxK = 1024;
 constexpr int64_t kCompactMaxRows = 32768;
 inline bool topk_compact_serves(const IndexerParams& p) {
   const int64_t max_vis = p.n_rows < p.cap ? p.n_rows : p.cap;
   return p.k <= kCompactMaxK && max_vis <= kCompactMaxRows;
 }
-// Launches it (as a programmatic dependent of the stream's previous kernel when pdl).
-void launch_topk_compact(const IndexerParams& p, int dev, Stream s, bool pdl);
+// Launches it (as a programmatic dependent of the stream's previous kernel when pdl; sorting
+// four picks a thread when sort_four).
+void launch_topk_compact(const IndexerParams& p, int dev, Stream s, bool pdl, bool sort_four);
 
 // The cluster top-k (dsv4_topk_cluster.cu): the compact kernel's selection with each query's rows
 // spread over a cluster of 8 CTAs. Serves what the compact kernel serves, on devices of compute
@@ -182,7 +281,7 @@ bool topk_cluster_serves(const IndexerParams& p, int dev);
 // (decode steps at long contexts).
 constexpr int64_t kClusterMinRows = 8192;
 bool topk_cluster_pays(const IndexerParams& p, int dev);
-// Launches it (as a programmatic dependent of the stream's previous kernel when pdl).
-void launch_topk_cluster(const IndexerParams& p, int dev, Stream s, bool pdl);
+// Launches it (as launch_topk_compact does).
+void launch_topk_cluster(const IndexerParams& p, int dev, Stream s, bool pdl, bool sort_four);
 
 }  // namespace kvcore::ops::cuda::dsv4

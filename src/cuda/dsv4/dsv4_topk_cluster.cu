@@ -58,7 +58,7 @@ __device__ __forceinline__ Chunk chunk_of(int vis, int rank) {
 }
 #endif
 
-__global__ void __launch_bounds__(kCompactThreads) topk_cluster_kernel(const IndexerParams p) {
+__global__ void __launch_bounds__(kCompactThreads) topk_cluster_kernel(const IndexerParams p, bool sort_four) {
 #if KVCORE_CLUSTER_PTX
   extern __shared__ __align__(16) uint32_t dyn[];  // the layout of dyn_words()
   int(*slices)[kSlice] = reinterpret_cast<int(*)[kSlice]>(dyn);  // [kCluster]: this CTA's slice of every CTA's histogram
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(kCompactThreads) topk_cluster_kernel(const Ind
   uint32_t* keys = cand_key + 2 * kCand;  // the leader: every visible key; the others: their own
   __shared__ int hist_a[4096];            // this CTA's first pass, then pass 2 (the leader)
   __shared__ int hist_b[1024];            // pass 1 (the leader)
-  __shared__ uint32_t sel_key[kCompactMaxK];
-  __shared__ int32_t sel_idx[kCompactMaxK];
+  __shared__ __align__(16) uint32_t sel_key[kCompactMaxK];
+  __shared__ __align__(16) int32_t sel_idx[kCompactMaxK];
   __shared__ int sums[3][kCompactWarps];
   __shared__ int ties_of_warp[kCompactWarps];
   __shared__ int s_n_sel, s_n_swept;
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kCompactThreads) topk_cluster_kernel(const Ind
   if (tid == 0 && cand_mode) s_n_sel = higher;  // the final sweep's pick slots follow these
   __syncthreads();  // past it every warp is done with pass 0's histograms: hist_a is free for pass 2
   const SelectSmem m{keys, cand_key, cand_idx, hist_a, hist_b, sel_key, sel_idx, sums, ties_of_warp, &s_n_sel};
-  finish_selection(m, d0, cand_mode, vis, take, out);
+  finish_selection(m, d0, cand_mode, vis, take, out, sort_four);
 #endif
 }
 
@@ -171,13 +171,13 @@ bool topk_cluster_pays(const IndexerParams& p, int dev) {
   return std::min(p.n_rows, p.cap) >= kClusterMinRows && p.n_q * kCluster <= sm_count(dev);
 }
 
-void launch_topk_cluster(const IndexerParams& p, int dev, Stream s, bool pdl) {
+void launch_topk_cluster(const IndexerParams& p, int dev, Stream s, bool pdl, bool sort_four) {
   const int64_t max_vis = std::min(p.n_rows, p.cap);
   const size_t bytes = dyn_words(max_vis) * sizeof(uint32_t);
   // Opt in to the most this kernel ever takes, so a later call with more rows cannot fail at launch.
   smem_opt_in(topk_cluster_kernel, dyn_words(kCompactMaxRows) * sizeof(uint32_t), dev);
   launch_with(topk_cluster_kernel, dim3(static_cast<unsigned>(p.n_q * kCluster)), dim3(kCompactThreads), bytes, native(s),
-                 kCluster, pdl, p);
+                 kCluster, pdl, p, sort_four);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_cluster_kernel");
 }
 

@@ -33,15 +33,15 @@ namespace {
 
 using namespace select;
 
-__global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const IndexerParams p) {
+__global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const IndexerParams p, bool sort_four) {
   extern __shared__ __align__(16) uint32_t dyn[];  // candidates: [kCand] keys, [kCand] rows; then [vis] keys
   uint32_t* cand_key = dyn;
   int32_t* cand_idx = reinterpret_cast<int32_t*>(dyn + kCand);
   uint32_t* keys = dyn + 2 * kCand;
   __shared__ int hist_a[4096];  // pass 0 (12 bits), then pass 2 (its first 1024 bins)
   __shared__ int hist_b[1024];  // pass 1
-  __shared__ uint32_t sel_key[kCompactMaxK];
-  __shared__ int32_t sel_idx[kCompactMaxK];
+  __shared__ __align__(16) uint32_t sel_key[kCompactMaxK];
+  __shared__ __align__(16) int32_t sel_idx[kCompactMaxK];
   __shared__ int sums[3][kCompactWarps];
   __shared__ int ties_of_warp[kCompactWarps];
   __shared__ int s_n_sel, s_n_swept;
@@ -81,18 +81,18 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
   }
   __syncthreads();  // past it every warp is done with pass 0's histogram: hist_a is free for pass 2
   const SelectSmem m{keys, cand_key, cand_idx, hist_a, hist_b, sel_key, sel_idx, sums, ties_of_warp, &s_n_sel};
-  finish_selection(m, d0, cand_mode, vis, take, out);
+  finish_selection(m, d0, cand_mode, vis, take, out, sort_four);
 }
 
 }  // namespace
 
-void launch_topk_compact(const IndexerParams& p, int dev, Stream s, bool pdl) {
+void launch_topk_compact(const IndexerParams& p, int dev, Stream s, bool pdl, bool sort_four) {
   const int64_t max_vis = std::min(p.n_rows, p.cap);
   const size_t bytes = static_cast<size_t>(2 * kCand + max_vis) * sizeof(uint32_t);
   // The static shared memory (about 28 KB) counts against the same limit: opt in to the most
   // this kernel ever takes, so a later call with more rows cannot fail at launch.
   smem_opt_in(topk_compact_kernel, static_cast<size_t>(2 * kCand + kCompactMaxRows) * sizeof(uint32_t), dev);
-  launch_with(topk_compact_kernel, dim3(static_cast<unsigned>(p.n_q)), dim3(kCompactThreads), bytes, native(s), 1, pdl, p);
+  launch_with(topk_compact_kernel, dim3(static_cast<unsigned>(p.n_q)), dim3(kCompactThreads), bytes, native(s), 1, pdl, p, sort_four);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 topk_compact_kernel");
 }
 

@@ -210,7 +210,7 @@ struct SelectSmem {
   const int32_t* cand_idx;   // [kCand]: their rows
   int* hist_a;               // >= 1024 bins: pass 2 (cleared here)
   int* hist_b;               // 1024 bins, zero on entry: pass 1
-  uint32_t* sel_key;         // [kCompactMaxK]: the picks (as sort_picks_and_write takes them)
+  uint32_t* sel_key;         // [kCompactMaxK], 16-byte aligned: the picks (as sort_picks_and_write takes them)
   int32_t* sel_idx;
   int (*sums)[kCompactWarps];  // [3]: per-warp bin sums of passes 0, 1, 2
   int* ties_of_warp;           // [kCompactWarps]
@@ -221,9 +221,11 @@ struct SelectSmem {
 // the source (the candidates when cand_mode, else all keys), then the picks above the threshold,
 // then the keys equal to it (all at once when every one of them is needed, else the lowest rows
 // among them by an ordered sweep over all keys: the CPU's tie rule), then the sort, which writes
-// out[0, take). On entry: sel holds *n_sel picks (the keys of higher bins, in cand_mode), and a
-// barrier follows every write of what m holds. Every thread calls it.
-__device__ inline void finish_selection(const SelectSmem& m, Digit d0, bool cand_mode, int vis, int take, int32_t* out) {
+// out[0, take) (four picks a thread where sort_four). On entry: sel holds *n_sel picks (the keys
+// of higher bins, in cand_mode), and a barrier follows every write of what m holds. Every thread
+// calls it.
+__device__ inline void finish_selection(const SelectSmem& m, Digit d0, bool cand_mode, int vis, int take, int32_t* out,
+                                        bool sort_four) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_src = cand_mode ? d0.count : vis;
   const uint32_t* src_key = cand_mode ? m.cand_key : m.keys;
@@ -281,7 +283,7 @@ __device__ inline void finish_selection(const SelectSmem& m, Digit d0, bool cand
     }
   }
   __syncthreads();
-  sort_picks_and_write(m.sel_key, m.sel_idx, take, out);
+  sort_picks_and_write(m.sel_key, m.sel_idx, take, out, sort_four);
 }
 
 }  // namespace kvcore::ops::cuda::dsv4::select
