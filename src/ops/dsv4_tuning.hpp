@@ -35,8 +35,9 @@ struct IndexerTuning {
   // where both this and scorer_warps are 0 (automatic) and the rows fill a cluster.
   int scorer_cluster = 0;
   IndexerTopk topk = IndexerTopk::Auto;
-  // The compact and cluster top-k launch as programmatic dependents of the scores (their launch
-  // and set-up overlap the scores' drain).
+  // The tensor-core scorer launches as a programmatic dependent of the stream's previous kernel
+  // (in a decode step, the layer's cache append), the compact and cluster top-k as dependents of
+  // the scores: each one's launch and set-up overlap the previous kernel's drain.
   bool pdl = true;
   // The compact and cluster top-k sort 128-1024 picks four a thread (sort_four_a_thread) instead
   // of one a thread.

@@ -5,6 +5,7 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.hpp"
+#include "cuda/common/pdl.cuh"
 #include "cuda/dsv4/dsv4_common.cuh"
 #include "cuda/dsv4/dsv4_prefill.cuh"
 #include "cuda/dsv4/dsv4_prefill_general.cuh"
@@ -155,7 +156,11 @@ void prefill(const CompressorParams& p, Stream s) {
 // ---- fused decode step -------------------------------------------------------------------------
 // Block 0 finalizes the kv row; block 1 runs the attention compressor, block 2 (or 1
 // without one) the indexer: store, then emission and shift when the token closes a
-// window. The blocks touch disjoint memory, so they need no grid-wide order.
+// window. The blocks touch disjoint memory, so they need no grid-wide order. Launched as a
+// programmatic dependent of the stream's previous kernel (it waits for that one's writes before
+// touching global memory) and letting its own dependent (the layer's indexer scores, or the next
+// layer's step) launch at once: a decode step's chain of small kernels overlaps each launch with
+// the previous kernel's drain.
 
 __device__ inline void compressor_step_body(const CompressorParams& p, bool due, float* smem) {
   const int64_t r = p.pos % p.ratio;
@@ -178,6 +183,8 @@ __device__ inline void compressor_step_body(const CompressorParams& p, bool due,
 
 __global__ void __launch_bounds__(kThreads) decode_layer_kernel(const DecodeParams p) {
   extern __shared__ float smem[];
+  pdl_wait();
+  pdl_allow_dependents();  // they wait for this grid before their first global access
   if (blockIdx.x == 0) {
     finalize_body(p.fin, 0);
     return;
@@ -191,7 +198,7 @@ void decode_layer(const DecodeParams& p, Stream s) {
   if (p.has_comp) sm = row_smem(p.comp);
   if (p.has_idx && row_smem(p.idx) > sm) sm = row_smem(p.idx);
   set_smem(reinterpret_cast<const void*>(decode_layer_kernel), sm);
-  decode_layer_kernel<<<1 + p.has_comp + p.has_idx, kThreads, sm, native(s)>>>(p);
+  launch_with(decode_layer_kernel, dim3(1 + p.has_comp + p.has_idx), dim3(kThreads), sm, native(s), 1, true, p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 decode_layer_kernel");
 }
 

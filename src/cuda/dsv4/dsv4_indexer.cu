@@ -497,7 +497,7 @@ void indexer_scores(const IndexerParams& p, Stream s, const IndexerTuning& tunin
   indexer_check(p);
   const int dev = current_device();
   if (tuning.scorer != IndexerScorer::Simt && scores_mma_serves(p)) {
-    launch_scores_mma(p, dev, s, tuning.scorer_warps, tuning.scorer_cluster);
+    launch_scores_mma(p, dev, s, tuning.scorer_warps, tuning.scorer_cluster, tuning.pdl);
     return;
   }
   const size_t tiled_bytes = tiled_smem_floats(p.n_heads, p.dim, kMaxTileRows) * sizeof(float);

@@ -119,7 +119,9 @@ __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t 
 // grid (blocks per query, n_q); a block scores tiles blockIdx.x, blockIdx.x + gridDim.x, ... of
 // its query's visible rows and writes -inf to the invisible rest of [0, cap).
 // With kCluster > 1, clusters of kCluster CTAs along x share the query transform; a CTA without
-// tiles still takes its part of it.
+// tiles still takes its part of it. Launched as a programmatic dependent (of the layer's cache
+// append, in a decode step), it sets up its shared memory while that kernel drains and waits for
+// it before its first global access.
 template <int kWarps, int kCluster>
 __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerParams p) {
   constexpr int kTileRows = 16 * kWarps;
@@ -135,6 +137,7 @@ __global__ void __launch_bounds__(32 * kWarps) score_mma_kernel(const IndexerPar
     }
     cluster_arrive_relaxed();  // its wait comes before the first send, after the loads below are issued
   }
+  pdl_wait();  // the rows, the query and the weights are complete and visible from here on
   const int32_t i = blockIdx.y;
   const int64_t vis = mask_invisible_scores(p, i);
   float* sc = p.scores + i * p.scores_stride;
@@ -225,7 +228,7 @@ bool scores_mma_serves(const IndexerParams& p) {
 }
 
 template <int kWarps, int kCluster>
-void launch_warps(const IndexerParams& p, int dev, Stream s) {
+void launch_warps(const IndexerParams& p, int dev, Stream s, bool pdl) {
   const size_t bytes = mma_smem_bytes(p.n_heads);
   const auto kernel = score_mma_kernel<kWarps, kCluster>;
   smem_opt_in(kernel, bytes, dev);
@@ -234,7 +237,7 @@ void launch_warps(const IndexerParams& p, int dev, Stream s) {
   const int64_t tiles = (rows + 16 * kWarps - 1) / (16 * kWarps);
   const int64_t x = (std::max<int64_t>(1, std::min(tiles, want)) + kCluster - 1) / kCluster * kCluster;
   launch_with(kernel, dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.n_q)), dim3(32 * kWarps), bytes, native(s),
-                 kCluster, false, p);
+                 kCluster, pdl, p);
   KVCORE_CUDA_CHECK_LAUNCH("dsv4 score_mma_kernel");
 }
 
@@ -242,13 +245,13 @@ void launch_warps(const IndexerParams& p, int dev, Stream s) {
 // tokens (bench dsv4's sweep: 4 warps pay a longer transform, 16 fill fewer SMs), in clusters
 // of 8 sharing the query transform where the rows fill at least one cluster. Asked-for widths
 // (warps 4, 8, 16) run without clusters unless cluster is 8.
-void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps, int cluster) {
+void launch_scores_mma(const IndexerParams& p, int dev, Stream s, int warps, int cluster, bool pdl) {
   const int64_t rows = std::min(p.n_rows, p.cap);
   if (warps == 0 && cluster == 0 && rows >= 8 * 16 * 8) cluster = 8;
-  if (cluster == 8 && compute_capability(dev) >= 90) return launch_warps<8, 8>(p, dev, s);
-  if (warps == 4) return launch_warps<4, 1>(p, dev, s);
-  if (warps == 16) return launch_warps<16, 1>(p, dev, s);
-  launch_warps<8, 1>(p, dev, s);
+  if (cluster == 8 && compute_capability(dev) >= 90) return launch_warps<8, 8>(p, dev, s, pdl);
+  if (warps == 4) return launch_warps<4, 1>(p, dev, s, pdl);
+  if (warps == 16) return launch_warps<16, 1>(p, dev, s, pdl);
+  launch_warps<8, 1>(p, dev, s, pdl);
 }
 
 }  // namespace kvcore::ops::cuda::dsv4

@@ -11,7 +11,8 @@ namespace kvcore::ops::cuda::dsv4 {
 bool scores_mma_serves(const ::kvcore::dsv4::IndexerParams& p);
 // warps: a CTA's warps, 4, 8 or 16; any other value (0: the automatic choice) takes 8.
 // cluster 8: 8-warp CTAs in clusters of 8 that transform the query once a cluster; else none
-// (warps and cluster 0: the automatic choice, clusters where the rows fill one).
-void launch_scores_mma(const ::kvcore::dsv4::IndexerParams& p, int dev, Stream s, int warps = 0, int cluster = 0);
+// (warps and cluster 0: the automatic choice, clusters where the rows fill one). pdl: launched as
+// a programmatic dependent of the stream's previous kernel.
+void launch_scores_mma(const ::kvcore::dsv4::IndexerParams& p, int dev, Stream s, int warps, int cluster, bool pdl);
 
 }  // namespace kvcore::ops::cuda::dsv4
