@@ -17,20 +17,27 @@ using kvcore::ops::cuda::native;
 
 // ---- finalizer --------------------------------------------------------------------------
 
+// Row i of kv: its nope dims FP8-rounded in place (quant), and, where it is one of the last
+// raw_rows rows, its final values into the raw ring. Every value goes to the ring from the
+// thread that holds it (the rounded nope values from the rounding warp's registers), so no
+// barrier and no second read of the row stand between the rounding and the ring's stores.
 __device__ inline void finalize_body(const FinalizeParams& p, int64_t i) {
   float* row = p.kv + i * p.kv_stride;
-  if (p.quant) fp8_nope_blocks(row, p.head_dim - p.n_rot, nullptr);  // warp-private blocks: no barrier needed
-  if (i < static_cast<int64_t>(p.n_rows) - p.raw_rows) return;
-  __syncthreads();
-  const int64_t r = (p.first_raw_row + i) % p.raw_rows;
-  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-    const float v = row[d];
+  const bool to_ring = i >= static_cast<int64_t>(p.n_rows) - p.raw_rows;
+  const int64_t r = to_ring ? (p.first_raw_row + i) % p.raw_rows : 0;
+  auto ring_store = [&](int d, float v) {
     if (p.raw_f16) {
       static_cast<uint16_t*>(p.raw)[r * p.raw_stride + d] = math::f32_to_f16_bits(v);
     } else {
       static_cast<float*>(p.raw)[r * p.raw_stride + d] = p.quant ? math::f16_bits_to_f32(math::f32_to_f16_bits(v)) : v;
     }
-  }
+  };
+  const int n_nope = p.quant ? p.head_dim - p.n_rot : 0;  // the dims rounded (and stored to the ring) below
+  if (p.quant) fp8_nope_blocks(row, n_nope, nullptr, [&](int d, float v) {
+    if (to_ring) ring_store(d, v);
+  });
+  if (!to_ring) return;
+  for (int d = n_nope + static_cast<int>(threadIdx.x); d < p.head_dim; d += blockDim.x) ring_store(d, row[d]);
 }
 
 __global__ void __launch_bounds__(kThreads) finalize_kernel(const FinalizeParams p) { finalize_body(p, blockIdx.x); }
@@ -162,22 +169,58 @@ void prefill(const CompressorParams& p, Stream s) {
 // layer's step) launch at once: a decode step's chain of small kernels overlaps each launch with
 // the previous kernel's drain.
 
+// The step's loops load a batch of values a thread before storing any: the compiler cannot tell
+// that the state's stores miss the loads' addresses, so a plain loop waits for each of its loads
+// in turn, one memory latency an iteration on the decode step's critical path.
+constexpr int kStepBatch = 8;
+
 __device__ inline void compressor_step_body(const CompressorParams& p, bool due, float* smem) {
   const int64_t r = p.pos % p.ratio;
   const int64_t row = (p.overlap ? p.ratio : 0) + r;
-  for (int k = threadIdx.x; k < p.width; k += blockDim.x) {
-    p.state_kv[row * p.width + k] = p.c[k];
-    p.state_score[row * p.width + k] = p.z[k] + ape_value(p, r, k);
+  for (int k0 = threadIdx.x; k0 < p.width; k0 += kStepBatch * blockDim.x) {  // the token's state row
+    float c[kStepBatch], z[kStepBatch];
+#pragma unroll
+    for (int j = 0; j < kStepBatch; ++j) {
+      const int k = k0 + j * static_cast<int>(blockDim.x);
+      if (k < p.width) {
+        c[j] = p.c[k];
+        z[j] = p.z[k] + ape_value(p, r, k);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kStepBatch; ++j) {
+      const int k = k0 + j * static_cast<int>(blockDim.x);
+      if (k < p.width) {
+        p.state_kv[row * p.width + k] = c[j];
+        p.state_score[row * p.width + k] = z[j];
+      }
+    }
   }
   __syncthreads();
   if (!due) return;
   emit_body(p, smem);
   __syncthreads();
   if (!p.overlap) return;
+  // The shift: rows [ratio, 2 ratio) to [0, ratio), disjoint ranges.
   const int64_t n = static_cast<int64_t>(p.ratio) * p.width;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    p.state_kv[i] = p.state_kv[n + i];
-    p.state_score[i] = p.state_score[n + i];
+  for (int64_t i0 = threadIdx.x; i0 < n; i0 += kStepBatch * static_cast<int64_t>(blockDim.x)) {
+    float kv[kStepBatch], score[kStepBatch];
+#pragma unroll
+    for (int j = 0; j < kStepBatch; ++j) {
+      const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+      if (i < n) {
+        kv[j] = p.state_kv[n + i];
+        score[j] = p.state_score[n + i];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kStepBatch; ++j) {
+      const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+      if (i < n) {
+        p.state_kv[i] = kv[j];
+        p.state_score[i] = score[j];
+      }
+    }
   }
 }
 

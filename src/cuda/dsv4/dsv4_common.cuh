@@ -73,12 +73,14 @@ __device__ inline float row_sumsq_smem(const float* buf, int n, float* scratch) 
   return ss;
 }
 
-// FP8 round trip of row[0, n_nope) in blocks of 64, in shared memory; one warp per
+// FP8 round trip of row[0, n_nope) in blocks of 64 (shared or global memory); one warp per
 // block, two values per lane. The block's scale is the max over finite |v|, an
 // order-independent reduction: identical to the CPU's sequential one.
 // If maybe_packed is set (448 + 64 layout), writes codes and scales there instead
-// of rounding `row` in place.
-__device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_packed) {
+// of rounding `row` in place; otherwise each(d, v) also receives every rounded value v of
+// dim d, from the thread that stored it (no barrier needed to use it).
+template <class Each>
+__device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_packed, Each&& each) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   for (int b = warp; b * 64 < n_nope; b += n_warps) {
     const int off = b * 64, n = min(64, n_nope - off);
@@ -93,10 +95,20 @@ __device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_pa
       if (lane + 32 < n) maybe_packed[off + lane + 32] = math::e4m3_encode(math::e4m3_scaled(v1, inv));
       if (lane == 0) maybe_packed[math::Dsv4RowLayout::kScaleOffset + b] = math::ue8m0_encode(k);
     } else {
-      if (lane < n) row[off + lane] = math::e4m3_round_trip(v0, k);
-      if (lane + 32 < n) row[off + lane + 32] = math::e4m3_round_trip(v1, k);
+      const float r0 = math::e4m3_round_trip(v0, k), r1 = math::e4m3_round_trip(v1, k);
+      if (lane < n) {
+        row[off + lane] = r0;
+        each(off + lane, r0);
+      }
+      if (lane + 32 < n) {
+        row[off + lane + 32] = r1;
+        each(off + lane + 32, r1);
+      }
     }
   }
+}
+__device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_packed) {
+  fp8_nope_blocks(row, n_nope, maybe_packed, [](int, float) {});
 }
 
 // In-place Hadamard of `count` consecutive vectors of n values (n a power of two),
