@@ -338,12 +338,19 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
       // kernel alone, and the two pairs (SIMT + ordered, tensor core + compact) back to back.
       // The top-k kernels' picks must be identical (one selection rule over the same scores);
       // the scorers' scores may differ in rounding (their head sums run in different orders).
+      // scores_on and select_on: the two backend calls (both: through indexer_topk, which runs the
+      // fused kernel where tune.fused asks for it).
       auto time_calls = [&](const ops::IndexerTuning& tune, bool scores_on, bool select_on) {
         synchronize(dev);
         return per(kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
                      for (int i = 0; i < tokens_per_rep; ++i) {
-                       if (scores_on) ops::cuda::dsv4::indexer_scores(ip, s, tune);
-                       if (select_on) ops::cuda::dsv4::indexer_select(ip, s, tune);
+                       if (scores_on && select_on) {
+                         ops::cuda::dsv4::indexer_topk(ip, s, tune);
+                       } else if (scores_on) {
+                         ops::cuda::dsv4::indexer_scores(ip, s, tune);
+                       } else if (select_on) {
+                         ops::cuda::dsv4::indexer_select(ip, s, tune);
+                       }
                      }
                    }),
                    tokens_per_rep);
@@ -420,6 +427,21 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
         row(fmt("indexer scores+top-k backend calls one CSA layer ctx=%lld (CUDA graph replay)", context) +
                 (pair ? " tensor core + compact" : " simt + ordered"),
             score_bytes, time_calls(tune, true, true));
+      }
+      // The automatic pair (the library's default) beside the fused kernel, with either sort; the
+      // fused kernel's scores must be the tensor-core scorer's bits and its picks the ordered kernel's.
+      for (const auto& [fused, four] : {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}, std::pair{true, true}}) {
+        ops::IndexerTuning tune;
+        tune.fused = fused;
+        tune.sort_four = four;
+        const std::string name = std::string(fused ? " fused" : " automatic") + (four ? " sort four" : "");
+        row(fmt("indexer scores+top-k backend calls one CSA layer ctx=%lld (CUDA graph replay)", context) + name, score_bytes,
+            time_calls(tune, true, true));
+        synchronize(dev);
+        const bool same = scores.to_host<float>() == scores_of[1] && picks.to_host<int32_t>() == first_picks;
+        opt.note(fmt("indexer scores+top-k ctx=%lld:", context) + name + (same ? " scores and picks identical to" : " DIFFER from") +
+                 " the tensor-core scorer's and the ordered top-k's");
+        if (!same) throw Error(ErrorCode::Corrupt, "bench dsv4: the" + name + " scores+top-k differ");
       }
     }
   }

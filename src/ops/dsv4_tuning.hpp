@@ -42,6 +42,9 @@ struct IndexerTuning {
   // The compact and cluster top-k sort 128-1024 picks four a thread (sort_four_a_thread) instead
   // of one a thread.
   bool sort_four = false;
+  // Scores and top-k in one kernel (the cluster top-k scoring its own rows on tensor cores) where
+  // it serves; the scorer and top-k choices above then do not apply.
+  bool fused = false;
 };
 
 // kvcore::dsv4_indexer_topk with its CUDA kernels chosen by the caller (the defaults: what the

@@ -385,6 +385,7 @@ struct IndexerCase {
   int scorer_warps = 0;                                  // the tensor-core scorer's CTA width
   int scorer_cluster = 0;                                // its clusters (8: sharing the query transform)
   bool sort_four = false;                                // the compact and cluster kernels sort four picks a thread
+  bool fused = false;                                    // scores and top-k in one kernel where it serves
 };
 
 void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::vector<int32_t>* picks) {
@@ -394,7 +395,7 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
                                     << nq << " cap " << cap << " n_rows " << c.n_rows << " k " << k << " first " << c.first
                                     << " rows mode " << int(c.rows) << " top-k kernel " << int(c.topk)
                                     << " scorer " << int(c.scorer) << " warps " << c.scorer_warps << " cluster " << c.scorer_cluster
-                                    << " sort four " << c.sort_four);
+                                    << " sort four " << c.sort_four << " fused " << c.fused);
   std::vector<float> rows_f = randn(static_cast<size_t>(cap) * D, 71);
   if (c.rows == RowsMode::ZeroEveryThird)  // many rows scoring exactly 0: ties the top-k must break by row
     for (int s = 0; s < cap; s += 3) std::fill(rows_f.begin() + static_cast<size_t>(s) * D, rows_f.begin() + static_cast<size_t>(s + 1) * D, 0.0f);
@@ -424,6 +425,7 @@ void check_indexer_once(const IndexerCase& c, std::vector<float>* scores, std::v
   tuning.scorer_warps = c.scorer_warps;
   tuning.scorer_cluster = c.scorer_cluster;
   tuning.sort_four = c.sort_four;
+  tuning.fused = c.fused;
   ops::dsv4_indexer_topk(q.dev(DType::F32, {nq, H, D}), w.dev(DType::F32, {nq, H}), rows_d, c.n_rows, c.first, 4, c.quant,
                          sc.dev(DType::F32, {nq, cap}), out.dev(DType::I32, {nq, k}), tuning);
   std::vector<float> sc_h(static_cast<size_t>(nq) * cap);
@@ -631,7 +633,9 @@ TEST(Dsv4Cuda, IndexerTopkPaths) {
 // each of its 8 CTAs some (below 29 visible rows, or chunks of 32 where 250 are visible). Where
 // the device has no clusters (compute capability < 9.0), asking for it gets the automatic choice.
 // The compact and cluster kernels run with either sort (one or four picks a thread), over sorts
-// of 64 to 1024 picks.
+// of 64 to 1024 picks. The fused scores + top-k runs on every case too (with either sort): its
+// scores must be the tensor-core scorer's bits and its picks the others' (where it does not serve,
+// on SIMT-scored cases, the separate kernels run instead).
 void check_topk_kernels_agree(IndexerCase c) {
   std::vector<float> s_ordered, s_other;
   std::vector<int32_t> p_ordered, p_other;
@@ -647,6 +651,16 @@ void check_topk_kernels_agree(IndexerCase c) {
       EXPECT_EQ(std::memcmp(s_ordered.data(), s_other.data(), s_ordered.size() * 4), 0) << "the same scorer runs before each";
       EXPECT_EQ(p_ordered, p_other);
     }
+  }
+  c.topk = ops::IndexerTopk::Auto;
+  c.fused = true;
+  for (const bool four : {false, true}) {
+    SCOPED_TRACE(std::string("fused scores + top-k") + (four ? " sort four" : ""));
+    c.sort_four = four;
+    check_indexer_once(c, &s_other, &p_other);
+    ASSERT_EQ(s_ordered.size(), s_other.size());
+    EXPECT_EQ(std::memcmp(s_ordered.data(), s_other.data(), s_ordered.size() * 4), 0) << "the tensor-core scorer's bits";
+    EXPECT_EQ(p_ordered, p_other);
   }
 }
 
@@ -687,6 +701,8 @@ TEST(Dsv4Cuda, IndexerTopkKernelsAgree) {
   check_topk_kernels_agree(icase(Dsv4Quant::On, false, 2000, 2000, 100, 8000));  // a sort of 128 (one warp of fours)
   check_topk_kernels_agree(icase(Dsv4Quant::On, false, 2000, 2000, 200, 8000));  // a sort of 256 (one shared stage)
   check_topk_kernels_agree(icase(Dsv4Quant::On, false, 64, 40, 16, 4 * 20 + 1));  // 21 visible rows: the cluster's last CTAs have none
+  check_topk_kernels_agree(icase(Dsv4Quant::On, true, 64, 40, 16, 4 * 20 + 1));   // the same, scored on tensor cores (fused)
+  check_topk_kernels_agree(icase(Dsv4Quant::On, true, 64, 40, 16, 0));  // no visible rows for 3 queries: every score -inf, picks -1
   {
     IndexerCase c = icase(Dsv4Quant::On, true, 1100, 1100, 1024, 4 * 1100);  // k at the compact kernel's limit
     c.H = 16, c.nq = 2;

@@ -559,6 +559,10 @@ void indexer_select(const IndexerParams& p, Stream s, const IndexerTuning& tunin
 
 void indexer_topk(const IndexerParams& p, Stream s, const IndexerTuning& tuning) {
   indexer_check(p);  // before any launch: nothing written on a refusal
+  if (tuning.fused) {
+    const int dev = current_device();
+    if (indexer_fused_serves(p, dev)) return launch_indexer_fused(p, dev, s, tuning.pdl, tuning.sort_four);
+  }
   indexer_scores(p, s, tuning);
   indexer_select(p, s, tuning);
 }

@@ -284,4 +284,12 @@ bool topk_cluster_pays(const IndexerParams& p, int dev);
 // Launches it (as launch_topk_compact does).
 void launch_topk_cluster(const IndexerParams& p, int dev, Stream s, bool pdl, bool sort_four);
 
+// The fused scores + top-k (dsv4_topk_cluster.cu): the cluster top-k computing its rows' scores
+// itself with the tensor-core scorer's arithmetic (identical scores, written out too), one
+// launch instead of two and no round trip of the scores through memory. Serves where both the
+// tensor-core scorer and the cluster top-k serve, for at most 64 query heads.
+bool indexer_fused_serves(const IndexerParams& p, int dev);
+// Launches it (as a programmatic dependent of the stream's previous kernel when pdl).
+void launch_indexer_fused(const IndexerParams& p, int dev, Stream s, bool pdl, bool sort_four);
+
 }  // namespace kvcore::ops::cuda::dsv4
