@@ -30,9 +30,9 @@
 #include "kvcore/error.hpp"
 #include "kvcore/ops/dsv4.hpp"
 #include "kvcore/runtime.hpp"
+#include "ops/dsv4_tuning.hpp"  // the indexer's kernel choices (A/B)
 #if KVCORE_WITH_CUDA
 #include "ops/dsv4_backends.hpp"  // the indexer's two halves, timed apart for the breakdown
-#include "ops/dsv4_tuning.hpp"    // each top-k kernel on its own (A/B)
 #endif
 #include "tools/registry.hpp"
 
@@ -172,11 +172,23 @@ bool check_against_cpu(const Dsv4CacheConfig& cfg, const std::vector<std::unique
   return ok;
 }
 
+// The decode step with the indexer timed again (from a CUDA graph) with each of these kernel
+// choices, which the cache's own call does not take (ops::IndexerTuning): opt-in kernels beside
+// the default, in the same job.
+struct TunedStep {
+  const char* name;
+  bool sort_four, fused;
+};
+constexpr TunedStep kTunedStepChoices[] = {{"sort four", true, false}, {"fused", false, true}, {"fused sort four", true, true}};
+constexpr int kTunedSteps = static_cast<int>(sizeof(kTunedStepChoices) / sizeof(kTunedStepChoices[0]));
+
 void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
   const Device dev = opt.device;
   const int tokens_per_rep = 128;
   const int reps_total = opt.reps + opt.warmup;
-  const int64_t max_ctx = std::max<int64_t>(context + static_cast<int64_t>(tokens_per_rep) * (2 * reps_total + 2), 4 * 512);
+  // Room for the eager reps, the graph captures (the default and kTunedSteps) and slack.
+  const int64_t max_ctx =
+      std::max<int64_t>(context + static_cast<int64_t>(tokens_per_rep) * (2 * reps_total + 2 + kTunedSteps), 4 * 512);
   Dsv4CacheConfig cfg = Dsv4CacheConfig::v4_flash(static_cast<int32_t>(max_ctx), 1);
   // The cache runs its work on the stream of its config: one a CUDA graph can capture, and
   // that synchronizes with the default stream the eager timing's events are recorded on.
@@ -216,14 +228,53 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
   Buffer q = upload(randn(static_cast<size_t>(cfg.index_heads) * cfg.index_dim, 5), dev),
          w = upload(randn(cfg.index_heads, 6), dev), scores(static_cast<size_t>(cap) * 4, dev),
          picks(static_cast<size_t>(cfg.index_topk) * 4, dev);
-  auto step = [&](int64_t p) {  // on the cache's stream
+#if KVCORE_WITH_CUDA
+  // The arguments the cache's indexer_topk gives the op's backend, for layer l's rows and a query at qpos.
+  auto indexer_params = [&](int l, int64_t qpos) {
+    const TensorRef store = cache.indexer_store(0, l);
+    dsv4::IndexerParams ip{};
+    ip.q = q.as<float>();
+    ip.q_stride0 = static_cast<int64_t>(cfg.index_heads) * cfg.index_dim;
+    ip.q_stride1 = cfg.index_dim;
+    ip.weights = w.as<float>();
+    ip.w_stride = cfg.index_heads;
+    ip.rows = store.data();
+    ip.rows_stride = store.stride(0);
+    ip.rows_packed = store.dtype() == DType::U8 ? 1 : 0;
+    ip.cap = store.size(0);
+    ip.n_rows = cache.indexer_rows(0, l);
+    ip.n_q = 1;
+    ip.n_heads = cfg.index_heads;
+    ip.dim = cfg.index_dim;
+    ip.ratio = cfg.csa_ratio;
+    ip.quant = cfg.quant == Dsv4Quant::On ? 1 : 0;
+    ip.k = cfg.index_topk;
+    ip.first_query_pos = qpos;
+    ip.scores = scores.as<float>();
+    ip.scores_stride = ip.cap;
+    ip.out = picks.as<int32_t>();
+    ip.out_stride = cfg.index_topk;
+    return ip;
+  };
+#endif
+  // On the cache's stream. tune: the indexer through the op's backend with these kernel choices
+  // (CUDA only) instead of the cache's call.
+  auto step = [&](int64_t p, const ops::IndexerTuning* tune = nullptr) {
     const int tok = static_cast<int>(p % n_tok);
     for (int l = 0; l < cache.n_layers(); ++l) {
       cache.append(0, l, static_cast<int32_t>(p), inputs[l]->at(tok, 1, cfg.head_dim, dev));
-      if (with_indexer && cfg.layers[l] == Dsv4LayerKind::CSA)
-        cache.indexer_topk(0, l, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
-                           TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), static_cast<int32_t>(p),
-                           TensorRef(scores.data(), DType::F32, dev, {1, cap}), TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}));
+      if (!with_indexer || cfg.layers[l] != Dsv4LayerKind::CSA) continue;
+#if KVCORE_WITH_CUDA
+      if (tune) {
+        ops::cuda::dsv4::indexer_topk(indexer_params(l, p), cfg.stream, *tune);
+        continue;
+      }
+#else
+      (void)tune;  // the CPU has no kernel choices
+#endif
+      cache.indexer_topk(0, l, TensorRef(q.data(), DType::F32, dev, {1, cfg.index_heads, cfg.index_dim}),
+                         TensorRef(w.data(), DType::F32, dev, {1, cfg.index_heads}), static_cast<int32_t>(p),
+                         TensorRef(scores.data(), DType::F32, dev, {1, cap}), TensorRef(picks.data(), DType::I32, dev, {1, cfg.index_topk}));
     }
   };
   const Timing t = opt.time([&](int) {
@@ -254,6 +305,24 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
     g.baseline = "plain launches";
     g.baseline_t = r.t;
     opt.report(g);
+    for (const TunedStep& choice : kTunedStepChoices) {
+      if (!with_indexer) break;
+      ops::IndexerTuning tune;
+      tune.sort_four = choice.sort_four;
+      tune.fused = choice.fused;
+      synchronize(dev);
+      const Timing tt = kvcore::cli::time_graph(
+          dev.index, opt.reps, opt.warmup, [&](Stream) {
+            for (int i = 0; i < tokens_per_rep; ++i, ++pos) step(pos, &tune);
+          },
+          cfg.stream);
+      BenchRecord y = g;
+      y.case_name = fmt("decode43 cache step+indexer ctx=%lld (CUDA graph replay) ", context) + choice.name;
+      y.t = per(tt, tokens_per_rep);
+      y.baseline = "the default kernels (CUDA graph replay)";
+      y.baseline_t = g.t;
+      opt.report(y);
+    }
     if (with_indexer) {  // the indexer alone (scores + top-k of one CSA layer), for the breakdown
       int csa = 0;
       while (cfg.layers[csa] != Dsv4LayerKind::CSA) ++csa;
@@ -276,29 +345,7 @@ void bench_decode(BenchOptions& opt, int64_t context, bool with_indexer) {
       x.traffic = Traffic::Read;
       opt.report(x);
       // The two halves apart (the op's backend calls, same arguments as the op fills).
-      const TensorRef store = cache.indexer_store(0, csa);
-      dsv4::IndexerParams ip{};
-      ip.q = q.as<float>();
-      ip.q_stride0 = static_cast<int64_t>(cfg.index_heads) * cfg.index_dim;
-      ip.q_stride1 = cfg.index_dim;
-      ip.weights = w.as<float>();
-      ip.w_stride = cfg.index_heads;
-      ip.rows = store.data();
-      ip.rows_stride = store.stride(0);
-      ip.rows_packed = store.dtype() == DType::U8 ? 1 : 0;
-      ip.cap = store.size(0);
-      ip.n_rows = cache.indexer_rows(0, csa);
-      ip.n_q = 1;
-      ip.n_heads = cfg.index_heads;
-      ip.dim = cfg.index_dim;
-      ip.ratio = cfg.csa_ratio;
-      ip.quant = cfg.quant == Dsv4Quant::On ? 1 : 0;
-      ip.k = cfg.index_topk;
-      ip.first_query_pos = qpos;
-      ip.scores = scores.as<float>();
-      ip.scores_stride = ip.cap;
-      ip.out = picks.as<int32_t>();
-      ip.out_stride = cfg.index_topk;
+      const dsv4::IndexerParams ip = indexer_params(csa, qpos);
       for (int half = 0; half < 2; ++half) {
         synchronize(dev);
         const Timing th = kvcore::cli::time_graph(dev.index, opt.reps, opt.warmup, [&](Stream s) {
