@@ -5,7 +5,9 @@
 # this tree's CUDA tests that match TESTS (a ctest regex), then one bench, interleaved over the
 # builds (oldest first, ROUNDS times) so that drift hits every state alike. Each state's
 # rows go to $OUT/bench-<commit>.jsonl (this tree's: bench-$KVCORE_GIT_COMMIT.jsonl).
-#   KVCORE_GIT_COMMIT=<hash> TREES="<c1> <c2>" OUT=<dir> [TESTS=Dsv4] [ROUNDS=2] \
+# With HF_CONTEXTS (e.g. "8192 65536"), HF's DeepSeek-V4 baseline (bench/dsv4_hf_baseline.py) runs
+# last, in the same job, into $OUT/dsv4-hf.jsonl.
+#   KVCORE_GIT_COMMIT=<hash> TREES="<c1> <c2>" OUT=<dir> [TESTS=Dsv4] [ROUNDS=2] [HF_CONTEXTS=...] \
 #     bash bench/gpu/builds.sh <bench> [case ...]
 source "$(dirname "$0")/job.sh"
 COMMIT=${KVCORE_GIT_COMMIT:-unknown}
@@ -49,4 +51,11 @@ for round in $(seq "${ROUNDS:-2}"); do
       log "bench rc $?"
   done
 done
+if [ -n "${HF_CONTEXTS:-}" ]; then
+  log "HF baseline, contexts $HF_CONTEXTS"
+  # shellcheck disable=SC2086  # the contexts are separate arguments
+  KVCORE_GIT_COMMIT="$COMMIT" timeout 150 python3 bench/dsv4_hf_baseline.py --device cuda --reps 5 --contexts $HF_CONTEXTS \
+    --json "$OUT/dsv4-hf.jsonl" > "$OUT/dsv4-hf.log" 2>&1 || log "HF baseline rc $?"
+  tail -8 "$OUT/dsv4-hf.log"
+fi
 log done
