@@ -15,11 +15,13 @@ enum class AttentionKernel : int32_t {
   TensorCore = 3,         // the tensor-core decode kernel (head_dim 64 and 128, 16-bit and FP8 pages)
   TensorCorePrefill = 4,  // the tensor-core prefill kernel whatever the call's size (prefill, 16-bit pages)
   // The Hopper wgmma prefill kernels whatever the call's size (prefill, 16-bit pages, q in the
-  // page type, 16-bit out, compute capability 9.0; prefill_wgmma.hpp), both with a tile's softmax
+  // page type, 16-bit out, compute capability 9.0; prefill_wgmma.hpp), all with a tile's softmax
   // overlapping the previous tile's P V: warp-specialized (a producer warpgroup, mbarriers; 5),
-  // synchronous (every thread copies, a CTA barrier a tile; 6).
+  // synchronous (every thread copies, a CTA barrier a tile; 6), warp-specialized with the
+  // Tensor Memory Accelerator copying a page a box (pages of a power-of-two size >= 8; 7, else 5).
   WgmmaPrefill = 5,
   WgmmaPrefillSync = 6,
+  WgmmaPrefillTma = 7,
 };
 
 struct AttentionTuning {

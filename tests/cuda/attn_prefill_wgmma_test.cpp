@@ -1,14 +1,16 @@
-// The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh; kernel variants 5
-// warp-specialized, 6 synchronous), on compute capability 9.0 only (skipped elsewhere):
+// The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh, prefill_wgmma_tma.cuh;
+// kernel variants 5 warp-specialized, 6 synchronous, 7 warp-specialized with TMA copies), on
+// compute capability 9.0 only (skipped elsewhere):
 //  - WgmmaPrimitives: one warpgroup's S = Q K^T and O = P V tiles through the kernel's
 //    descriptors, swizzled tile layout and register fragments against a float64 product of
 //    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
 //    exact products stays far below the bound);
-//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync}: each forced kernel against the CPU op and the float64 reference on fresh
+//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync,Tma}: each forced kernel against the CPU op and the float64 reference on fresh
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
-//    of 33 tiles (every stage of the ring reused). Tolerances as attn_decode_test.cu: relative
+//    of 33 tiles (every stage of the ring reused); pages of 8 to 128 cells (the TMA kernel's boxes
+//    of a page or of 64 cells) and of 12 (it falls back to variant 5). Tolerances as attn_decode_test.cu: relative
 //    to max(1, max |ref|), f16 outputs of f16 pages 1e-3, bf16 pages or outputs 8e-3 (P enters P V in
 //    the page type: 2^-9 relative for bf16).
 #include <gtest/gtest.h>
@@ -35,8 +37,8 @@ double from_bits(uint16_t b, bool bf16) { return bf16 ? math::bf16_bits_to_f32(b
 // (wgmma takes A and B of one type), so a f16 output of bf16 pages gets the bf16 bound.
 double tol(DType kv, DType out) { return kv == DType::BF16 || out == DType::BF16 ? 8e-3 : 1e-3; }
 
-// A forced wgmma kernel (5: warp-specialized, 6: synchronous) on one case, against the CPU op
-// and float64; it must have launched.
+// A forced wgmma kernel (5: warp-specialized, 6: synchronous, 7: TMA) on one case, against the
+// CPU op and float64; it must have launched.
 void check_wgmma(const CaseSpec& s, ops::AttentionKernel k) {
   const HostCase c = make_case(s);
   const std::vector<float> cpu = run_op(c, Device::cpu());
@@ -48,7 +50,7 @@ void check_wgmma(const CaseSpec& s, ops::AttentionKernel k) {
   const std::string what = std::string("variant ") + std::to_string(static_cast<int>(k)) + " kv " +
                            std::string(dtype_name(s.kv)) + " D " + std::to_string(s.head_dim) + " heads " +
                            std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) + " window " +
-                           std::to_string(s.window);
+                           std::to_string(s.window) + " page " + std::to_string(s.block_size);
   EXPECT_LE(e_cpu, tol(s.kv, s.out)) << "vs CPU: " << what;
   EXPECT_LE(e_ref, tol(s.kv, s.out)) << "vs f64: " << what;
   std::printf("[wgmma prefill] %s: error vs f64 %.3g, vs CPU %.3g\n", what.c_str(), e_ref, e_cpu);
@@ -125,7 +127,28 @@ void long_context(ops::AttentionKernel k) {
   }
 }
 
-constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync;
+void block_sizes(ops::AttentionKernel k) {
+  // Pages of 8 (8 boxes a tile), 32, 64 (one) and 128 cells (half a page a tile), and 12 (no box
+  // fits: the TMA kernel's launcher takes variant 5); partial last pages, dead cells, a sequence
+  // of 3 tiles and one of less than a tile.
+  for (int bs : {8, 32, 64, 128, 12}) {
+    CaseSpec s;
+    s.kv = s.q = s.out = DType::F16;
+    s.head_dim = bs == 32 ? 64 : 128;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.block_size = bs;
+    s.seq_cells = {200, 45};
+    s.q_tokens = {120, 45};
+    s.dead_rate = 0.05;
+    s.sinks = bs == 64;
+    s.seed = 300 + bs;
+    check_wgmma(s, k);
+  }
+}
+
+constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync,
+                               kTma = ops::AttentionKernel::WgmmaPrefillTma;
 
 }  // namespace
 
@@ -173,7 +196,8 @@ class WgmmaPrefillCuda : public ::testing::TestWithParam<ops::AttentionKernel> {
 TEST_P(WgmmaPrefillCuda, FormatsGroupsAndMasks) { formats_groups_and_masks(GetParam()); }
 TEST_P(WgmmaPrefillCuda, RaggedSequences) { ragged_sequences(GetParam()); }
 TEST_P(WgmmaPrefillCuda, LongContext) { long_context(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync),
+TEST_P(WgmmaPrefillCuda, BlockSizes) { block_sizes(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync, kTma),
                          [](const ::testing::TestParamInfo<ops::AttentionKernel>& info) {
-                           return std::string(info.param == kWs ? "Ws" : "Sync");
+                           return std::string(info.param == kWs ? "Ws" : info.param == kSync ? "Sync" : "Tma");
                          });

@@ -134,7 +134,9 @@ __device__ __forceinline__ void copy_key_chunk(const PagedAttentionParams& p, co
 // (stored - offset; INT_MAX for no key or a dead cell) and the tile's summary (smallest /
 // largest live position, every key live). Dead cells' V bytes may be anything (NaN): their
 // weight is 0 but 0 * NaN is not, so they are zeroed, then made visible to wgmma's async proxy.
-template <int HD>
+// kZeroPast: the V rows of keys past the sequence too (copies that land whole pages, where
+// cp.async zero-fills them).
+template <int HD, bool kZeroPast = false>
 __device__ __forceinline__ void prepare_tile(const PagedAttentionParams& p, const Cta& ct, unsigned char* st, int* meta,
                                              int lane) {
   using S = Shape<HD>;
@@ -152,7 +154,7 @@ __device__ __forceinline__ void prepare_tile(const PagedAttentionParams& p, cons
     kpos[r] = live ? k : INT_MAX;
     if (live) kmin = min(kmin, k), kmax = max(kmax, k);
     all_live = all_live && live;
-    if (cell >= 0 && !live)
+    if ((kZeroPast || cell >= 0) && !live)
       for (int c = 0; c < S::kChunks; ++c)
         *reinterpret_cast<uint4*>(st + S::kTileBytes + wgmma::tile_chunk_offset<kKeys>(r, c)) = make_uint4(0, 0, 0, 0);
   }

@@ -25,6 +25,59 @@ constexpr int kWsThreads = kConsumerThreads + 128;  // + the producer warpgroup
 constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 128 * (72 + 2 * 216) <= 65536; no spills either side
 constexpr int kPublishLag = 2;                     // tiles issued before the oldest is published
 
+// The warp-specialized kernels' shared memory (1024-byte aligned base): the stages (K tile, V
+// tile), their metadata, and two mbarriers a stage, full and empty (this file's header).
+template <int HD>
+struct WsSmem {
+  unsigned char* base;
+  uint32_t bars;  // shared-memory address of the mbarriers
+  __device__ __forceinline__ explicit WsSmem(unsigned char* b) : base(b), bars(smem_addr(b + Shape<HD>::kBarOffset)) {}
+  __device__ __forceinline__ unsigned char* stage(int s) const { return base + s * Shape<HD>::kStageBytes; }
+  __device__ __forceinline__ int* meta(int s) const {
+    return reinterpret_cast<int*>(base + Shape<HD>::kMetaOffset) + s * Shape<HD>::kMetaInts;
+  }
+  __device__ __forceinline__ uint32_t full(int s) const { return bars + 8u * s; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bars + 8u * (kStages + s); }
+};
+
+#if KVCORE_WGMMA_ARCH
+// The consumer warpgroups of the warp-specialized kernels (warps 0-7): each stage waited for on
+// full, read, and released on empty once its P V completed; then the rows normalized and stored.
+template <int HD, bool BF16>
+__device__ __forceinline__ void consume_tiles(const PagedAttentionParams& p, const Cta& ct, const WsSmem<HD>& m, int warp,
+                                              int lane) {
+  using S = Shape<HD>;
+  wgmma::regs_inc<kConsumerRegs>();
+  const int g = lane / 4, t = lane % 4;
+  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);
+  if (r0 >= ct.n_r) return;  // no rows: this warpgroup is not counted in the empty barriers
+  const bool active = hw < ct.n_h;  // warp-uniform: its head exists
+  const int head = ct.h0 + (active ? hw : 0);
+  Rows<HD> w;
+  init_rows<HD>(p, ct, r0, active, head, g, t, w);
+  const float sl2 = p.softmax_scale * math::kLog2e;
+  auto release = [&](int s) {
+    __syncwarp();  // the warp's reads of the stage (metadata) done
+    if (lane == 0) wgmma::mbar_arrive(m.empty(s));
+  };
+  Pipeline<HD> pl;
+  int prev = 0;  // stage of the tile whose P is in pl.pa
+  for (int i = 0; i < ct.n_tiles; ++i) {
+    const int s = i % kStages;
+    wgmma::mbar_wait(m.full(s), (i / kStages) & 1);
+    const int* meta = m.meta(s);
+    pipelined_tile<HD, BF16>(p, w, pl, smem_addr(m.stage(s)), smem_addr(m.stage(prev)) + S::kTileBytes, meta + kKeys,
+                             tile_seen_whole<HD>(p, meta, w), sl2, t, [&] {
+                               if (i > 0) release(prev);
+                             });
+    prev = s;
+  }
+  pipelined_finish<HD, BF16>(w, pl, smem_addr(m.stage(prev)) + S::kTileBytes, ct.n_tiles > 0);
+  if (ct.n_tiles > 0) release(prev);
+  if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
+}
+#endif
+
 template <int HD, bool BF16>
 __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const PagedAttentionParams p, int chunk_heads) {
 #if KVCORE_WGMMA_ARCH
@@ -34,6 +87,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const P
   Cta ct;
   if (!make_cta(p, chunk_heads, ct)) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const WsSmem<HD> m(smem);
   auto stage_of = [&](int s) { return smem + s * S::kStageBytes; };
   auto meta_of = [&](int s) { return reinterpret_cast<int*>(smem + S::kMetaOffset) + s * S::kMetaInts; };
   const uint32_t bars = smem_addr(smem + S::kBarOffset);
@@ -91,35 +145,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_wgmma_ws_kernel(const P
     return;
   }
 
-  // ---- consumer warpgroups
-  wgmma::regs_inc<kConsumerRegs>();
-  const int g = lane / 4, t = lane % 4;
-  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);
-  if (r0 >= ct.n_r) return;  // no rows: this warpgroup is not counted in the empty barriers
-  const bool active = hw < ct.n_h;  // warp-uniform: its head exists
-  const int head = ct.h0 + (active ? hw : 0);
-  Rows<HD> w;
-  init_rows<HD>(p, ct, r0, active, head, g, t, w);
-  const float sl2 = p.softmax_scale * math::kLog2e;
-  auto release = [&](int s) {
-    __syncwarp();  // the warp's reads of the stage (metadata) done
-    if (lane == 0) wgmma::mbar_arrive(empty_bar(s));
-  };
-  Pipeline<HD> pl;
-  int prev = 0;  // stage of the tile whose P is in pl.pa
-  for (int i = 0; i < ct.n_tiles; ++i) {
-    const int s = i % kStages;
-    wgmma::mbar_wait(full_bar(s), (i / kStages) & 1);
-    const int* meta = meta_of(s);
-    pipelined_tile<HD, BF16>(p, w, pl, smem_addr(stage_of(s)), smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys,
-                             tile_seen_whole<HD>(p, meta, w), sl2, t, [&] {
-                               if (i > 0) release(prev);
-                             });
-    prev = s;
-  }
-  pipelined_finish<HD, BF16>(w, pl, smem_addr(stage_of(prev)) + S::kTileBytes, ct.n_tiles > 0);
-  if (ct.n_tiles > 0) release(prev);
-  if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
+  consume_tiles<HD, BF16>(p, ct, m, warp, lane);  // ---- consumer warpgroups
 #else
   (void)p;
   (void)chunk_heads;
