@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "cuda/common/fp8_hw.cuh"
 #include "kvcore/math/dsv4.hpp"
 #include "kvcore/math/fp4_hadamard.hpp"
 #include "kvcore/math/half.hpp"
@@ -89,13 +90,15 @@ __device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_pa
     float a = math::finite_abs_max(math::finite_abs_max(0.0f, v0), v1);
     a = warp_max(a);
     const int k = math::e4m3_scale_exponent(a);
+    // the codes of math::e4m3_encode(e4m3_scaled(v, 2^-k)), two at once (fp8_hw: bit-identical)
+    const uint32_t codes = fp8_hw::encode2_scaled(v0, v1, math::pow2f(-k));
     if (maybe_packed) {
-      const float inv = math::pow2f(-k);
-      if (lane < n) maybe_packed[off + lane] = math::e4m3_encode(math::e4m3_scaled(v0, inv));
-      if (lane + 32 < n) maybe_packed[off + lane + 32] = math::e4m3_encode(math::e4m3_scaled(v1, inv));
+      if (lane < n) maybe_packed[off + lane] = static_cast<uint8_t>(codes & 0xffu);
+      if (lane + 32 < n) maybe_packed[off + lane + 32] = static_cast<uint8_t>(codes >> 8);
       if (lane == 0) maybe_packed[math::Dsv4RowLayout::kScaleOffset + b] = math::ue8m0_encode(k);
-    } else {
-      const float r0 = math::e4m3_round_trip(v0, k), r1 = math::e4m3_round_trip(v1, k);
+    } else {  // math::e4m3_round_trip(v, k): the codes' values (the shared decoder: NaN bits too) times 2^k
+      const float r0 = math::e4m3_decode(static_cast<uint8_t>(codes & 0xffu)) * math::pow2f(k);
+      const float r1 = math::e4m3_decode(static_cast<uint8_t>(codes >> 8)) * math::pow2f(k);
       if (lane < n) {
         row[off + lane] = r0;
         each(off + lane, r0);
