@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/fp8_hw.cuh"
 #include "cuda/kv_store_chunk.cuh"
 #include "ops/kv_store_params.hpp"
 #include "ops/kv_store_row.hpp"
@@ -49,8 +50,9 @@ __device__ void warp_encode(KvFormat f, const float* row, void* dst, uint8_t* sc
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
     const int k = math::e4m3_scale_exponent(amax);
     uint8_t* codes = kvrow::group_codes(f, dst, g);
-    codes[lane] = kvrow::fp8_code(v0, k);
-    codes[32 + lane] = kvrow::fp8_code(v1, k);
+    const uint32_t pair = fp8_hw::encode2_scaled(v0, v1, math::pow2f(-k));  // kvrow::fp8_code of both (fp8_hw.cuh)
+    codes[lane] = static_cast<uint8_t>(pair & 0xffu);
+    codes[32 + lane] = static_cast<uint8_t>(pair >> 8);
     if (lane == 0) *kvrow::group_scale(f, dst, scales, g) = math::ue8m0_encode(k);
   }
   if (only_rotated) {
