@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kCompactThreads) topk_cluster_kernel(const Ind
   }
   cluster_arrive_relaxed();  // its wait comes before the first send
   pdl_wait();                // the scores (kScore: the rows, query, weights) are complete and visible from here on
+  pdl_allow_dependents();    // a dependent (the next layer's append) waits for this grid before its reads
   if (leader) {
     for (int j = tid; j < p.k; j += kCompactThreads)  // -1 beyond take; the sort writes [0, take)
       if (j >= take) out[j] = -1;

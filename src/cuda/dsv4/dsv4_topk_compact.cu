@@ -14,7 +14,8 @@
 //    the keys equal to the threshold are all taken at once when every one of them is needed,
 //    else the lowest rows among them by an ordered sweep over all keys (the CPU's tie rule);
 //  - launched as a programmatic dependent of the scores, it clears its histograms while the
-//    scores drain and waits for them before its first read of scores (or any global write).
+//    scores drain and waits for them before its first read of scores (or any global write);
+//    then lets its own dependent launch (the next layer's cache append, which waits for it).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,6 +62,7 @@ __global__ void __launch_bounds__(kCompactThreads) topk_compact_kernel(const Ind
     s_n_swept = 0;
   }
   pdl_wait();  // the scores are complete and visible from here on
+  pdl_allow_dependents();  // a dependent (the next layer's append, in a decode step) waits for this grid before its reads
   for (int j = tid; j < p.k; j += kCompactThreads)  // -1 beyond take; the sort writes [0, take)
     if (j >= take) out[j] = -1;
   if (take == 0) return;  // block-uniform
