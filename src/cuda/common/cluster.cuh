@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/tma.cuh"  // the mbarrier's arrive.expect_tx, which TMA copies count on too
+
 namespace kvcore::ops::cuda {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -79,11 +81,7 @@ struct ClusterInbox {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
   }
-  __device__ __forceinline__ void expect(uint32_t bytes) const {
-#if KVCORE_CLUSTER_PTX
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-  }
+  __device__ __forceinline__ void expect(uint32_t bytes) const { tma::arrive_expect_tx(bar, bytes); }
   // v into CTA `rank` (this one included) at the address that `local` has here; it counts on
   // that CTA's counterpart of this inbox.
   __device__ __forceinline__ void send(void* local, int rank, uint32_t v) const {

@@ -23,7 +23,8 @@ __device__ __forceinline__ void load_3d(uint32_t dst, const CUtensorMap* map, in
 }
 
 // One arrival on the mbarrier at `bar`, which also expects `bytes` more bytes before its phase
-// completes (bytes may land before or after this call).
+// completes (bytes may land before or after this call): TMA copies and cluster.cuh's st.async
+// stores both count on it.
 __device__ __forceinline__ void arrive_expect_tx(uint32_t bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
