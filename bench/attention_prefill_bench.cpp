@@ -88,7 +88,7 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
   // The automatic kernel (the mma.sync prefill kernel unless prefill_wgmma.hpp's
   // kAutomaticVariant says otherwise) and, on compute capability 9.0, the wgmma kernels forced
   // ("_wgmma": warp-specialized, "_wgmma_sync": synchronous, "_wgmma_tma": warp-specialized with
-  // TMA copies), with their ratios to it.
+  // TMA copies, "_wgmma_tma_pp": that with the consumers in ping-pong), with their ratios to it.
   std::vector<ops::AttentionKernel> kernels{ops::AttentionKernel::Auto};
 #if KVCORE_WITH_CUDA
   if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index)) {
@@ -96,6 +96,7 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
     kernels.push_back(ops::AttentionKernel::WgmmaPrefillSync);
     kernels.push_back(ops::AttentionKernel::WgmmaPrefill);
     kernels.push_back(ops::AttentionKernel::WgmmaPrefillTma);
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefillTmaPingPong);
   }
 #endif
   double auto_us = 0;
@@ -106,7 +107,8 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
     const std::string cname = name + (kernel == ops::AttentionKernel::WgmmaPrefill       ? "_wgmma"
                                       : kernel == ops::AttentionKernel::WgmmaPrefillSync ? "_wgmma_sync"
                                       : kernel == ops::AttentionKernel::WgmmaPrefillTma  ? "_wgmma_tma"
-                                                                                         : "");
+                                      : kernel == ops::AttentionKernel::WgmmaPrefillTmaPingPong ? "_wgmma_tma_pp"
+                                                                                                : "");
     if (!opt.wants(cname)) continue;  // --case _wgmma_sync: that kernel alone
     const AttentionPlan plan = ops::attn::plan_paged(true, kv, kQHeads, step, sc, tu);  // owns its workspace
     const int32_t splits = plan.num_splits();

@@ -18,10 +18,13 @@ enum class AttentionKernel : int32_t {
   // page type, 16-bit out, compute capability 9.0; prefill_wgmma.hpp), all with a tile's softmax
   // overlapping the previous tile's P V: warp-specialized (a producer warpgroup, mbarriers; 5),
   // synchronous (every thread copies, a CTA barrier a tile; 6), warp-specialized with the
-  // Tensor Memory Accelerator copying a page a box (pages of a power-of-two size >= 8; 7, else 5).
+  // Tensor Memory Accelerator copying a page a box (pages of a power-of-two size >= 8; 7, else 5),
+  // that with the two consumer warpgroups issuing their wgmmas in turns (FlashAttention-3's
+  // ping-pong; 8, else 5).
   WgmmaPrefill = 5,
   WgmmaPrefillSync = 6,
   WgmmaPrefillTma = 7,
+  WgmmaPrefillTmaPingPong = 8,
 };
 
 struct AttentionTuning {

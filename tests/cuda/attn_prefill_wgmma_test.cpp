@@ -5,7 +5,7 @@
 //    descriptors, swizzled tile layout and register fragments against a float64 product of
 //    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
 //    exact products stays far below the bound);
-//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync,Tma}: each forced kernel against the CPU op and the float64 reference on fresh
+//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync,Tma,TmaPingPong}: each forced kernel against the CPU op and the float64 reference on fresh
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
@@ -148,7 +148,8 @@ void block_sizes(ops::AttentionKernel k) {
 }
 
 constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync,
-                               kTma = ops::AttentionKernel::WgmmaPrefillTma;
+                               kTma = ops::AttentionKernel::WgmmaPrefillTma,
+                               kPingPong = ops::AttentionKernel::WgmmaPrefillTmaPingPong;
 
 }  // namespace
 
@@ -197,7 +198,10 @@ TEST_P(WgmmaPrefillCuda, FormatsGroupsAndMasks) { formats_groups_and_masks(GetPa
 TEST_P(WgmmaPrefillCuda, RaggedSequences) { ragged_sequences(GetParam()); }
 TEST_P(WgmmaPrefillCuda, LongContext) { long_context(GetParam()); }
 TEST_P(WgmmaPrefillCuda, BlockSizes) { block_sizes(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync, kTma),
+INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync, kTma, kPingPong),
                          [](const ::testing::TestParamInfo<ops::AttentionKernel>& info) {
-                           return std::string(info.param == kWs ? "Ws" : info.param == kSync ? "Sync" : "Tma");
+                           return std::string(info.param == kWs     ? "Ws"
+                                              : info.param == kSync ? "Sync"
+                                              : info.param == kTma  ? "Tma"
+                                                                    : "TmaPingPong");
                          });

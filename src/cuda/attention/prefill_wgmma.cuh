@@ -361,18 +361,28 @@ __device__ __forceinline__ void rescale_o(Rows<HD>& w, const float (&rs)[2]) {
     for (int dt = 0; dt < Shape<HD>::kDTiles; ++dt) w.o[dt][2 * e] *= rs[e], w.o[dt][2 * e + 1] *= rs[e];
 }
 
+// Where a step's wgmmas are issued: `turn.begin()` just before the first, `turn.end()` right
+// after the last is committed. NoTurn: whenever the warpgroup gets there (PingPongTurn,
+// prefill_wgmma_ws.cuh: in turns with the other warpgroup).
+struct NoTurn {
+  __device__ __forceinline__ void begin() const {}
+  __device__ __forceinline__ void end() const {}
+};
+
 // One step: tile i's keys in the stage at k_s (V at k_s + kTileBytes), the previous tile's V at
 // v_prev. `after_pv` runs once the previous tile's P V completed (its stage may be released).
-template <int HD, bool BF16, class AfterPv>
+template <int HD, bool BF16, class AfterPv, class Turn = NoTurn>
 __device__ __forceinline__ void pipelined_tile(const PagedAttentionParams& p, Rows<HD>& w, Pipeline<HD>& pl, uint32_t k_s,
                                                uint32_t v_prev, const int* kpos, bool full, float sl2, int t,
-                                               AfterPv after_pv) {
+                                               AfterPv after_pv, Turn turn = {}) {
   rescale_o<HD>(w, pl.rs_prev);
   wgmma::fence_regs(w.o);  // the rescale stays before the S issue (ptxas waited for S otherwise)
+  turn.begin();
   issue_s<HD, BF16>(w, k_s, pl.sc);
   wgmma::commit();  // S of tile i
   issue_pv<HD, BF16>(w, pl.pa, v_prev);
-  wgmma::commit();   // P V of tile i - 1 (a zero P at i = 0)
+  wgmma::commit();  // P V of tile i - 1 (a zero P at i = 0)
+  turn.end();
   wgmma::wait<1>();  // S of tile i
   wgmma::fence_regs(pl.sc);
   float rs[2];

@@ -38,9 +38,9 @@ void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   KVCORE_CUDA_CHECK_LAUNCH("prefill_wgmma_kernel");
 }
 
-// Variant 7 (prefill_wgmma_tma.cuh) where its maps can be made: pages of a power-of-two size of
-// at least 8 cells, pools the encoder accepts. False (nothing launched) elsewhere.
-template <int HD, bool BF16>
+// Variant 7 (prefill_wgmma_tma.cuh; 8 with kPingPong) where its maps can be made: pages of a
+// power-of-two size of at least 8 cells, pools the encoder accepts. False (nothing launched) elsewhere.
+template <int HD, bool BF16, bool kPingPong>
 bool launch_tma(const PagedAttentionParams& p, cudaStream_t stream) {
   const int bs = p.layout.block_size;
   if (bs < 8 || (bs & (bs - 1)) != 0 || p.num_blocks <= 0) return false;
@@ -50,7 +50,7 @@ bool launch_tma(const PagedAttentionParams& p, cudaStream_t stream) {
   if (!encode_pool_map(&k_map, p.k, cells, n_kv, HD, HD, int64_t{n_kv} * HD, box) ||
       !encode_pool_map(&v_map, p.v, cells, n_kv, HD, p.v_row_stride, int64_t{n_kv} * p.v_row_stride, box))
     return false;
-  const auto kernel = prefill_wgmma_tma_kernel<HD, BF16>;
+  const auto kernel = prefill_wgmma_tma_kernel<HD, BF16, kPingPong>;
   smem_opt_in(kernel, tma_smem_bytes<HD>(), p.device);
   int chunk_heads = 0;
   const dim3 grid = grid_of(p, &chunk_heads);
@@ -63,7 +63,8 @@ template <int HD, bool BF16>
 void launch_hd(const PagedAttentionParams& p, cudaStream_t stream) {
   const int variant = p.kernel_variant == 0 ? kAutomaticVariant : p.kernel_variant;
   if (variant == 6) return launch_kernel<HD, BF16, 6>(p, stream);
-  if (variant == 7 && launch_tma<HD, BF16>(p, stream)) return;
+  if (variant == 7 && launch_tma<HD, BF16, false>(p, stream)) return;
+  if (variant == 8 && launch_tma<HD, BF16, true>(p, stream)) return;
   return launch_kernel<HD, BF16, 5>(p, stream);
 }
 
@@ -74,7 +75,7 @@ std::atomic<int64_t> g_launches{0};
 bool device_is_sm90(int device) { return compute_capability(device) == 90; }
 
 bool serves(const PagedAttentionParams& p, int sm_count) {
-  const bool forced = p.kernel_variant == 5 || p.kernel_variant == 6 || p.kernel_variant == 7;
+  const bool forced = p.kernel_variant >= 5 && p.kernel_variant <= 8;
   if (!(forced || (kAutomaticVariant != 0 && p.kernel_variant == 0))) return false;
   if (!prefill_attn::call_fits(p)) return false;
   const QElem page = p.kv_elem == math::KvElem::BF16 ? QElem::BF16 : QElem::F16;

@@ -29,7 +29,8 @@ constexpr int tma_smem_bytes() {
   return Shape<HD>::kSmemBytes + 8 * kStages;
 }
 
-template <int HD, bool BF16>
+// kPingPong: the consumers issue their wgmmas in turns (PingPongTurn, prefill_wgmma_ws.cuh; variant 8).
+template <int HD, bool BF16, bool kPingPong>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_wgmma_tma_kernel(const PagedAttentionParams p, int chunk_heads, const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map) {
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __syncthreads();  // the barriers initialized before anyone uses them
 
   if (warp < 4 * kGroups) {
-    consume_tiles<HD, BF16>(p, ct, m, warp, lane);
+    consume_tiles<HD, BF16, kPingPong>(p, ct, m, warp, lane);
     return;
   }
   // ---- producer warpgroup

@@ -41,9 +41,30 @@ struct WsSmem {
 };
 
 #if KVCORE_WGMMA_ARCH
+// FlashAttention-3's ping-pong between the two consumer warpgroups: each issues a step's wgmmas
+// only in its turn, and the turns alternate (0, 1, 0, 1, ...), so the tensor cores run one
+// warpgroup's S and P V while the other runs its softmax. Named barrier kTurnBarrier + g is
+// warpgroup g's turn: it syncs there (128 threads) before issuing and the other warpgroup's
+// arrival after its own issue (128 more) opens it. Warpgroup 1 arrives once before its first
+// step (warpgroup 0 goes first) and not after its last (each barrier gets as many arrivals as
+// syncs, none left over at exit). On only where both warpgroups have rows and tiles (CTA-uniform).
+constexpr int kTurnBarrier = 2;  // 2, 3 (0: __syncthreads, 1: the producer warpgroup's)
+struct PingPongTurn {
+  bool on;    // both warpgroups take turns
+  int group;  // this warpgroup
+  bool pass;  // opens the other warpgroup's next turn (all but warpgroup 1's last step)
+  __device__ __forceinline__ void begin() const {
+    if (on) asm volatile("bar.sync %0, 256;\n" ::"r"(kTurnBarrier + group) : "memory");
+  }
+  __device__ __forceinline__ void end() const {
+    if (on && pass) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier + (group ^ 1)) : "memory");
+  }
+};
+
 // The consumer warpgroups of the warp-specialized kernels (warps 0-7): each stage waited for on
 // full, read, and released on empty once its P V completed; then the rows normalized and stored.
-template <int HD, bool BF16>
+// kPingPong: the warpgroups issue their wgmmas in turns (PingPongTurn).
+template <int HD, bool BF16, bool kPingPong = false>
 __device__ __forceinline__ void consume_tiles(const PagedAttentionParams& p, const Cta& ct, const WsSmem<HD>& m, int warp,
                                               int lane) {
   using S = Shape<HD>;
@@ -51,6 +72,9 @@ __device__ __forceinline__ void consume_tiles(const PagedAttentionParams& p, con
   const int g = lane / 4, t = lane % 4;
   const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);
   if (r0 >= ct.n_r) return;  // no rows: this warpgroup is not counted in the empty barriers
+  const int group = warp / kHeads;
+  const bool turns = kPingPong && ct.n_r > 16 && ct.n_tiles > 0;
+  if (turns && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier) : "memory");
   const bool active = hw < ct.n_h;  // warp-uniform: its head exists
   const int head = ct.h0 + (active ? hw : 0);
   Rows<HD> w;
@@ -66,10 +90,13 @@ __device__ __forceinline__ void consume_tiles(const PagedAttentionParams& p, con
     const int s = i % kStages;
     wgmma::mbar_wait(m.full(s), (i / kStages) & 1);
     const int* meta = m.meta(s);
-    pipelined_tile<HD, BF16>(p, w, pl, smem_addr(m.stage(s)), smem_addr(m.stage(prev)) + S::kTileBytes, meta + kKeys,
-                             tile_seen_whole<HD>(p, meta, w), sl2, t, [&] {
-                               if (i > 0) release(prev);
-                             });
+    pipelined_tile<HD, BF16>(
+        p, w, pl, smem_addr(m.stage(s)), smem_addr(m.stage(prev)) + S::kTileBytes, meta + kKeys,
+        tile_seen_whole<HD>(p, meta, w), sl2, t,
+        [&] {
+          if (i > 0) release(prev);
+        },
+        PingPongTurn{turns, group, group == 0 || i + 1 < ct.n_tiles});
     prev = s;
   }
   pipelined_finish<HD, BF16>(w, pl, smem_addr(m.stage(prev)) + S::kTileBytes, ct.n_tiles > 0);
