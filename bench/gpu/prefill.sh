@@ -6,8 +6,8 @@
 # /tmp/site; its JIT cache in build-fi/, which an earlier call's
 # `attention_flashinfer_baseline.py --warm-only --cases prefill` may have filled), then
 # Nsight Compute profiles with stall samples of the kernels named in PROFILE (default: variants 5
-# and 7 at ctx 8192, 2048 new tokens). Rows: $OUT/prefill.jsonl, $OUT/baselines.jsonl; logs beside.
-#   OUT=<dir> [PROFILE="ws tma"] [APPEND=1: also `kvcore bench append`] bash bench/gpu/prefill.sh
+# and 7 at ctx 8192, 2048 new tokens; pp: variant 8, sync: 6). Rows: $OUT/prefill.jsonl, $OUT/baselines.jsonl; logs beside.
+#   OUT=<dir> [PROFILE="ws tma pp sync"] [APPEND=1: also `kvcore bench append`, before FlashInfer] bash bench/gpu/prefill.sh
 source "$(dirname "$0")/job.sh"
 [ -x build/kvcore ] || { log "no build/kvcore: run a job that builds it first"; exit 1; }
 if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
@@ -19,20 +19,21 @@ log "kvcore attention_prefill"
 timeout 150 ./build/kvcore bench attention_prefill --device cuda --json "$OUT/prefill.jsonl" > "$OUT/prefill.log" 2>&1 ||
   log "attention_prefill rc $?"
 grep -E "prefill" "$OUT/prefill.log" | head -40
-log "FlashInfer prefill"
-timeout 200 python3 bench/attention_flashinfer_baseline.py --cases prefill --json "$OUT/baselines.jsonl" \
-  > "$OUT/baselines.log" 2>&1 || log "FlashInfer rc $?"
-tail -6 "$OUT/baselines.log"
 if [ -n "${APPEND:-}" ]; then
   log "kvcore append"
   timeout 90 ./build/kvcore bench append --device cuda --json "$OUT/append.jsonl" > "$OUT/append.log" 2>&1 || log "append rc $?"
   grep -E "step_" "$OUT/append.log" | head -20
 fi
+log "FlashInfer prefill"
+timeout 200 python3 bench/attention_flashinfer_baseline.py --cases prefill --json "$OUT/baselines.jsonl" \
+  > "$OUT/baselines.log" 2>&1 || log "FlashInfer rc $?"
+tail -6 "$OUT/baselines.log"
 targets=""
 for k in ${PROFILE-ws tma}; do
   case $k in
     ws) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma | prefill_wgmma_ws_kernel | 1 | prefill-ws-8k"$'\n' ;;
     tma) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma_tma | prefill_wgmma_tma_kernel | 1 | prefill-tma-8k"$'\n' ;;
+    pp) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma_tma_pp | prefill_wgmma_tma_kernel | 1 | prefill-tma-pp-8k"$'\n' ;;
     sync) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma_sync | prefill_wgmma_kernel | 1 | prefill-sync-8k"$'\n' ;;
   esac
 done
