@@ -7,7 +7,7 @@
 # rows go to $OUT/bench-<commit>.jsonl (this tree's: bench-$KVCORE_GIT_COMMIT.jsonl).
 # With HF_CONTEXTS (e.g. "8192 65536"), HF's DeepSeek-V4 baseline (bench/dsv4_hf_baseline.py) runs
 # last, in the same job, into $OUT/dsv4-hf.jsonl.
-# CTEST_EXCLUDE (a regex) leaves tests out of those that TESTS matches.
+# CTEST_EXCLUDE (a regex) leaves tests out of those that TESTS matches; CTEST_J runs that many at once.
 #   KVCORE_GIT_COMMIT=<hash> TREES="<c1> <c2>" OUT=<dir> [TESTS=Dsv4] [CTEST_EXCLUDE=Wgmma] [ROUNDS=2] [HF_CONTEXTS=...] \
 #     bash bench/gpu/builds.sh <bench> [case ...]
 source "$(dirname "$0")/job.sh"
@@ -32,7 +32,7 @@ log "this tree ($COMMIT): kvcore_cli and the CUDA tests; older trees: ${TREES:-n
   { grep -E 'error' -A3 "$OUT/build.log" | head -40; exit 1; }
 if [ -n "${TESTS:-}" ]; then
   log "CUDA tests matching $TESTS"
-  (cd build && ctest -L gpu -R "$TESTS" ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} --output-on-failure --timeout 120) > "$OUT/tests.log" 2>&1
+  (cd build && ctest -L gpu -R "$TESTS" ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} -j "${CTEST_J:-1}" --output-on-failure --timeout 120) > "$OUT/tests.log" 2>&1
   tail -3 "$OUT/tests.log"
 fi
 for p in "${pids[@]}"; do wait "$p"; done
