@@ -24,6 +24,8 @@ if [ -n "${APPEND:-}" ]; then
   timeout 90 ./build/kvcore bench append --device cuda --json "$OUT/append.jsonl" > "$OUT/append.log" 2>&1 || log "append rc $?"
   grep -E "step_" "$OUT/append.log" | head -20
 fi
+# FI_WARM_PID: a FlashInfer warm-up started earlier in the same call (its JIT finishes first).
+while [ -n "${FI_WARM_PID:-}" ] && kill -0 "$FI_WARM_PID" 2>/dev/null; do sleep 2; done
 log "FlashInfer prefill"
 timeout 200 python3 bench/attention_flashinfer_baseline.py --cases prefill --json "$OUT/baselines.jsonl" \
   > "$OUT/baselines.log" 2>&1 || log "FlashInfer rc $?"
