@@ -50,6 +50,12 @@ KVCORE_HD float softmax_weight(float s, float m, Exp2 exp2 = {}) {
   return is_neg_inf(s) ? 0.0f : exp2(s - m);
 }
 
+// What a row's scores are offset by before their exp2 once the row's running max is m: m, or 0
+// where m is -inf (every score so far masked, so each is -inf too, and exp2(-inf - 0) = 0 where
+// -inf - -inf would be NaN). exp2(s - softmax_offset(m)) is softmax_weight(s, m) with one test a
+// row instead of one a score; kernels bound by instruction issue take it so.
+KVCORE_HD float softmax_offset(float m) { return is_neg_inf(m) ? 0.0f : m; }
+
 // Factor that rescales a state kept under max m_old to max m_new >= m_old.
 // Both -inf (nothing seen yet): 1, the state is all zeros anyway.
 template <class Exp2 = Exp2F32>

@@ -265,26 +265,23 @@ __device__ __forceinline__ void issue_s(const Rows<HD>& w, uint32_t k_s, Scores<
     wgmma::wgmma_m64n64k16_rs<BF16, 0>(sc, w.qa[ks], wgmma::desc_k_major<kKeys>(k_s, ks), ks > 0 ? 1 : 0);
 }
 
-// Masks, scale and online softmax of a tile's scores: sc becomes the weights (relative to the
+// Masks and online softmax of a tile's scores (raw q.k): sc becomes the weights (relative to the
 // new running max), l is updated, rs[e] is the factor O's row e must be rescaled by before this
-// tile's P V is added.
+// tile's P V is added. Each weight is one FFMA and one exp2: exp2(s * sl2 - offset), the scale
+// folded in and the all-masked row handled once a row (math::softmax_offset), since the consumer
+// warps' instruction stream, not the tensor cores, bounds the kernel.
 template <int HD>
 __device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, Rows<HD>& w, Scores<HD>& sc, const int* kpos,
                                              bool full, float sl2, int t, float (&rs)[2]) {
   using S = Shape<HD>;
-  if (full) {
-#pragma unroll
-    for (int j = 0; j < S::kNTiles; ++j)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) sc[j][x] *= sl2;
-  } else {
+  if (!full) {
 #pragma unroll
     for (int j = 0; j < S::kNTiles; ++j)
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
         const int q = w.qp[x >> 1], kp = kpos[8 * j + 2 * t + (x & 1)];
         const bool sees = kp != INT_MAX && kp <= q && (p.window <= 0 || int64_t{q} - kp < p.window);
-        sc[j][x] = sees ? sc[j][x] * sl2 : math::neg_inf_f32();
+        if (!sees) sc[j][x] = math::neg_inf_f32();
       }
   }
   // per row (the 4 lanes of a row hold its keys)
@@ -295,14 +292,15 @@ __device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, Rows
     for (int j = 0; j < S::kNTiles; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * e], sc[j][2 * e + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(w.m[e], mx);
+    const float mn = fmaxf(w.m[e], mx * sl2);  // sl2 > 0: the max of the scaled scores
     rs[e] = math::softmax_rescale(w.m[e], mn, Exp2Ftz{});
     w.m[e] = mn;
+    const float off = math::softmax_offset(mn);
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < S::kNTiles; ++j) {
-      sc[j][2 * e] = math::softmax_weight(sc[j][2 * e], mn, Exp2Ftz{});
-      sc[j][2 * e + 1] = math::softmax_weight(sc[j][2 * e + 1], mn, Exp2Ftz{});
+      sc[j][2 * e] = Exp2Ftz{}(fmaf(sc[j][2 * e], sl2, -off));
+      sc[j][2 * e + 1] = Exp2Ftz{}(fmaf(sc[j][2 * e + 1], sl2, -off));
       sum += sc[j][2 * e] + sc[j][2 * e + 1];
     }
     w.l[e] = w.l[e] * rs[e] + sum;
