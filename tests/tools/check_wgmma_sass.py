@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 
-KERNEL = re.compile(r"prefill_wgmma(_ws)?_kernel")  # the tile-loop kernels (not the primitives' self-test)
+KERNEL = re.compile(r"prefill_wgmma(_ws|_tma)?_kernel")  # the tile-loop kernels (not the primitives' self-test)
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 # HGMMA.<shape>... D, A, gdesc[..][.tnspB], ...: A in registers (R<n>, four of them) or in shared memory (gdesc).
 HGMMA = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),\s+gdesc\[\w+\](\.tnspB)?")

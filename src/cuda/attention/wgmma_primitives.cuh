@@ -52,9 +52,12 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_b
 // 16-byte chunks) inside a line, so the step starts 32 bytes further in its region (the
 // hardware swizzles the full address, which is what the copies did); LBO is unused for
 // swizzled K-major layouts (encoded as 16 bytes). 4 k-steps a 64-dim region.
+// The step's descriptor is the tile's plus the step's offset >> 4 in the address field, which
+// cannot carry out of it (shared memory addresses are below 2^18): one add a wgmma, the tile's
+// descriptor made once.
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int ks) {
-  return make_desc(tile + (ks / 4) * ROWS * kLineBytes + (ks % 4) * 32, 16, kAtomBytes);
+  return make_desc(tile, 16, kAtomBytes) + static_cast<uint32_t>(((ks / 4) * ROWS * kLineBytes + (ks % 4) * 32) >> 4);
 }
 
 // B of O += P V for k-step kk (keys 16 kk .. 16 kk + 15) over a V tile [key][dim]: B[k][n] =
@@ -64,7 +67,7 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int ks) {
 // a k-step of 16 keys starts 2 atoms further.
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile, int kk) {
-  return make_desc(tile + kk * 2 * kAtomBytes, ROWS * kLineBytes, kAtomBytes);
+  return make_desc(tile, ROWS * kLineBytes, kAtomBytes) + static_cast<uint32_t>((kk * 2 * kAtomBytes) >> 4);
 }
 
 #if KVCORE_WGMMA_ARCH
