@@ -7,7 +7,7 @@
 # `attention_flashinfer_baseline.py --warm-only --cases prefill` may have filled), then
 # Nsight Compute profiles with stall samples of the kernels named in PROFILE (default: variants 5
 # and 7 at ctx 8192, 2048 new tokens; pp: variant 8, sync: 6). Rows: $OUT/prefill.jsonl, $OUT/baselines.jsonl; logs beside.
-#   OUT=<dir> [PROFILE="ws tma pp sync"] [APPEND=1: also `kvcore bench append`, before FlashInfer] bash bench/gpu/prefill.sh
+#   OUT=<dir> [OLD_TREES=<commits>] [PROFILE="ws tma pp sync"] [APPEND=1: also `kvcore bench append`, before FlashInfer] bash bench/gpu/prefill.sh
 source "$(dirname "$0")/job.sh"
 [ -x build/kvcore ] || { log "no build/kvcore: run a job that builds it first"; exit 1; }
 if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
@@ -19,6 +19,14 @@ log "kvcore attention_prefill"
 timeout 150 ./build/kvcore bench attention_prefill --device cuda --json "$OUT/prefill.jsonl" > "$OUT/prefill.log" 2>&1 ||
   log "attention_prefill rc $?"
 grep -E "prefill" "$OUT/prefill.log" | head -40
+# OLD_TREES: commits whose tool bench/gpu/builds.sh built in this call (/tmp/build-<c>/kvcore): the
+# same bench with their kernels, rows in $OUT/prefill-<c>.jsonl.
+for c in ${OLD_TREES:-}; do
+  [ -x "/tmp/build-$c/kvcore" ] || continue
+  log "attention_prefill at $c"
+  timeout 120 "/tmp/build-$c/kvcore" bench attention_prefill --device cuda --json "$OUT/prefill-$c.jsonl" \
+    > "$OUT/prefill-$c.log" 2>&1 || log "attention_prefill at $c rc $?"
+done
 if [ -n "${APPEND:-}" ]; then
   log "kvcore append"
   timeout 90 ./build/kvcore bench append --device cuda --json "$OUT/append.jsonl" > "$OUT/append.log" 2>&1 || log "append rc $?"
