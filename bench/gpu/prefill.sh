@@ -32,12 +32,14 @@ if [ -n "${APPEND:-}" ]; then
   timeout 90 ./build/kvcore bench append --device cuda --json "$OUT/append.jsonl" > "$OUT/append.log" 2>&1 || log "append rc $?"
   grep -E "step_" "$OUT/append.log" | head -20
 fi
-# FI_WARM_PID: a FlashInfer warm-up started earlier in the same call (its JIT finishes first).
-while [ -n "${FI_WARM_PID:-}" ] && kill -0 "$FI_WARM_PID" 2>/dev/null; do sleep 2; done
-log "FlashInfer prefill"
-timeout 200 python3 bench/attention_flashinfer_baseline.py --cases prefill --json "$OUT/baselines.jsonl" \
-  > "$OUT/baselines.log" 2>&1 || log "FlashInfer rc $?"
-tail -6 "$OUT/baselines.log"
+if [ -z "${SKIP_FI:-}" ]; then  # SKIP_FI=1: no FlashInfer
+  # FI_WARM_PID: a FlashInfer warm-up started earlier in the same call (its JIT finishes first).
+  while [ -n "${FI_WARM_PID:-}" ] && kill -0 "$FI_WARM_PID" 2>/dev/null; do sleep 2; done
+  log "FlashInfer prefill"
+  timeout 200 python3 bench/attention_flashinfer_baseline.py --cases prefill --json "$OUT/baselines.jsonl" \
+    > "$OUT/baselines.log" 2>&1 || log "FlashInfer rc $?"
+  tail -6 "$OUT/baselines.log"
+fi
 targets=""
 for k in ${PROFILE-ws tma}; do
   case $k in
