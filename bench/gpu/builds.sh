@@ -7,7 +7,8 @@
 # rows go to $OUT/bench-<commit>.jsonl (this tree's: bench-$KVCORE_GIT_COMMIT.jsonl).
 # With HF_CONTEXTS (e.g. "8192 65536"), HF's DeepSeek-V4 baseline (bench/dsv4_hf_baseline.py) runs
 # last, in the same job, into $OUT/dsv4-hf.jsonl.
-# CTEST_EXCLUDE (a regex) leaves tests out of those that TESTS matches; CTEST_J runs that many at once.
+# CTEST_EXCLUDE (a regex) leaves tests out of those that TESTS matches; CTEST_J runs that many at once;
+# BUILD_J: parallel jobs of this tree's build (default 8, beside the older trees' 4 each).
 #   KVCORE_GIT_COMMIT=<hash> TREES="<c1> <c2>" OUT=<dir> [TESTS=Dsv4] [CTEST_EXCLUDE=Wgmma] [ROUNDS=2] [HF_CONTEXTS=...] \
 #     bash bench/gpu/builds.sh <bench> [case ...]
 source "$(dirname "$0")/job.sh"
@@ -28,7 +29,7 @@ for c in ${TREES:-}; do
   pids+=($!)
 done
 log "this tree ($COMMIT): kvcore_cli and the CUDA tests; older trees: ${TREES:-none}"
-(configure . build "$COMMIT" && cmake --build build -j 8 --target kvcore_cli kvcore_cuda_tests) > "$OUT/build.log" 2>&1 ||
+(configure . build "$COMMIT" && cmake --build build -j "${BUILD_J:-8}" --target kvcore_cli kvcore_cuda_tests) > "$OUT/build.log" 2>&1 ||
   { grep -E 'error' -A3 "$OUT/build.log" | head -40; exit 1; }
 if [ -n "${TESTS:-}" ]; then
   log "CUDA tests matching $TESTS"
