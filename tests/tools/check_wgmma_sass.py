@@ -17,39 +17,18 @@ violation, or no wgmma prefill kernel found; 77 no cuobjdump or nvdisasm (ctest 
 skipped).
 """
 import argparse
-import glob
 import os
 import re
-import shutil
-import subprocess
 import sys
 
-KERNEL = re.compile(r"prefill_wgmma(_ws|_tma)?_kernel")  # the tile-loop kernels (not the primitives' self-test)
-INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-# HGMMA.<shape>... D, A, gdesc[..][.tnspB], ...: A in registers (R<n>, four of them) or in shared memory (gdesc).
-HGMMA = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),\s+gdesc\[\w+\](\.tnspB)?")
-BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s+)?(0x[0-9a-f]+)")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wgmma_sass import find_tools, hgmmas, kernels, tile_loop  # noqa: E402
+
 # Opcodes whose first operand is not a general register they write.
 NO_REGISTER_DEST = ("HGMMA", "ST", "RED", "ATOM", "BRA", "BAR", "WARPGROUP", "WARPSYNC", "EXIT", "RET", "CALL", "BSSY",
                     "BSYNC", "ISETP", "FSETP", "DSETP", "HSETP", "PLOP3", "R2UR", "S2UR", "UMOV", "UIADD", "ULOP",
                     "USHF", "ULEA", "UIMAD", "ELECT", "SYNCS", "NOP", "DEPBAR", "MEMBAR", "FENCE", "CCTL", "ERRBAR",
                     "ARRIVES", "LDGDEPBAR", "VOTEU", "UISETP", "UPLOP3", "USEL", "UFLO", "UBMSK", "USGXT", "UPRMT")
-
-
-def find_tool(tool, nvcc):
-    found = shutil.which(tool)
-    if found:
-        return found
-    if nvcc:
-        beside = os.path.join(os.path.dirname(os.path.realpath(nvcc)), tool)
-        if os.access(beside, os.X_OK):
-            return beside
-    for root in sys.path:
-        for path in sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "bin", tool))):
-            if not os.access(path, os.X_OK):
-                os.chmod(path, 0o755)  # wheels unpacked by pip may drop the executable bit
-            return path
-    return None
 
 
 def registers_written(op):
@@ -61,27 +40,16 @@ def registers_written(op):
     return 1
 
 
-def check_function(name, body):
-    code = [(int(a, 16), text) for a, text in INSTRUCTION.findall(body)]
-    q_regs, p_regs, s_at = set(), set(), []
-    for at, text in code:
-        m = HGMMA.search(text)
-        if not m:
-            continue
-        regs = range(int(m.group(1)), int(m.group(1)) + 4)
-        if m.group(2):
-            p_regs.update(regs)  # P V: B = V transposed
-        else:
-            q_regs.update(regs)  # S = Q K^T
-            s_at.append(at)
-    if not s_at:
+def check_function(name, code):
+    q_regs, p_regs = set(), set()
+    for _, a, pv in hgmmas(code):
+        (p_regs if pv else q_regs).update(range(a, a + 4))  # P V: B = V transposed; else S = Q K^T
+    if not q_regs:
         return [f"{name}: no S = Q K^T wgmma with A in registers found"]
-    # The tile loop: the tightest backward branch around the S wgmmas.
-    loops = [(int(m.group(1), 16), at) for at, text in code for m in [BRANCH.search(text)]
-             if m and int(m.group(1), 16) <= min(s_at) and max(s_at) <= at]
-    if not loops:
+    loop = tile_loop(code)
+    if not loop:
         return [f"{name}: no loop around the S wgmmas"]
-    lo, hi = min(loops, key=lambda r: r[1] - r[0])
+    lo, hi = loop
     problems = []
     if q_regs & p_regs:
         problems.append(f"{name}: Q (R{min(q_regs)}-R{max(q_regs)}) and P (R{min(p_regs)}-R{max(p_regs)}) share "
@@ -111,23 +79,15 @@ def main():
     ap.add_argument("--nvcc", help="the CUDA compiler (cuobjdump is looked for beside it)")
     ap.add_argument("objects", nargs="+")
     args = ap.parse_args()
-    cuobjdump, nvdisasm = find_tool("cuobjdump", args.nvcc), find_tool("nvdisasm", args.nvcc)
+    cuobjdump, nvdisasm = find_tools(args.nvcc)
     if not cuobjdump or not nvdisasm:
         print("no cuobjdump or nvdisasm (not on PATH, not beside nvcc, no nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm "
               "wheel): skipped")
         return 77
-    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
     problems, checked = [], 0
-    for obj in args.objects:
-        sass = subprocess.run([cuobjdump, "-sass", obj], check=True, capture_output=True, text=True, env=env).stdout
-        for part in re.split(r"\n\s*Function : ", sass)[1:]:
-            mangled = part.split("\n", 1)[0].strip()
-            if not KERNEL.search(mangled):
-                continue
-            demangled = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
-            name = re.sub(r"\(kvcore::ops::PagedAttentionParams, int\)$", "", demangled.replace("kvcore::ops::cuda::", ""))
-            problems += check_function(name, part)
-            checked += 1
+    for name, code in kernels(args.objects, cuobjdump, nvdisasm):
+        problems += check_function(name, code)
+        checked += 1
     if checked == 0:
         problems.append(f"no wgmma prefill kernel in {' '.join(args.objects)}")
     for p in problems:

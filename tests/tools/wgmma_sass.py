@@ -1,0 +1,73 @@
+"""The machine code (SASS) of the wgmma prefill kernels in built objects, for the checks and
+counts that read it (check_wgmma_sass.py, bench/wgmma_loop_counts.py): the CUDA tools found,
+each kernel's instructions, and its tile loop.
+
+cuobjdump (and the nvdisasm it runs) come from PATH, beside nvcc, or PyPI's nvidia-cuda-cuobjdump
+and nvidia-cuda-nvdisasm wheels on sys.path.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+KERNEL = re.compile(r"prefill_wgmma(_ws|_tma)?_kernel")  # the tile-loop kernels (not the primitives' self-test)
+INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+# HGMMA.<shape>... D, A, gdesc[..][.tnspB], ...: A in registers (R<n>, four of them) or in shared memory (gdesc).
+HGMMA = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),\s+gdesc\[\w+\](\.tnspB)?")
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s+)?(0x[0-9a-f]+)")
+
+
+def find_tool(tool, nvcc):
+    found = shutil.which(tool)
+    if found:
+        return found
+    if nvcc:
+        beside = os.path.join(os.path.dirname(os.path.realpath(nvcc)), tool)
+        if os.access(beside, os.X_OK):
+            return beside
+    for root in sys.path:
+        for path in sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "bin", tool))):
+            if not os.access(path, os.X_OK):
+                os.chmod(path, 0o755)  # wheels unpacked by pip may drop the executable bit
+            return path
+    return None
+
+
+def find_tools(nvcc):
+    """(cuobjdump, nvdisasm), either None where it is not found."""
+    return find_tool("cuobjdump", nvcc), find_tool("nvdisasm", nvcc)
+
+
+def kernels(objects, cuobjdump, nvdisasm):
+    """Yields (name, [(address, instruction text)]) for each wgmma prefill kernel in the objects."""
+    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
+    for obj in objects:
+        sass = subprocess.run([cuobjdump, "-sass", obj], check=True, capture_output=True, text=True, env=env).stdout
+        for part in re.split(r"\n\s*Function : ", sass)[1:]:
+            mangled = part.split("\n", 1)[0].strip()
+            if not KERNEL.search(mangled):
+                continue
+            demangled = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
+            name = re.sub(r"\(kvcore::ops::PagedAttentionParams, int[^)]*\)$", "", demangled.replace("kvcore::ops::cuda::", ""))
+            yield name, [(int(a, 16), text) for a, text in INSTRUCTION.findall(part)]
+
+
+def hgmmas(code):
+    """(address, first A register or None, is P V) of each wgmma: S = Q K^T has A in registers and
+    B not transposed; P V reads V transposed (.tnspB)."""
+    for at, text in code:
+        m = HGMMA.search(text)
+        if m:
+            yield at, int(m.group(1)), bool(m.group(2))
+
+
+def tile_loop(code):
+    """[lo, hi] of the tightest backward branch around the S = Q K^T wgmmas; None without one."""
+    s_at = [at for at, _, pv in hgmmas(code) if not pv]
+    if not s_at:
+        return None
+    loops = [(int(m.group(1), 16), at) for at, text in code for m in [BRANCH.search(text)]
+             if m and int(m.group(1), 16) <= min(s_at) and max(s_at) <= at]
+    return min(loops, key=lambda r: r[1] - r[0]) if loops else None
