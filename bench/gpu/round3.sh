@@ -10,7 +10,8 @@
 #            barriers never meet hangs instead of failing, and must not eat the call;
 #   prefill  bench/gpu/prefill.sh: the prefill variants (BEFORE's beside), the append bench,
 #            FlashInfer's prefill on the same shapes (its JIT warmed in the background from
-#            the start of the call), Nsight profiles per PROFILE (default none).
+#            the start of the call), Nsight profiles per PROFILE (default none); kvcore's rows
+#            beside FlashInfer's with ratios in $OUT/prefill-summary.md.
 # wgmma and prefill alone need a build that an earlier dsv4 phase configured.
 #   OUT=<dir> KVCORE_GIT_COMMIT=<hash> [BEFORE=<commit>] [PROFILE="tma pp"] bash bench/gpu/round3.sh [dsv4] [wgmma] [prefill]
 source "$(dirname "$0")/job.sh"
@@ -46,5 +47,9 @@ fi
 if wants prefill; then
   [ -x build/kvcore ] || cmake --build build -j "${BUILD_J:-16}" --target kvcore_cli > "$OUT/build-cli.log" 2>&1
   OLD_TREES=${BEFORE:-} APPEND=1 FI_WARM_PID=$fi_warm PROFILE=${PROFILE:-} bash bench/gpu/prefill.sh
+  # kvcore's prefill rows beside FlashInfer's with ratios (bench/summarize.py reads a job folder).
+  mkdir -p "$OUT/prefill-job" && cp "$OUT/prefill.jsonl" "$OUT/prefill-job/bench.jsonl" 2>/dev/null &&
+    cp "$OUT/baselines.jsonl" "$OUT/prefill-job/" 2>/dev/null
+  python3 bench/summarize.py "$OUT/prefill-job" > "$OUT/prefill-summary.md" 2>&1 && rm -rf "$OUT/prefill-job"
 fi
 log "round3 done: ${phases[*]}"
