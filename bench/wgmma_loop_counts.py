@@ -12,14 +12,13 @@ cycles, against 2 * 2 * 128 * 64 * head_dim / 4096 tensor-core cycles at the den
 
     bench/wgmma_loop_counts.py [--nvcc PATH] [--markdown] OBJECT...
 """
-import argparse
 import collections
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools"))
-from wgmma_sass import BRANCH, find_tools, kernels, tile_loop  # noqa: E402
+from wgmma_sass import BRANCH, command_line, kernels, tile_loop  # noqa: E402
 
 # Kinds worth telling apart in an issue-bound softmax loop, by opcode prefix (first match wins).
 KINDS = [("HGMMA", "wgmma"), ("MUFU", "mufu (exp2)"), ("FFMA", "float"), ("FMUL", "float"), ("FADD", "float"),
@@ -73,19 +72,12 @@ def shortest_path(code, lo, hi):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nvcc", help="the CUDA compiler (cuobjdump is looked for beside it)")
-    ap.add_argument("objects", nargs="+")
-    args = ap.parse_args()
-    cuobjdump, nvdisasm = find_tools(args.nvcc)
-    if not cuobjdump or not nvdisasm:
-        print("no cuobjdump or nvdisasm (not on PATH, not beside nvcc, no PyPI wheel)")
-        return 77
+    objects, cuobjdump, nvdisasm = command_line(__doc__)
     names = sorted({k for _, k in KINDS} | {"other"})
     print("| kernel | loop size | shortest path | issue cycles a tile (2 x path) | " + " | ".join(names) + " |")
     print("|---" * (4 + len(names)) + "|")
     found = 0
-    for name, code in kernels(args.objects, cuobjdump, nvdisasm):
+    for name, code in kernels(objects, cuobjdump, nvdisasm):
         loop = tile_loop(code)
         if not loop:
             print(f"| {name} | no tile loop |")

@@ -16,13 +16,12 @@ and nvidia-cuda-nvdisasm wheels on sys.path. Exit status: 0 every kernel checked
 violation, or no wgmma prefill kernel found; 77 no cuobjdump or nvdisasm (ctest reports the test
 skipped).
 """
-import argparse
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wgmma_sass import find_tools, hgmmas, kernels, tile_loop  # noqa: E402
+from wgmma_sass import command_line, hgmmas, kernels, tile_loop  # noqa: E402
 
 # Opcodes whose first operand is not a general register they write.
 NO_REGISTER_DEST = ("HGMMA", "ST", "RED", "ATOM", "BRA", "BAR", "WARPGROUP", "WARPSYNC", "EXIT", "RET", "CALL", "BSSY",
@@ -75,21 +74,13 @@ def check_function(name, code):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nvcc", help="the CUDA compiler (cuobjdump is looked for beside it)")
-    ap.add_argument("objects", nargs="+")
-    args = ap.parse_args()
-    cuobjdump, nvdisasm = find_tools(args.nvcc)
-    if not cuobjdump or not nvdisasm:
-        print("no cuobjdump or nvdisasm (not on PATH, not beside nvcc, no nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm "
-              "wheel): skipped")
-        return 77
+    objects, cuobjdump, nvdisasm = command_line(__doc__)
     problems, checked = [], 0
-    for name, code in kernels(args.objects, cuobjdump, nvdisasm):
+    for name, code in kernels(objects, cuobjdump, nvdisasm):
         problems += check_function(name, code)
         checked += 1
     if checked == 0:
-        problems.append(f"no wgmma prefill kernel in {' '.join(args.objects)}")
+        problems.append(f"no wgmma prefill kernel in {' '.join(objects)}")
     for p in problems:
         print("FAIL " + p)
     return 1 if problems else 0

@@ -5,6 +5,7 @@ each kernel's instructions, and its tile loop.
 cuobjdump (and the nvdisasm it runs) come from PATH, beside nvcc, or PyPI's nvidia-cuda-cuobjdump
 and nvidia-cuda-nvdisasm wheels on sys.path.
 """
+import argparse
 import glob
 import os
 import re
@@ -71,3 +72,18 @@ def tile_loop(code):
     loops = [(int(m.group(1), 16), at) for at, text in code for m in [BRANCH.search(text)]
              if m and int(m.group(1), 16) <= min(s_at) and max(s_at) <= at]
     return min(loops, key=lambda r: r[1] - r[0]) if loops else None
+
+
+def command_line(doc):
+    """The tools' shared command line, [--nvcc PATH] OBJECT...: (objects, cuobjdump, nvdisasm); exits
+    with 77 (ctest's skip) where cuobjdump or nvdisasm is not found."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--nvcc", help="the CUDA compiler (cuobjdump is looked for beside it)")
+    ap.add_argument("objects", nargs="+")
+    args = ap.parse_args()
+    cuobjdump, nvdisasm = find_tools(args.nvcc)
+    if not cuobjdump or not nvdisasm:
+        print("no cuobjdump or nvdisasm (not on PATH, not beside nvcc, no nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm "
+              "wheel): skipped")
+        sys.exit(77)
+    return args.objects, cuobjdump, nvdisasm
