@@ -14,7 +14,6 @@ cycles, against 2 * 2 * 128 * 64 * head_dim / 4096 tensor-core cycles at the den
 """
 import collections
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools"))
@@ -57,9 +56,9 @@ def shortest_path(code, lo, hi):
             continue
         here = cost[i] + 1
         m = BRANCH.search(text)
-        conditional = text.lstrip().startswith("@") or bool(m and re.search(r"BRA(?:\.\w+)*\s+!?U?P", text))
+        conditional = text.lstrip().startswith("@") or bool(m and m.group("pred"))
         if m and at != hi:
-            target = int(m.group(1), 16)
+            target = int(m.group("target"), 16)
             if target > at and target in index and here < cost[index[target]]:
                 cost[index[target]], via[index[target]] = here, i
         if (not m or conditional or at == hi) and here < cost[i + 1]:

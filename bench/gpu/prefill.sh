@@ -10,11 +10,7 @@
 #   OUT=<dir> [OLD_TREES=<commits>] [PROFILE="ws tma pp sync"] [APPEND=1: also `kvcore bench append`, before FlashInfer] bash bench/gpu/prefill.sh
 source "$(dirname "$0")/job.sh"
 [ -x build/kvcore ] || { log "no build/kvcore: run a job that builds it first"; exit 1; }
-if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_WORKSPACE_BASE=$PWD/build-fi
-mkdir -p build-fi
+flashinfer_env
 log "kvcore attention_prefill"
 timeout 150 ./build/kvcore bench attention_prefill --device cuda --json "$OUT/prefill.jsonl" > "$OUT/prefill.log" 2>&1 ||
   log "attention_prefill rc $?"

@@ -22,10 +22,8 @@ wants() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 
 fi_warm=""
 if wants prefill && [ -d .whl ] && [ -z "${SKIP_FI:-}" ]; then
-  [ -d /tmp/site/flashinfer ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  mkdir -p build-fi
-  PYTHONPATH=/tmp/site FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_WORKSPACE_BASE=$PWD/build-fi \
-    nice python3 bench/attention_flashinfer_baseline.py --warm-only --cases prefill > "$OUT/fi-warm.log" 2>&1 &
+  flashinfer_env  # installed before the warm-up and prefill.sh look for it
+  nice python3 bench/attention_flashinfer_baseline.py --warm-only --cases prefill > "$OUT/fi-warm.log" 2>&1 &
   fi_warm=$!
 fi
 

@@ -17,7 +17,9 @@ KERNEL = re.compile(r"prefill_wgmma(_ws|_tma)?_kernel")  # the tile-loop kernels
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 # HGMMA.<shape>... D, A, gdesc[..][.tnspB], ...: A in registers (R<n>, four of them) or in shared memory (gdesc).
 HGMMA = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),\s+gdesc\[\w+\](\.tnspB)?")
-BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s+)?(0x[0-9a-f]+)")
+# BRA [predicate operand,] target: group "target" the address, group "pred" a predicate operand (a
+# conditional branch, as is one guarded by @P).
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?P<pred>!?U?P\w+,\s+)?(?P<target>0x[0-9a-f]+)")
 
 
 def find_tool(tool, nvcc):
@@ -69,8 +71,8 @@ def tile_loop(code):
     s_at = [at for at, _, pv in hgmmas(code) if not pv]
     if not s_at:
         return None
-    loops = [(int(m.group(1), 16), at) for at, text in code for m in [BRANCH.search(text)]
-             if m and int(m.group(1), 16) <= min(s_at) and max(s_at) <= at]
+    loops = [(int(m.group("target"), 16), at) for at, text in code for m in [BRANCH.search(text)]
+             if m and int(m.group("target"), 16) <= min(s_at) and max(s_at) <= at]
     return min(loops, key=lambda r: r[1] - r[0]) if loops else None
 
 
