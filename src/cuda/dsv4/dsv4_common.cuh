@@ -97,8 +97,9 @@ __device__ inline void fp8_nope_blocks(float* row, int n_nope, uint8_t* maybe_pa
       if (lane + 32 < n) maybe_packed[off + lane + 32] = static_cast<uint8_t>(codes >> 8);
       if (lane == 0) maybe_packed[math::Dsv4RowLayout::kScaleOffset + b] = math::ue8m0_encode(k);
     } else {  // math::e4m3_round_trip(v, k): the codes' values (the shared decoder: NaN bits too) times 2^k
-      const float r0 = math::e4m3_decode(static_cast<uint8_t>(codes & 0xffu)) * math::pow2f(k);
-      const float r1 = math::e4m3_decode(static_cast<uint8_t>(codes >> 8)) * math::pow2f(k);
+      const float scale = math::pow2f(k);
+      const float r0 = math::e4m3_decode(static_cast<uint8_t>(codes & 0xffu)) * scale;
+      const float r1 = math::e4m3_decode(static_cast<uint8_t>(codes >> 8)) * scale;
       if (lane < n) {
         row[off + lane] = r0;
         each(off + lane, r0);
