@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
-# What issue 24 (GPU round 3) still has to measure, as phases of one GPU call or of two on the
-# same warm machine (the build stays): the folders .whl and .gpu staged by bench/gpu/stage.sh
-# [BEFORE's commit] and carried.
-#   dsv4     this tree's tool and CUDA tests built (bench/gpu/builds.sh, BEFORE's tool beside it),
-#            every CUDA test but the wgmma prefill ones and the two-GPU ones, then the DeepSeek-V4
-#            decode step bench (automatic, the tuned opt-ins, the graph) and HF's baseline at 8k
-#            and 64k in the same job;
+# What issue 24 (GPU round 3) still has to measure, as steps of one GPU call, run in the order
+# given, each cut to the time the call has left (JOB_BUDGET_S, default 575 s from the start), so
+# that a call that runs out keeps what the earlier steps measured. The folders .whl and .gpu
+# staged by bench/gpu/stage.sh [BEFORE's commit] are carried.
+#   build    this tree's tool and CUDA tests (and BEFORE's tool beside them, if given);
 #   wgmma    the wgmma prefill tests on their own, under a short limit: a kernel whose named
 #            barriers never meet hangs instead of failing, and must not eat the call;
+#   dsv4     the DeepSeek-V4 CUDA tests, then its decode step bench (automatic, the tuned opt-ins,
+#            the graph);
 #   prefill  bench/gpu/prefill.sh: the prefill variants (BEFORE's beside), the append bench,
-#            FlashInfer's prefill on the same shapes (its JIT warmed in the background from
-#            the start of the call), Nsight profiles per PROFILE (default none); kvcore's rows
-#            beside FlashInfer's with ratios in $OUT/prefill-summary.md.
-# wgmma and prefill alone reuse the build an earlier dsv4 phase left on a warm machine (and
-# configure one if the machine is fresh). FI_WARM=1 starts FlashInfer's JIT warm-up in a call
-# without the prefill phase too (into build-fi/, which a later call on the warm machine reuses).
-#   OUT=<dir> KVCORE_GIT_COMMIT=<hash> [BEFORE=<commit>] [PROFILE="tma pp"] [FI_WARM=1] bash bench/gpu/round3.sh [dsv4] [wgmma] [prefill]
+#            FlashInfer's prefill on the same shapes (its JIT warmed in the background from the
+#            start of the call), Nsight profiles per PROFILE (default none); kvcore's rows beside
+#            FlashInfer's with ratios in $OUT/prefill-summary.md;
+#   tests    every other CUDA test (not the wgmma, two-GPU or NCCL ones, nor DeepSeek-V4's when
+#            the dsv4 step ran them);
+#   hf       HF's DeepSeek-V4 baseline at 8k and 64k (bench/dsv4_hf_baseline.py), same job.
+# Default order: build wgmma dsv4 prefill tests hf. A later call on the warm machine reuses the
+# build (a fresh machine gets one configured). FI_WARM=1 warms FlashInfer's JIT (into build-fi/)
+# without the prefill step too.
+#   OUT=<dir> KVCORE_GIT_COMMIT=<hash> [BEFORE=<commit>] [PROFILE="tma pp"] [JOB_BUDGET_S=575] bash bench/gpu/round3.sh [step ...]
 source "$(dirname "$0")/job.sh"
 export OUT
-phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(dsv4 wgmma prefill)
-wants() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+COMMIT=${KVCORE_GIT_COMMIT:-unknown}
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(build wgmma dsv4 prefill tests hf)
+wants() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+left() { echo $(( ${JOB_BUDGET_S:-575} - ($(date +%s) - START) )); }
+# fits <seconds>: whether a step that needs that long still fits; says so when it does not.
+fits() { [ "$(left)" -ge "$1" ] || { log "skipped: $2 needs $1 s, $(left) s left"; return 1; }; }
+
+configure() {  # source dir, build dir, commit
+  [ -f "$2/build.ninja" ] || cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="$3"
+}
 
 fi_warm=""
 if { wants prefill || [ -n "${FI_WARM:-}" ]; } && [ -d .whl ] && [ -z "${SKIP_FI:-}" ]; then
@@ -29,38 +41,65 @@ if { wants prefill || [ -n "${FI_WARM:-}" ]; } && [ -d .whl ] && [ -z "${SKIP_FI
   fi_warm=$!
 fi
 
-if wants dsv4; then
-  BUILD_J=${BUILD_J:-16} TREES=${BEFORE:-} TESTS=. CTEST_EXCLUDE='Wgmma|gpu2|Nccl' CTEST_J=4 ROUNDS=1 \
-    HF_CONTEXTS="8192 65536" bash bench/gpu/builds.sh dsv4 "decode43 cache step" || log "dsv4 phase rc $?"
-  grep -E "tests passed|\(Failed\)|\(Timeout\)|\*\*\*" "$OUT/tests.log" | head -20
-  grep -E "step|top-k|scores" "$OUT/bench.log" | head -40
+for step in "${steps[@]}"; do
+  case $step in
+    build)
+      old=""
+      if [ -n "${BEFORE:-}" ]; then
+        rm -rf "/tmp/$BEFORE" && tar -C /tmp -xzf ".gpu/tree-$BEFORE.tar.gz" &&
+          (configure "/tmp/$BEFORE" "/tmp/build-$BEFORE" "$BEFORE" && nice cmake --build "/tmp/build-$BEFORE" -j 4 --target kvcore_cli) \
+            > "$OUT/build-$BEFORE.log" 2>&1 &
+        old=$!
+      fi
+      log "build $COMMIT: kvcore_cli and the CUDA tests${BEFORE:+, and the tool of $BEFORE}"
+      (configure . build "$COMMIT" && cmake --build build -j "${BUILD_J:-16}" --target kvcore_cli kvcore_cuda_tests) \
+        > "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -40; log "build failed"; exit 1; }
+      [ -n "$old" ] && { wait "$old" || log "build of $BEFORE failed"; }
+      log "built" ;;
+    wgmma)
+      fits 60 "wgmma tests" || continue
+      log "wgmma prefill tests"
+      (cd build && timeout 120 ctest -L gpu -R Wgmma -j 4 --output-on-failure --timeout 40) > "$OUT/wgmma-tests.log" 2>&1 ||
+        log "wgmma tests rc $?"
+      grep -E "tests passed|\(Failed\)|\(Timeout\)" "$OUT/wgmma-tests.log" | tail -20 ;;
+    prefill)
+      fits 120 "prefill" || continue
+      OLD_TREES=${BEFORE:-} APPEND=1 FI_WARM_PID=$fi_warm PROFILE=${PROFILE:-} timeout $(( $(left) - 10 )) bash bench/gpu/prefill.sh
+      # kvcore's prefill rows beside FlashInfer's with ratios (bench/summarize.py reads a job folder).
+      mkdir -p "$OUT/prefill-job" && cp "$OUT/prefill.jsonl" "$OUT/prefill-job/bench.jsonl" 2>/dev/null &&
+        cp "$OUT/baselines.jsonl" "$OUT/prefill-job/" 2>/dev/null
+      python3 bench/summarize.py "$OUT/prefill-job" > "$OUT/prefill-summary.md" 2>&1 && rm -rf "$OUT/prefill-job"
+      head -40 "$OUT/prefill-summary.md" ;;
+    dsv4)
+      fits 100 "dsv4 tests and bench" || continue
+      log "DeepSeek-V4 CUDA tests"
+      (cd build && timeout 90 ctest -L gpu -R Dsv4 -j 4 --output-on-failure --timeout 60) > "$OUT/dsv4-tests.log" 2>&1 ||
+        log "dsv4 tests rc $?"
+      grep -E "tests passed|\(Failed\)|\(Timeout\)" "$OUT/dsv4-tests.log" | tail -10
+      log "dsv4 bench"
+      limit=$(left); [ "$limit" -le 200 ] || limit=200
+      timeout "$limit" ./build/kvcore bench dsv4 --device cuda --case decode43 cache step \
+        --json "$OUT/bench-$COMMIT.jsonl" > "$OUT/bench.log" 2>&1 || log "dsv4 bench rc $?"
+      grep -E "step|top-k|scores" "$OUT/bench.log" | head -40 ;;
+    tests)
+      fits 90 "CUDA tests" || continue
+      log "CUDA tests (not wgmma, two-GPU, NCCL)"
+      skip='Wgmma|gpu2|Nccl'
+      wants dsv4 && skip+='|Dsv4'
+      (cd build && timeout $(( $(left) - 60 )) ctest -L gpu -E "$skip" -j "${CTEST_J:-4}" --output-on-failure --timeout 120) \
+        > "$OUT/tests.log" 2>&1 || log "tests rc $?"
+      grep -E "tests passed|\(Failed\)|\(Timeout\)|\*\*\*" "$OUT/tests.log" | head -20 ;;
+    hf)
+      fits 60 "HF baseline" || continue
+      log "HF baseline, contexts 8192 65536"
+      KVCORE_GIT_COMMIT="$COMMIT" timeout $(( $(left) - 5 )) python3 bench/dsv4_hf_baseline.py --device cuda --reps 5 \
+        --contexts 8192 65536 --json "$OUT/dsv4-hf.jsonl" > "$OUT/dsv4-hf.log" 2>&1 || log "HF baseline rc $?"
+      tail -8 "$OUT/dsv4-hf.log" ;;
+    *) log "unknown step $step" ;;
+  esac
+done
+if [ -n "$fi_warm" ] && kill -0 "$fi_warm" 2>/dev/null && ! wants prefill; then
+  log "waiting for FlashInfer's warm-up (its JIT cache is for a later call)"
+  timeout "$(left)" tail --pid="$fi_warm" -f /dev/null
 fi
-
-configured() {  # a build folder for the later phases, when no dsv4 phase left one
-  [ -f build/build.ninja ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="${KVCORE_GIT_COMMIT:-unknown}" > "$OUT/configure.log" 2>&1
-}
-
-if wants wgmma; then
-  configured
-  [ -x build/tests/kvcore_cuda_tests ] || cmake --build build -j "${BUILD_J:-16}" --target kvcore_cuda_tests > "$OUT/build-tests.log" 2>&1
-  log "wgmma prefill tests"
-  (cd build && timeout 120 ctest -L gpu -R Wgmma -j 4 --output-on-failure --timeout 40) > "$OUT/wgmma-tests.log" 2>&1 ||
-    log "wgmma tests rc $?"
-  grep -E "tests passed|\(Failed\)|\(Timeout\)" "$OUT/wgmma-tests.log" | tail -20
-fi
-
-if wants prefill; then
-  configured
-  [ -x build/kvcore ] || cmake --build build -j "${BUILD_J:-16}" --target kvcore_cli > "$OUT/build-cli.log" 2>&1
-  OLD_TREES=${BEFORE:-} APPEND=1 FI_WARM_PID=$fi_warm PROFILE=${PROFILE:-} bash bench/gpu/prefill.sh
-  # kvcore's prefill rows beside FlashInfer's with ratios (bench/summarize.py reads a job folder).
-  mkdir -p "$OUT/prefill-job" && cp "$OUT/prefill.jsonl" "$OUT/prefill-job/bench.jsonl" 2>/dev/null &&
-    cp "$OUT/baselines.jsonl" "$OUT/prefill-job/" 2>/dev/null
-  python3 bench/summarize.py "$OUT/prefill-job" > "$OUT/prefill-summary.md" 2>&1 && rm -rf "$OUT/prefill-job"
-fi
-if [ -n "$fi_warm" ] && ! wants prefill; then  # the warm-up's JIT cache is the point: let it finish
-  log "waiting for FlashInfer's warm-up"
-  wait "$fi_warm"; tail -3 "$OUT/fi-warm.log"
-fi
-log "round3 done: ${phases[*]}"
+log "round3 done: ${steps[*]}"
