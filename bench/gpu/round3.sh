@@ -17,7 +17,8 @@
 #   hf       HF's DeepSeek-V4 baseline at 8k and 64k (bench/dsv4_hf_baseline.py), same job.
 # Default order: build wgmma dsv4 prefill tests hf. A later call on the warm machine reuses the
 # build (a fresh machine gets one configured). FI_WARM=1 warms FlashInfer's JIT (into build-fi/)
-# without the prefill step too.
+# without the prefill step too. BUILD_TARGETS narrows the build (e.g. kvcore_cuda_tests for a short
+# call that only tests).
 #   OUT=<dir> KVCORE_GIT_COMMIT=<hash> [BEFORE=<commit>] [PROFILE="tma pp"] [JOB_BUDGET_S=575] bash bench/gpu/round3.sh [step ...]
 source "$(dirname "$0")/job.sh"
 export OUT
@@ -51,8 +52,9 @@ for step in "${steps[@]}"; do
             > "$OUT/build-$BEFORE.log" 2>&1 &
         old=$!
       fi
-      log "build $COMMIT: kvcore_cli and the CUDA tests${BEFORE:+, and the tool of $BEFORE}"
-      (configure . build "$COMMIT" && cmake --build build -j "${BUILD_J:-16}" --target kvcore_cli kvcore_cuda_tests) \
+      log "build $COMMIT: ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests}${BEFORE:+, and the tool of $BEFORE}"
+      # shellcheck disable=SC2086  # the targets are separate words
+      (configure . build "$COMMIT" && cmake --build build -j "${BUILD_J:-16}" --target ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests}) \
         > "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -40; log "build failed"; exit 1; }
       [ -n "$old" ] && { wait "$old" || log "build of $BEFORE failed"; }
       log "built" ;;
