@@ -15,8 +15,8 @@
 #   tests    every other CUDA test (not the wgmma, two-GPU or NCCL ones, nor DeepSeek-V4's when
 #            the dsv4 step ran them);
 #   hf       HF's DeepSeek-V4 baseline at 8k and 64k (bench/dsv4_hf_baseline.py), same job.
-# Default order: build wgmma dsv4 prefill tests hf. A later call on the warm machine reuses the
-# build (a fresh machine gets one configured). FI_WARM=1 warms FlashInfer's JIT (into build-fi/)
+# Default order: build wgmma dsv4 prefill tests hf. The other steps use the build step's build:
+# of the same call, or of an earlier call on the same warm machine. FI_WARM=1 warms FlashInfer's JIT (into build-fi/)
 # without the prefill step too. BUILD_TARGETS narrows the build (e.g. kvcore_cuda_tests for a short
 # call that only tests).
 #   OUT=<dir> KVCORE_GIT_COMMIT=<hash> [BEFORE=<commit>] [PROFILE="tma pp"] [JOB_BUDGET_S=575] bash bench/gpu/round3.sh [step ...]
@@ -30,8 +30,8 @@ left() { echo $(( ${JOB_BUDGET_S:-575} - ($(date +%s) - START) )); }
 # fits <seconds>: whether a step that needs that long still fits; says so when it does not.
 fits() { [ "$(left)" -ge "$1" ] || { log "skipped: $2 needs $1 s, $(left) s left"; return 1; }; }
 
-configure() {  # source dir, build dir, commit
-  [ -f "$2/build.ninja" ] || cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON \
+configure() {  # source dir, build dir, commit (configured again on a warm machine: the commit is baked in)
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="$3"
 }
 
