@@ -10,7 +10,7 @@ With two consumer warpgroups (8 warps) on an SM's 4 schedulers, a tile costs abo
 cycles, against 2 * 2 * 128 * 64 * head_dim / 4096 tensor-core cycles at the dense f16 peak
 (4096 FLOP a cycle an SM): 1024 at head dim 128, 512 at 64.
 
-    bench/wgmma_loop_counts.py [--nvcc PATH] [--markdown] OBJECT...
+    bench/wgmma_loop_counts.py [--nvcc PATH] OBJECT...   (a markdown table on stdout)
 """
 import collections
 import os

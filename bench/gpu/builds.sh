@@ -17,19 +17,13 @@ bench=$1
 shift
 cases=("$@")
 
-configure() {  # source dir, build dir, commit
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="$3"
-}
 pids=()
 for c in ${TREES:-}; do
-  rm -rf "/tmp/$c" && tar -C /tmp -xzf ".gpu/tree-$c.tar.gz" &&
-    (configure "/tmp/$c" "/tmp/build-$c" "$c" && nice cmake --build "/tmp/build-$c" -j 4 --target kvcore_cli) \
-      > "/tmp/build-$c.log" 2>&1 &
+  build_old_tool "$c" &
   pids+=($!)
 done
 log "this tree ($COMMIT): kvcore_cli and the CUDA tests; older trees: ${TREES:-none}"
-(configure . build "$COMMIT" && cmake --build build -j "${BUILD_J:-8}" --target kvcore_cli kvcore_cuda_tests) > "$OUT/build.log" 2>&1 ||
+(configure_release . build "$COMMIT" && cmake --build build -j "${BUILD_J:-8}" --target kvcore_cli kvcore_cuda_tests) > "$OUT/build.log" 2>&1 ||
   { grep -E 'error' -A3 "$OUT/build.log" | head -40; exit 1; }
 if [ -n "${TESTS:-}" ]; then
   log "CUDA tests matching $TESTS"

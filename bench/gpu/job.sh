@@ -1,8 +1,9 @@
 # The start that GPU job scripts share (sourced, not run): strict pipes, the repository root as
 # the working directory, $OUT (default out/) created, CUDA's tools on PATH, unbuffered Python, the
 # Debian packages staged by bench/gpu/stage.sh (.gpu/deps) found by CMake and the loader,
-# log(), which stamps a line with the clock and the seconds since the job began, and
-# flashinfer_env(), which readies FlashInfer for the baseline scripts.
+# log(), which stamps a line with the clock and the seconds since the job began,
+# flashinfer_env(), which readies FlashInfer for the baseline scripts, configure_release() and
+# build_old_tool(), which builds the tool of an older commit staged as a source tarball.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-out}
@@ -22,4 +23,18 @@ flashinfer_env() {
   fi
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_WORKSPACE_BASE=$PWD/build-fi
   mkdir -p build-fi
+}
+# configure_release <source dir> <build dir> <commit>: the Release CUDA build for sm_90 the jobs
+# measure, with the commit baked into its results (run again on a warm machine: a new commit).
+configure_release() {
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="$3"
+}
+# build_old_tool <commit>: the kvcore tool of an older commit (.gpu/tree-<commit>.tar.gz, staged by
+# bench/gpu/stage.sh) in /tmp/build-<commit>, at low priority with 4 jobs beside this tree's build;
+# its log in /tmp/build-<commit>.log.
+build_old_tool() {
+  rm -rf "/tmp/$1" && tar -C /tmp -xzf ".gpu/tree-$1.tar.gz" &&
+    (configure_release "/tmp/$1" "/tmp/build-$1" "$1" && nice cmake --build "/tmp/build-$1" -j 4 --target kvcore_cli) \
+      > "/tmp/build-$1.log" 2>&1
 }

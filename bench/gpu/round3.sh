@@ -30,12 +30,7 @@ left() { echo $(( ${JOB_BUDGET_S:-575} - ($(date +%s) - START) )); }
 # fits <seconds>: whether a step that needs that long still fits; says so when it does not.
 fits() { [ "$(left)" -ge "$1" ] || { log "skipped: $2 needs $1 s, $(left) s left"; return 1; }; }
 
-configure() {  # source dir, build dir, commit (configured again on a warm machine: the commit is baked in)
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="$3"
-}
-
-fi_warm=""
+fi_warm="" dsv4_tested=""
 if { wants prefill || [ -n "${FI_WARM:-}" ]; } && [ -d .whl ] && [ -z "${SKIP_FI:-}" ]; then
   flashinfer_env  # installed before the warm-up and prefill.sh look for it
   nice python3 bench/attention_flashinfer_baseline.py --warm-only --cases prefill > "$OUT/fi-warm.log" 2>&1 &
@@ -47,16 +42,14 @@ for step in "${steps[@]}"; do
     build)
       old=""
       if [ -n "${BEFORE:-}" ]; then
-        rm -rf "/tmp/$BEFORE" && tar -C /tmp -xzf ".gpu/tree-$BEFORE.tar.gz" &&
-          (configure "/tmp/$BEFORE" "/tmp/build-$BEFORE" "$BEFORE" && nice cmake --build "/tmp/build-$BEFORE" -j 4 --target kvcore_cli) \
-            > "$OUT/build-$BEFORE.log" 2>&1 &
+        build_old_tool "$BEFORE" &
         old=$!
       fi
       log "build $COMMIT: ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests}${BEFORE:+, and the tool of $BEFORE}"
       # shellcheck disable=SC2086  # the targets are separate words
-      (configure . build "$COMMIT" && cmake --build build -j "${BUILD_J:-16}" --target ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests}) \
+      (configure_release . build "$COMMIT" && cmake --build build -j "${BUILD_J:-16}" --target ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests}) \
         > "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -40; log "build failed"; exit 1; }
-      [ -n "$old" ] && { wait "$old" || log "build of $BEFORE failed"; }
+      [ -n "$old" ] && { wait "$old" || { log "build of $BEFORE failed"; tail -20 "/tmp/build-$BEFORE.log"; }; }
       log "built" ;;
     wgmma)
       fits 60 "wgmma tests" || continue
@@ -75,6 +68,7 @@ for step in "${steps[@]}"; do
     dsv4)
       fits 100 "dsv4 tests and bench" || continue
       log "DeepSeek-V4 CUDA tests"
+      dsv4_tested=1
       (cd build && timeout 90 ctest -L gpu -R Dsv4 -j 4 --output-on-failure --timeout 60) > "$OUT/dsv4-tests.log" 2>&1 ||
         log "dsv4 tests rc $?"
       grep -E "tests passed|\(Failed\)|\(Timeout\)" "$OUT/dsv4-tests.log" | tail -10
@@ -87,7 +81,7 @@ for step in "${steps[@]}"; do
       fits 90 "CUDA tests" || continue
       log "CUDA tests (not wgmma, two-GPU, NCCL)"
       skip='Wgmma|gpu2|Nccl'
-      wants dsv4 && skip+='|Dsv4'
+      [ -n "$dsv4_tested" ] && skip+='|Dsv4'
       (cd build && timeout $(( $(left) - 60 )) ctest -L gpu -E "$skip" -j "${CTEST_J:-4}" --output-on-failure --timeout 120) \
         > "$OUT/tests.log" 2>&1 || log "tests rc $?"
       grep -E "tests passed|\(Failed\)|\(Timeout\)|\*\*\*" "$OUT/tests.log" | head -20 ;;

@@ -38,11 +38,6 @@ def find_tool(tool, nvcc):
     return None
 
 
-def find_tools(nvcc):
-    """(cuobjdump, nvdisasm), either None where it is not found."""
-    return find_tool("cuobjdump", nvcc), find_tool("nvdisasm", nvcc)
-
-
 def kernels(objects, cuobjdump, nvdisasm):
     """Yields (name, [(address, instruction text)]) for each wgmma prefill kernel in the objects."""
     env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
@@ -58,7 +53,7 @@ def kernels(objects, cuobjdump, nvdisasm):
 
 
 def hgmmas(code):
-    """(address, first A register or None, is P V) of each wgmma: S = Q K^T has A in registers and
+    """(address, first A register, is P V) of each wgmma with A in registers: S = Q K^T has A in registers and
     B not transposed; P V reads V transposed (.tnspB)."""
     for at, text in code:
         m = HGMMA.search(text)
@@ -83,7 +78,7 @@ def command_line(doc):
     ap.add_argument("--nvcc", help="the CUDA compiler (cuobjdump is looked for beside it)")
     ap.add_argument("objects", nargs="+")
     args = ap.parse_args()
-    cuobjdump, nvdisasm = find_tools(args.nvcc)
+    cuobjdump, nvdisasm = find_tool("cuobjdump", args.nvcc), find_tool("nvdisasm", args.nvcc)
     if not cuobjdump or not nvdisasm:
         print("no cuobjdump or nvdisasm (not on PATH, not beside nvcc, no nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm "
               "wheel): skipped")
