@@ -9,6 +9,9 @@
 //   step_<fmt>_b<B>_copy:  a device-to-device copy of the same bytes (half read, half written):
 //                          the ceiling at this size, where launch latency, not bandwidth, bounds
 //                          small batches. A note gives the store's share of it.
+//   step_<fmt>_b<B>_copy_graph: that copy replayed from a CUDA graph (one source, as the store's
+//                          graph): the ceiling without host time; a note gives the graph store's
+//                          share of it.
 // Bytes = sources read (K and V, every layer) + pool rows written (codes and scales). Calls rotate
 // among source sets of >= 128 MB in all, so a timed call does not find its sources in L2. Before
 // timing, both paths' read-backs are compared (equal floats) and K of layer 0 is checked
@@ -182,6 +185,14 @@ void bench_step(BenchOptions& opt, KvFormat f, int32_t batch) {
     g.baseline = "per_layer_graph";
     g.baseline_t = time_graph(dev.index, opt.reps, opt.warmup, [&](Stream) { per_layer(0); }, stream.s);
     opt.report(g);
+    // The copy from a graph too (one source, as the store's): the ceiling without host time.
+    BenchRecord gc = record(name + "_copy_graph", 2.0 * half);
+    gc.t = time_graph(dev.index, opt.reps, opt.warmup,
+                      [&](Stream) { copy_bytes(to.data(), dev, from.data(), dev, half, stream.s); }, stream.s);
+    opt.report(gc);
+    std::snprintf(line, sizeof line, "%s: from a CUDA graph, the one-launch store at %.1f%% of a same-size copy's speed",
+                  name.c_str(), 100.0 * gc.t.median_us / g.t.median_us * rec.bytes / (2.0 * half));
+    opt.note(line);
   }
 #endif
 }
