@@ -1,7 +1,7 @@
 // The one-launch store of a step's K and V rows of every layer (ops/kv_store_layers.hpp).
-// Grid: x = token, y = chunks of 512 units of that token, where a token's units are, per layer,
-// its K rows then its V rows, each row split into 16-dim units (two a thread, 256 apart; a unit:
-// two 16-byte loads of an f16 source, two 16-byte stores of an f16 row or one of an FP8 row). A CTA serves
+// Grid: x = token, y = chunks of 256 units of that token, where a token's units are, per layer,
+// its K rows then its V rows, each row split into 16-dim units (one thread each: two 16-byte
+// loads of an f16 source, two 16-byte stores of an f16 row or one of an FP8 row). A CTA serves
 // one token, so its RoPE angles are computed once into shared memory (not once per head and
 // layer) and its slot is read once; the source loads are issued before either. Per-element math is kv_store's (ops/kv_store_row.hpp,
 // ops/kv_store_vec.hpp): identical bytes.
@@ -22,11 +22,6 @@ namespace {
 static_assert(sizeof(KvStoreLayersParams) <= 4096, "kernel parameters are limited to 4 KB");
 
 constexpr int kThreads = 256;
-// Units a thread takes: enough that a batch of 64 tokens of Llama-3-8B's 32 layers runs in one
-// wave of CTAs (its critical path is a CTA's chain of loads, angles and barrier, paid once).
-constexpr int kUnitsPerThread = 2;
-// 4 CTAs an SM (at most 64 registers a thread): 528 CTAs on 132 SMs hold that batch's 512.
-constexpr int kCtasPerSm = 4;
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ void load16(const void* src, DType t, int64_t i0, int64_t i1, float* x) {
@@ -39,15 +34,63 @@ __device__ __forceinline__ void load16(const void* src, DType t, int64_t i0, int
   }
 }
 
-// Places one unit's 16 values (rotated already where they rotate) into its layer's pool;
-// a_lo, a_hi, a_row: the FP8 group amaxes over the unit's lanes (the kernel's shuffles).
-__device__ __forceinline__ void place_unit(const KvStoreLayersParams& p, const KvLayersUnit& w, int32_t cell, const float* x,
-                                           float a_lo, float a_hi, float a_row) {
-  const bool is_k = w.is_k, neox = is_k && p.rot == KvLayersRot::Neox;
-  const int32_t layer = w.layer, dim = w.dim, d0 = w.d0, d1 = w.d1, u = w.u;
-  const int64_t row = static_cast<int64_t>(cell) * p.n_heads + w.head;
+__global__ void __launch_bounds__(kThreads) kv_store_layers_kernel(const __grid_constant__ KvStoreLayersParams p) {
+  __shared__ float2 angles[math::RopeTable::kMaxPairs];  // (cos, sin) of this token's pairs, unscaled
+  const int32_t t = static_cast<int32_t>(blockIdx.x);
+  const KvLayersUnit w = locate_unit(p, static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x);
+  const bool active = w.active, is_k = w.is_k;
+  const int32_t layer = w.layer, h = w.head, u = w.u, dim = w.dim, d0 = w.d0, d1 = w.d1;
+  const bool neox = is_k && p.rot == KvLayersRot::Neox;
+  // The source loads go out first: their latency hides behind the slot read and the angles.
+  float x[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) x[k] = 0.0f;
+  if (active) {
+    const void* src = is_k ? p.k_src : p.v_src;
+    const int64_t base = layer * (is_k ? p.k_layer_stride : p.v_layer_stride) +
+                         t * (is_k ? p.k_token_stride : p.v_token_stride) + h * (is_k ? p.k_head_stride : p.v_head_stride);
+    load16(src, is_k ? p.k_dtype : p.v_dtype, base + d0, base + d1, x);
+  }
+  const int32_t cell = p.slots[t];
+  const bool rotates = p.maybe_positions != nullptr;
+  if (rotates) {  // once per CTA (one token), for every head and layer of it
+    const float pos = static_cast<float>(p.maybe_positions[t]);
+    for (int32_t i = threadIdx.x; i < p.rope.layout.n_pairs(); i += kThreads) {
+      float s, c;
+      math::sincos_f32(math::rope_angle(pos, p.rope.freq[i]), &s, &c);
+      angles[i] = make_float2(c, s);
+    }
+    __syncthreads();
+    if (active && is_k) {
+      float cs[8], sn[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float2 a = angles[8 * u + k];
+        cs[k] = a.x;
+        sn[k] = a.y;
+      }
+      kvvec::rotate8(x, p.rot == KvLayersRot::Interleaved, cs, sn, p.rope.attention_factor);
+    }
+  }
+  const KvFormat f = is_k ? p.k_format : p.v_format;
+  // FP8 group amax: every lane shuffles (rows of any format may share a warp; p.any_fp8 is
+  // uniform over the grid). Rows start at multiples of their unit count (4, 8, 16 or 32), so
+  // the lanes xor 1, 2 are one 64-dim group of a contiguous row (both chunks), and xor 1, 2, 4
+  // one group per chunk of a NeoX row.
+  float a_lo = chunk_amax(x), a_hi = chunk_amax(x + 8), a_row = 0.0f;
+  if (p.any_fp8) {
+    a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 1));
+    a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 1));
+    a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 2));
+    a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 2));
+    a_row = fmaxf(a_lo, a_hi);
+    a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 4));
+    a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 4));
+  }
+  if (!active || cell < 0 || cell >= p.num_cells) return;  // a skipped token: the whole CTA
+  const int64_t row = static_cast<int64_t>(cell) * p.n_heads + h;
   void* pool = is_k ? p.k_pool[layer] : p.v_pool[layer];
-  switch (is_k ? p.k_format : p.v_format) {
+  switch (f) {
     case KvFormat::F16:
       kvvec::store8<KvFormat::F16>(pool, row * dim + d0, x);
       kvvec::store8<KvFormat::F16>(pool, row * dim + d1, x + 8);
@@ -83,80 +126,12 @@ __device__ __forceinline__ void place_unit(const KvStoreLayersParams& p, const K
   }
 }
 
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) kv_store_layers_kernel(const __grid_constant__ KvStoreLayersParams p) {
-  __shared__ float2 angles[math::RopeTable::kMaxPairs];  // (cos, sin) of this token's pairs, unscaled
-  const int32_t t = static_cast<int32_t>(blockIdx.x);
-  // A thread's units lie kThreads apart, so each warp's lanes still hold consecutive units of
-  // one row for the shuffles below.
-  KvLayersUnit w[kUnitsPerThread];
-  float x[kUnitsPerThread][16];
-  // The source loads go out first, all of a thread's: their latency hides behind the slot read
-  // and the angles.
-#pragma unroll
-  for (int j = 0; j < kUnitsPerThread; ++j) {
-    w[j] = locate_unit(p, (static_cast<int64_t>(blockIdx.y) * kUnitsPerThread + j) * kThreads + threadIdx.x);
-#pragma unroll
-    for (int k = 0; k < 16; ++k) x[j][k] = 0.0f;
-    if (w[j].active) {
-      const bool is_k = w[j].is_k;
-      const void* src = is_k ? p.k_src : p.v_src;
-      const int64_t base = w[j].layer * (is_k ? p.k_layer_stride : p.v_layer_stride) +
-                           t * (is_k ? p.k_token_stride : p.v_token_stride) +
-                           w[j].head * (is_k ? p.k_head_stride : p.v_head_stride);
-      load16(src, is_k ? p.k_dtype : p.v_dtype, base + w[j].d0, base + w[j].d1, x[j]);
-    }
-  }
-  const int32_t cell = p.slots[t];
-  if (p.maybe_positions != nullptr) {  // once per CTA (one token), for every head and layer of it
-    const float pos = static_cast<float>(p.maybe_positions[t]);
-    for (int32_t i = threadIdx.x; i < p.rope.layout.n_pairs(); i += kThreads) {
-      float s, c;
-      math::sincos_f32(math::rope_angle(pos, p.rope.freq[i]), &s, &c);
-      angles[i] = make_float2(c, s);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kUnitsPerThread; ++j) {
-      if (w[j].active && w[j].is_k) {
-        float cs[8], sn[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float2 a = angles[8 * w[j].u + k];
-          cs[k] = a.x;
-          sn[k] = a.y;
-        }
-        kvvec::rotate8(x[j], p.rot == KvLayersRot::Interleaved, cs, sn, p.rope.attention_factor);
-      }
-    }
-  }
-  const bool placed = cell >= 0 && cell < p.num_cells;  // else a skipped token: the whole CTA
-#pragma unroll
-  for (int j = 0; j < kUnitsPerThread; ++j) {
-    // FP8 group amax: every lane shuffles (rows of any format may share a warp; p.any_fp8 is
-    // uniform over the grid). Rows start at multiples of their unit count (4, 8, 16 or 32), so
-    // the lanes xor 1, 2 are one 64-dim group of a contiguous row (both chunks), and xor 1, 2, 4
-    // one group per chunk of a NeoX row.
-    float a_lo = chunk_amax(x[j]), a_hi = chunk_amax(x[j] + 8), a_row = 0.0f;
-    if (p.any_fp8) {
-      a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 1));
-      a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 1));
-      a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 2));
-      a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 2));
-      a_row = fmaxf(a_lo, a_hi);
-      a_lo = fmaxf(a_lo, __shfl_xor_sync(kFull, a_lo, 4));
-      a_hi = fmaxf(a_hi, __shfl_xor_sync(kFull, a_hi, 4));
-    }
-    if (w[j].active && placed) place_unit(p, w[j], cell, x[j], a_lo, a_hi, a_row);
-  }
-}
-
 }  // namespace
 
 void kv_store_layers(const KvStoreLayersParams& p, Stream stream) {
   if (p.n_tokens == 0 || p.n_layers == 0) return;
   const int64_t units = token_units(p);
-  const int64_t per_cta = int64_t{kThreads} * kUnitsPerThread;
-  const dim3 grid(static_cast<unsigned>(p.n_tokens), static_cast<unsigned>((units + per_cta - 1) / per_cta));
+  const dim3 grid(static_cast<unsigned>(p.n_tokens), static_cast<unsigned>((units + kThreads - 1) / kThreads));
   kv_store_layers_kernel<<<grid, kThreads, 0, native(stream)>>>(p);
   KVCORE_CUDA_CHECK_LAUNCH("kv_store_layers_kernel");
 }

@@ -95,8 +95,7 @@ std::optional<KvStoreLayersParams> one_launch_params(const KvStoreParams& k0, co
     p.maybe_positions = k0.maybe_positions;
     p.rope = k0.rope;
   }
-  // Units of one token: at most 65535 x 256, so that their index takes 32-bit math and their grid
-  // row (512 units a CTA) fits 65535 CTAs.
+  // Units of one token: one grid row of at most 65535 CTAs of 256 threads.
   const int64_t units =
       static_cast<int64_t>(count) * k0.n_heads * (k0.head_dim / 16 + (has_v ? maybe_v0->head_dim / 16 : 0));
   if (units > int64_t{65535} * 256) return std::nullopt;

@@ -58,8 +58,8 @@ KVCORE_HD KvLayersUnit locate_unit(const KvStoreLayersParams& p, int64_t idx) {
   const int32_t rk = p.k_dim / 16, rv = p.v_dim / 16;
   const int32_t per_layer = p.n_heads * (rk + rv);
   w.active = idx < static_cast<int64_t>(p.n_layers) * per_layer;
-  // 32-bit division (a 64-bit one is a long subroutine on a GPU): a token's units number at most
-  // 65535 x 256 (one_launch_params), so an active idx fits 32 bits.
+  // 32-bit division (a 64-bit one is a long subroutine on a GPU): a token's units fit in one grid
+  // row of at most 65535 x 256 (one_launch_params), so an active idx does too.
   const int32_t i = w.active ? static_cast<int32_t>(idx) : 0;
   w.layer = i / per_layer;
   int32_t r = i - w.layer * per_layer;
