@@ -26,8 +26,10 @@ log "append"
 timeout 90 ./build/kvcore bench append --device cuda --json "$OUT/append.jsonl" > "$OUT/append.log" 2>&1 || log "append rc $?"
 grep -E "of a same-size copy" "$OUT/append.log"
 
-# Launch skips land past the bench's checks and warm-up, on a timed call.
-OUT=$OUT NCU_SASS=1 PROFILE_TARGETS="
+# Launch skips land past the bench's checks and warm-up, on a timed call. The indexer's kernels
+# take 8-16 us: a sample every 32 cycles (NCU_SAMPLING=0) gives them some 1,500-5,000 samples, the
+# default interval about 50.
+OUT=$OUT NCU_SASS=1 NCU_SAMPLING=${NCU_SAMPLING:-0} PROFILE_TARGETS="
 dsv4 | decode43 cache step+indexer ctx=65536 | score_mma_kernel | 60 | dsv4-scores-64k
 dsv4 | decode43 cache step+indexer ctx=65536 | topk_cluster_kernel | 60 | dsv4-topk-64k
 dsv4 | decode43 cache step+indexer ctx=8192 | score_mma_kernel | 60 | dsv4-scores-8k
