@@ -168,14 +168,16 @@ void bench_step(BenchOptions& opt, KvFormat f, int32_t batch) {
   const int copies = std::max(2, static_cast<int>(std::min<double>(1024, std::ceil(128e6 / half))));
   Buffer from(half * copies, dev), to(half, dev);
   fill_bytes(from.data(), dev, 1, from.size(), stream.s);
+  // The store's speed as a percentage of a copy's (store and copy timed the same way).
+  auto share_of_copy = [&](double copy_us, double store_us) { return 100.0 * copy_us / store_us * rec.bytes / (2.0 * half); };
   BenchRecord cp = record(name + "_copy", 2.0 * half);
   cp.t = opt.time([&](int rep) {
     copy_bytes(to.data(), dev, static_cast<uint8_t*>(from.data()) + (rep % copies) * half, dev, half, stream.s);
   });
   opt.report(cp);
   std::snprintf(line, sizeof line, "%s: one-launch store at %.1f%% of a same-size copy's speed; per-layer at %.1f%%",
-                name.c_str(), 100.0 * cp.t.median_us / rec.t.median_us * rec.bytes / (2.0 * half),
-                100.0 * cp.t.median_us / rec.baseline_t->median_us * rec.bytes / (2.0 * half));
+                name.c_str(), share_of_copy(cp.t.median_us, rec.t.median_us),
+                share_of_copy(cp.t.median_us, rec.baseline_t->median_us));
   opt.note(line);
 #if KVCORE_WITH_CUDA
   if (dev.is_cuda()) {
@@ -191,7 +193,7 @@ void bench_step(BenchOptions& opt, KvFormat f, int32_t batch) {
                       [&](Stream) { copy_bytes(to.data(), dev, from.data(), dev, half, stream.s); }, stream.s);
     opt.report(gc);
     std::snprintf(line, sizeof line, "%s: from a CUDA graph, the one-launch store at %.1f%% of a same-size copy's speed",
-                  name.c_str(), 100.0 * gc.t.median_us / g.t.median_us * rec.bytes / (2.0 * half));
+                  name.c_str(), share_of_copy(gc.t.median_us, g.t.median_us));
     opt.note(line);
   }
 #endif

@@ -23,8 +23,7 @@ for c in ${TREES:-}; do
   pids+=($!)
 done
 log "this tree ($COMMIT): kvcore_cli and the CUDA tests; older trees: ${TREES:-none}"
-(configure_release . build "$COMMIT" && cmake --build build -j "${BUILD_J:-8}" --target kvcore_cli kvcore_cuda_tests) > "$OUT/build.log" 2>&1 ||
-  { grep -E 'error' -A3 "$OUT/build.log" | head -40; exit 1; }
+BUILD_J=${BUILD_J:-8} build_this_tree kvcore_cli kvcore_cuda_tests || exit 1
 if [ -n "${TESTS:-}" ]; then
   log "CUDA tests matching $TESTS"
   (cd build && ctest -L gpu -R "$TESTS" ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} -j "${CTEST_J:-1}" --output-on-failure --timeout 120) > "$OUT/tests.log" 2>&1

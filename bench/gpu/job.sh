@@ -2,8 +2,9 @@
 # the working directory, $OUT (default out/) created, CUDA's tools on PATH, unbuffered Python, the
 # Debian packages staged by bench/gpu/stage.sh (.gpu/deps) found by CMake and the loader,
 # log(), which stamps a line with the clock and the seconds since the job began,
-# flashinfer_env(), which readies FlashInfer for the baseline scripts, configure_release() and
-# build_old_tool(), which builds the tool of an older commit staged as a source tarball.
+# flashinfer_env(), which readies FlashInfer for the baseline scripts, start_flashinfer_warm(),
+# configure_release(), build_this_tree() and build_old_tool(), which builds the tool of an older
+# commit staged as a source tarball.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-out}
@@ -24,11 +25,25 @@ flashinfer_env() {
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_WORKSPACE_BASE=$PWD/build-fi
   mkdir -p build-fi
 }
+# start_flashinfer_warm: FlashInfer's prefill modules JIT-compiled in the background (log in
+# $OUT/fi-warm.log); fi_warm is set to its pid.
+# shellcheck disable=SC2034  # fi_warm is read by the sourcing script
+start_flashinfer_warm() {
+  flashinfer_env
+  nice python3 bench/attention_flashinfer_baseline.py --warm-only --cases prefill > "$OUT/fi-warm.log" 2>&1 &
+  fi_warm=$!
+}
 # configure_release <source dir> <build dir> <commit>: the Release CUDA build for sm_90 the jobs
 # measure, with the commit baked into its results (run again on a warm machine: a new commit).
 configure_release() {
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCORE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DKVCORE_WERROR=OFF -DKVCORE_GIT_COMMIT="$3"
+}
+# build_this_tree <target> ...: this tree configured into build/ for commit $COMMIT and the targets
+# built with BUILD_J jobs (default 16); the log in $OUT/build.log, its errors printed on failure.
+build_this_tree() {
+  (configure_release . build "${COMMIT:-unknown}" && cmake --build build -j "${BUILD_J:-16}" --target "$@") \
+    > "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -40; return 1; }
 }
 # build_old_tool <commit>: the kvcore tool of an older commit (.gpu/tree-<commit>.tar.gz, staged by
 # bench/gpu/stage.sh) in /tmp/build-<commit>, at low priority with 4 jobs beside this tree's build;

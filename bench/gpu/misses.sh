@@ -3,8 +3,6 @@
 #   - the appends, with the copy replayed from a CUDA graph beside the graph store (`kvcore bench append`);
 #   - Nsight Compute profiles (stall samples per SASS line) of the DeepSeek-V4 indexer's kernels in
 #     the 43-layer step: the tensor-core scorer at 8k and 64k, the cluster top-k at 64k;
-#   - an Nsight Systems trace of the 64k step replayed from its CUDA graph (each kernel's time and
-#     the gaps between them), where nsys is installed;
 #   - Nsight Compute on FlashInfer's prefill kernel at 8k context, 2048 new tokens, beside kvcore's
 #     automatic wgmma kernel on the same shape (the tensor pipe's share in each).
 # The folders .whl and .gpu staged by bench/gpu/stage.sh are carried.
@@ -13,14 +11,9 @@ source "$(dirname "$0")/job.sh"
 export OUT
 COMMIT=${KVCORE_GIT_COMMIT:-unknown}
 fi_warm=""
-if [ -d .whl ]; then
-  flashinfer_env
-  nice python3 bench/attention_flashinfer_baseline.py --warm-only --cases prefill > "$OUT/fi-warm.log" 2>&1 &
-  fi_warm=$!
-fi
+[ -d .whl ] && start_flashinfer_warm
 log "build $COMMIT"
-(configure_release . build "$COMMIT" && cmake --build build -j "${BUILD_J:-16}" --target kvcore_cli) > "$OUT/build.log" 2>&1 ||
-  { grep -E 'error' -A3 "$OUT/build.log" | head -40; log "build failed"; exit 1; }
+build_this_tree kvcore_cli || { log "build failed"; exit 1; }
 
 log "append"
 timeout 90 ./build/kvcore bench append --device cuda --json "$OUT/append.jsonl" > "$OUT/append.log" 2>&1 || log "append rc $?"
@@ -36,17 +29,6 @@ dsv4 | decode43 cache step+indexer ctx=8192 | score_mma_kernel | 60 | dsv4-score
 dsv4 | decode43 cache step+indexer ctx=8192 | topk_compact_kernel | 60 | dsv4-topk-8k
 attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048 | prefill_wgmma_kernel | 1 | prefill-auto-8k
 " timeout 300 bash bench/ncu-profile.sh
-
-if command -v nsys > /dev/null; then
-  log "nsys: the 64k step from its CUDA graph"
-  timeout 120 nsys profile --cuda-graph-trace=node -o "$OUT/nsys-dsv4-64k" -f true \
-    ./build/kvcore bench dsv4 --device cuda --case "decode43 cache step+indexer ctx=65536" --reps 5 > "$OUT/nsys.log" 2>&1 &&
-    nsys stats --report cuda_gpu_kern_sum --format csv -o "$OUT/nsys-dsv4-64k" "$OUT/nsys-dsv4-64k.nsys-rep" >> "$OUT/nsys.log" 2>&1
-  rm -f "$OUT"/nsys-dsv4-64k.nsys-rep "$OUT"/nsys-dsv4-64k.sqlite
-  head -30 "$OUT"/nsys-dsv4-64k*.csv 2>/dev/null | cut -c1-200
-else
-  log "no nsys"
-fi
 
 if [ -n "$fi_warm" ]; then
   timeout 200 tail --pid="$fi_warm" -f /dev/null

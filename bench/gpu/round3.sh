@@ -32,9 +32,7 @@ fits() { [ "$(left)" -ge "$1" ] || { log "skipped: $2 needs $1 s, $(left) s left
 
 fi_warm="" dsv4_tested=""
 if { wants prefill || [ -n "${FI_WARM:-}" ]; } && [ -d .whl ] && [ -z "${SKIP_FI:-}" ]; then
-  flashinfer_env  # installed before the warm-up and prefill.sh look for it
-  nice python3 bench/attention_flashinfer_baseline.py --warm-only --cases prefill > "$OUT/fi-warm.log" 2>&1 &
-  fi_warm=$!
+  start_flashinfer_warm
 fi
 
 for step in "${steps[@]}"; do
@@ -47,8 +45,7 @@ for step in "${steps[@]}"; do
       fi
       log "build $COMMIT: ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests}${BEFORE:+, and the tool of $BEFORE}"
       # shellcheck disable=SC2086  # the targets are separate words
-      (configure_release . build "$COMMIT" && cmake --build build -j "${BUILD_J:-16}" --target ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests}) \
-        > "$OUT/build.log" 2>&1 || { grep -E 'error' -A3 "$OUT/build.log" | head -40; log "build failed"; exit 1; }
+      build_this_tree ${BUILD_TARGETS:-kvcore_cli kvcore_cuda_tests} || { log "build failed"; exit 1; }
       [ -n "$old" ] && { wait "$old" || { log "build of $BEFORE failed"; tail -20 "/tmp/build-$BEFORE.log"; }; }
       log "built" ;;
     wgmma)
