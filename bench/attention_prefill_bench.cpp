@@ -88,7 +88,8 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
   // The automatic kernel (the mma.sync prefill kernel unless prefill_wgmma.hpp's
   // kAutomaticVariant says otherwise) and, on compute capability 9.0, the wgmma kernels forced
   // ("_wgmma": warp-specialized, "_wgmma_sync": synchronous, "_wgmma_tma": warp-specialized with
-  // TMA copies, "_wgmma_tma_pp": that with the consumers in ping-pong), with their ratios to it.
+  // TMA copies, "_wgmma_tma_pp": that with the consumers in ping-pong, "_wgmma_wide", "_wgmma_wide_pp":
+  // those with tiles of 128 keys), with their ratios to it.
   std::vector<ops::AttentionKernel> kernels{ops::AttentionKernel::Auto};
 #if KVCORE_WITH_CUDA
   if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index)) {
@@ -97,6 +98,8 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
     kernels.push_back(ops::AttentionKernel::WgmmaPrefill);
     kernels.push_back(ops::AttentionKernel::WgmmaPrefillTma);
     kernels.push_back(ops::AttentionKernel::WgmmaPrefillTmaPingPong);
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefillWide);
+    kernels.push_back(ops::AttentionKernel::WgmmaPrefillWidePingPong);
   }
 #endif
   double auto_us = 0;
@@ -108,6 +111,8 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
                                       : kernel == ops::AttentionKernel::WgmmaPrefillSync ? "_wgmma_sync"
                                       : kernel == ops::AttentionKernel::WgmmaPrefillTma  ? "_wgmma_tma"
                                       : kernel == ops::AttentionKernel::WgmmaPrefillTmaPingPong ? "_wgmma_tma_pp"
+                                      : kernel == ops::AttentionKernel::WgmmaPrefillWide        ? "_wgmma_wide"
+                                      : kernel == ops::AttentionKernel::WgmmaPrefillWidePingPong ? "_wgmma_wide_pp"
                                                                                                 : "");
     if (!opt.wants(cname)) continue;  // --case _wgmma_sync: that kernel alone
     const AttentionPlan plan = ops::attn::plan_paged(true, kv, kQHeads, step, sc, tu);  // owns its workspace

@@ -157,9 +157,9 @@ TEST(AttentionErrors, PlanArguments) {
   f.expect_call([&] { (void)AttentionPlan::decode(f.g.kv, 3, f.g.step); }, "n_q_heads = 3 must be a multiple of n_kv_heads = 2");
   f.expect_call([&] { (void)AttentionPlan::decode(f.g.kv, 0, f.g.step); }, "n_q_heads must be >= 1, got 0");
   ops::AttentionTuning tu;
-  tu.kernel = static_cast<ops::AttentionKernel>(9);
+  tu.kernel = static_cast<ops::AttentionKernel>(11);
   f.expect_call([&] { (void)ops::attn::plan_paged(false, f.g.kv, 8, f.g.step, f.g.sched, tu); },
-                "tuning.kernel must be 0 to 8, got 9");
+                "tuning.kernel must be 0 to 10, got 11");
 }
 
 // Head dims and formats outside the shared rule (attention_support.hpp) are refused by the plan.

@@ -250,7 +250,7 @@ AttentionPlan plan_paged(bool prefill, const PagedKV& pages, int32_t n_q_heads, 
   checks::backend_available(op, dev);
   require_arg(n_q_heads >= 1, op, ": n_q_heads must be >= 1, got ", n_q_heads);
   const int kernel = static_cast<int>(tuning.kernel);
-  require_arg(kernel >= 0 && kernel <= 8, op, ": tuning.kernel must be 0 to 8, got ", kernel);
+  require_arg(kernel >= 0 && kernel <= 10, op, ": tuning.kernel must be 0 to 10, got ", kernel);
   require_arg(pages.rope_mode == RopeMode::RopeStored || pages.rope_mode == RopeMode::RopeOnRead, op,
               ": pages.rope_mode must be RopeStored or RopeOnRead, got ", static_cast<int>(pages.rope_mode));
 

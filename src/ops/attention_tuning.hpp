@@ -20,11 +20,14 @@ enum class AttentionKernel : int32_t {
   // synchronous (every thread copies, a CTA barrier a tile; 6), warp-specialized with the
   // Tensor Memory Accelerator copying a page a box (pages of a power-of-two size >= 8; 7, else 5),
   // that with the two consumer warpgroups issuing their wgmmas in turns (FlashAttention-3's
-  // ping-pong; 8, else 5).
+  // ping-pong; 8, else 5); tiles of 128 keys with q in shared memory and TMA copies (9, else 6),
+  // that with the consumers in ping-pong (10, else 6).
   WgmmaPrefill = 5,
   WgmmaPrefillSync = 6,
   WgmmaPrefillTma = 7,
   WgmmaPrefillTmaPingPong = 8,
+  WgmmaPrefillWide = 9,
+  WgmmaPrefillWidePingPong = 10,
 };
 
 struct AttentionTuning {

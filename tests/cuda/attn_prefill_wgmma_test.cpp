@@ -1,16 +1,17 @@
-// The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh, prefill_wgmma_tma.cuh;
-// kernel variants 5 warp-specialized, 6 synchronous, 7 warp-specialized with TMA copies), on
-// compute capability 9.0 only (skipped elsewhere):
+// The Hopper wgmma prefill kernels (prefill_wgmma.cuh, prefill_wgmma_ws.cuh, prefill_wgmma_tma.cuh,
+// prefill_wgmma_wide.cuh; kernel variants 5 warp-specialized, 6 synchronous, 7 warp-specialized with
+// TMA copies, 8 that in ping-pong, 9 and 10 those with tiles of 128 keys), on compute capability 9.0
+// only (skipped elsewhere):
 //  - WgmmaPrimitives: one warpgroup's S = Q K^T and O = P V tiles through the kernel's
 //    descriptors, swizzled tile layout and register fragments against a float64 product of
 //    the same 16-bit inputs (a layout bug gives O(1) errors; f32 accumulation of <= 128
 //    exact products stays far below the bound);
-//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync,Tma,TmaPingPong}: each forced kernel against the CPU op and the float64 reference on fresh
+//  - Kernels/WgmmaPrefillCuda.*/{Ws,Sync,Tma,TmaPingPong,Wide,WidePingPong}: each forced kernel against the CPU op and the float64 reference on fresh
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
-//    of 33 tiles (every stage of the ring reused); pages of 8 to 128 cells (the TMA kernel's boxes
-//    of a page or of 64 cells) and of 12 (it falls back to variant 5). Tolerances as attn_decode_test.cu: relative
+//    of 33 tiles of 64 keys (every stage of the ring reused); pages of 8 to 128 cells (the TMA kernels'
+//    boxes of a page, of 64 or of 128 cells) and of 12 (they fall back to variant 5 or 6). Tolerances as attn_decode_test.cu: relative
 //    to max(1, max |ref|), f16 outputs of f16 pages 1e-3, bf16 pages or outputs 8e-3 (P enters P V in
 //    the page type: 2^-9 relative for bf16).
 #include <gtest/gtest.h>
@@ -128,10 +129,10 @@ void long_context(ops::AttentionKernel k) {
 }
 
 void block_sizes(ops::AttentionKernel k) {
-  // Pages of 8 (8 boxes a tile), 32, 64 (one) and 128 cells (half a page a tile), and 12 (no box
-  // fits: the TMA kernel's launcher takes variant 5); partial last pages, dead cells, a sequence
-  // of 3 tiles and one of less than a tile.
-  for (int bs : {8, 32, 64, 128, 12}) {
+  // Pages of 8 (8 boxes a tile), 32, 64, 128 and 256 cells (boxes of a page, of 64 or of 128
+  // cells), and 12 (no box fits: the TMA kernels' launchers take variant 5 or 6); partial last
+  // pages, dead cells, a sequence of 3 tiles of 64 keys and one of less than a tile.
+  for (int bs : {8, 32, 64, 128, 256, 12}) {
     CaseSpec s;
     s.kv = s.q = s.out = DType::F16;
     s.head_dim = bs == 32 ? 64 : 128;
@@ -149,7 +150,9 @@ void block_sizes(ops::AttentionKernel k) {
 
 constexpr ops::AttentionKernel kWs = ops::AttentionKernel::WgmmaPrefill, kSync = ops::AttentionKernel::WgmmaPrefillSync,
                                kTma = ops::AttentionKernel::WgmmaPrefillTma,
-                               kPingPong = ops::AttentionKernel::WgmmaPrefillTmaPingPong;
+                               kPingPong = ops::AttentionKernel::WgmmaPrefillTmaPingPong,
+                               kWide = ops::AttentionKernel::WgmmaPrefillWide,
+                               kWidePingPong = ops::AttentionKernel::WgmmaPrefillWidePingPong;
 
 }  // namespace
 
@@ -198,10 +201,12 @@ TEST_P(WgmmaPrefillCuda, FormatsGroupsAndMasks) { formats_groups_and_masks(GetPa
 TEST_P(WgmmaPrefillCuda, RaggedSequences) { ragged_sequences(GetParam()); }
 TEST_P(WgmmaPrefillCuda, LongContext) { long_context(GetParam()); }
 TEST_P(WgmmaPrefillCuda, BlockSizes) { block_sizes(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync, kTma, kPingPong),
+INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync, kTma, kPingPong, kWide, kWidePingPong),
                          [](const ::testing::TestParamInfo<ops::AttentionKernel>& info) {
-                           return std::string(info.param == kWs     ? "Ws"
-                                              : info.param == kSync ? "Sync"
-                                              : info.param == kTma  ? "Tma"
-                                                                    : "TmaPingPong");
+                           return std::string(info.param == kWs          ? "Ws"
+                                              : info.param == kSync      ? "Sync"
+                                              : info.param == kTma       ? "Tma"
+                                              : info.param == kPingPong  ? "TmaPingPong"
+                                              : info.param == kWide      ? "Wide"
+                                                                         : "WidePingPong");
                          });

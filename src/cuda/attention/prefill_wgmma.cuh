@@ -43,18 +43,19 @@ using mma_attn::Exp2Ftz;
 using mma_attn::smem_addr;
 
 constexpr int kHeads = 4;     // query heads per CTA (of one kv head): the 4 warps of a warpgroup
-constexpr int kKeys = 64;     // keys per tile: S is m64n64
+constexpr int kKeys = 64;     // keys per tile of variants 5-8: S is m64n64 (the wide kernel's: kWideKeys)
 constexpr int kStages = 4;
 constexpr int kGroups = 2;    // consumer warpgroups per CTA
 constexpr int kConsumerThreads = 128 * kGroups;
 constexpr int kRows = 16 * kGroups;  // query rows per CTA
 
-template <int HD>
+// A tile of KEYS keys; the layout of the 4-stage kernels' shared memory (variants 5-8).
+template <int HD, int KEYS = kKeys>
 struct Shape {
   static constexpr int kChunks = HD / 8;             // 16-byte chunks per K or V row
-  static constexpr int kTileBytes = kKeys * HD * 2;  // a multiple of 1024: regions stay aligned
+  static constexpr int kTileBytes = KEYS * HD * 2;   // a multiple of 1024: regions stay aligned
   static constexpr int kStageBytes = 2 * kTileBytes; // K tile, then V tile
-  static constexpr int kMetaInts = 3 * kKeys + 4;    // per key: cell, position, valid word; summary
+  static constexpr int kMetaInts = 3 * KEYS + 4;     // per key: cell, position, valid word; summary
   static constexpr int kMetaOffset = kStages * kStageBytes;
   static constexpr int kBarOffset = kMetaOffset + kStages * kMetaInts * 4;  // 8-byte aligned
   // mbarriers (full, empty per stage; the warp-specialized kernel), + 1024: the dynamic shared
@@ -62,7 +63,7 @@ struct Shape {
   static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;
   static constexpr int kKSteps = HD / 16;  // k-steps of S over dims
   static constexpr int kDTiles = HD / 8;   // 8-dim column blocks of O
-  static constexpr int kNTiles = kKeys / 8;
+  static constexpr int kNTiles = KEYS / 8;
 };
 
 // What a CTA works on: rows [row, row + n_r) of sequence b, heads h0 .. h0 + n_h - 1 of kv head
@@ -77,6 +78,7 @@ struct Cta {
   const int32_t* blocks;
 };
 
+template <int KEYS = kKeys>
 __device__ __forceinline__ bool make_cta(const PagedAttentionParams& p, int chunk_heads, Cta& c) {
   const int64_t lin = blockIdx.x + int64_t{blockIdx.y} * gridDim.x;
   const int heads = gridDim.y;  // kv heads x head chunks
@@ -93,7 +95,7 @@ __device__ __forceinline__ bool make_cta(const PagedAttentionParams& p, int chun
   c.n_h = min(chunk_heads, p.group - chunk * chunk_heads);
   c.bs = p.layout.block_size, c.n_kv = p.layout.n_kv_heads;
   c.n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, c.b, c.bs);
-  c.n_tiles = (c.n_cells + kKeys - 1) / kKeys;
+  c.n_tiles = (c.n_cells + KEYS - 1) / KEYS;
   c.pow2_bs = (c.bs & (c.bs - 1)) == 0;
   c.bs_shift = __ffs(c.bs) - 1;
   c.pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[c.b] : 0;
@@ -187,21 +189,21 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // One consumer thread's share of its warpgroup's 64 rows: rows g and g + 8 of its warp
 // (g = lane / 4, t = lane % 4), i.e. query rows r0 + g, r0 + g + 8 of head `head`.
 template <int HD>
-struct Rows {
-  using S = Shape<HD>;
-  uint32_t qa[S::kKSteps][4];  // q as A fragments (layout in wgmma_primitives.cuh)
-  float o[S::kDTiles][4];      // O accumulators: o[dt][x] row g + 8 (x >> 1), dim 8 dt + 2t + (x & 1)
-  float m[2], l[2];            // running max (log2 domain) and row sum of this thread's keys
-  int qp[2];                   // positions (INT_MIN past the chunk: sees nothing)
-  int qmin, qmax;              // over the warpgroup's rows (the same rows in its 4 warps)
+struct RowState {
+  float o[HD / 8][4];  // O accumulators: o[dt][x] row g + 8 (x >> 1), dim 8 dt + 2t + (x & 1)
+  float m[2], l[2];    // running max (log2 domain) and row sum of this thread's keys
+  int qp[2];           // positions (INT_MIN past the chunk: sees nothing)
+  int qmin, qmax;      // over the warpgroup's rows (the same rows in its 4 warps)
+};
+// With q as A fragments in registers (layout in wgmma_primitives.cuh): variants 5-8.
+template <int HD>
+struct Rows : RowState<HD> {
+  uint32_t qa[HD / 16][4];
 };
 
-// Positions, q fragments (qa[ks][2h + e] packs row g + 8e, dims 16 ks + 8h + 2t, + 1; zeros for
-// rows past the chunk and heads past the group) and a zero state.
+// Positions and a zero state.
 template <int HD>
-__device__ __forceinline__ void init_rows(const PagedAttentionParams& p, const Cta& ct, int r0, bool head_live, int head,
-                                          int g, int t, Rows<HD>& w) {
-  using S = Shape<HD>;
+__device__ __forceinline__ void init_state(const PagedAttentionParams& p, const Cta& ct, int r0, int g, RowState<HD>& w) {
   w.qmin = INT_MAX, w.qmax = INT_MIN;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
@@ -214,6 +216,19 @@ __device__ __forceinline__ void init_rows(const PagedAttentionParams& p, const C
     w.qmin = min(w.qmin, __shfl_xor_sync(0xffffffffu, w.qmin, x));
     w.qmax = max(w.qmax, __shfl_xor_sync(0xffffffffu, w.qmax, x));
   }
+#pragma unroll
+  for (int dt = 0; dt < HD / 8; ++dt) w.o[dt][0] = w.o[dt][1] = w.o[dt][2] = w.o[dt][3] = 0.0f;
+  w.m[0] = w.m[1] = math::neg_inf_f32();
+  w.l[0] = w.l[1] = 0.0f;
+}
+
+// Positions, q fragments (qa[ks][2h + e] packs row g + 8e, dims 16 ks + 8h + 2t, + 1; zeros for
+// rows past the chunk and heads past the group) and a zero state.
+template <int HD>
+__device__ __forceinline__ void init_rows(const PagedAttentionParams& p, const Cta& ct, int r0, bool head_live, int head,
+                                          int g, int t, Rows<HD>& w) {
+  using S = Shape<HD>;
+  init_state<HD>(p, ct, r0, g, w);
   const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
   int64_t qbase[2];
   bool qreal[2];
@@ -232,30 +247,28 @@ __device__ __forceinline__ void init_rows(const PagedAttentionParams& p, const C
         const uint32_t lo = qreal[e] ? q16[at] : 0u, hi = qreal[e] ? q16[at + 1] : 0u;
         w.qa[ks][2 * h + e] = lo | (hi << 16);
       }
-#pragma unroll
-  for (int dt = 0; dt < S::kDTiles; ++dt) w.o[dt][0] = w.o[dt][1] = w.o[dt][2] = w.o[dt][3] = 0.0f;
-  w.m[0] = w.m[1] = math::neg_inf_f32();
-  w.l[0] = w.l[1] = 0.0f;
 }
 
 // Whether the warpgroup's rows see a prepared tile whole (warpgroup-uniform): some row sees a
 // key, every key is live and every row sees every key. Such a tile's masks are dropped; every
 // other tile is masked key by key (a tile no row sees gives all-masked scores).
+// sum: the tile's summary (smallest, largest live position, every key live; prepare_tile).
 template <int HD>
-__device__ __forceinline__ bool tile_seen_whole(const PagedAttentionParams& p, const int* meta, const Rows<HD>& w) {
-  const int kmin = meta[3 * kKeys], kmax = meta[3 * kKeys + 1];
+__device__ __forceinline__ bool tile_seen_whole(const PagedAttentionParams& p, const int* sum, const RowState<HD>& w) {
+  const int kmin = sum[0], kmax = sum[1];
   const bool none = kmin == INT_MAX || kmin > w.qmax || (p.window > 0 && int64_t{w.qmin} - kmax >= p.window);
-  return !none && meta[3 * kKeys + 2] != 0 && kmax <= w.qmin && (p.window <= 0 || int64_t{w.qmax} - kmin < p.window);
+  return !none && sum[2] != 0 && kmax <= w.qmin && (p.window <= 0 || int64_t{w.qmax} - kmin < p.window);
 }
 
 #if KVCORE_WGMMA_ARCH
-template <int HD>
-using Scores = float[Shape<HD>::kNTiles][4];  // S accumulators: [j][x] row g + 8 (x >> 1), key 8j + 2t + (x & 1)
-using PFrags = uint32_t[kKeys / 16][4];       // P as A fragments, one per k-step of 16 keys
+template <int KEYS>
+using Scores = float[KEYS / 8][4];     // S accumulators: [j][x] row g + 8 (x >> 1), key 8j + 2t + (x & 1)
+template <int KEYS>
+using PFrags = uint32_t[KEYS / 16][4];  // P as A fragments, one per k-step of 16 keys
 
 // Issues S = Q K^T over a tile (not committed).
 template <int HD, bool BF16>
-__device__ __forceinline__ void issue_s(const Rows<HD>& w, uint32_t k_s, Scores<HD>& sc) {
+__device__ __forceinline__ void issue_s(const Rows<HD>& w, uint32_t k_s, Scores<kKeys>& sc) {
   using S = Shape<HD>;
 #pragma unroll
   for (int j = 0; j < S::kNTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
@@ -270,10 +283,10 @@ __device__ __forceinline__ void issue_s(const Rows<HD>& w, uint32_t k_s, Scores<
 // tile's P V is added. Each weight is one FFMA and one exp2: exp2(s * sl2 - offset), the scale
 // folded in and the all-masked row handled once a row (math::softmax_offset), since the consumer
 // warps' instruction stream, not the tensor cores, bounds the kernel.
-template <int HD>
-__device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, Rows<HD>& w, Scores<HD>& sc, const int* kpos,
-                                             bool full, float sl2, int t, float (&rs)[2]) {
-  using S = Shape<HD>;
+template <int HD, int KEYS>
+__device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, RowState<HD>& w, Scores<KEYS>& sc,
+                                             const int* kpos, bool full, float sl2, int t, float (&rs)[2]) {
+  using S = Shape<HD, KEYS>;
   if (!full) {
 #pragma unroll
     for (int j = 0; j < S::kNTiles; ++j)
@@ -309,10 +322,10 @@ __device__ __forceinline__ void softmax_tile(const PagedAttentionParams& p, Rows
 
 // P's A fragment of k-step kk (keys 16 kk .. 16 kk + 15) is S's accumulators of column blocks
 // 2 kk (A cols 0-7: a[0] row g, a[1] row g + 8) and 2 kk + 1 (A cols 8-15: a[2], a[3]).
-template <int HD, bool BF16>
-__device__ __forceinline__ void pack_p(const Scores<HD>& sc, PFrags& pa) {
+template <int KEYS, bool BF16>
+__device__ __forceinline__ void pack_p(const Scores<KEYS>& sc, PFrags<KEYS>& pa) {
 #pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) {
+  for (int kk = 0; kk < KEYS / 16; ++kk) {
     pa[kk][0] = pack2<BF16>(sc[2 * kk][0], sc[2 * kk][1]);
     pa[kk][1] = pack2<BF16>(sc[2 * kk][2], sc[2 * kk][3]);
     pa[kk][2] = pack2<BF16>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
@@ -321,14 +334,14 @@ __device__ __forceinline__ void pack_p(const Scores<HD>& sc, PFrags& pa) {
 }
 
 // Issues O += P V over a tile (not committed): N = HD (64 or 128).
-template <int HD, bool BF16>
-__device__ __forceinline__ void issue_pv(Rows<HD>& w, PFrags& pa, uint32_t v_s) {
+template <int HD, bool BF16, int KEYS>
+__device__ __forceinline__ void issue_pv(RowState<HD>& w, PFrags<KEYS>& pa, uint32_t v_s) {
   wgmma::fence_regs(w.o);
   wgmma::fence_regs(pa);
   wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) {
-    const uint64_t desc = wgmma::desc_mn_major<kKeys>(v_s, kk);
+  for (int kk = 0; kk < KEYS / 16; ++kk) {
+    const uint64_t desc = wgmma::desc_mn_major<KEYS>(v_s, kk);
     if constexpr (HD == 128) wgmma::wgmma_m64n128k16_rs<BF16, 1>(w.o, pa[kk], desc, 1);
     else wgmma::wgmma_m64n64k16_rs<BF16, 1>(w.o, pa[kk], desc, 1);
   }
@@ -344,15 +357,15 @@ __device__ __forceinline__ void issue_pv(Rows<HD>& w, PFrags& pa, uint32_t v_s) 
 // Branch-free around the wgmmas (a wgmma or a register write feeding one under a branch made
 // ptxas serialize them): every tile takes the full path (a tile no row sees gives all-masked
 // scores, weight 0, factor 1), and the first step's P V adds a zero P.
-template <int HD>
+template <int HD, int KEYS = kKeys>
 struct Pipeline {
-  Scores<HD> sc = {};
-  PFrags pa = {};                   // P of the previous tile; its P V is issued in the next step
+  Scores<KEYS> sc = {};
+  PFrags<KEYS> pa = {};             // P of the previous tile; its P V is issued in the next step
   float rs_prev[2] = {1.0f, 1.0f};  // O's rescale before that P V
 };
 
 template <int HD>
-__device__ __forceinline__ void rescale_o(Rows<HD>& w, const float (&rs)[2]) {
+__device__ __forceinline__ void rescale_o(RowState<HD>& w, const float (&rs)[2]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e)
 #pragma unroll
@@ -367,38 +380,47 @@ struct NoTurn {
   __device__ __forceinline__ void end() const {}
 };
 
-// One step: tile i's keys in the stage at k_s (V at k_s + kTileBytes), the previous tile's V at
-// v_prev. `after_pv` runs once the previous tile's P V completed (its stage may be released).
-template <int HD, bool BF16, class AfterPv, class Turn = NoTurn>
-__device__ __forceinline__ void pipelined_tile(const PagedAttentionParams& p, Rows<HD>& w, Pipeline<HD>& pl, uint32_t k_s,
-                                               uint32_t v_prev, const int* kpos, bool full, float sl2, int t,
-                                               AfterPv after_pv, Turn turn = {}) {
+// One step: issue_s(sc) issues tile i's S = Q K^T, the previous tile's V is at v_prev.
+// `after_pv` runs once the previous tile's P V completed (its stage may be released).
+template <int HD, bool BF16, int KEYS, class IssueS, class AfterPv, class Turn = NoTurn>
+__device__ __forceinline__ void pipelined_step(const PagedAttentionParams& p, RowState<HD>& w, Pipeline<HD, KEYS>& pl,
+                                               IssueS issue_s_of, uint32_t v_prev, const int* kpos, bool full, float sl2,
+                                               int t, AfterPv after_pv, Turn turn = {}) {
   rescale_o<HD>(w, pl.rs_prev);
   wgmma::fence_regs(w.o);  // the rescale stays before the S issue (ptxas waited for S otherwise)
   turn.begin();
-  issue_s<HD, BF16>(w, k_s, pl.sc);
+  issue_s_of(pl.sc);
   wgmma::commit();  // S of tile i
-  issue_pv<HD, BF16>(w, pl.pa, v_prev);
+  issue_pv<HD, BF16, KEYS>(w, pl.pa, v_prev);
   wgmma::commit();  // P V of tile i - 1 (a zero P at i = 0)
   turn.end();
   wgmma::wait<1>();  // S of tile i
   wgmma::fence_regs(pl.sc);
   float rs[2];
-  softmax_tile<HD>(p, w, pl.sc, kpos, full, sl2, t, rs);
+  softmax_tile<HD, KEYS>(p, w, pl.sc, kpos, full, sl2, t, rs);
   wgmma::wait<0>();  // the P V of tile i - 1
   wgmma::fence_regs(w.o);
   wgmma::fence_regs(pl.pa);
   after_pv();
-  pack_p<HD, BF16>(pl.sc, pl.pa);
+  pack_p<KEYS, BF16>(pl.sc, pl.pa);
   pl.rs_prev[0] = rs[0], pl.rs_prev[1] = rs[1];
+}
+
+// The step of the kernels with q in registers: tile i's keys in the stage at k_s (V at k_s + kTileBytes).
+template <int HD, bool BF16, class AfterPv, class Turn = NoTurn>
+__device__ __forceinline__ void pipelined_tile(const PagedAttentionParams& p, Rows<HD>& w, Pipeline<HD>& pl, uint32_t k_s,
+                                               uint32_t v_prev, const int* kpos, bool full, float sl2, int t,
+                                               AfterPv after_pv, Turn turn = {}) {
+  pipelined_step<HD, BF16, kKeys>(
+      p, w, pl, [&](Scores<kKeys>& sc) { issue_s<HD, BF16>(w, k_s, sc); }, v_prev, kpos, full, sl2, t, after_pv, turn);
 }
 
 // After the last step: the last tile's P V (V at v_prev). Without tiles that P V read a stage
 // never filled (0 * NaN is not 0), so O is zeroed.
-template <int HD, bool BF16>
-__device__ __forceinline__ void pipelined_finish(Rows<HD>& w, Pipeline<HD>& pl, uint32_t v_prev, bool any_tile) {
+template <int HD, bool BF16, int KEYS = kKeys>
+__device__ __forceinline__ void pipelined_finish(RowState<HD>& w, Pipeline<HD, KEYS>& pl, uint32_t v_prev, bool any_tile) {
   rescale_o<HD>(w, pl.rs_prev);
-  issue_pv<HD, BF16>(w, pl.pa, v_prev);
+  issue_pv<HD, BF16, KEYS>(w, pl.pa, v_prev);
   wgmma::commit();
   wgmma::wait<0>();
   wgmma::fence_regs(w.o);
@@ -411,7 +433,7 @@ __device__ __forceinline__ void pipelined_finish(Rows<HD>& w, Pipeline<HD>& pl, 
 // Normalize (sinks join the denominator) and store this thread's rows g, g + 8 (after every
 // wgmma completed). The caller's warp is whole (shuffles).
 template <int HD>
-__device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const Cta& ct, Rows<HD>& w, int r0, int head,
+__device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const Cta& ct, RowState<HD>& w, int r0, int head,
                                            int g, int t) {
   using S = Shape<HD>;
 #pragma unroll
@@ -504,7 +526,7 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
     const int* meta = meta_of(s);
     const uint32_t k_s = smem_addr(stage_of(s));
     pipelined_tile<HD, BF16>(p, w, pl, k_s, smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys,
-                             tile_seen_whole<HD>(p, meta, w), sl2, t, [] {});
+                             tile_seen_whole<HD>(p, meta + 3 * kKeys, w), sl2, t, [] {});
     prev = s;
   }
   pipelined_finish<HD, BF16>(w, pl, smem_addr(stage_of(prev)) + S::kTileBytes, ct.n_tiles > 0);

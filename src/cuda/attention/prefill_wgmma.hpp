@@ -12,14 +12,14 @@ namespace kvcore::ops::cuda::prefill_wgmma {
 // Which wgmma kernel the automatic choice (kernel_variant 0) takes where one serves: 0 none
 // (the mma.sync prefill kernel, attention_prefill.cuh), 5 warp-specialized, 6 every thread
 // copies, 7 warp-specialized with TMA copies, 8 that with the consumers in ping-pong
-// (ops::AttentionKernel). 6 is ahead of 0 and 5 on every benched shape (bench/results; 7 and 8
-// unmeasured); kernel_variant 5 to 8 forces one.
+// (ops::AttentionKernel), 9 and 10 tiles of 128 keys (prefill_wgmma_wide.cuh). 6 is ahead of 0,
+// 5, 7 and 8 on every benched shape (bench/results); kernel_variant 5 to 10 forces one.
 constexpr int kAutomaticVariant = 6;
 
 // Causal prefill (qo_indptr set) over f16 / bf16 pages with head_dim 64 or 128 (= v_head_dim),
 // no rope on read, q exact in the page type, a 16-bit output, on a device of compute
 // capability 9.0 exactly (sm_90a code), with rows enough to fill the GPU (kernel_variant 5 to
-// 8: any size).
+// 10: any size).
 bool serves(const PagedAttentionParams& p, int sm_count);
 void launch(const PagedAttentionParams& p, cudaStream_t stream);
 // Launches of the wgmma kernels in this process (tests check that a forced call took one).

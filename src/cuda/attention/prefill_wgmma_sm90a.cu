@@ -6,6 +6,7 @@
 #include "cuda/attention/attention_prefill.hpp"
 #include "cuda/attention/prefill_wgmma.cuh"
 #include "cuda/attention/prefill_wgmma_tma.cuh"
+#include "cuda/attention/prefill_wgmma_wide.cuh"
 #include "cuda/attention/prefill_wgmma_ws.cuh"
 #include "cuda/attention/prefill_wgmma.hpp"
 #include "cuda/common/check.cuh"
@@ -59,12 +60,36 @@ bool launch_tma(const PagedAttentionParams& p, cudaStream_t stream) {
   return true;
 }
 
+// Variant 9 (prefill_wgmma_wide.cuh; 10 with kPingPong) where its maps can be made: as launch_tma,
+// boxes of a page or of 128 cells. False (nothing launched) elsewhere.
+template <int HD, bool BF16, bool kPingPong>
+bool launch_wide(const PagedAttentionParams& p, cudaStream_t stream) {
+  const int bs = p.layout.block_size;
+  if (bs < 8 || (bs & (bs - 1)) != 0 || p.num_blocks <= 0) return false;
+  const int64_t cells = int64_t{p.num_blocks} * bs;
+  const int n_kv = p.layout.n_kv_heads, box = bs < kWideKeys ? bs : kWideKeys;
+  CUtensorMap k_map{}, v_map{};
+  if (!encode_pool_map(&k_map, p.k, cells, n_kv, HD, HD, int64_t{n_kv} * HD, box) ||
+      !encode_pool_map(&v_map, p.v, cells, n_kv, HD, p.v_row_stride, int64_t{n_kv} * p.v_row_stride, box))
+    return false;
+  const auto kernel = prefill_wgmma_wide_kernel<HD, BF16, kPingPong>;
+  smem_opt_in(kernel, WideSmem<HD>::kBytes, p.device);
+  int chunk_heads = 0;
+  const dim3 grid = grid_of(p, &chunk_heads);
+  kernel<<<grid, kWsThreads, WideSmem<HD>::kBytes, stream>>>(p, chunk_heads, k_map, v_map);
+  KVCORE_CUDA_CHECK_LAUNCH("prefill_wgmma_wide_kernel");
+  return true;
+}
+
 template <int HD, bool BF16>
 void launch_hd(const PagedAttentionParams& p, cudaStream_t stream) {
   const int variant = p.kernel_variant == 0 ? kAutomaticVariant : p.kernel_variant;
   if (variant == 6) return launch_kernel<HD, BF16, 6>(p, stream);
   if (variant == 7 && launch_tma<HD, BF16, false>(p, stream)) return;
   if (variant == 8 && launch_tma<HD, BF16, true>(p, stream)) return;
+  if (variant == 9 && launch_wide<HD, BF16, false>(p, stream)) return;
+  if (variant == 10 && launch_wide<HD, BF16, true>(p, stream)) return;
+  if (variant >= 9) return launch_kernel<HD, BF16, 6>(p, stream);
   return launch_kernel<HD, BF16, 5>(p, stream);
 }
 
@@ -75,7 +100,7 @@ std::atomic<int64_t> g_launches{0};
 bool device_is_sm90(int device) { return compute_capability(device) == 90; }
 
 bool serves(const PagedAttentionParams& p, int sm_count) {
-  const bool forced = p.kernel_variant >= 5 && p.kernel_variant <= 8;
+  const bool forced = p.kernel_variant >= 5 && p.kernel_variant <= 10;
   if (!(forced || (kAutomaticVariant != 0 && p.kernel_variant == 0))) return false;
   if (!prefill_attn::call_fits(p)) return false;
   const QElem page = p.kv_elem == math::KvElem::BF16 ? QElem::BF16 : QElem::F16;

@@ -92,7 +92,7 @@ __device__ __forceinline__ void consume_tiles(const PagedAttentionParams& p, con
     const int* meta = m.meta(s);
     pipelined_tile<HD, BF16>(
         p, w, pl, smem_addr(m.stage(s)), smem_addr(m.stage(prev)) + S::kTileBytes, meta + kKeys,
-        tile_seen_whole<HD>(p, meta, w), sl2, t,
+        tile_seen_whole<HD>(p, meta + 3 * kKeys, w), sl2, t,
         [&] {
           if (i > 0) release(prev);
         },
