@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Reads the machine code (SASS) of the wgmma prefill kernels in a built object and checks that Q
-stays Q: the registers holding the query fragments, the A operand of every S = Q K^T wgmma, are
-written by no instruction of the tile loop and are not the A operand of a P V wgmma.
-
-Why a check on the machine code: with ptxas of CUDA 13.0, a tile loop that made P and consumed it
-in the same step compiled at head dim 64 into code that put P and the softmax's temporaries in Q's
-registers, so every tile after the first multiplied K by the previous tile's P. The source and its
-PTX were right; the GPU tests caught it only on a Hopper machine. This check catches it wherever
-the CUDA code is compiled, GPU or not.
+"""Reads the machine code (SASS) of the wgmma prefill kernels in a built object and checks two
+things the source and its PTX cannot guarantee:
+ - Q stays Q (kernels with q in registers): the registers holding the query fragments, the A
+   operand of every S = Q K^T wgmma, are written by no instruction of the tile loop and are not
+   the A operand of a P V wgmma. With ptxas of CUDA 13.0, a tile loop that made P and consumed it
+   in the same step compiled at head dim 64 into code that put P and the softmax's temporaries in
+   Q's registers, so every tile after the first multiplied K by the previous tile's P; the GPU
+   tests caught it only on a Hopper machine.
+ - The softmax overlaps the previous tile's P V: in the tile loop, the softmax's exponentials
+   (MUFU.EX2, at least one a score of a 64-key tile) lie between the wait for S (WARPGROUP.DEPBAR
+   gsb0 <= 1) and the wait for P V (<= 0). ptxas hoists that wait above the softmax unless
+   something holds it (prefill_wgmma.cuh, pipelined_step), which costs nothing in correctness and
+   the overlap in speed.
+This check catches both wherever the CUDA code is compiled, GPU or not.
 
     check_wgmma_sass.py [--nvcc PATH] OBJECT...
 
@@ -39,17 +44,43 @@ def registers_written(op):
     return 1
 
 
+# Exponentials a thread computes for a 64-key tile: 64 keys x 2 rows over the 4 lanes of a row.
+MIN_EXP2_BEFORE_PV_WAIT = 32
+
+
+def softmax_before_pv_wait(name, code, lo, hi):
+    """Problems with the order of the waits and the softmax in the tile loop [lo, hi]."""
+    body = [text for at, text in code if lo <= at <= hi]
+    s_wait = next((i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t), None)
+    if s_wait is None:
+        return [f"{name}: no wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1) in the tile loop"]
+    pv_wait = next((i for i in range(s_wait + 1, len(body)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in body[i]), None)
+    if pv_wait is None:
+        return [f"{name}: no wait for P V (WARPGROUP.DEPBAR.LE gsb0, 0x0) after the wait for S"]
+    exps = sum("MUFU.EX2" in t for t in body[s_wait:pv_wait])
+    if exps < MIN_EXP2_BEFORE_PV_WAIT:
+        return [f"{name}: {exps} exponentials between the waits for S and for P V (at least {MIN_EXP2_BEFORE_PV_WAIT}): "
+                f"the softmax runs after the previous tile's P V instead of beside it"]
+    return []
+
+
 def check_function(name, code):
-    q_regs, p_regs = set(), set()
+    q_regs, p_regs, s_from_smem = set(), set(), False
     for _, a, pv in hgmmas(code):
-        (p_regs if pv else q_regs).update(range(a, a + 4))  # P V: B = V transposed; else S = Q K^T
-    if not q_regs:
-        return [f"{name}: no S = Q K^T wgmma with A in registers found"]
+        if a is None:
+            s_from_smem = True
+        else:
+            (p_regs if pv else q_regs).update(range(a, a + 4))  # P V: B = V transposed; else S = Q K^T
+    if not q_regs and not s_from_smem:
+        return [f"{name}: no S = Q K^T wgmma found"]
     loop = tile_loop(code)
     if not loop:
         return [f"{name}: no loop around the S wgmmas"]
     lo, hi = loop
-    problems = []
+    problems = softmax_before_pv_wait(name, code, lo, hi)
+    if s_from_smem:
+        print(f"{name}: Q in shared memory, tile loop [{lo:#x}, {hi:#x}]: {'FAIL' if problems else 'ok'}")
+        return problems
     if q_regs & p_regs:
         problems.append(f"{name}: Q (R{min(q_regs)}-R{max(q_regs)}) and P (R{min(p_regs)}-R{max(p_regs)}) share "
                         f"{len(q_regs & p_regs)} registers")

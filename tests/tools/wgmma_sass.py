@@ -13,10 +13,12 @@ import shutil
 import subprocess
 import sys
 
-KERNEL = re.compile(r"prefill_wgmma(_ws|_tma)?_kernel")  # the tile-loop kernels (not the primitives' self-test)
+KERNEL = re.compile(r"prefill_wgmma(_ws|_tma|_wide)?_kernel")  # the tile-loop kernels (not the primitives' self-test)
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-# HGMMA.<shape>... D, A, gdesc[..][.tnspB], ...: A in registers (R<n>, four of them) or in shared memory (gdesc).
+# HGMMA.<shape>... D, A, gdesc[..][.tnspB], ...: A in registers (R<n>, four of them); HGMMA_SS: A and B in
+# shared memory (one gdesc operand for both).
 HGMMA = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),\s+gdesc\[\w+\](\.tnspB)?")
+HGMMA_SS = re.compile(r"HGMMA\.\S+\s+R\d+,\s+gdesc\[\w+\],")
 # BRA [predicate operand,] target: group "target" the address, group "pred" a predicate operand (a
 # conditional branch, as is one guarded by @P).
 BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?P<pred>!?U?P\w+,\s+)?(?P<target>0x[0-9a-f]+)")
@@ -53,12 +55,14 @@ def kernels(objects, cuobjdump, nvdisasm):
 
 
 def hgmmas(code):
-    """(address, first A register, is P V) of each wgmma with A in registers: S = Q K^T has A in registers and
-    B not transposed; P V reads V transposed (.tnspB)."""
+    """(address, first A register or None for A in shared memory, is P V) of each wgmma: S = Q K^T has B not
+    transposed (A in registers, or in shared memory in the wide-tile kernel); P V reads V transposed (.tnspB)."""
     for at, text in code:
         m = HGMMA.search(text)
         if m:
             yield at, int(m.group(1)), bool(m.group(2))
+        elif HGMMA_SS.search(text):
+            yield at, None, False
 
 
 def tile_loop(code):

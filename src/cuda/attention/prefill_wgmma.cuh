@@ -55,7 +55,7 @@ struct Shape {
   static constexpr int kChunks = HD / 8;             // 16-byte chunks per K or V row
   static constexpr int kTileBytes = KEYS * HD * 2;   // a multiple of 1024: regions stay aligned
   static constexpr int kStageBytes = 2 * kTileBytes; // K tile, then V tile
-  static constexpr int kMetaInts = 3 * KEYS + 4;     // per key: cell, position, valid word; summary
+  static constexpr int kMetaInts = 3 * KEYS + 4;     // per key: cell, position, valid word; summary, spare word
   static constexpr int kMetaOffset = kStages * kStageBytes;
   static constexpr int kBarOffset = kMetaOffset + kStages * kMetaInts * 4;  // 8-byte aligned
   // mbarriers (full, empty per stage; the warp-specialized kernel), + 1024: the dynamic shared
@@ -380,12 +380,18 @@ struct NoTurn {
   __device__ __forceinline__ void end() const {}
 };
 
-// One step: issue_s(sc) issues tile i's S = Q K^T, the previous tile's V is at v_prev.
-// `after_pv` runs once the previous tile's P V completed (its stage may be released).
+// One step: issue_s(sc) issues tile i's S = Q K^T, the previous tile's V is at v_prev; kpos and
+// sum are tile i's prepared positions and summary (sum[3]: a spare word, see below). `after_pv`
+// runs once the previous tile's P V completed (its stage may be released).
+// ptxas schedules a wgmma wait as early as its dependences allow, and the wait for the previous
+// P V has none on the softmax's registers: it went above the softmax, which then ran after that
+// P V instead of beside it. A store of the row sums (which need every weight) to sum[3] just
+// before the wait is such a dependence (a store stays before a wait that follows it).
 template <int HD, bool BF16, int KEYS, class IssueS, class AfterPv, class Turn = NoTurn>
 __device__ __forceinline__ void pipelined_step(const PagedAttentionParams& p, RowState<HD>& w, Pipeline<HD, KEYS>& pl,
-                                               IssueS issue_s_of, uint32_t v_prev, const int* kpos, bool full, float sl2,
+                                               IssueS issue_s_of, uint32_t v_prev, const int* kpos, int* sum, float sl2,
                                                int t, AfterPv after_pv, Turn turn = {}) {
+  const bool full = tile_seen_whole<HD>(p, sum, w);
   rescale_o<HD>(w, pl.rs_prev);
   wgmma::fence_regs(w.o);  // the rescale stays before the S issue (ptxas waited for S otherwise)
   turn.begin();
@@ -398,6 +404,7 @@ __device__ __forceinline__ void pipelined_step(const PagedAttentionParams& p, Ro
   wgmma::fence_regs(pl.sc);
   float rs[2];
   softmax_tile<HD, KEYS>(p, w, pl.sc, kpos, full, sl2, t, rs);
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_addr(sum + 3)), "f"(w.l[0] + w.l[1]) : "memory");
   wgmma::wait<0>();  // the P V of tile i - 1
   wgmma::fence_regs(w.o);
   wgmma::fence_regs(pl.pa);
@@ -406,13 +413,15 @@ __device__ __forceinline__ void pipelined_step(const PagedAttentionParams& p, Ro
   pl.rs_prev[0] = rs[0], pl.rs_prev[1] = rs[1];
 }
 
-// The step of the kernels with q in registers: tile i's keys in the stage at k_s (V at k_s + kTileBytes).
+// The step of the kernels with q in registers: tile i's keys in the stage at k_s (V at k_s +
+// kTileBytes), its metadata at meta (prepare_tile).
 template <int HD, bool BF16, class AfterPv, class Turn = NoTurn>
 __device__ __forceinline__ void pipelined_tile(const PagedAttentionParams& p, Rows<HD>& w, Pipeline<HD>& pl, uint32_t k_s,
-                                               uint32_t v_prev, const int* kpos, bool full, float sl2, int t,
-                                               AfterPv after_pv, Turn turn = {}) {
+                                               uint32_t v_prev, int* meta, float sl2, int t, AfterPv after_pv,
+                                               Turn turn = {}) {
   pipelined_step<HD, BF16, kKeys>(
-      p, w, pl, [&](Scores<kKeys>& sc) { issue_s<HD, BF16>(w, k_s, sc); }, v_prev, kpos, full, sl2, t, after_pv, turn);
+      p, w, pl, [&](Scores<kKeys>& sc) { issue_s<HD, BF16>(w, k_s, sc); }, v_prev, meta + kKeys, meta + 3 * kKeys, sl2, t,
+      after_pv, turn);
 }
 
 // After the last step: the last tile's P V (V at v_prev). Without tiles that P V read a stage
@@ -523,10 +532,8 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) prefill_wgmma_kernel(cons
     prepare(i + 1);
     issue(i + 2, (i + 2) % kStages, blk);
     load_blocks(i + 3, blk);
-    const int* meta = meta_of(s);
     const uint32_t k_s = smem_addr(stage_of(s));
-    pipelined_tile<HD, BF16>(p, w, pl, k_s, smem_addr(stage_of(prev)) + S::kTileBytes, meta + kKeys,
-                             tile_seen_whole<HD>(p, meta + 3 * kKeys, w), sl2, t, [] {});
+    pipelined_tile<HD, BF16>(p, w, pl, k_s, smem_addr(stage_of(prev)) + S::kTileBytes, meta_of(s), sl2, t, [] {});
     prev = s;
   }
   pipelined_finish<HD, BF16>(w, pl, smem_addr(stage_of(prev)) + S::kTileBytes, ct.n_tiles > 0);

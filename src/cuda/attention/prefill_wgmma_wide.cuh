@@ -30,7 +30,8 @@ constexpr int kWideProducerRegs = 40, kWideConsumerRegs = 232;  // 128 * (40 + 2
 
 // The wide kernel's shared memory from a 1024-byte aligned base: the stages (K tile, V tile), the
 // consumer warpgroups' q tiles, per stage the keys' positions and the summary (smallest, largest
-// live position, every key live, padding), then the mbarriers full, empty and landed of each stage.
+// live position, every key live, a spare word the consumers store to: pipelined_step), then the
+// mbarriers full, empty and landed of each stage.
 template <int HD>
 struct WideSmem {
   using S = Shape<HD, kWideKeys>;
@@ -127,7 +128,7 @@ __device__ __forceinline__ void consume_wide_tiles(const PagedAttentionParams& p
     const uint32_t k_s = smem_addr(m.stage(s));
     pipelined_step<HD, BF16, kWideKeys>(
         p, w, pl, [&](Scores<kWideKeys>& sc) { issue_s_wide<HD, BF16>(q_s, k_s, sc); },
-        smem_addr(m.stage(prev)) + S::kTileBytes, m.kpos(s), tile_seen_whole<HD>(p, m.summary(s), w), sl2, t,
+        smem_addr(m.stage(prev)) + S::kTileBytes, m.kpos(s), m.summary(s), sl2, t,
         [&] {
           if (i > 0) release(prev);
         },

@@ -89,10 +89,8 @@ __device__ __forceinline__ void consume_tiles(const PagedAttentionParams& p, con
   for (int i = 0; i < ct.n_tiles; ++i) {
     const int s = i % kStages;
     wgmma::mbar_wait(m.full(s), (i / kStages) & 1);
-    const int* meta = m.meta(s);
     pipelined_tile<HD, BF16>(
-        p, w, pl, smem_addr(m.stage(s)), smem_addr(m.stage(prev)) + S::kTileBytes, meta + kKeys,
-        tile_seen_whole<HD>(p, meta + 3 * kKeys, w), sl2, t,
+        p, w, pl, smem_addr(m.stage(s)), smem_addr(m.stage(prev)) + S::kTileBytes, m.meta(s), sl2, t,
         [&] {
           if (i > 0) release(prev);
         },
