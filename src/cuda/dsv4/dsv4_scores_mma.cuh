@@ -12,6 +12,7 @@
 #include "cuda/common/cluster.cuh"
 #include "cuda/dsv4/dsv4_indexer_query.cuh"
 #include "kvcore/math/dsv4.hpp"
+#include "kvcore/math/fp4_bf16.hpp"
 
 namespace kvcore::ops::cuda::dsv4::scores_mma {
 
@@ -36,16 +37,6 @@ __device__ __forceinline__ void load_row(const IndexerParams& p, int64_t s, bool
 #pragma unroll
   for (int j = 0; j < kRowWords; ++j) r.nib[j] = valid ? src[j] : 0u;
   r.scales = valid ? src[kRowWords] : 0u;
-}
-
-// The two values of byte `byte_idx` of word w (columns 2c, 2c + 1 of its block) times the
-// block's scale, as a bf16 pair (the lower column in the low half): exact.
-__device__ __forceinline__ uint32_t bf16_pair(uint32_t w, int byte_idx, float scale) {
-  const uint32_t b = (w >> (8 * byte_idx)) & 0xffu;
-  const float lo = math::e2m1_decode(static_cast<uint8_t>(b & 0xfu)) * scale;
-  const float hi = math::e2m1_decode(static_cast<uint8_t>(b >> 4)) * scale;
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
@@ -91,16 +82,18 @@ __device__ __forceinline__ void transform_query(const IndexerParams& p, int32_t 
 // Lane (g, tq)'s A fragments of all k steps for its rows g (ra) and g + 8 (rb) of a warp's 16:
 // a[k][0] row g, columns 16k + 2tq (+1); a[k][1] row g + 8; a[k][2], a[k][3] the same rows at
 // columns + 8. Column c lies in byte c / 2 = word 2k (+1 for + 8), byte tq; its block scale is
-// byte k / 2 of the scale word.
+// byte k / 2 of the scale word. One byte_perm gathers a row's 4 codes of a step (byte tq of its
+// two words), which math/fp4_bf16.hpp turns into the two pairs, exactly as f32 would.
 __device__ __forceinline__ void row_fragments(const RowWords& ra, const RowWords& rb, int tq, uint32_t (&a)[kSteps][4]) {
+  const uint32_t gather = static_cast<uint32_t>(tq | ((tq + 4) << 4));  // byte tq of the first word, then of the second
 #pragma unroll
-  for (int k = 0; k < kSteps; ++k) {
-    const float sa = math::ue8m0_decode(static_cast<uint8_t>((ra.scales >> (8 * (k / 2))) & 0xffu));
-    const float sb = math::ue8m0_decode(static_cast<uint8_t>((rb.scales >> (8 * (k / 2))) & 0xffu));
-    a[k][0] = bf16_pair(ra.nib[2 * k], tq, sa);
-    a[k][1] = bf16_pair(rb.nib[2 * k], tq, sb);
-    a[k][2] = bf16_pair(ra.nib[2 * k + 1], tq, sa);
-    a[k][3] = bf16_pair(rb.nib[2 * k + 1], tq, sb);
+  for (int blk = 0; blk < kSteps / 2; ++blk) {
+    const uint32_t sa = math::ue8m0_bf16x2(ra.scales, blk), sb = math::ue8m0_bf16x2(rb.scales, blk);
+#pragma unroll
+    for (int k = 2 * blk; k < 2 * blk + 2; ++k) {
+      math::e2m1x4_scaled_bf16(math::byte_perm(ra.nib[2 * k], ra.nib[2 * k + 1], gather), sa, a[k][0], a[k][2]);
+      math::e2m1x4_scaled_bf16(math::byte_perm(rb.nib[2 * k], rb.nib[2 * k + 1], gather), sb, a[k][1], a[k][3]);
+    }
   }
 }
 
