@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The prefill attention kernels beside FlashInfer in one GPU job, on a machine where
 # bench/gpu/builds.sh (or any job) already built ./build/kvcore: `kvcore bench attention_prefill`
-# (the automatic kernel and wgmma variants 5, 6, 7 on each shape), FlashInfer's
+# (the automatic kernel and wgmma variants 5 to 10 on each shape), FlashInfer's
 # BatchPrefillWithPagedKVCacheWrapper on the same shapes (wheels from .whl, installed into
 # /tmp/site; its JIT cache in build-fi/, which an earlier call's
 # `attention_flashinfer_baseline.py --warm-only --cases prefill` may have filled), then
 # Nsight Compute profiles with stall samples of the kernels named in PROFILE (default: variants 5
-# and 7 at ctx 8192, 2048 new tokens; pp: variant 8, sync: 6). Rows: $OUT/prefill.jsonl, $OUT/baselines.jsonl; logs beside.
+# and 7 at ctx 8192, 2048 new tokens; pp: variant 8, sync: 6, wide: 9). Rows: $OUT/prefill.jsonl, $OUT/baselines.jsonl; logs beside.
 #   OUT=<dir> [OLD_TREES=<commits>] [PROFILE="ws tma pp sync"] [APPEND=1: also `kvcore bench append`, before FlashInfer] bash bench/gpu/prefill.sh
 source "$(dirname "$0")/job.sh"
 [ -x build/kvcore ] || { log "no build/kvcore: run a job that builds it first"; exit 1; }
@@ -43,6 +43,7 @@ for k in ${PROFILE-ws tma}; do
     tma) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma_tma | prefill_wgmma_tma_kernel | 1 | prefill-tma-8k"$'\n' ;;
     pp) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma_tma_pp | prefill_wgmma_tma_kernel | 1 | prefill-tma-pp-8k"$'\n' ;;
     sync) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma_sync | prefill_wgmma_kernel | 1 | prefill-sync-8k"$'\n' ;;
+    wide) targets+="attention_prefill | llama8b_prefill_f16_b1_ctx8192_new2048_wgmma_wide | prefill_wgmma_wide_kernel | 1 | prefill-wide-8k"$'\n' ;;
   esac
 done
 if [ -n "$targets" ]; then
