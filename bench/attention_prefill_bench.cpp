@@ -45,10 +45,30 @@ double visible_pairs(int64_t ctx, int64_t n_new) {
   return double(n_new) * double(ctx - n_new + 1) + double(n_new) * double(n_new - 1) / 2.0;
 }
 
+// The case-name suffix of each kernel the bench forces: "_wgmma" warp-specialized, "_wgmma_sync"
+// synchronous, "_wgmma_tma" warp-specialized with TMA copies, "_wgmma_tma_pp" that with the
+// consumers in ping-pong, "_wgmma_wide" and "_wgmma_wide_pp" those with tiles of 128 keys.
+struct ForcedKernel {
+  ops::AttentionKernel kernel;
+  const char* suffix;
+};
+constexpr ForcedKernel kForced[] = {
+    {ops::AttentionKernel::WgmmaPrefillSync, "_wgmma_sync"},  // the simplest first: a fault in a later one leaves the earlier rows
+    {ops::AttentionKernel::WgmmaPrefill, "_wgmma"},
+    {ops::AttentionKernel::WgmmaPrefillTma, "_wgmma_tma"},
+    {ops::AttentionKernel::WgmmaPrefillTmaPingPong, "_wgmma_tma_pp"},
+    {ops::AttentionKernel::WgmmaPrefillWide, "_wgmma_wide"},
+    {ops::AttentionKernel::WgmmaPrefillWidePingPong, "_wgmma_wide_pp"},
+};
+
 void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n_new) {
   const std::string name = "llama8b_prefill_f16_b" + std::to_string(batch) + "_ctx" + std::to_string(ctx) + "_new" +
                            std::to_string(n_new);
-  if (!opt.wants(name) && !opt.wants(name + "_wgmma") && !opt.wants(name + "_wgmma_sync")) return;
+  // --case names a shape, or a shape and a kernel (its suffix)
+  if (!opt.wants(name) && std::none_of(std::begin(kForced), std::end(kForced), [&](const ForcedKernel& f) {
+        return opt.wants(name + f.suffix);
+      }))
+    return;
   const Device d = opt.device;
   const int64_t nb = (ctx + kBlock - 1) / kBlock, n_blocks = batch * nb, rows = batch * n_new;
   const size_t row_elems = size_t(n_blocks) * kBlock * kKvHeads * kHeadDim;
@@ -85,35 +105,20 @@ void bench_prefill(cli::BenchOptions& opt, int64_t batch, int64_t ctx, int64_t n
   AttentionSchedule sc;
   sc.check_tables = false;
   sc.max_seq_cells = ctx;
-  // The automatic kernel (the mma.sync prefill kernel unless prefill_wgmma.hpp's
-  // kAutomaticVariant says otherwise) and, on compute capability 9.0, the wgmma kernels forced
-  // ("_wgmma": warp-specialized, "_wgmma_sync": synchronous, "_wgmma_tma": warp-specialized with
-  // TMA copies, "_wgmma_tma_pp": that with the consumers in ping-pong, "_wgmma_wide", "_wgmma_wide_pp":
-  // those with tiles of 128 keys), with their ratios to it.
-  std::vector<ops::AttentionKernel> kernels{ops::AttentionKernel::Auto};
+  // The automatic kernel (prefill_wgmma.hpp's kAutomaticVariant, or the mma.sync prefill kernel)
+  // and, on compute capability 9.0, each wgmma kernel forced (kForced), with their ratios to it.
+  std::vector<ForcedKernel> kernels{{ops::AttentionKernel::Auto, ""}};
 #if KVCORE_WITH_CUDA
-  if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index)) {
-    // the simplest first: a fault in a later one leaves the earlier rows
-    kernels.push_back(ops::AttentionKernel::WgmmaPrefillSync);
-    kernels.push_back(ops::AttentionKernel::WgmmaPrefill);
-    kernels.push_back(ops::AttentionKernel::WgmmaPrefillTma);
-    kernels.push_back(ops::AttentionKernel::WgmmaPrefillTmaPingPong);
-    kernels.push_back(ops::AttentionKernel::WgmmaPrefillWide);
-    kernels.push_back(ops::AttentionKernel::WgmmaPrefillWidePingPong);
-  }
+  if (d.is_cuda() && ops::cuda::prefill_wgmma::device_is_sm90(d.index))
+    kernels.insert(kernels.end(), std::begin(kForced), std::end(kForced));
 #endif
   double auto_us = 0;
-  for (ops::AttentionKernel kernel : kernels) {
+  for (const ForcedKernel& fk : kernels) {
+    const ops::AttentionKernel kernel = fk.kernel;
     ops::AttentionTuning tu;
     tu.kernel = kernel;
     const bool wgmma = kernel != ops::AttentionKernel::Auto;
-    const std::string cname = name + (kernel == ops::AttentionKernel::WgmmaPrefill       ? "_wgmma"
-                                      : kernel == ops::AttentionKernel::WgmmaPrefillSync ? "_wgmma_sync"
-                                      : kernel == ops::AttentionKernel::WgmmaPrefillTma  ? "_wgmma_tma"
-                                      : kernel == ops::AttentionKernel::WgmmaPrefillTmaPingPong ? "_wgmma_tma_pp"
-                                      : kernel == ops::AttentionKernel::WgmmaPrefillWide        ? "_wgmma_wide"
-                                      : kernel == ops::AttentionKernel::WgmmaPrefillWidePingPong ? "_wgmma_wide_pp"
-                                                                                                : "");
+    const std::string cname = name + fk.suffix;
     if (!opt.wants(cname)) continue;  // --case _wgmma_sync: that kernel alone
     const AttentionPlan plan = ops::attn::plan_paged(true, kv, kQHeads, step, sc, tu);  // owns its workspace
     const int32_t splits = plan.num_splits();
