@@ -36,6 +36,7 @@ struct CaseSpec {
   int rope_dims = 0;               // rotated dims (0: head_dim / 2 from 128 on, else head_dim)
   std::vector<int> q_tokens;       // prefill: new tokens per sequence (the last cells of each sequence)
   bool pos_offsets = false;        // store positions + a per-sequence offset, pass table.pos_offset
+  bool shuffled_positions = false; // a sequence's live cells take its positions in a random order (not growing)
   bool bare = false;               // pass no positions or valid flags (needs dead_rate 0; decode without window)
   uint64_t seed = 1;
   int dv() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
@@ -183,6 +184,16 @@ inline HostCase make_case(const CaseSpec& s) {
       }
     }
   }
+  if (s.shuffled_positions)  // each sequence's own live cells (not the shared ones) swap positions
+    for (int b = 0; b < batch; ++b) {
+      std::vector<int64_t> live;
+      for (int j = b > 0 ? s.shared_blocks * bs : 0; j < s.seq_cells[b]; ++j) {
+        const int64_t cell = int64_t{c.indices[c.indptr[b] + j / bs]} * bs + j % bs;
+        if (c.valid[cell]) live.push_back(cell);
+      }
+      for (size_t i = live.size(); i > 1; --i)
+        std::swap(c.positions[live[i - 1]], c.positions[live[std::uniform_int_distribution<size_t>(0, i - 1)(rng)]]);
+    }
   // Queries: decode = one per sequence; prefill = the last q_tokens[b] cells of each sequence.
   const bool prefill = !s.q_tokens.empty();
   if (prefill) {

@@ -10,7 +10,7 @@
 //    random pages, f16 and bf16, head_dim 64 and 128, groups of 1 to 8 (chunks of 4 heads),
 //    rows not a multiple of 16 or 32, several sequences of different lengths (one empty, one
 //    of one row), partial pages, dead cells, windows, sinks, position offsets, and a context
-//    of 33 tiles of 64 keys (every stage of the ring reused); pages of 8 to 128 cells (the TMA kernels'
+//    of 33 tiles of 64 keys (every stage of the ring reused), positions that do not grow with the cells; pages of 8 to 128 cells (the TMA kernels'
 //    boxes of a page, of 64 or of 128 cells) and of 12 (they fall back to variant 5 or 6). Tolerances as attn_decode_test.cu: relative
 //    to max(1, max |ref|), f16 outputs of f16 pages 1e-3, bf16 pages or outputs 8e-3 (P enters P V in
 //    the page type: 2^-9 relative for bf16).
@@ -128,6 +128,24 @@ void long_context(ops::AttentionKernel k) {
   }
 }
 
+void shuffled_positions(ops::AttentionKernel k) {
+  // Positions that do not grow with the cells: keys the rows see lie in every tile, the last
+  // included (the wide kernel scans them for the last tile to read), beside dead cells.
+  for (int d : {64, 128}) {
+    CaseSpec s;
+    s.kv = s.q = s.out = DType::F16;
+    s.head_dim = d;
+    s.n_q_heads = 8;
+    s.n_kv_heads = 2;
+    s.seq_cells = {1100, 300};
+    s.q_tokens = {700, 20};
+    s.dead_rate = 0.05;
+    s.shuffled_positions = true;
+    s.seed = 400 + d;
+    check_wgmma(s, k);
+  }
+}
+
 void block_sizes(ops::AttentionKernel k) {
   // Pages of 8 (8 boxes a tile), 32, 64, 128 and 256 cells (boxes of a page, of 64 or of 128
   // cells), and 12 (no box fits: the TMA kernels' launchers take variant 5 or 6); partial last
@@ -201,6 +219,7 @@ TEST_P(WgmmaPrefillCuda, FormatsGroupsAndMasks) { formats_groups_and_masks(GetPa
 TEST_P(WgmmaPrefillCuda, RaggedSequences) { ragged_sequences(GetParam()); }
 TEST_P(WgmmaPrefillCuda, LongContext) { long_context(GetParam()); }
 TEST_P(WgmmaPrefillCuda, BlockSizes) { block_sizes(GetParam()); }
+TEST_P(WgmmaPrefillCuda, ShuffledPositions) { shuffled_positions(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Kernels, WgmmaPrefillCuda, ::testing::Values(kWs, kSync, kTma, kPingPong, kWide, kWidePingPong),
                          [](const ::testing::TestParamInfo<ops::AttentionKernel>& info) {
                            return std::string(info.param == kWs          ? "Ws"

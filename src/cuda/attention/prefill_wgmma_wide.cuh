@@ -17,6 +17,8 @@
 //    zeroed where the key is dead or past the sequence), folds it into the tile's summary by
 //    shared atomics and arrives on full (128 arrivals). So a tile's copies have the consumers'
 //    whole previous step to land.
+//  - A CTA reads the tiles through the last that holds a key its rows may see (tiles_seen), not
+//    the chunk's own keys past its rows.
 #pragma once
 #include <cuda.h>
 
@@ -82,6 +84,47 @@ __device__ __forceinline__ void load_q_tiles(const PagedAttentionParams& p, cons
     }
     *reinterpret_cast<uint4*>(m.q_tile(group) + wgmma::tile_chunk_offset<64>(row, c)) = v;
   }
+}
+
+// The tiles the CTA reads, [0, n): through the last that holds a key some row of the CTA may see
+// (position <= the rows' largest). Every key past it is masked for every row (causal by
+// position), so those tiles would add weights of 0: in a prefill chunk they are the chunk's own
+// keys past the CTA's rows, up to a sixth of the steps at 2048 new tokens in 8k. A sequence's
+// positions need not grow with its cells, so the cells are scanned, from the end, kScanPer a
+// thread a round, until a round finds a key some row may see; that is one round where they do
+// grow. Every thread of the CTA calls it (barriers); slots: 2 shared ints no one else uses until
+// the next barrier after the call.
+template <int HD>
+__device__ __forceinline__ int tiles_seen(const PagedAttentionParams& p, const Cta& ct, int tid, int n_threads, int* slots) {
+  constexpr int kScanPer = 8;
+  if (tid == 0) slots[0] = INT_MIN, slots[1] = -1;
+  __syncthreads();
+  int qmax = INT_MIN;
+  for (int r = tid; r < ct.n_r; r += n_threads) qmax = max(qmax, p.maybe_q_positions[ct.row + r]);
+  if (qmax != INT_MIN) atomicMax(slots, qmax);
+  __syncthreads();
+  qmax = slots[0];
+  for (int end = ct.n_cells; end > 0; end -= kScanPer * n_threads) {  // the same trip count for every thread
+    const int lo = end - kScanPer * n_threads;
+    int last = -1;
+    int cells[kScanPer];
+#pragma unroll
+    for (int k = 0; k < kScanPer; ++k) {
+      const int j = lo + k * n_threads + tid;
+      cells[k] = j >= 0 ? cell_of(ct, block_of(ct, j), j) : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < kScanPer; ++k) {
+      const int j = lo + k * n_threads + tid;
+      if (cells[k] >= 0 && int64_t{__ldg(p.maybe_positions + cells[k])} - ct.pos_off <= qmax) last = j;
+    }
+    if (__syncthreads_or(last >= 0)) {
+      if (last >= 0) atomicMax(slots + 1, last);
+      __syncthreads();
+      break;
+    }
+  }
+  return (slots[1] + kWideKeys) / kWideKeys;  // -1 (no key seen): 0 tiles
 }
 
 #if KVCORE_WGMMA_ARCH
@@ -155,12 +198,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32;
   const M m(smem);
   const int live_groups = (ct.n_r + 15) / 16;  // warpgroups with rows (n_r <= 32)
-  if (tid == 0)
+  if (tid == 0)  // (tiles_seen's barriers order these before any use)
     for (int s = 0; s < M::kStages; ++s) {
       wgmma::mbar_init(m.full(s), 128);
       wgmma::mbar_init(m.empty(s), 4 * live_groups);
       wgmma::mbar_init(m.landed(s), 1);
     }
+  ct.n_tiles = tiles_seen<HD>(p, ct, tid, kWsThreads, m.summary(0));  // the slots: stage 0's summary, not yet in use
   load_q_tiles<HD>(p, ct, m, tid, kWsThreads);
   wgmma::fence_proxy_async();  // this thread's q stores, before wgmma reads them
   __syncthreads();             // the barriers initialized and q's tiles stored before anyone uses them
