@@ -382,19 +382,15 @@ struct NoTurn {
 
 // One step: issue_s(sc) issues tile i's S = Q K^T, the previous tile's V is at v_prev; kpos and
 // sum are tile i's prepared positions and summary (sum[3]: a spare word, see below). `after_pv`
-// runs once the previous tile's P V completed (its stage may be released), `after_softmax` once
-// S completed and the softmax read kpos (tile i's K may be released).
+// runs once the previous tile's P V completed (its stage may be released).
 // ptxas schedules a wgmma wait as early as its dependences allow, and the wait for the previous
 // P V has none on the softmax's registers: it went above the softmax, which then ran after that
 // P V instead of beside it. A store of the row sums (which need every weight) to sum[3] just
 // before the wait is such a dependence (a store stays before a wait that follows it).
-struct NoOp {
-  __device__ __forceinline__ void operator()() const {}
-};
-template <int HD, bool BF16, int KEYS, class IssueS, class AfterPv, class Turn = NoTurn, class AfterSoftmax = NoOp>
+template <int HD, bool BF16, int KEYS, class IssueS, class AfterPv, class Turn = NoTurn>
 __device__ __forceinline__ void pipelined_step(const PagedAttentionParams& p, RowState<HD>& w, Pipeline<HD, KEYS>& pl,
                                                IssueS issue_s_of, uint32_t v_prev, const int* kpos, int* sum, float sl2,
-                                               int t, AfterPv after_pv, Turn turn = {}, AfterSoftmax after_softmax = {}) {
+                                               int t, AfterPv after_pv, Turn turn = {}) {
   const bool full = tile_seen_whole<HD>(p, sum, w);
   rescale_o<HD>(w, pl.rs_prev);
   wgmma::fence_regs(w.o);  // the rescale stays before the S issue (ptxas waited for S otherwise)
@@ -408,7 +404,6 @@ __device__ __forceinline__ void pipelined_step(const PagedAttentionParams& p, Ro
   wgmma::fence_regs(pl.sc);
   float rs[2];
   softmax_tile<HD, KEYS>(p, w, pl.sc, kpos, full, sl2, t, rs);
-  after_softmax();
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_addr(sum + 3)), "f"(w.l[0] + w.l[1]) : "memory");
   wgmma::wait<0>();  // the P V of tile i - 1
   wgmma::fence_regs(w.o);

@@ -6,20 +6,17 @@
 //    (32 at head dim 128), so q stays in shared memory (one 64-row tile a consumer warpgroup,
 //    loaded once, laid out as a K tile) and S is the SS form of wgmma. The producer warpgroup
 //    gives registers back (kWideProducerRegs) and the consumers take kWideConsumerRegs.
-//  - Shared memory: a K or V tile of 128 keys is 32 KB at head dim 128: q's tiles, rings of 3 K
-//    and 3 V tiles (4 each at head dim 64), the keys' positions and the tile's summary per K
-//    slot, and six mbarriers a slot fill 227 KB. K and V have rings of their own because they
-//    are done with at different times: K once the step's softmax has read its positions (S is
-//    complete by then), V only once the next step's P V completed. Each tile's copies are so
-//    issued about two steps before the consumers need them.
-//  - Tile i, K side: once kempty released tile i - kStages, each of the 128 producer threads takes
-//    key i * 128 + pt (its position by cp.async, its valid word into a register) and the first
-//    key of a box issues the K box (TMA, counted on klanded). In the next iteration each thread
-//    prepares its key (its position as rows compare it), folds it into the tile's summary by
-//    shared atomics and arrives on kfull (128 arrivals).
-//  - Tile i, V side: once vempty released tile i - kStages, the V boxes (counted on vlanded); in the
-//    next iteration each thread zeroes its key's V row where the key is dead or past the sequence
-//    (dead cells' bytes may be NaN; a box lands a page's stale cells) and arrives on vfull.
+//  - Shared memory: a stage (K and V tiles of 128 keys) is 64 KB at head dim 128, so the ring
+//    has 3 stages there (4 at head dim 64): q's tiles, the stages, per stage the keys' positions
+//    and the tile's summary, and three mbarriers a stage fill 227 KB.
+//  - Tile i: the producers wait for empty (tile i - kStages released), then each of the 128
+//    producer threads takes key i * 128 + pt: its position by cp.async, its valid word into a
+//    register, and, for the first key of a box, the K and V boxes (TMA, counted on landed).
+//    In the next iteration, before waiting for the next empty, every producer thread prepares
+//    its own key of tile i once landed completed (its position as rows compare it, its V row
+//    zeroed where the key is dead or past the sequence), folds it into the tile's summary by
+//    shared atomics and arrives on full (128 arrivals). So a tile's copies have the consumers'
+//    whole previous step to land.
 //  - A CTA reads the tiles through the last that holds a key its rows may see (tiles_seen), not
 //    the chunk's own keys past its rows.
 #pragma once
@@ -33,37 +30,32 @@ namespace kvcore::ops::cuda::prefill_wgmma {
 constexpr int kWideKeys = 128;
 constexpr int kWideProducerRegs = 40, kWideConsumerRegs = 232;  // 128 * (40 + 2 * 232) <= 65536
 
-// The wide kernel's shared memory from a 1024-byte aligned base: the K ring, the V ring, the
-// consumer warpgroups' q tiles, per K slot the keys' positions and the summary (smallest, largest
+// The wide kernel's shared memory from a 1024-byte aligned base: the stages (K tile, V tile), the
+// consumer warpgroups' q tiles, per stage the keys' positions and the summary (smallest, largest
 // live position, every key live, a spare word the consumers store to: pipelined_step), then the
-// mbarriers of each slot: kfull, vfull, kempty, vempty, klanded, vlanded.
+// mbarriers full, empty and landed of each stage.
 template <int HD>
 struct WideSmem {
   using S = Shape<HD, kWideKeys>;
-  static constexpr int kStages = HD == 128 ? 3 : 4;  // slots of each ring
+  static constexpr int kStages = HD == 128 ? 3 : 4;
   static constexpr int kQTileBytes = 64 * HD * 2;
-  static constexpr int kQOffset = 2 * kStages * S::kTileBytes;
+  static constexpr int kQOffset = kStages * S::kStageBytes;
   static constexpr int kMetaInts = kWideKeys + 4;
   static constexpr int kMetaOffset = kQOffset + kGroups * kQTileBytes;
   static constexpr int kBarOffset = kMetaOffset + kStages * kMetaInts * 4;  // 8-byte aligned
-  static constexpr int kBytes = kBarOffset + 6 * kStages * 8 + 1024;       // + the alignment of the base
+  static constexpr int kBytes = kBarOffset + 3 * kStages * 8 + 1024;       // + the alignment of the base
   static_assert(kBytes <= 227 * 1024, "one CTA an SM");
 
   unsigned char* base;
   uint32_t bars;
   __device__ __forceinline__ explicit WideSmem(unsigned char* b) : base(b), bars(smem_addr(b + kBarOffset)) {}
-  __device__ __forceinline__ unsigned char* k_tile(int s) const { return base + s * S::kTileBytes; }
-  __device__ __forceinline__ unsigned char* v_tile(int s) const { return base + (kStages + s) * S::kTileBytes; }
+  __device__ __forceinline__ unsigned char* stage(int s) const { return base + s * S::kStageBytes; }
   __device__ __forceinline__ unsigned char* q_tile(int group) const { return base + kQOffset + group * kQTileBytes; }
   __device__ __forceinline__ int* kpos(int s) const { return reinterpret_cast<int*>(base + kMetaOffset) + s * kMetaInts; }
   __device__ __forceinline__ int* summary(int s) const { return kpos(s) + kWideKeys; }
-  __device__ __forceinline__ uint32_t bar(int which, int s) const { return bars + 8u * (which * kStages + s); }
-  __device__ __forceinline__ uint32_t kfull(int s) const { return bar(0, s); }
-  __device__ __forceinline__ uint32_t vfull(int s) const { return bar(1, s); }
-  __device__ __forceinline__ uint32_t kempty(int s) const { return bar(2, s); }
-  __device__ __forceinline__ uint32_t vempty(int s) const { return bar(3, s); }
-  __device__ __forceinline__ uint32_t klanded(int s) const { return bar(4, s); }
-  __device__ __forceinline__ uint32_t vlanded(int s) const { return bar(5, s); }
+  __device__ __forceinline__ uint32_t full(int s) const { return bars + 8u * s; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bars + 8u * (kStages + s); }
+  __device__ __forceinline__ uint32_t landed(int s) const { return bars + 8u * (2 * kStages + s); }
 };
 
 // Both consumer warpgroups' q tiles, by every thread of the CTA: row m = 16 w + i of warpgroup
@@ -148,13 +140,11 @@ __device__ __forceinline__ void issue_s_wide(uint32_t q_s, uint32_t k_s, Scores<
                                      ks > 0 ? 1 : 0);
 }
 
-// The consumer warpgroups (warps 0-7): as consume_tiles (prefill_wgmma_ws.cuh) over wide tiles,
-// waiting for tile i's K (kfull) and for the V its step reads (vfull: tile i - 1's, tile 0's at
-// the first step, whose P V adds a zero P), releasing K once the softmax has read its positions
-// and V once its P V completed.
+// The consumer warpgroups (warps 0-7): as consume_tiles (prefill_wgmma_ws.cuh) over wide tiles.
 template <int HD, bool BF16, bool kPingPong>
 __device__ __forceinline__ void consume_wide_tiles(const PagedAttentionParams& p, const Cta& ct, const WideSmem<HD>& m,
                                                    int warp, int lane) {
+  using S = Shape<HD, kWideKeys>;
   constexpr int kStagesW = WideSmem<HD>::kStages;
   wgmma::regs_inc<kWideConsumerRegs>();
   const int g = lane / 4, t = lane % 4;
@@ -169,28 +159,27 @@ __device__ __forceinline__ void consume_wide_tiles(const PagedAttentionParams& p
   init_state<HD>(p, ct, r0, g, w);
   const float sl2 = p.softmax_scale * math::kLog2e;
   const uint32_t q_s = smem_addr(m.q_tile(group));
-  auto release = [&](uint32_t bar) {
-    __syncwarp();  // the warp's reads of the slot done
-    if (lane == 0) wgmma::mbar_arrive(bar);
+  auto release = [&](int s) {
+    __syncwarp();  // the warp's reads of the stage (positions, summary) done
+    if (lane == 0) wgmma::mbar_arrive(m.empty(s));
   };
   Pipeline<HD, kWideKeys> pl;
-  int prev = 0;  // slot of the tile whose P is in pl.pa
+  int prev = 0;  // stage of the tile whose P is in pl.pa
   for (int i = 0; i < ct.n_tiles; ++i) {
-    const int s = i % kStagesW, v_tile = i > 0 ? i - 1 : 0;
-    wgmma::mbar_wait(m.kfull(s), (i / kStagesW) & 1);
-    wgmma::mbar_wait(m.vfull(prev), (v_tile / kStagesW) & 1);
-    const uint32_t k_s = smem_addr(m.k_tile(s));
+    const int s = i % kStagesW;
+    wgmma::mbar_wait(m.full(s), (i / kStagesW) & 1);
+    const uint32_t k_s = smem_addr(m.stage(s));
     pipelined_step<HD, BF16, kWideKeys>(
-        p, w, pl, [&](Scores<kWideKeys>& sc) { issue_s_wide<HD, BF16>(q_s, k_s, sc); }, smem_addr(m.v_tile(prev)),
-        m.kpos(s), m.summary(s), sl2, t,
+        p, w, pl, [&](Scores<kWideKeys>& sc) { issue_s_wide<HD, BF16>(q_s, k_s, sc); },
+        smem_addr(m.stage(prev)) + S::kTileBytes, m.kpos(s), m.summary(s), sl2, t,
         [&] {
-          if (i > 0) release(m.vempty(prev));
+          if (i > 0) release(prev);
         },
-        PingPongTurn{turns, group, group == 0 || i + 1 < ct.n_tiles}, [&] { release(m.kempty(s)); });
+        PingPongTurn{turns, group, group == 0 || i + 1 < ct.n_tiles});
     prev = s;
   }
-  pipelined_finish<HD, BF16, kWideKeys>(w, pl, smem_addr(m.v_tile(prev)), ct.n_tiles > 0);
-  if (ct.n_tiles > 0) release(m.vempty(prev));
+  pipelined_finish<HD, BF16, kWideKeys>(w, pl, smem_addr(m.stage(prev)) + S::kTileBytes, ct.n_tiles > 0);
+  if (ct.n_tiles > 0) release(prev);
   if (active) store_rows<HD>(p, ct, w, r0, head, g, t);
 }
 #endif
@@ -211,14 +200,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int live_groups = (ct.n_r + 15) / 16;  // warpgroups with rows (n_r <= 32)
   if (tid == 0)  // (tiles_seen's barriers order these before any use)
     for (int s = 0; s < M::kStages; ++s) {
-      wgmma::mbar_init(m.kfull(s), 128);
-      wgmma::mbar_init(m.vfull(s), 128);
-      wgmma::mbar_init(m.kempty(s), 4 * live_groups);
-      wgmma::mbar_init(m.vempty(s), 4 * live_groups);
-      wgmma::mbar_init(m.klanded(s), 1);
-      wgmma::mbar_init(m.vlanded(s), 1);
+      wgmma::mbar_init(m.full(s), 128);
+      wgmma::mbar_init(m.empty(s), 4 * live_groups);
+      wgmma::mbar_init(m.landed(s), 1);
     }
-  ct.n_tiles = tiles_seen<HD>(p, ct, tid, kWsThreads, m.summary(0));  // the slots: K slot 0's summary, not yet in use
+  ct.n_tiles = tiles_seen<HD>(p, ct, tid, kWsThreads, m.summary(0));  // the slots: stage 0's summary, not yet in use
   load_q_tiles<HD>(p, ct, m, tid, kWsThreads);
   wgmma::fence_proxy_async();  // this thread's q stores, before wgmma reads them
   __syncthreads();             // the barriers initialized and q's tiles stored before anyone uses them
@@ -233,35 +219,27 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   constexpr int kColBlocks = HD / 64;     // 64-dim boxes a row
   const int box_cells = ct.bs < kWideKeys ? ct.bs : kWideKeys;
   const uint32_t box_bytes = static_cast<uint32_t>(box_cells) * 128u;
-  int cell = -1, prev_cell = -1;       // key pt's cell in the tile last issued, in the one before
-  uint32_t valid = 0, prev_valid = 0;  // their valid words (p.maybe_valid), loaded at issue
-  bool prev_live = false;              // whether key pt of the tile before is live (its V row kept)
+  int cell = -1;        // key pt's cell in the tile last issued
+  uint32_t valid = 0;   // its valid word (p.maybe_valid), loaded at issue, read when it is prepared
   int blk = ct.n_tiles > 0 ? block_of(ct, pt) : -1;  // block id of key pt of the next tile, loaded a tile ahead
-  // The bytes of tile i's boxes of one tensor (K or V): every box whose first key lies inside the sequence.
-  auto tile_bytes = [&](int i) {
-    uint32_t boxes = 0;
-    for (int k0 = i * kWideKeys; k0 < (i + 1) * kWideKeys && k0 < ct.n_cells; k0 += box_cells) ++boxes;
-    return boxes * box_bytes * kColBlocks;
-  };
-  // Key pt's box of tile i into `tile` (K or V) from `map` where pt is a box's first key.
-  auto issue_boxes = [&](const CUtensorMap* map, unsigned char* tile, uint32_t bar) {
-    if (pt % box_cells != 0 || cell < 0) return;
-    const uint32_t line = smem_addr(tile) + static_cast<uint32_t>(pt) * 128u;  // tile_chunk_offset(pt, 0)
-#pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb) tma::load_3d(line + static_cast<uint32_t>(cb * kWideKeys * 128), map, 64 * cb, ct.kvh, cell, bar);
-  };
-  // Tile j's K side (its K landed, this thread's position copy too): key pt's position as rows
-  // compare it (INT_MAX: no key or a dead cell), the summary, this thread's arrival on kfull.
-  auto publish_k = [&](int j) {
+  // Tile j (issued last): key pt's position as rows compare it (INT_MAX: no key or a dead
+  // cell), its V row zeroed unless live (dead cells' bytes may be NaN; past the sequence, a box
+  // landed a whole page's stale cells), the summary, and this thread's arrival on full.
+  auto publish = [&](int j) {
     const int s = j % M::kStages;
-    cp_async_wait<1>();                                     // this thread's position copy of tile j (tile j + 1's in flight)
-    wgmma::mbar_wait(m.klanded(s), (j / M::kStages) & 1);  // and the tile's K boxes
+    cp_async_wait<0>();                               // this thread's position copy
+    wgmma::mbar_wait(m.landed(s), (j / M::kStages) & 1);  // and the tile's boxes
     int* kpos = m.kpos(s);
-    bool live = prev_cell >= 0;
-    if (live && p.maybe_valid) live = ((prev_valid >> (8 * (prev_cell & 3))) & 0xffu) != 0;
+    bool live = cell >= 0;
+    if (live && p.maybe_valid) live = ((valid >> (8 * (cell & 3))) & 0xffu) != 0;
     const int64_t kp = live ? int64_t{kpos[pt]} - ct.pos_off : 0;
     const int k = static_cast<int>(kp < INT_MIN ? INT_MIN : kp > INT_MAX - 1 ? INT_MAX - 1 : kp);
     kpos[pt] = live ? k : INT_MAX;
+    if (!live)
+      for (int c = 0; c < S::kChunks; ++c)
+        *reinterpret_cast<uint4*>(m.stage(s) + S::kTileBytes + wgmma::tile_chunk_offset<kWideKeys>(pt, c)) =
+            make_uint4(0, 0, 0, 0);
+    wgmma::fence_proxy_async();  // the zeros, before wgmma reads them
     int kmin = live ? k : INT_MAX, kmax = live ? k : INT_MIN;
 #pragma unroll
     for (int x = 1; x < 32; x <<= 1) {
@@ -276,25 +254,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (!all_live) atomicAnd(sum + 2, 0);
     }
     __syncwarp();  // lane 0's atomics before the warp's arrivals
-    wgmma::mbar_arrive(m.kfull(s));
-    prev_live = live;
-  };
-  // Tile j's V side once its boxes landed: key pt's V row zeroed unless live, this thread's arrival on vfull.
-  auto publish_v = [&](int j) {
-    const int s = j % M::kStages;
-    wgmma::mbar_wait(m.vlanded(s), (j / M::kStages) & 1);
-    if (!prev_live)
-      for (int c = 0; c < S::kChunks; ++c)
-        *reinterpret_cast<uint4*>(m.v_tile(s) + wgmma::tile_chunk_offset<kWideKeys>(pt, c)) = make_uint4(0, 0, 0, 0);
-    wgmma::fence_proxy_async();  // the zeros, before wgmma reads them
-    wgmma::mbar_arrive(m.vfull(s));
+    wgmma::mbar_arrive(m.full(s));
   };
   for (int i = 0; i < ct.n_tiles; ++i) {
     const int s = i % M::kStages;
-    prev_cell = cell, prev_valid = valid;
-    // K slot s is free once the consumers released tile i - kStages's K (its positions and
-    // summary read; that tile's kfull was published, so nobody waits for it either).
-    if (i >= M::kStages) wgmma::mbar_wait(m.kempty(s), (i / M::kStages - 1) & 1);
+    if (i > 0) publish(i - 1);
+    // Stage s is free once the consumers released tile i - kStages (whose summary and
+    // positions nobody reads any more).
+    if (i >= M::kStages) wgmma::mbar_wait(m.empty(s), (i / M::kStages - 1) & 1);
     cell = cell_of(ct, blk, i * kWideKeys + pt);
     valid = 0;
     if (cell >= 0) {
@@ -302,26 +269,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (p.maybe_valid) valid = __ldg(reinterpret_cast<const uint32_t*>(p.maybe_valid + (cell & ~3)));
     }
     cp_async_commit();
-    if (pt == 0) {  // the summary's start (released to the other producers by the arrival), then the K bytes
+    if (pt == 0) {  // the summary's start, then the bytes of every box whose first key lies inside the sequence
       int* sum = m.summary(s);
       sum[0] = INT_MAX, sum[1] = INT_MIN, sum[2] = 1;
-      tma::arrive_expect_tx(m.klanded(s), tile_bytes(i));
+      uint32_t boxes = 0;
+      for (int k0 = i * kWideKeys; k0 < (i + 1) * kWideKeys && k0 < ct.n_cells; k0 += box_cells) ++boxes;
+      tma::arrive_expect_tx(m.landed(s), boxes * box_bytes * 2u * kColBlocks);  // releases the summary's start
     }
-    issue_boxes(&k_map, m.k_tile(s), m.klanded(s));
+    if (pt % box_cells == 0 && cell >= 0) {  // the first key of a box: its K and V boxes
+      const uint32_t line = smem_addr(m.stage(s)) + static_cast<uint32_t>(pt) * 128u;  // tile_chunk_offset(pt, 0)
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        const uint32_t dst = line + static_cast<uint32_t>(cb * kWideKeys * 128);
+        tma::load_3d(dst, &k_map, 64 * cb, ct.kvh, cell, m.landed(s));
+        tma::load_3d(dst + S::kTileBytes, &v_map, 64 * cb, ct.kvh, cell, m.landed(s));
+      }
+    }
     blk = i + 1 < ct.n_tiles ? block_of(ct, (i + 1) * kWideKeys + pt) : -1;
-    if (i > 0) publish_k(i - 1);
-    // V slot s is free once the consumers' P V of tile i - kStages completed.
-    if (i >= M::kStages) wgmma::mbar_wait(m.vempty(s), (i / M::kStages - 1) & 1);
-    if (pt == 0) tma::arrive_expect_tx(m.vlanded(s), tile_bytes(i));
-    issue_boxes(&v_map, m.v_tile(s), m.vlanded(s));
-    if (i > 0) publish_v(i - 1);
   }
-  if (ct.n_tiles > 0) {
-    prev_cell = cell, prev_valid = valid;
-    cp_async_commit();  // an empty group: publish_k waits for all but the newest
-    publish_k(ct.n_tiles - 1);
-    publish_v(ct.n_tiles - 1);
-  }
+  if (ct.n_tiles > 0) publish(ct.n_tiles - 1);
 #else
   (void)p;
   (void)chunk_heads;
