@@ -13,9 +13,9 @@ namespace kvcore::ops::cuda::prefill_wgmma {
 // (the mma.sync prefill kernel, attention_prefill.cuh), 5 warp-specialized, 6 every thread
 // copies, 7 warp-specialized with TMA copies, 8 that with the consumers in ping-pong
 // (ops::AttentionKernel), 9 and 10 tiles of 128 keys (prefill_wgmma_wide.cuh). 9 and 10 are
-// 1.7-1.9x 6 (the best of the others) on every benched shape and within 3% of each other
-// (bench/results/2026-12-06-runK-*); kernel_variant 5 to 10 forces one.
-constexpr int kAutomaticVariant = 10;
+// 1.8-2.1x 6 (the best of the others) on every benched shape and within 3% of each other, 9
+// ahead on 3 of the 4 (bench/results/2026-12-06-runK-*); kernel_variant 5 to 10 forces one.
+constexpr int kAutomaticVariant = 9;
 
 // Causal prefill (qo_indptr set) over f16 / bf16 pages with head_dim 64 or 128 (= v_head_dim),
 // no rope on read, q exact in the page type, a 16-bit output, on a device of compute
