@@ -58,33 +58,49 @@ struct WideSmem {
   __device__ __forceinline__ uint32_t landed(int s) const { return bars + 8u * (2 * kStages + s); }
 };
 
-// Both consumer warpgroups' q tiles, by every thread of the CTA: row m = 16 w + i of warpgroup
-// g's tile is query row 16 g + i of head h0 + w (the A rows of its wgmmas), zeros past the chunk's
-// rows or the group's heads; 16-byte chunks where q's rows are 16-byte aligned, else elements.
+// Both consumer warpgroups' q tiles: row m = 16 w + i of warpgroup g's tile is query row 16 g + i
+// of head h0 + w (the A rows of its wgmmas), zeros past the chunk's rows or the group's heads;
+// 16-byte chunks where q's rows are 16-byte aligned, else elements. Every thread of the CTA loads
+// its chunks into registers (load), which stay in flight during the position scan, then stores
+// them (store).
 template <int HD>
-__device__ __forceinline__ void load_q_tiles(const PagedAttentionParams& p, const Cta& ct, const WideSmem<HD>& m, int tid,
-                                             int n_threads) {
-  constexpr int kChunks = HD / 8, kPerGroup = 64 * kChunks;
-  const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
-  const bool by_chunk = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.q_row_stride % 8 == 0 && p.q_head_stride % 8 == 0;
-  for (int idx = tid; idx < kGroups * kPerGroup; idx += n_threads) {
-    const int group = idx / kPerGroup, row = idx % kPerGroup / kChunks, c = idx % kChunks;
-    const int r = 16 * group + row % 16, hw = row / 16;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < ct.n_r && hw < ct.n_h) {
-      const uint16_t* src = q16 + int64_t{ct.row + r} * p.q_row_stride + int64_t{ct.h0 + hw} * p.q_head_stride + 8 * c;
-      if (by_chunk) {
-        v = *reinterpret_cast<const uint4*>(src);
-      } else {
-        uint32_t w[4];
+struct QChunks {
+  static constexpr int kChunks = HD / 8, kPerGroup = 64 * kChunks;
+  static constexpr int kPer = (kGroups * kPerGroup + kWsThreads - 1) / kWsThreads;  // chunks a thread
+  uint4 v[kPer];
+
+  __device__ __forceinline__ void load(const PagedAttentionParams& p, const Cta& ct, int tid) {
+    const uint16_t* q16 = static_cast<const uint16_t*>(p.q);
+    const bool by_chunk = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0 && p.q_row_stride % 8 == 0 && p.q_head_stride % 8 == 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = uint32_t{src[2 * j]} | (uint32_t{src[2 * j + 1]} << 16);
-        v = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int k = 0; k < kPer; ++k) {
+      const int idx = tid + k * kWsThreads;
+      const int group = idx / kPerGroup, row = idx % kPerGroup / kChunks, c = idx % kChunks;
+      const int r = 16 * group + row % 16, hw = row / 16;
+      v[k] = make_uint4(0, 0, 0, 0);
+      if (idx < kGroups * kPerGroup && r < ct.n_r && hw < ct.n_h) {
+        const uint16_t* src = q16 + int64_t{ct.row + r} * p.q_row_stride + int64_t{ct.h0 + hw} * p.q_head_stride + 8 * c;
+        if (by_chunk) {
+          v[k] = *reinterpret_cast<const uint4*>(src);
+        } else {
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[j] = uint32_t{src[2 * j]} | (uint32_t{src[2 * j + 1]} << 16);
+          v[k] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
       }
     }
-    *reinterpret_cast<uint4*>(m.q_tile(group) + wgmma::tile_chunk_offset<64>(row, c)) = v;
   }
-}
+  __device__ __forceinline__ void store(unsigned char* q_tiles, int q_tile_bytes, int tid) const {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int idx = tid + k * kWsThreads;
+      if (idx >= kGroups * kPerGroup) break;
+      const int group = idx / kPerGroup, row = idx % kPerGroup / kChunks, c = idx % kChunks;
+      *reinterpret_cast<uint4*>(q_tiles + group * q_tile_bytes + wgmma::tile_chunk_offset<64>(row, c)) = v[k];
+    }
+  }
+};
 
 // The tiles the CTA reads, [0, n): through the last that holds a key some row of the CTA may see
 // (position <= the rows' largest). Every key past it is masked for every row (causal by
@@ -92,32 +108,41 @@ __device__ __forceinline__ void load_q_tiles(const PagedAttentionParams& p, cons
 // keys past the CTA's rows, up to a sixth of the steps at 2048 new tokens in 8k. A sequence's
 // positions need not grow with its cells, so the cells are scanned, from the end, kScanPer a
 // thread a round, until a round finds a key some row may see; that is one round where they do
-// grow. Every thread of the CTA calls it (barriers); slots: 2 shared ints no one else uses until
-// the next barrier after the call.
-template <int HD>
-__device__ __forceinline__ int tiles_seen(const PagedAttentionParams& p, const Cta& ct, int tid, int n_threads, int* slots) {
-  constexpr int kScanPer = 8;
-  if (tid == 0) slots[0] = INT_MIN, slots[1] = -1;
-  __syncthreads();
-  int qmax = INT_MIN;
-  for (int r = tid; r < ct.n_r; r += n_threads) qmax = max(qmax, p.maybe_q_positions[ct.row + r]);
-  if (qmax != INT_MIN) atomicMax(slots, qmax);
-  __syncthreads();
-  qmax = slots[0];
-  for (int end = ct.n_cells; end > 0; end -= kScanPer * n_threads) {  // the same trip count for every thread
-    const int lo = end - kScanPer * n_threads;
-    int last = -1;
+// grow. The rows' positions and the first round's loads are in flight together. Every thread of
+// the CTA calls it (barriers); slots: 2 shared ints no one else uses until the next barrier after
+// the call.
+__device__ __forceinline__ int tiles_seen(const PagedAttentionParams& p, const Cta& ct, int tid, int* slots) {
+  constexpr int kScanPer = 8, kRound = kScanPer * kWsThreads;
+  static_assert(kRows <= 32, "the rows' positions in warp 0");
+  // Key positions (as rows compare them) of the round of cells [end - kRound, end); INT_MAX: none.
+  auto load_round = [&](int end, int (&kp)[kScanPer]) {
     int cells[kScanPer];
 #pragma unroll
     for (int k = 0; k < kScanPer; ++k) {
-      const int j = lo + k * n_threads + tid;
+      const int j = end - kRound + k * kWsThreads + tid;
       cells[k] = j >= 0 ? cell_of(ct, block_of(ct, j), j) : -1;
     }
 #pragma unroll
     for (int k = 0; k < kScanPer; ++k) {
-      const int j = lo + k * n_threads + tid;
-      if (cells[k] >= 0 && int64_t{__ldg(p.maybe_positions + cells[k])} - ct.pos_off <= qmax) last = j;
+      const int64_t kpos = cells[k] >= 0 ? int64_t{__ldg(p.maybe_positions + cells[k])} - ct.pos_off : INT64_MAX;
+      kp[k] = static_cast<int>(kpos < INT_MIN ? INT_MIN : kpos < INT_MAX ? kpos : INT_MAX);
     }
+  };
+  int kp[kScanPer];
+  const int q = tid < ct.n_r ? p.maybe_q_positions[ct.row + tid] : INT_MIN;
+  if (ct.n_cells > 0) load_round(ct.n_cells, kp);
+  if (tid < 32) {
+    const int qmax = __reduce_max_sync(0xffffffffu, q);
+    if (tid == 0) slots[0] = qmax, slots[1] = -1;
+  }
+  __syncthreads();
+  const int qmax = slots[0];
+  for (int end = ct.n_cells; end > 0; end -= kRound) {  // the same trip count for every thread
+    if (end < ct.n_cells) load_round(end, kp);
+    int last = -1;
+#pragma unroll
+    for (int k = 0; k < kScanPer; ++k)
+      if (kp[k] <= qmax) last = end - kRound + k * kWsThreads + tid;  // kp: INT_MAX for no cell, and qmax < INT_MAX
     if (__syncthreads_or(last >= 0)) {
       if (last >= 0) atomicMax(slots + 1, last);
       __syncthreads();
@@ -204,8 +229,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       wgmma::mbar_init(m.empty(s), 4 * live_groups);
       wgmma::mbar_init(m.landed(s), 1);
     }
-  ct.n_tiles = tiles_seen<HD>(p, ct, tid, kWsThreads, m.summary(0));  // the slots: stage 0's summary, not yet in use
-  load_q_tiles<HD>(p, ct, m, tid, kWsThreads);
+  // The loads of the start in flight together: q's chunks, the producers' first block ids, the scan's first round.
+  QChunks<HD> q;
+  q.load(p, ct, tid);
+  const int first_blk = tid >= kConsumerThreads ? block_of(ct, tid - kConsumerThreads) : -1;
+  ct.n_tiles = tiles_seen(p, ct, tid, m.summary(0));  // the slots: stage 0's summary, not yet in use
+  q.store(m.q_tile(0), M::kQTileBytes, tid);
   wgmma::fence_proxy_async();  // this thread's q stores, before wgmma reads them
   __syncthreads();             // the barriers initialized and q's tiles stored before anyone uses them
 
@@ -221,7 +250,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t box_bytes = static_cast<uint32_t>(box_cells) * 128u;
   int cell = -1;        // key pt's cell in the tile last issued
   uint32_t valid = 0;   // its valid word (p.maybe_valid), loaded at issue, read when it is prepared
-  int blk = ct.n_tiles > 0 ? block_of(ct, pt) : -1;  // block id of key pt of the next tile, loaded a tile ahead
+  int blk = first_blk;  // block id of key pt of the next tile, loaded a tile ahead
   // Tile j (issued last): key pt's position as rows compare it (INT_MAX: no key or a dead
   // cell), its V row zeroed unless live (dead cells' bytes may be NaN; past the sequence, a box
   // landed a whole page's stale cells), the summary, and this thread's arrival on full.
