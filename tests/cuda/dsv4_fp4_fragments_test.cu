@@ -15,20 +15,14 @@
 #include "cuda/dsv4/dsv4_scores_mma.cuh"
 #include "fp4_bf16_reference.hpp"
 #include "kvcore/math/fp4_bf16.hpp"
+#include "kvcore/runtime.hpp"
 
 using namespace kvcore::math;
 namespace mma = kvcore::ops::cuda::dsv4::scores_mma;
 
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+bool have_gpu() { return kvcore::cuda_device_count() > 0; }
 
 template <class T>
 T* device_copy(const std::vector<T>& v) {

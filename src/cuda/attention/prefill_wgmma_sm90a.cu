@@ -39,18 +39,24 @@ void launch_kernel(const PagedAttentionParams& p, cudaStream_t stream) {
   KVCORE_CUDA_CHECK_LAUNCH("prefill_wgmma_kernel");
 }
 
-// Variant 7 (prefill_wgmma_tma.cuh; 8 with kPingPong) where its maps can be made: pages of a
-// power-of-two size of at least 8 cells, pools the encoder accepts. False (nothing launched) elsewhere.
-template <int HD, bool BF16, bool kPingPong>
-bool launch_tma(const PagedAttentionParams& p, cudaStream_t stream) {
+// The TMA maps of the K and V pools, boxes of a page or of max_box cells, where they can be made:
+// pages of a power-of-two size of at least 8 cells, pools the encoder accepts.
+template <int HD>
+bool encode_kv_maps(const PagedAttentionParams& p, int max_box, CUtensorMap* k_map, CUtensorMap* v_map) {
   const int bs = p.layout.block_size;
   if (bs < 8 || (bs & (bs - 1)) != 0 || p.num_blocks <= 0) return false;
   const int64_t cells = int64_t{p.num_blocks} * bs;
-  const int n_kv = p.layout.n_kv_heads, box = bs < kKeys ? bs : kKeys;
+  const int n_kv = p.layout.n_kv_heads, box = bs < max_box ? bs : max_box;
+  return encode_pool_map(k_map, p.k, cells, n_kv, HD, HD, int64_t{n_kv} * HD, box) &&
+         encode_pool_map(v_map, p.v, cells, n_kv, HD, p.v_row_stride, int64_t{n_kv} * p.v_row_stride, box);
+}
+
+// Variant 7 (prefill_wgmma_tma.cuh; 8 with kPingPong) where its maps can be made. False (nothing
+// launched) elsewhere.
+template <int HD, bool BF16, bool kPingPong>
+bool launch_tma(const PagedAttentionParams& p, cudaStream_t stream) {
   CUtensorMap k_map{}, v_map{};
-  if (!encode_pool_map(&k_map, p.k, cells, n_kv, HD, HD, int64_t{n_kv} * HD, box) ||
-      !encode_pool_map(&v_map, p.v, cells, n_kv, HD, p.v_row_stride, int64_t{n_kv} * p.v_row_stride, box))
-    return false;
+  if (!encode_kv_maps<HD>(p, kKeys, &k_map, &v_map)) return false;
   const auto kernel = prefill_wgmma_tma_kernel<HD, BF16, kPingPong>;
   smem_opt_in(kernel, tma_smem_bytes<HD>(), p.device);
   int chunk_heads = 0;
@@ -60,18 +66,12 @@ bool launch_tma(const PagedAttentionParams& p, cudaStream_t stream) {
   return true;
 }
 
-// Variant 9 (prefill_wgmma_wide.cuh; 10 with kPingPong) where its maps can be made: as launch_tma,
-// boxes of a page or of 128 cells. False (nothing launched) elsewhere.
+// Variant 9 (prefill_wgmma_wide.cuh; 10 with kPingPong) where its maps can be made (boxes of a
+// page or of 128 cells). False (nothing launched) elsewhere.
 template <int HD, bool BF16, bool kPingPong>
 bool launch_wide(const PagedAttentionParams& p, cudaStream_t stream) {
-  const int bs = p.layout.block_size;
-  if (bs < 8 || (bs & (bs - 1)) != 0 || p.num_blocks <= 0) return false;
-  const int64_t cells = int64_t{p.num_blocks} * bs;
-  const int n_kv = p.layout.n_kv_heads, box = bs < kWideKeys ? bs : kWideKeys;
   CUtensorMap k_map{}, v_map{};
-  if (!encode_pool_map(&k_map, p.k, cells, n_kv, HD, HD, int64_t{n_kv} * HD, box) ||
-      !encode_pool_map(&v_map, p.v, cells, n_kv, HD, p.v_row_stride, int64_t{n_kv} * p.v_row_stride, box))
-    return false;
+  if (!encode_kv_maps<HD>(p, kWideKeys, &k_map, &v_map)) return false;
   const auto kernel = prefill_wgmma_wide_kernel<HD, BF16, kPingPong>;
   smem_opt_in(kernel, WideSmem<HD>::kBytes, p.device);
   int chunk_heads = 0;

@@ -172,14 +172,10 @@ __device__ __forceinline__ void consume_wide_tiles(const PagedAttentionParams& p
   using S = Shape<HD, kWideKeys>;
   constexpr int kStagesW = WideSmem<HD>::kStages;
   wgmma::regs_inc<kWideConsumerRegs>();
-  const int g = lane / 4, t = lane % 4;
-  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);
-  if (r0 >= ct.n_r) return;  // no rows: this warpgroup is not counted in the empty barriers
-  const int group = warp / kHeads;
-  const bool turns = kPingPong && ct.n_r > 16 && ct.n_tiles > 0;
-  if (turns && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier) : "memory");
-  const bool active = hw < ct.n_h;  // warp-uniform: its head exists
-  const int head = ct.h0 + (active ? hw : 0);
+  const ConsumerWarp cw(ct, warp, lane, kPingPong);
+  if (!cw.has_rows) return;  // not counted in the empty barriers
+  const int g = cw.g, t = cw.t, r0 = cw.r0, group = cw.group, head = cw.head;
+  const bool turns = cw.turns, active = cw.active;
   RowState<HD> w;
   init_state<HD>(p, ct, r0, g, w);
   const float sl2 = p.softmax_scale * math::kLog2e;

@@ -41,6 +41,27 @@ struct WsSmem {
 };
 
 #if KVCORE_WGMMA_ARCH
+// Named barriers of the consumers' turns (PingPongTurn, below): 2, 3 (0: __syncthreads, 1: the
+// producer warpgroup's).
+constexpr int kTurnBarrier = 2;
+
+// A consumer warp of the warp-specialized kernels (warps 0-7): its lane's fragment coordinates
+// (g, t), its head (hw of the CTA's heads) and rows (r0 .. r0 + 15 of the CTA's), its warpgroup,
+// whether the warpgroups take turns (PingPongTurn, below: both have rows and there are tiles; the
+// first turn opened by warpgroup 1 here). A warpgroup without rows (has_rows false) returns.
+struct ConsumerWarp {
+  int g, t, hw, r0, group, head;
+  bool has_rows, active, turns;
+  __device__ __forceinline__ ConsumerWarp(const Cta& ct, int warp, int lane, bool ping_pong)
+      : g(lane / 4), t(lane % 4), hw(warp % kHeads), r0(16 * (warp / kHeads)), group(warp / kHeads) {
+    has_rows = r0 < ct.n_r;
+    active = hw < ct.n_h;  // warp-uniform: its head exists
+    head = ct.h0 + (active ? hw : 0);
+    turns = ping_pong && ct.n_r > 16 && ct.n_tiles > 0;
+    if (has_rows && turns && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier) : "memory");
+  }
+};
+
 // FlashAttention-3's ping-pong between the two consumer warpgroups: each issues a step's wgmmas
 // only in its turn, and the turns alternate (0, 1, 0, 1, ...), so the tensor cores run one
 // warpgroup's S and P V while the other runs its softmax. Named barrier kTurnBarrier + g is
@@ -48,7 +69,6 @@ struct WsSmem {
 // arrival after its own issue (128 more) opens it. Warpgroup 1 arrives once before its first
 // step (warpgroup 0 goes first) and not after its last (each barrier gets as many arrivals as
 // syncs, none left over at exit). On only where both warpgroups have rows and tiles (CTA-uniform).
-constexpr int kTurnBarrier = 2;  // 2, 3 (0: __syncthreads, 1: the producer warpgroup's)
 struct PingPongTurn {
   bool on;    // both warpgroups take turns
   int group;  // this warpgroup
@@ -69,14 +89,10 @@ __device__ __forceinline__ void consume_tiles(const PagedAttentionParams& p, con
                                               int lane) {
   using S = Shape<HD>;
   wgmma::regs_inc<kConsumerRegs>();
-  const int g = lane / 4, t = lane % 4;
-  const int hw = warp % kHeads, r0 = 16 * (warp / kHeads);
-  if (r0 >= ct.n_r) return;  // no rows: this warpgroup is not counted in the empty barriers
-  const int group = warp / kHeads;
-  const bool turns = kPingPong && ct.n_r > 16 && ct.n_tiles > 0;
-  if (turns && group == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(kTurnBarrier) : "memory");
-  const bool active = hw < ct.n_h;  // warp-uniform: its head exists
-  const int head = ct.h0 + (active ? hw : 0);
+  const ConsumerWarp cw(ct, warp, lane, kPingPong);
+  if (!cw.has_rows) return;  // not counted in the empty barriers
+  const int g = cw.g, t = cw.t, r0 = cw.r0, group = cw.group, head = cw.head;
+  const bool turns = cw.turns, active = cw.active;
   Rows<HD> w;
   init_rows<HD>(p, ct, r0, active, head, g, t, w);
   const float sl2 = p.softmax_scale * math::kLog2e;
