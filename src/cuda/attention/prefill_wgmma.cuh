@@ -14,13 +14,15 @@
 // position (k_pos <= q_pos), sliding window, sinks in the denominator at the end. A landed
 // tile's per-key metadata becomes positions (INT_MAX: no key) and a summary (prepare_tile), so a
 // warpgroup drops the masks of a tile all its rows see whole. A warpgroup's tiles are pipelined
-// (pipelined_tile): a tile's softmax overlaps the previous tile's P V.
-// Two kernels share these pieces:
+// (pipelined_step): a tile's softmax overlaps the previous tile's P V.
+// These kernels share the pieces:
 //  - prefill_wgmma_kernel (this file): every thread copies, one CTA barrier a tile, tiles i + 1
 //    and i + 2 in flight while tile i is read;
 //  - prefill_wgmma_ws_kernel (prefill_wgmma_ws.cuh): a producer warpgroup copies and prepares,
 //    mbarriers hand stages to the two warpgroups, which then run unsynchronized (one's softmax
-//    overlaps the other's wgmma).
+//    overlaps the other's wgmma); prefill_wgmma_tma_kernel (prefill_wgmma_tma.cuh) with TMA copies;
+//  - prefill_wgmma_wide_kernel (prefill_wgmma_wide.cuh): tiles of 128 keys (S m64n128) with q in
+//    shared memory, the automatic choice.
 // q must be exact in the page type (f16 q on f16 pages, bf16 on bf16) and the output 16-bit:
 // P is one 16-bit value (2^-9 relative for bf16, under a 16-bit output's own rounding); other
 // calls take the mma.sync kernel.
