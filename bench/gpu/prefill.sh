@@ -4,9 +4,11 @@
 # (the automatic kernel and wgmma variants 5 to 10 on each shape), FlashInfer's
 # BatchPrefillWithPagedKVCacheWrapper on the same shapes (wheels from .whl, installed into
 # /tmp/site; its JIT cache in build-fi/, which an earlier call's
-# `attention_flashinfer_baseline.py --warm-only --cases prefill` may have filled), then
-# Nsight Compute profiles with stall samples of the kernels named in PROFILE (default: variants 5
-# and 7 at ctx 8192, 2048 new tokens; pp: variant 8, sync: 6, wide: 9). Rows: $OUT/prefill.jsonl, $OUT/baselines.jsonl; logs beside.
+# `attention_flashinfer_baseline.py --warm-only --cases prefill` may have filled), PyTorch's SDPA on
+# the same shapes (bench/attention_sdpa_baseline.py), then Nsight Compute profiles with stall
+# samples of the kernels named in PROFILE (default: variants 5 and 7 at ctx 8192, 2048 new tokens;
+# pp: variant 8, sync: 6, wide: 9). Rows: $OUT/prefill.jsonl, $OUT/baselines.jsonl (FlashInfer),
+# $OUT/sdpa.jsonl; logs beside. SKIP_FI=1, SKIP_SDPA=1 leave a baseline out.
 #   OUT=<dir> [OLD_TREES=<commits>] [PROFILE="ws tma pp sync"] [APPEND=1: also `kvcore bench append`, before FlashInfer] bash bench/gpu/prefill.sh
 source "$(dirname "$0")/job.sh"
 [ -x build/kvcore ] || { log "no build/kvcore: run a job that builds it first"; exit 1; }
@@ -35,6 +37,11 @@ if [ -z "${SKIP_FI:-}" ]; then  # SKIP_FI=1: no FlashInfer
   timeout 200 python3 bench/attention_flashinfer_baseline.py --cases prefill --json "$OUT/baselines.jsonl" \
     > "$OUT/baselines.log" 2>&1 || log "FlashInfer rc $?"
   tail -6 "$OUT/baselines.log"
+fi
+if [ -z "${SKIP_SDPA:-}" ]; then  # SKIP_SDPA=1: no PyTorch SDPA (cuDNN / flash backends) on the same shapes
+  log "SDPA prefill"
+  timeout 90 python3 bench/attention_sdpa_baseline.py --cases prefill --json "$OUT/sdpa.jsonl" > "$OUT/sdpa.log" 2>&1 ||
+    log "SDPA rc $?"
 fi
 targets=""
 for k in ${PROFILE-ws tma}; do
