@@ -7,6 +7,8 @@ things the source and its PTX cannot guarantee:
    in the same step compiled at head dim 64 into code that put P and the softmax's temporaries in
    Q's registers, so every tile after the first multiplied K by the previous tile's P; the GPU
    tests caught it only on a Hopper machine.
+ - No local memory: a kernel that spills (LDL / STL) runs, and passes every test, at a fraction of
+   its speed; the wide kernel's consumers run within the registers setmaxnreg gives them.
  - The softmax overlaps the previous tile's P V: in the tile loop, the softmax's exponentials
    (MUFU.EX2, at least one a score of a 64-key tile) lie between the wait for S (WARPGROUP.DEPBAR
    gsb0 <= 1) and the wait for P V (<= 0). ptxas hoists that wait above the softmax unless
@@ -64,7 +66,13 @@ def softmax_before_pv_wait(name, code, lo, hi):
     return []
 
 
+LOCAL_MEMORY = re.compile(r"\b(LDL|STL)\b")
+
+
 def check_function(name, code):
+    spills = [f"{at:#06x} {text}" for at, text in code if LOCAL_MEMORY.search(text)]
+    if spills:
+        return [f"{name}: {len(spills)} local-memory accesses (spills), first: {spills[0]}"]
     q_regs, p_regs, s_from_smem = set(), set(), False
     for _, a, pv in hgmmas(code):
         if a is None:
