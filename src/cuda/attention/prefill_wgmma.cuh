@@ -80,7 +80,6 @@ struct Cta {
   const int32_t* blocks;
 };
 
-template <int KEYS = kKeys>
 __device__ __forceinline__ bool make_cta(const PagedAttentionParams& p, int chunk_heads, Cta& c) {
   const int64_t lin = blockIdx.x + int64_t{blockIdx.y} * gridDim.x;
   const int heads = gridDim.y;  // kv heads x head chunks
@@ -97,7 +96,7 @@ __device__ __forceinline__ bool make_cta(const PagedAttentionParams& p, int chun
   c.n_h = min(chunk_heads, p.group - chunk * chunk_heads);
   c.bs = p.layout.block_size, c.n_kv = p.layout.n_kv_heads;
   c.n_cells = PagedLayout::seq_cells(p.indptr, p.last_page_len, c.b, c.bs);
-  c.n_tiles = (c.n_cells + KEYS - 1) / KEYS;
+  c.n_tiles = (c.n_cells + kKeys - 1) / kKeys;  // the wide kernel counts its own (tiles_seen)
   c.pow2_bs = (c.bs & (c.bs - 1)) == 0;
   c.bs_shift = __ffs(c.bs) - 1;
   c.pos_off = p.maybe_seq_pos_offset ? p.maybe_seq_pos_offset[c.b] : 0;
@@ -111,6 +110,17 @@ __device__ __forceinline__ int block_of(const Cta& c, int j) {
 }
 __device__ __forceinline__ int cell_of(const Cta& c, int blk, int j) {
   return blk < 0 ? -1 : blk * c.bs + (c.pow2_bs ? (j & (c.bs - 1)) : j % c.bs);
+}
+
+// Whether a key (cell `cell`, -1: none; its valid word: the 4 valid bytes around it, read where
+// p.maybe_valid is set) is live, and a live key's position as rows compare it: stored minus the
+// sequence's offset, clamped to int below INT_MAX (which stands for no key).
+__device__ __forceinline__ bool key_live(const PagedAttentionParams& p, int cell, uint32_t valid_word) {
+  return cell >= 0 && (!p.maybe_valid || ((valid_word >> (8 * (cell & 3))) & 0xffu) != 0);
+}
+__device__ __forceinline__ int key_position(const Cta& ct, int stored) {
+  const int64_t kp = int64_t{stored} - ct.pos_off;
+  return static_cast<int>(kp < INT_MIN ? INT_MIN : kp > INT_MAX - 1 ? INT_MAX - 1 : kp);
 }
 
 // Copies of key r of a tile (cell `cell`, -1: none) into a stage: its cell, position and
@@ -150,11 +160,8 @@ __device__ __forceinline__ void prepare_tile(const PagedAttentionParams& p, cons
 #pragma unroll
   for (int r = lane; r < kKeys; r += 32) {
     const int cell = meta[r];
-    bool live = cell >= 0;
-    if (live && p.maybe_valid) live = ((static_cast<uint32_t>(meta[2 * kKeys + r]) >> (8 * (cell & 3))) & 0xffu) != 0;
-    const int64_t kp = int64_t{kpos[r]} - ct.pos_off;
-    const int64_t lo = INT_MIN, hi = INT_MAX - 1;
-    const int k = static_cast<int>(kp < lo ? lo : kp > hi ? hi : kp);
+    const bool live = key_live(p, cell, static_cast<uint32_t>(meta[2 * kKeys + r]));
+    const int k = key_position(ct, kpos[r]);
     kpos[r] = live ? k : INT_MAX;
     if (live) kmin = min(kmin, k), kmax = max(kmax, k);
     all_live = all_live && live;

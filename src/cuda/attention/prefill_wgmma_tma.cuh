@@ -23,6 +23,31 @@
 
 namespace kvcore::ops::cuda::prefill_wgmma {
 
+// The TMA copies of a tile of KEYS keys (here and in prefill_wgmma_wide.cuh): a box is box_cells
+// cells (a page, or the tile when pages are larger) x 64 dims, HD / 64 boxes a row, K's and V's.
+// tile_box_bytes: the bytes tile i's boxes land (every box whose first key lies inside the
+// sequence), to expect on its mbarrier. issue_key_boxes: key `key` (cell `cell`) of the tile
+// issues its K and V boxes into the stage at `stage` (V a K tile further) where it is the first key
+// of a box inside the sequence.
+template <int HD, int KEYS>
+__device__ __forceinline__ uint32_t tile_box_bytes(const Cta& ct, int i, int box_cells) {
+  uint32_t boxes = 0;
+  for (int k0 = i * KEYS; k0 < (i + 1) * KEYS && k0 < ct.n_cells; k0 += box_cells) ++boxes;
+  return boxes * static_cast<uint32_t>(box_cells) * 128u * 2u * (HD / 64);
+}
+template <int HD, int KEYS>
+__device__ __forceinline__ void issue_key_boxes(const CUtensorMap* k_map, const CUtensorMap* v_map, const Cta& ct,
+                                                uint32_t stage, int key, int cell, int box_cells, uint32_t bar) {
+  if (key % box_cells != 0 || cell < 0) return;
+  const uint32_t line = stage + static_cast<uint32_t>(key) * 128u;  // tile_chunk_offset(key, 0)
+#pragma unroll
+  for (int cb = 0; cb < HD / 64; ++cb) {
+    const uint32_t dst = line + static_cast<uint32_t>(cb * KEYS * 128);
+    tma::load_3d(dst, k_map, 64 * cb, ct.kvh, cell, bar);
+    tma::load_3d(dst + static_cast<uint32_t>(Shape<HD, KEYS>::kTileBytes), v_map, 64 * cb, ct.kvh, cell, bar);
+  }
+}
+
 // Dynamic shared memory of the TMA kernel: the warp-specialized kernel's and the landed mbarriers.
 template <int HD>
 constexpr int tma_smem_bytes() {
@@ -35,7 +60,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_wgmma_tma_kernel(const PagedAttentionParams p, int chunk_heads, const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map) {
 #if KVCORE_WGMMA_ARCH
-  using S = Shape<HD>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   Cta ct;
@@ -60,9 +84,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // ---- producer warpgroup
   wgmma::regs_dec<kProducerRegs>();
   const int pt = tid - kConsumerThreads;  // 0 .. 127
-  constexpr int kColBlocks = HD / 64;     // 64-dim boxes a row
   const int box_cells = ct.bs < kKeys ? ct.bs : kKeys;
-  const uint32_t box_bytes = static_cast<uint32_t>(box_cells) * 128u;
   int blk = -1;  // block id of key pt (pt < 64) of the next tile to copy, loaded a tile ahead
   auto load_block = [&](int i) { blk = pt < kKeys && i < ct.n_tiles ? block_of(ct, i * kKeys + pt) : -1; };
   auto producers_sync = [] { asm volatile("bar.sync 1, 128;\n" ::: "memory"); };  // the producer warpgroup only
@@ -82,20 +104,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (i >= kStages) wgmma::mbar_wait(m.empty(s), (i / kStages - 1) & 1);
     const int cell = pt < kKeys ? cell_of(ct, blk, i * kKeys + pt) : -1;
     if (pt < kKeys) copy_key_meta(p, m.meta(s), pt, cell);
-    if (pt == 0) {  // the bytes of every box whose first key lies inside the sequence
-      uint32_t boxes = 0;
-      for (int k0 = i * kKeys; k0 < (i + 1) * kKeys && k0 < ct.n_cells; k0 += box_cells) ++boxes;
-      tma::arrive_expect_tx(landed(s), boxes * box_bytes * 2u * kColBlocks);
-    }
-    if (pt < kKeys && pt % box_cells == 0 && cell >= 0) {  // the first key of a box: its K and V boxes
-      const uint32_t line = smem_addr(m.stage(s)) + static_cast<uint32_t>(pt) * 128u;  // tile_chunk_offset(pt, 0)
-#pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        const uint32_t dst = line + static_cast<uint32_t>(cb * kKeys * 128);
-        tma::load_3d(dst, &k_map, 64 * cb, ct.kvh, cell, landed(s));
-        tma::load_3d(dst + S::kTileBytes, &v_map, 64 * cb, ct.kvh, cell, landed(s));
-      }
-    }
+    if (pt == 0) tma::arrive_expect_tx(landed(s), tile_box_bytes<HD, kKeys>(ct, i, box_cells));
+    if (pt < kKeys) issue_key_boxes<HD, kKeys>(&k_map, &v_map, ct, smem_addr(m.stage(s)), pt, cell, box_cells, landed(s));
     cp_async_commit();
     load_block(i + 1);
     if (i >= kPublishLag) {

@@ -22,8 +22,7 @@
 #pragma once
 #include <cuda.h>
 
-#include "cuda/attention/prefill_wgmma_ws.cuh"
-#include "cuda/common/tma.cuh"
+#include "cuda/attention/prefill_wgmma_tma.cuh"
 
 namespace kvcore::ops::cuda::prefill_wgmma {
 
@@ -124,8 +123,7 @@ __device__ __forceinline__ int tiles_seen(const PagedAttentionParams& p, const C
     }
 #pragma unroll
     for (int k = 0; k < kScanPer; ++k) {
-      const int64_t kpos = cells[k] >= 0 ? int64_t{__ldg(p.maybe_positions + cells[k])} - ct.pos_off : INT64_MAX;
-      kp[k] = static_cast<int>(kpos < INT_MIN ? INT_MIN : kpos < INT_MAX ? kpos : INT_MAX);
+      kp[k] = cells[k] >= 0 ? key_position(ct, __ldg(p.maybe_positions + cells[k])) : INT_MAX;
     }
   };
   int kp[kScanPer];
@@ -215,7 +213,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   Cta ct;
-  if (!make_cta<kWideKeys>(p, chunk_heads, ct)) return;
+  if (!make_cta(p, chunk_heads, ct)) return;
   const int tid = threadIdx.x, warp = tid / 32;
   const M m(smem);
   const int live_groups = (ct.n_r + 15) / 16;  // warpgroups with rows (n_r <= 32)
@@ -229,7 +227,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   QChunks<HD> q;
   q.load(p, ct, tid);
   const int first_blk = tid >= kConsumerThreads ? block_of(ct, tid - kConsumerThreads) : -1;
-  ct.n_tiles = tiles_seen(p, ct, tid, m.summary(0));  // the slots: stage 0's summary, not yet in use
+  ct.n_tiles = tiles_seen(p, ct, tid, m.summary(0));  // tiles of kWideKeys; the slots: stage 0's summary, not yet in use
   q.store(m.q_tile(0), M::kQTileBytes, tid);
   wgmma::fence_proxy_async();  // this thread's q stores, before wgmma reads them
   __syncthreads();             // the barriers initialized and q's tiles stored before anyone uses them
@@ -241,9 +239,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // ---- producer warpgroup: thread pt takes key pt of every tile
   wgmma::regs_dec<kWideProducerRegs>();
   const int pt = tid - kConsumerThreads;  // 0 .. 127
-  constexpr int kColBlocks = HD / 64;     // 64-dim boxes a row
   const int box_cells = ct.bs < kWideKeys ? ct.bs : kWideKeys;
-  const uint32_t box_bytes = static_cast<uint32_t>(box_cells) * 128u;
   int cell = -1;        // key pt's cell in the tile last issued
   uint32_t valid = 0;   // its valid word (p.maybe_valid), loaded at issue, read when it is prepared
   int blk = first_blk;  // block id of key pt of the next tile, loaded a tile ahead
@@ -255,17 +251,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     cp_async_wait<0>();                               // this thread's position copy
     wgmma::mbar_wait(m.landed(s), (j / M::kStages) & 1);  // and the tile's boxes
     int* kpos = m.kpos(s);
-    bool live = cell >= 0;
-    if (live && p.maybe_valid) live = ((valid >> (8 * (cell & 3))) & 0xffu) != 0;
-    const int64_t kp = live ? int64_t{kpos[pt]} - ct.pos_off : 0;
-    const int k = static_cast<int>(kp < INT_MIN ? INT_MIN : kp > INT_MAX - 1 ? INT_MAX - 1 : kp);
-    kpos[pt] = live ? k : INT_MAX;
+    const bool live = key_live(p, cell, valid);
+    const int k = live ? key_position(ct, kpos[pt]) : INT_MAX;
+    kpos[pt] = k;
     if (!live)
       for (int c = 0; c < S::kChunks; ++c)
         *reinterpret_cast<uint4*>(m.stage(s) + S::kTileBytes + wgmma::tile_chunk_offset<kWideKeys>(pt, c)) =
             make_uint4(0, 0, 0, 0);
     wgmma::fence_proxy_async();  // the zeros, before wgmma reads them
-    int kmin = live ? k : INT_MAX, kmax = live ? k : INT_MIN;
+    int kmin = k, kmax = live ? k : INT_MIN;
 #pragma unroll
     for (int x = 1; x < 32; x <<= 1) {
       kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, x));
@@ -294,22 +288,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (p.maybe_valid) valid = __ldg(reinterpret_cast<const uint32_t*>(p.maybe_valid + (cell & ~3)));
     }
     cp_async_commit();
-    if (pt == 0) {  // the summary's start, then the bytes of every box whose first key lies inside the sequence
+    if (pt == 0) {  // the summary's start, then the tile's bytes (the arrival releases the start)
       int* sum = m.summary(s);
       sum[0] = INT_MAX, sum[1] = INT_MIN, sum[2] = 1;
-      uint32_t boxes = 0;
-      for (int k0 = i * kWideKeys; k0 < (i + 1) * kWideKeys && k0 < ct.n_cells; k0 += box_cells) ++boxes;
-      tma::arrive_expect_tx(m.landed(s), boxes * box_bytes * 2u * kColBlocks);  // releases the summary's start
+      tma::arrive_expect_tx(m.landed(s), tile_box_bytes<HD, kWideKeys>(ct, i, box_cells));
     }
-    if (pt % box_cells == 0 && cell >= 0) {  // the first key of a box: its K and V boxes
-      const uint32_t line = smem_addr(m.stage(s)) + static_cast<uint32_t>(pt) * 128u;  // tile_chunk_offset(pt, 0)
-#pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        const uint32_t dst = line + static_cast<uint32_t>(cb * kWideKeys * 128);
-        tma::load_3d(dst, &k_map, 64 * cb, ct.kvh, cell, m.landed(s));
-        tma::load_3d(dst + S::kTileBytes, &v_map, 64 * cb, ct.kvh, cell, m.landed(s));
-      }
-    }
+    issue_key_boxes<HD, kWideKeys>(&k_map, &v_map, ct, smem_addr(m.stage(s)), pt, cell, box_cells, m.landed(s));
     blk = i + 1 < ct.n_tiles ? block_of(ct, (i + 1) * kWideKeys + pt) : -1;
   }
   if (ct.n_tiles > 0) publish(ct.n_tiles - 1);
